@@ -1,0 +1,110 @@
+//! A lock holder that can be killed: by default a real child process.
+//!
+//! The child is the test binary itself, re-run on the same test with
+//! `DLOCK_CONFORMANCE_HOLD` set: [`crate::run`] sees the variable and, instead of the
+//! scenario, takes the key with the harness's client, prints one line
+//! `acquired key=<key> token=<n>` and waits to be killed. So every backend gets real process
+//! crashes without shipping a holder binary of its own.
+
+use std::io::Write as _;
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{LockOptions, Result};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::Harness;
+
+const HOLD_VAR: &str = "DLOCK_CONFORMANCE_HOLD";
+
+/// A holder the suite can make vanish without releasing.
+#[async_trait]
+pub trait Holder: Send {
+    /// The fencing token the holder was granted.
+    fn token(&self) -> u64;
+    /// Make the holder vanish without releasing (SIGKILL for a process).
+    async fn kill(&mut self);
+}
+
+/// A holder running in a child process.
+#[derive(Debug)]
+pub struct ChildHolder {
+    child: Child,
+    token: u64,
+}
+
+impl ChildHolder {
+    /// Run test `test` of the current test binary as a holder of `key`, and wait (up to
+    /// 60 s) until it reports that it holds the key.
+    pub async fn spawn(test: &str, key: &str, ttl: Duration) -> std::io::Result<Self> {
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(HOLD_VAR, format!("{} {key}", ttl.as_millis()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let token = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(token) = parse_acquired(&line, key) {
+                    return Ok(token);
+                }
+            }
+            Err(std::io::Error::other(
+                "holder exited before it acquired the key",
+            ))
+        })
+        .await
+        .map_err(|_| std::io::Error::other("holder did not acquire the key within 60 s"))??;
+        Ok(Self { child, token })
+    }
+}
+
+fn parse_acquired(line: &str, key: &str) -> Option<u64> {
+    let rest = line.strip_prefix("acquired key=")?;
+    let (k, token) = rest.rsplit_once(" token=")?;
+    (k == key).then(|| token.trim().parse().ok()).flatten()
+}
+
+#[async_trait]
+impl Holder for ChildHolder {
+    fn token(&self) -> u64 {
+        self.token
+    }
+
+    async fn kill(&mut self) {
+        // tokio's kill sends SIGKILL on Unix.
+        let _ = self.child.kill().await;
+    }
+}
+
+/// In a holder child: take the key, report it, and wait to be killed. Returns `false` when
+/// this process is not a holder child.
+pub(crate) async fn serve_if_child(harness: &dyn Harness) -> bool {
+    let Ok(spec) = std::env::var(HOLD_VAR) else {
+        return false;
+    };
+    let (ttl_ms, key) = spec
+        .split_once(' ')
+        .expect("DLOCK_CONFORMANCE_HOLD is '<ttl ms> <key>'");
+    let ttl = Duration::from_millis(ttl_ms.parse().expect("ttl in ms"));
+    let result: Result<()> = async {
+        let client = harness.client().await?;
+        let lease = client.acquire(key, &LockOptions::new().ttl(ttl)).await?;
+        {
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "acquired key={key} token={}", lease.fencing_token()).expect("stdout");
+            out.flush().expect("stdout");
+        }
+        let reason = lease.lost().await;
+        panic!("holder lost its lease before it was killed: {reason}");
+    }
+    .await;
+    panic!("holder could not acquire {key}: {result:?}");
+}

@@ -1,0 +1,831 @@
+//! One scenario per promise of the contract (DESIGN.md, "The contract"). Each takes a
+//! [`Ctx`], uses keys under the context's fresh prefix, and ends with [`Ctx::finish`], which
+//! checks that nothing was left on the server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use dlock_core::{
+    DistributedLock, ErrorKind, Expiry, Lease, LockOptions, LostReason, Wait, Wakeup,
+};
+use futures::future::join_all;
+use tokio::sync::Mutex;
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::{Ctx, History, Hold};
+
+/// Extra time allowed over a computed bound, for a loaded 2-core machine.
+const SLACK: Duration = Duration::from_secs(3);
+
+fn opts(cx: &Ctx) -> LockOptions {
+    LockOptions::new().ttl(cx.harness().ttl())
+}
+
+fn waiting(cx: &Ctx, wait: Duration) -> LockOptions {
+    opts(cx).wait(Wait::For(wait))
+}
+
+async fn must_take(client: &dyn DistributedLock, key: &str, opts: &LockOptions) -> Lease {
+    match client.try_acquire(key, opts).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => panic!("{key} should be free, but try_acquire found it held"),
+        Err(e) => panic!("try_acquire({key}) failed: {e}"),
+    }
+}
+
+async fn must_be_held(client: &dyn DistributedLock, key: &str, opts: &LockOptions, why: &str) {
+    match client.try_acquire(key, opts).await {
+        Ok(None) => {}
+        Ok(Some(lease)) => panic!(
+            "{key} should be held ({why}), but another client took it (token {})",
+            lease.fencing_token()
+        ),
+        Err(e) => panic!("try_acquire({key}) failed: {e}"),
+    }
+}
+
+fn join_panics<T>(results: Vec<Result<T, tokio::task::JoinError>>) -> Vec<T> {
+    results
+        .into_iter()
+        .map(|r| match r {
+            Ok(v) => v,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => panic!("task failed: {e}"),
+        })
+        .collect()
+}
+
+/// Promise 1: Many clients (separate connections), many tasks, one key: no two holders overlap,
+/// and a read-modify-write done under the lock loses no update.
+pub async fn mutual_exclusion(cx: Ctx) {
+    const CLIENTS: usize = 4;
+    const TASKS: usize = 3;
+    const ROUNDS: u64 = 5;
+    let key = cx.key("shared");
+    let history = History::new();
+    let counter = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let client = cx.client().await;
+        for _ in 0..TASKS {
+            let (client, key, history, counter) = (
+                client.clone(),
+                key.clone(),
+                history.clone(),
+                counter.clone(),
+            );
+            let opts = waiting(&cx, Duration::from_secs(120));
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let lease = client
+                        .acquire(&key, &opts)
+                        .await
+                        .expect("acquire under contention");
+                    let start = Instant::now();
+                    let seen = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    sleep(Duration::from_millis(1)).await;
+                    counter.store(seen + 1, Ordering::SeqCst);
+                    let end = Instant::now();
+                    assert!(!lease.is_lost(), "lease lost in calm weather");
+                    history.record(Hold {
+                        client: c,
+                        key: key.clone(),
+                        token: lease.fencing_token(),
+                        start,
+                        end,
+                        lost_at: None,
+                    });
+                    lease.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    join_panics(join_all(tasks).await);
+    let ordered = cx
+        .harness()
+        .client()
+        .await
+        .map(|c| c.capabilities().fencing.is_ordered())
+        .unwrap_or(false);
+    let violations = history.check(ordered);
+    assert!(violations.is_empty(), "history violations: {violations:#?}");
+    let total = (CLIENTS * TASKS) as u64 * ROUNDS;
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        total,
+        "updates under the lock were lost"
+    );
+    assert_eq!(history.holds().len() as u64, total);
+    cx.finish().await;
+}
+
+/// Promise 2: try_acquire answers at once: `None` while held (by another client, or by another task
+/// of the same client), a lease once free.
+pub async fn try_acquire_answers_at_once(cx: Ctx) {
+    let key = cx.key("k");
+    let (a, b) = (cx.client().await, cx.client().await);
+    let opts = opts(&cx);
+    let lease = must_take(&*a, &key, &opts).await;
+    let asked = Instant::now();
+    must_be_held(&*b, &key, &opts, "held by a").await;
+    must_be_held(&*a, &key, &opts, "held by another task of a").await;
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "try_acquire on a held key took {:?}",
+        asked.elapsed()
+    );
+    lease.release().await.expect("release");
+    must_take(&*b, &key, &opts)
+        .await
+        .release()
+        .await
+        .expect("release");
+    cx.finish().await;
+}
+
+/// Promise 3a: acquire with a wait gives up with `Timeout` close to the deadline while the key
+/// stays held.
+pub async fn acquire_times_out_near_deadline(cx: Ctx) {
+    let key = cx.key("k");
+    let (a, b) = (cx.client().await, cx.client().await);
+    let lease = must_take(&*a, &key, &opts(&cx)).await;
+    let wait = Duration::from_millis(500);
+    let started = Instant::now();
+    let err = b
+        .acquire(&key, &waiting(&cx, wait))
+        .await
+        .expect_err("the key is held");
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(
+        took >= wait - Duration::from_millis(20),
+        "gave up early, after {took:?}"
+    );
+    assert!(
+        took <= wait + Duration::from_millis(1500),
+        "gave up late, after {took:?}"
+    );
+    let no_wait = b
+        .acquire(&key, &opts(&cx).wait(Wait::No))
+        .await
+        .expect_err("the key is held");
+    assert_eq!(no_wait.kind(), ErrorKind::Timeout, "{no_wait}");
+    lease.release().await.expect("release");
+    cx.finish().await;
+}
+
+/// Promise 3b: A waiter is woken by the release, not by a polling timer: it acquires within the
+/// harness's hand-off bound.
+pub async fn waiter_is_woken_on_release(cx: Ctx) {
+    let key = cx.key("k");
+    let (a, b) = (cx.client().await, cx.client().await);
+    // A long ttl, so a waiter cannot be woken by the holder's expiry instead.
+    let long = opts(&cx).ttl(Duration::from_secs(60));
+    let lease = must_take(&*a, &key, &long).await;
+    let waiter = {
+        let (b, key, opts) = (
+            b.clone(),
+            key.clone(),
+            waiting(&cx, Duration::from_secs(60)),
+        );
+        tokio::spawn(async move {
+            let lease = b
+                .acquire(&key, &opts)
+                .await
+                .expect("waiter acquires after release");
+            (Instant::now(), lease)
+        })
+    };
+    sleep(Duration::from_millis(500)).await;
+    let released = Instant::now();
+    lease.release().await.expect("release");
+    let (acquired, lease) = join_panics(vec![waiter.await]).remove(0);
+    let handoff = acquired.saturating_duration_since(released);
+    let bound = cx.harness().handoff_bound();
+    assert!(
+        handoff <= bound,
+        "hand-off took {handoff:?} (bound {bound:?}): the waiter was not woken by the release"
+    );
+    lease.release().await.expect("release");
+    cx.finish().await;
+}
+
+/// Promise 4: A lease that expired (or was broken) and whose key was taken by another client cannot
+/// release or extend: it gets `NotHeld`, and the new holder keeps the key.
+pub async fn stale_lease_cannot_release_or_extend(cx: Ctx) {
+    let (a, b, c) = (cx.client().await, cx.client().await, cx.client().await);
+    let caps = a.capabilities();
+    let once = opts(&cx).auto_renew(false);
+    // By expiry, where the ttl is what ends a lease.
+    if caps.expiry == Expiry::Ttl {
+        let key = cx.key("expired");
+        let stale = must_take(&*a, &key, &once).await;
+        let bound = cx.harness().ttl() + SLACK;
+        let newer = b
+            .acquire(&key, &waiting(&cx, bound))
+            .await
+            .expect("the key frees after its ttl");
+        assert!(stale.is_lost(), "the expired lease was not reported lost");
+        let err = stale
+            .release()
+            .await
+            .expect_err("a stale lease must not release");
+        assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+        must_be_held(&*c, &key, &once, "the new holder must be undisturbed").await;
+        newer.release().await.expect("the new holder releases");
+    }
+    // By an operator deleting the lock behind the holder's back.
+    let key = cx.key("broken");
+    let stale = must_take(&*a, &key, &once).await;
+    cx.harness()
+        .break_lease(&key)
+        .await
+        .expect("break the lease");
+    let newer = b
+        .acquire(&key, &waiting(&cx, Duration::from_secs(10)))
+        .await
+        .expect("the broken key is free");
+    let err = stale
+        .extend(cx.harness().ttl())
+        .await
+        .expect_err("a stale lease must not extend");
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    let err = stale
+        .release()
+        .await
+        .expect_err("a stale lease must not release");
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    must_be_held(&*c, &key, &once, "the new holder must be undisturbed").await;
+    newer.release().await.expect("the new holder releases");
+    cx.finish().await;
+}
+
+async fn crashed_holder(cx: &Ctx, key: &str) -> (Box<dyn crate::Holder>, Instant) {
+    let mut holder = cx
+        .harness()
+        .spawn_holder(cx.test(), key, cx.harness().ttl())
+        .await
+        .unwrap_or_else(|e| panic!("{}", cx.unreachable_message(&e)));
+    let b = cx.client().await;
+    must_be_held(&*b, key, &opts(cx), "the holder process holds it").await;
+    holder.kill().await;
+    (holder, Instant::now())
+}
+
+/// Promise 5: A holder process killed with SIGKILL frees the key within the backend's bound (ttl,
+/// session timeout, or at once when the server frees on disconnect).
+pub async fn crash_release(cx: Ctx) {
+    let key = cx.key("k");
+    let b = cx.client().await;
+    let bound = b.capabilities().crash_release_bound(cx.harness().ttl()) + SLACK;
+    let (_holder, killed) = crashed_holder(&cx, &key).await;
+    let lease = b
+        .acquire(&key, &waiting(&cx, bound + Duration::from_secs(10)))
+        .await
+        .expect("the crashed holder's key frees");
+    let took = killed.elapsed();
+    assert!(
+        took <= bound,
+        "the key freed {took:?} after the crash (bound {bound:?})"
+    );
+    lease.release().await.expect("release");
+    cx.finish().await;
+}
+
+/// Promise 8b: The next holder after a crash gets a greater fencing token than the crashed one
+/// (where fencing is ordered).
+pub async fn fencing_monotonic_after_crash(cx: Ctx) {
+    let key = cx.key("k");
+    let b = cx.client().await;
+    let bound = b.capabilities().crash_release_bound(cx.harness().ttl()) + SLACK;
+    let (holder, _) = crashed_holder(&cx, &key).await;
+    let lease = b
+        .acquire(&key, &waiting(&cx, bound + Duration::from_secs(10)))
+        .await
+        .expect("the crashed holder's key frees");
+    if b.capabilities().fencing.is_ordered() {
+        assert!(
+            lease.fencing_token() > holder.token(),
+            "token {} after a crashed holder's token {}",
+            lease.fencing_token(),
+            holder.token()
+        );
+    }
+    lease.release().await.expect("release");
+    cx.finish().await;
+}
+
+/// Promise 6a: With auto-renew, a lease held for 5 x ttl stays exclusive and is never lost.
+pub async fn renewal_keeps_lease(cx: Ctx) {
+    let key = cx.key("k");
+    let (a, b) = (cx.client().await, cx.client().await);
+    let ttl = cx.harness().ttl();
+    let lease = must_take(&*a, &key, &opts(&cx)).await;
+    let until = Instant::now() + ttl * 5;
+    while Instant::now() < until {
+        must_be_held(&*b, &key, &opts(&cx), "auto-renew keeps it").await;
+        assert!(!lease.is_lost(), "a renewed lease was lost: {:?}", lease);
+        sleep(ttl / 4).await;
+    }
+    lease
+        .release()
+        .await
+        .expect("a renewed lease releases cleanly");
+    cx.finish().await;
+}
+
+/// Promise 6b: Without auto-renew the key frees after the ttl, and the holder was told (`lost`)
+/// before another client took it. On session backends the ttl is not used: the lease lives
+/// with the session, as declared.
+pub async fn key_frees_after_ttl_without_renewal(cx: Ctx) {
+    let key = cx.key("k");
+    let (a, b) = (cx.client().await, cx.client().await);
+    let ttl = cx.harness().ttl();
+    let once = opts(&cx).auto_renew(false);
+    let lease = must_take(&*a, &key, &once).await;
+    match a.capabilities().expiry {
+        Expiry::Ttl => {
+            let granted = Instant::now();
+            let newer = b
+                .acquire(&key, &waiting(&cx, ttl + SLACK))
+                .await
+                .expect("the key frees after its ttl");
+            let took = granted.elapsed();
+            assert!(
+                lease.is_lost(),
+                "the key was taken but the old holder was not told"
+            );
+            assert!(
+                took + Duration::from_millis(50) >= ttl.mul_f64(0.9),
+                "the key freed after {took:?}, before its ttl {ttl:?}"
+            );
+            assert_eq!(
+                timeout(Duration::from_millis(10), lease.lost()).await.ok(),
+                Some(LostReason::Expired)
+            );
+            newer.release().await.expect("release");
+            assert_eq!(
+                lease.release().await.expect_err("expired").kind(),
+                ErrorKind::NotHeld
+            );
+        }
+        Expiry::Session { .. } => {
+            sleep(ttl * 2).await;
+            must_be_held(
+                &*b,
+                &key,
+                &once,
+                "a session lease does not expire with the ttl",
+            )
+            .await;
+            assert!(!lease.is_lost());
+            lease.release().await.expect("release");
+        }
+    }
+    cx.finish().await;
+}
+
+/// Promise 7a: When the lease is broken on the server, `lost()` fires (at the latest at the next
+/// renewal).
+pub async fn lost_fires_when_lease_broken(cx: Ctx) {
+    let key = cx.key("k");
+    let a = cx.client().await;
+    let lease = must_take(&*a, &key, &opts(&cx)).await;
+    cx.harness()
+        .break_lease(&key)
+        .await
+        .expect("break the lease");
+    let bound = cx.harness().ttl() + SLACK;
+    let reason = timeout(bound, lease.lost())
+        .await
+        .unwrap_or_else(|_| panic!("lost() did not fire within {bound:?}"));
+    assert!(
+        matches!(reason, LostReason::NotHeld | LostReason::SessionEnded(_)),
+        "{reason}"
+    );
+    let err = lease
+        .release()
+        .await
+        .expect_err("a broken lease must not release");
+    assert!(
+        matches!(err.kind(), ErrorKind::NotHeld | ErrorKind::LeaseLost),
+        "{err}"
+    );
+    cx.finish().await;
+}
+
+/// Promise 7b: A holder cut off from the server is told its lease is lost before another client
+/// can take the key.
+pub async fn lost_fires_before_partitioned_lease_is_taken(cx: Ctx) {
+    let key = cx.key("k");
+    let (a, cut) = cx
+        .harness()
+        .partitioned_client()
+        .await
+        .unwrap_or_else(|e| panic!("{}", cx.unreachable_message(&e)));
+    let b = cx.client().await;
+    let lease = must_take(&*a, &key, &opts(&cx)).await;
+    let lost_at = Arc::new(Mutex::new(None));
+    let mut signal = lease.lost_signal();
+    let watcher = {
+        let lost_at = lost_at.clone();
+        tokio::spawn(async move {
+            if signal.lost().await.is_some() {
+                *lost_at.lock().await = Some(Instant::now());
+            }
+        })
+    };
+    cut.cut();
+    let bound = b
+        .capabilities()
+        .crash_release_bound(cx.harness().ttl())
+        .max(cx.harness().ttl())
+        + SLACK;
+    let newer = b
+        .acquire(&key, &waiting(&cx, bound + Duration::from_secs(30)))
+        .await
+        .expect("the cut-off holder's key frees");
+    let taken = Instant::now();
+    let lost = *lost_at.lock().await;
+    let lost = lost.unwrap_or_else(|| {
+        panic!("another client took the key but the cut-off holder was never told")
+    });
+    assert!(
+        lost <= taken,
+        "lost() fired {:?} after another client took the key",
+        lost - taken
+    );
+    watcher.abort();
+    newer.release().await.expect("release");
+    cut.heal();
+    drop(lease);
+    cx.finish().await;
+}
+
+/// Promise 8a: Fencing tokens strictly increase across successive holders (where declared).
+pub async fn fencing_tokens_increase(cx: Ctx) {
+    let key = cx.key("k");
+    let (a, b) = (cx.client().await, cx.client().await);
+    let mut tokens = Vec::new();
+    for i in 0..6 {
+        let client = if i % 2 == 0 { &a } else { &b };
+        let lease = must_take(&**client, &key, &opts(&cx)).await;
+        tokens.push(lease.fencing_token());
+        lease.release().await.expect("release");
+    }
+    if a.capabilities().fencing.is_ordered() {
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "tokens did not increase: {tokens:?}"
+        );
+    } else {
+        assert_eq!(tokens.len(), 6);
+    }
+    cx.finish().await;
+}
+
+/// Promise 9: Different keys never block each other.
+pub async fn independent_keys(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let (k1, k2) = (cx.key("one"), cx.key("two"));
+    let first = must_take(&*a, &k1, &opts(&cx)).await;
+    let second = must_take(&*b, &k2, &opts(&cx)).await;
+    let third = must_take(&*a, &cx.key("three"), &opts(&cx)).await;
+    for lease in [first, second, third] {
+        lease.release().await.expect("release");
+    }
+    cx.finish().await;
+}
+
+/// Promise 10: Where fair, waiters acquire in arrival order; otherwise every waiter still gets the
+/// key, one at a time.
+pub async fn fairness(cx: Ctx) {
+    const WAITERS: usize = 4;
+    let key = cx.key("k");
+    let a = cx.client().await;
+    let fair = a.capabilities().fair;
+    let holder = must_take(&*a, &key, &opts(&cx).ttl(Duration::from_secs(60))).await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let history = History::new();
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let client = cx.client().await;
+        let (key, order, history, opts) = (
+            key.clone(),
+            order.clone(),
+            history.clone(),
+            waiting(&cx, Duration::from_secs(60)),
+        );
+        waiters.push(tokio::spawn(async move {
+            let lease = client
+                .acquire(&key, &opts)
+                .await
+                .expect("every waiter acquires");
+            let start = Instant::now();
+            order.lock().await.push(i);
+            sleep(Duration::from_millis(20)).await;
+            history.record(Hold {
+                client: i,
+                key,
+                token: lease.fencing_token(),
+                start,
+                end: Instant::now(),
+                lost_at: None,
+            });
+            lease.release().await.expect("release");
+        }));
+        // Arrival order: give each waiter time to queue on the server.
+        sleep(Duration::from_millis(300)).await;
+    }
+    holder.release().await.expect("release");
+    join_panics(join_all(waiters).await);
+    let order = order.lock().await.clone();
+    assert_eq!(order.len(), WAITERS);
+    if fair {
+        assert_eq!(
+            order,
+            (0..WAITERS).collect::<Vec<_>>(),
+            "a fair backend served waiters out of arrival order"
+        );
+    }
+    let violations = history.check(false);
+    assert!(violations.is_empty(), "{violations:#?}");
+    cx.finish().await;
+}
+
+/// Promise 11: With many waiters, one release wakes one waiter where the backend says so; otherwise
+/// the wake-ups per release are at most the number of waiters.
+pub async fn no_herd(cx: Ctx) {
+    const WAITERS: usize = 8;
+    let key = cx.key("k");
+    let a = cx.client().await;
+    let holder = must_take(&*a, &key, &opts(&cx).ttl(Duration::from_secs(60))).await;
+    let mut clients = Vec::new();
+    let (won_tx, mut won_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for _ in 0..WAITERS {
+        let client = cx.client().await;
+        clients.push(client.clone());
+        let (key, opts, won) = (
+            key.clone(),
+            waiting(&cx, Duration::from_secs(120)),
+            won_tx.clone(),
+        );
+        waiters.push(tokio::spawn(async move {
+            let lease = client
+                .acquire(&key, &opts)
+                .await
+                .expect("every waiter acquires in the end");
+            let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+            let _ = won.send(release_tx);
+            let _ = release_rx.await;
+            lease.release().await.expect("release");
+        }));
+    }
+    sleep(Duration::from_millis(1000)).await;
+    let wakeups = |clients: &[Arc<dyn DistributedLock>]| {
+        clients.iter().map(|c| c.stats().wakeups).sum::<u64>()
+    };
+    let before = wakeups(&clients);
+    holder.release().await.expect("release");
+    let first = won_rx.recv().await.expect("one waiter wins");
+    sleep(Duration::from_millis(300)).await;
+    let woken = wakeups(&clients) - before;
+    match a.capabilities().wakeup {
+        Wakeup::Notification {
+            one_per_release: true,
+        } => {
+            assert_eq!(woken, 1, "one release woke {woken} waiters");
+        }
+        _ => assert!(
+            (1..=WAITERS as u64).contains(&woken),
+            "one release woke {woken} of {WAITERS} waiters"
+        ),
+    }
+    tracing::info!(test = cx.test(), woken, "wake-ups for one release");
+    let _ = first.send(());
+    for _ in 1..WAITERS {
+        let next = won_rx.recv().await.expect("the next waiter wins");
+        let _ = next.send(());
+    }
+    join_panics(join_all(waiters).await);
+    cx.finish().await;
+}
+
+/// Promise 12: Dropping an acquire future while it waits leaves nothing behind and delays nobody.
+pub async fn cancelled_acquire_leaves_nothing(cx: Ctx) {
+    let key = cx.key("k");
+    let (a, b, c) = (cx.client().await, cx.client().await, cx.client().await);
+    let holder = must_take(&*a, &key, &opts(&cx)).await;
+    let gave_up = timeout(Duration::from_millis(300), b.acquire(&key, &opts(&cx))).await;
+    assert!(
+        gave_up.is_err(),
+        "the waiter should still have been waiting"
+    );
+    holder.release().await.expect("release");
+    // Nobody is delayed: the key is free for a third client right after the release.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let lease = loop {
+        match c.try_acquire(&key, &opts(&cx)).await.expect("try_acquire") {
+            Some(lease) => break lease,
+            None if Instant::now() < deadline => sleep(Duration::from_millis(20)).await,
+            None => panic!("a cancelled waiter still holds or blocks the key"),
+        }
+    };
+    // The cancelled waiter did not take the key later either.
+    lease.release().await.expect("release");
+    must_take(&*c, &key, &opts(&cx))
+        .await
+        .release()
+        .await
+        .expect("release");
+    cx.finish().await;
+}
+
+/// Promise 13a: Empty, over-long and NUL-bearing keys are rejected with `InvalidKey` before any
+/// network I/O, leaving nothing on the server.
+pub async fn bad_keys_are_rejected_before_io(cx: Ctx) {
+    let a = cx.client().await;
+    let too_long = cx.key(&"x".repeat(a.capabilities().max_key_len));
+    for key in [String::new(), cx.key("nul\0byte"), too_long] {
+        let started = Instant::now();
+        let err = a.try_acquire(&key, &opts(&cx)).await.expect_err("bad key");
+        assert_eq!(err.kind(), ErrorKind::InvalidKey, "{err}");
+        let err = a.acquire(&key, &opts(&cx)).await.expect_err("bad key");
+        assert_eq!(err.kind(), ErrorKind::InvalidKey, "{err}");
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+    cx.finish().await;
+}
+
+/// Promise 13b: Out-of-range options are rejected with `InvalidConfig`.
+pub async fn bad_options_are_rejected(cx: Ctx) {
+    let a = cx.client().await;
+    let key = cx.key("k");
+    for ttl in [Duration::ZERO, Duration::from_secs(3 * 24 * 3600)] {
+        let err = a
+            .try_acquire(&key, &opts(&cx).ttl(ttl))
+            .await
+            .expect_err("bad ttl");
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    }
+    let lease = must_take(&*a, &key, &opts(&cx)).await;
+    let err = lease.extend(Duration::ZERO).await.expect_err("bad ttl");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    lease
+        .release()
+        .await
+        .expect("a lease survives a refused extend");
+    cx.finish().await;
+}
+
+/// Promise 13c: Bad URLs, wrong credentials and a server of the wrong kind give the declared typed
+/// error within a bound, and no error shows a password.
+pub async fn bad_urls_are_rejected(cx: Ctx) {
+    let key = cx.key("k");
+    let cases = cx.harness().bad_urls();
+    assert!(!cases.is_empty(), "the harness lists no bad URLs");
+    for (url, kind) in cases {
+        let attempt = async {
+            let client = cx.harness().connect(&url).await?;
+            client.try_acquire(&key, &opts(&cx)).await.map(|_| ())
+        };
+        let err = match timeout(Duration::from_secs(20), attempt).await {
+            Ok(Ok(())) => panic!("{url}: accepted, expected {kind}"),
+            Ok(Err(e)) => e,
+            Err(_) => panic!("{url}: no answer within 20 s, expected {kind}"),
+        };
+        assert_eq!(err.kind(), kind, "{url}: {err}");
+        if let Some(password) = password_of(&url) {
+            for text in [err.to_string(), format!("{err:?}")] {
+                assert!(
+                    !text.contains(password),
+                    "{url}: the error shows the password: {text}"
+                );
+            }
+        }
+    }
+    cx.finish().await;
+}
+
+fn password_of(url: &str) -> Option<&str> {
+    let authority = url.split_once("://")?.1.split('/').next()?;
+    let userinfo = authority.rsplit_once('@')?.0;
+    let password = userinfo.split_once(':')?.1;
+    (password.len() >= 3).then_some(password)
+}
+
+/// Promise 14: With nothing behind the address, acquire fails with `Unavailable` within the connect
+/// timeout.
+pub async fn unavailable_server(cx: Ctx) {
+    let started = Instant::now();
+    let attempt = async {
+        let client = cx.harness().unreachable_client().await?;
+        client
+            .acquire(&cx.key("k"), &waiting(&cx, Duration::from_secs(2)))
+            .await
+            .map(|_| ())
+    };
+    let err = match timeout(Duration::from_secs(20), attempt).await {
+        Ok(Ok(())) => panic!("acquired from a server that does not exist"),
+        Ok(Err(e)) => e,
+        Err(_) => panic!("no answer within 20 s from an unreachable server"),
+    };
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
+    tracing::info!(test = cx.test(), took = ?started.elapsed(), "unreachable server reported");
+    cx.finish().await;
+}
+
+/// Promise 14b: A server that accepts connections but never answers does not make acquire hang:
+/// it ends (`Unavailable` or `Timeout`) within its wait plus the connect timeout.
+pub async fn black_holed_server_does_not_hang(cx: Ctx) {
+    let (a, cut) = cx
+        .harness()
+        .partitioned_client()
+        .await
+        .unwrap_or_else(|e| panic!("{}", cx.unreachable_message(&e)));
+    cut.cut();
+    let (key, opts) = (cx.key("k"), waiting(&cx, Duration::from_secs(2)));
+    let attempt = a.acquire(&key, &opts);
+    match timeout(Duration::from_secs(20), attempt).await {
+        Ok(Ok(_)) => panic!("acquired through a cut network"),
+        Ok(Err(e)) => assert!(
+            matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+            "{e}"
+        ),
+        Err(_) => panic!("acquire hung for 20 s on a black-holed server"),
+    }
+    cut.heal();
+    cx.finish().await;
+}
+
+/// Promise 15: Leases dropped without release, timed-out and cancelled waits, and a dropped client
+/// leave nothing on the server.
+pub async fn dropped_leases_leave_nothing(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let dropped = must_take(&*a, &cx.key("dropped"), &opts(&cx)).await;
+    drop(dropped);
+    let held = must_take(&*a, &cx.key("held"), &opts(&cx)).await;
+    let _ = b
+        .acquire(&cx.key("held"), &waiting(&cx, Duration::from_millis(200)))
+        .await;
+    let _ = timeout(
+        Duration::from_millis(200),
+        b.acquire(&cx.key("held"), &opts(&cx)),
+    )
+    .await;
+    drop(held);
+    // A lease that outlives its client value still releases on drop.
+    let kept = must_take(&*b, &cx.key("client-dropped"), &opts(&cx)).await;
+    drop(b);
+    drop(kept);
+    // A dropped lease is released in the background: the key frees promptly for others.
+    let c = cx.client().await;
+    let lease = c
+        .acquire(&cx.key("dropped"), &waiting(&cx, Duration::from_secs(2)))
+        .await
+        .expect("a dropped lease frees its key");
+    lease.release().await.expect("release");
+    cx.finish().await;
+}
+
+/// Promise 16: One client value shared by hundreds of tasks works, and stays exclusive.
+pub async fn shared_client(cx: Ctx) {
+    const TASKS: usize = 200;
+    const KEYS: usize = 10;
+    let client = cx.client().await;
+    let history = History::new();
+    let tasks = (0..TASKS).map(|i| {
+        let (client, history, key, opts) = (
+            client.clone(),
+            history.clone(),
+            cx.key(&format!("k{}", i % KEYS)),
+            waiting(&cx, Duration::from_secs(120)),
+        );
+        tokio::spawn(async move {
+            let lease = client
+                .acquire(&key, &opts)
+                .await
+                .expect("acquire from a shared client");
+            let start = Instant::now();
+            tokio::task::yield_now().await;
+            history.record(Hold {
+                client: i,
+                key,
+                token: lease.fencing_token(),
+                start,
+                end: Instant::now(),
+                lost_at: None,
+            });
+            lease.release().await.expect("release");
+        })
+    });
+    join_panics(join_all(tasks).await);
+    assert_eq!(history.holds().len(), TASKS);
+    let violations = history.check(client.capabilities().fencing.is_ordered());
+    assert!(violations.is_empty(), "{violations:#?}");
+    cx.finish().await;
+}

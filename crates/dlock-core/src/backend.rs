@@ -1,0 +1,98 @@
+//! The trait a backend implements. [`LockClient`](crate::LockClient) turns it into a
+//! [`DistributedLock`](crate::DistributedLock) by adding what every backend shares: key and
+//! option checks, the local gate, the overall deadline, the watchdog and the lost signal.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+
+use crate::{Capabilities, Deadline, LockStats, LostReason, Result};
+
+/// One lock service: the server protocol, nothing else.
+///
+/// Implementations take keys that were already validated against
+/// [`Capabilities::max_key_len`] and options already range-checked, and are only called by
+/// one task per key per client at a time (the local gate queues the others).
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// Short name used in errors and logs, e.g. `"redis"`.
+    const NAME: &'static str;
+
+    /// What this backend promises.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Take `key` on the server for `ttl`.
+    ///
+    /// With [`Deadline::TryOnce`] make one attempt and return `Ok(None)` if the key is busy.
+    /// Otherwise wait for the key until the deadline, woken by the server where the protocol
+    /// allows, and return `Ok(None)` once the deadline has passed.
+    ///
+    /// Cancel safety: if the returned future is dropped, nothing may be left on the server
+    /// that could delay another client past the lease's ttl (delete a queued node, revoke a
+    /// lease, kill a waiting query).
+    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>>;
+
+    /// Counters for observability and for the conformance suite's herd check.
+    fn stats(&self) -> LockStats {
+        LockStats::default()
+    }
+}
+
+/// A key taken on the server, as a backend hands it to the core.
+pub struct Grant {
+    /// The fencing token of this grant.
+    pub fencing_token: u64,
+    /// The backend's handle on the held key.
+    pub held: Box<dyn Held>,
+    /// When the request that took the key was sent. The server-side lease cannot end
+    /// before `sent_at + ttl`, so the watchdog measures from here.
+    pub sent_at: Instant,
+    /// Resolves when the backend learns the lease is gone (session expired, connection
+    /// killed). Optional: backends whose only evidence is a failed renewal leave it `None`.
+    pub lost: Option<BoxFuture<'static, LostReason>>,
+}
+
+impl Grant {
+    /// A grant of `held` with `fencing_token`, whose request was sent at `sent_at`.
+    pub fn new(fencing_token: u64, held: Box<dyn Held>, sent_at: Instant) -> Self {
+        Self {
+            fencing_token,
+            held,
+            sent_at,
+            lost: None,
+        }
+    }
+
+    /// Attach the backend's own loss signal.
+    pub fn with_lost(mut self, lost: BoxFuture<'static, LostReason>) -> Self {
+        self.lost = Some(lost);
+        self
+    }
+}
+
+impl fmt::Debug for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Grant")
+            .field("fencing_token", &self.fencing_token)
+            .field("held", &self.held)
+            .field("sent_at", &self.sent_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A backend's handle on a key it holds. The core serialises calls (one at a time) and
+/// never calls `extend` after `release`.
+#[async_trait]
+pub trait Held: Send + Sync + fmt::Debug {
+    /// Keep the key for `ttl` from now. [`LockError::NotHeld`](crate::LockError::NotHeld)
+    /// when the server says the key is not ours any more; any other error is treated as
+    /// "could not reach the server" and retried until the lease's last safe instant.
+    async fn extend(&mut self, ttl: Duration) -> Result<()>;
+
+    /// Give the key back, only if it is still ours.
+    /// [`LockError::NotHeld`](crate::LockError::NotHeld) when it was not.
+    async fn release(&mut self) -> Result<()>;
+}

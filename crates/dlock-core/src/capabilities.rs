@@ -1,0 +1,116 @@
+//! What a backend promises, declared once and checked by the conformance suite.
+
+use std::time::Duration;
+
+/// The promises a backend makes.
+///
+/// A backend states them in one literal ending in `..Default::default()`; the default
+/// promises nothing beyond the core contract. The conformance suite reads these and checks
+/// the declared behaviour (for example FIFO order when `fair`, plain exclusion otherwise).
+///
+/// ```
+/// use dlock_core::{Capabilities, Fencing, Wakeup};
+///
+/// let caps = Capabilities {
+///     fencing: Fencing::Strict,
+///     wakeup: Wakeup::Notification { one_per_release: true },
+///     ..Default::default()
+/// };
+/// assert!(!caps.fair);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Waiters from different clients acquire in the order they started waiting.
+    pub fair: bool,
+    /// How far fencing tokens can be trusted.
+    pub fencing: Fencing,
+    /// How a holder that stops talking to the server loses the key.
+    pub expiry: Expiry,
+    /// The server frees the key as soon as the holder's connection closes (a killed process
+    /// frees its locks at once).
+    pub releases_on_disconnect: bool,
+    /// How waiters learn that a key was released.
+    pub wakeup: Wakeup,
+    /// Longest accepted key, in bytes. Longer keys are rejected with
+    /// [`InvalidKey`](crate::LockError::InvalidKey) before any network I/O.
+    pub max_key_len: usize,
+}
+
+impl Capabilities {
+    /// Longest key accepted unless a backend says otherwise.
+    pub const DEFAULT_MAX_KEY_LEN: usize = 1024;
+
+    /// How long after a holder's process dies the key is free again at the latest, for a
+    /// lease taken with `ttl`.
+    pub fn crash_release_bound(&self, ttl: Duration) -> Duration {
+        if self.releases_on_disconnect {
+            return Duration::ZERO;
+        }
+        match self.expiry {
+            Expiry::Ttl => ttl,
+            Expiry::Session { timeout } => timeout,
+        }
+    }
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Self {
+            fair: false,
+            fencing: Fencing::None,
+            expiry: Expiry::Ttl,
+            releases_on_disconnect: false,
+            wakeup: Wakeup::Polling,
+            max_key_len: Self::DEFAULT_MAX_KEY_LEN,
+        }
+    }
+}
+
+/// How far a backend's fencing tokens can be trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fencing {
+    /// Tokens carry no order; do not use them to fence writes.
+    None,
+    /// Tokens increase across successive holders while the backend's state survives, but a
+    /// named failure can reset them (the reason says which).
+    BestEffort {
+        /// Which failure breaks the order, e.g. "a Redis restart without persistence".
+        why: &'static str,
+    },
+    /// Tokens strictly increase across successive holders of a key, including after a
+    /// holder crashed and after a server restart.
+    Strict,
+}
+
+impl Fencing {
+    /// Whether successive holders see increasing tokens in normal operation.
+    pub fn is_ordered(&self) -> bool {
+        !matches!(self, Fencing::None)
+    }
+}
+
+/// How a holder that goes silent loses its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// The server frees the key `ttl` after the last grant or renewal.
+    Ttl,
+    /// The key lives as long as the client's session; `ttl` is not used. A silent holder is
+    /// cut off when its session times out.
+    Session {
+        /// The session timeout the client negotiated.
+        timeout: Duration,
+    },
+}
+
+/// How waiters learn that a key was released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wakeup {
+    /// Waiters re-try on a timer.
+    Polling,
+    /// The server notifies waiters (watch, pub/sub, row-lock grant).
+    Notification {
+        /// One release wakes one waiter (no thundering herd). When false, every waiter on
+        /// the key is woken and all but one go back to sleep.
+        one_per_release: bool,
+    },
+}

@@ -1,0 +1,119 @@
+//! The process-local gate: one FIFO queue per key per client, so tasks of one process wait
+//! for each other locally and only the head of the queue talks to the server.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{Mutex as Queue, OwnedMutexGuard};
+
+use crate::Deadline;
+
+#[derive(Debug, Default)]
+pub(crate) struct Gate {
+    queues: Mutex<HashMap<Arc<str>, Arc<Queue<()>>>>,
+}
+
+impl Gate {
+    /// Wait for our turn on `key` until `deadline`. `None` when another task of this client
+    /// holds or waits for the key and the deadline does not allow waiting.
+    pub(crate) async fn enter(
+        self: &Arc<Self>,
+        key: &str,
+        deadline: Deadline,
+    ) -> Option<GatePermit> {
+        let queue = self.queue(key);
+        let guard = match deadline {
+            Deadline::TryOnce => queue.handle().try_lock_owned().ok(),
+            _ => deadline.run(queue.handle().lock_owned()).await,
+        }?;
+        Some(GatePermit {
+            _guard: guard,
+            _queue: queue,
+        })
+    }
+
+    fn queue(self: &Arc<Self>, key: &str) -> QueueRef {
+        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        let queue = queues.entry(Arc::from(key)).or_default().clone();
+        QueueRef {
+            gate: self.clone(),
+            key: Arc::from(key),
+            queue: Some(queue),
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.queues.lock().unwrap().len()
+    }
+}
+
+/// A reference to one key's queue; the last one out removes the queue from the map.
+#[derive(Debug)]
+struct QueueRef {
+    gate: Arc<Gate>,
+    key: Arc<str>,
+    queue: Option<Arc<Queue<()>>>,
+}
+
+impl QueueRef {
+    fn handle(&self) -> Arc<Queue<()>> {
+        self.queue.clone().expect("queue is present until drop")
+    }
+}
+
+impl Drop for QueueRef {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        let mut queues = self.gate.queues.lock().unwrap_or_else(|e| e.into_inner());
+        if queues
+            .get(&self.key)
+            .is_some_and(|q| Arc::strong_count(q) == 1)
+        {
+            queues.remove(&self.key);
+        }
+    }
+}
+
+/// This task's turn on a key; the next local waiter goes when it is dropped.
+#[derive(Debug)]
+pub(crate) struct GatePermit {
+    // Field order matters: the guard is released before the queue reference tidies up.
+    _guard: OwnedMutexGuard<()>,
+    _queue: QueueRef,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Wait;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn second_task_waits_and_map_is_tidied() {
+        let gate = Arc::new(Gate::default());
+        let first = gate.enter("k", Deadline::TryOnce).await.unwrap();
+        assert!(gate.enter("k", Deadline::TryOnce).await.is_none());
+        assert!(gate.enter("other", Deadline::TryOnce).await.is_some());
+        let waiting = {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.enter("k", Deadline::Never).await.is_some() })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(first);
+        assert!(waiting.await.unwrap());
+        assert_eq!(gate.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_gives_up_leaves_nothing() {
+        let gate = Arc::new(Gate::default());
+        let first = gate.enter("k", Deadline::TryOnce).await.unwrap();
+        let late = gate
+            .enter("k", Deadline::after(Wait::For(Duration::from_millis(10))))
+            .await;
+        assert!(late.is_none());
+        drop(first);
+        assert_eq!(gate.len(), 0);
+    }
+}

@@ -1,0 +1,166 @@
+//! The `DistributedLock` contract and the machinery every dlock backend shares.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use dlock_core::{DistributedLock, LockOptions, Wait};
+//!
+//! async fn nightly_report(lock: &dyn DistributedLock) -> dlock_core::Result<()> {
+//!     let opts = LockOptions::new().wait(Wait::For(Duration::from_secs(5)));
+//!     let lease = lock.acquire("reports/nightly", &opts).await?;
+//!     // ... work, passing lease.fencing_token() to storage that checks it ...
+//!     lease.release().await
+//! }
+//! ```
+//!
+//! Backends live in their own crates (`dlock-redis`, `dlock-zookeeper`, …); the `dlock`
+//! facade picks one from a URL. This crate holds what they share:
+//!
+//! - [`DistributedLock`]: the object-safe trait (`Arc<dyn DistributedLock>` works), and
+//!   [`LockExt`] with conveniences;
+//! - [`Lease`]: a held key with its [`fencing_token`](Lease::fencing_token),
+//!   [`lost`](Lease::lost) signal, [`extend`](Lease::extend) and [`release`](Lease::release);
+//! - [`LockOptions`], [`LockError`], [`Capabilities`];
+//! - [`Backend`] and [`LockClient`]: a backend implements the server protocol only, and
+//!   `LockClient` adds key checks ([`key`]), the process-local gate, one overall
+//!   [`Deadline`] per acquire, and the renewal watchdog.
+//!
+//! # The contract
+//!
+//! Every backend keeps these promises; the `dlock-conformance` suite checks each of them
+//! against the real server, one scenario per promise.
+//!
+//! 1. **Mutual exclusion**: no two holders of a key overlap, across clients and tasks.
+//! 2. **try_acquire** answers at once: `None` while held, a lease when free.
+//! 3. **acquire with a wait** returns [`LockError::Timeout`] close to the deadline while the
+//!    key stays held, and hands off promptly on release.
+//! 4. **Owner-checked release**: a lease that expired and whose key was taken cannot
+//!    release, extend or disturb the new holder; it gets [`LockError::NotHeld`].
+//! 5. **Crash release**: a holder killed with SIGKILL frees the key within
+//!    [`Capabilities::crash_release_bound`].
+//! 6. **Renewal**: with auto-renew a lease held for many ttls stays exclusive; without it
+//!    the key frees after the ttl.
+//! 7. **Loss detection**: when the lease cannot be kept, [`Lease::lost`] fires, before
+//!    another client can acquire the key.
+//! 8. **Fencing tokens** increase across successive holders, as far as
+//!    [`Capabilities::fencing`] promises.
+//! 9. **Independence**: different keys never block each other.
+//! 10. **Fairness** where [`Capabilities::fair`]: waiters acquire in arrival order.
+//! 11. **No herd** where [`Wakeup::Notification`] says one wake-up per release.
+//! 12. **Cancellation safety**: dropping an acquire future leaves nothing behind.
+//! 13. **Bad input** gets a typed error before any change on the server.
+//! 14. **Unavailable server**: acquire returns [`LockError::Unavailable`] within the connect
+//!     timeout.
+//! 15. **Hygiene**: nothing a finished lock created is left on the server.
+//! 16. **Sharing**: one client value serves hundreds of tasks.
+
+mod backend;
+mod capabilities;
+mod client;
+mod deadline;
+mod error;
+mod gate;
+pub mod key;
+mod lease;
+mod options;
+mod watchdog;
+
+use std::future::Future;
+
+use async_trait::async_trait;
+
+pub use backend::{Backend, Grant, Held};
+pub use capabilities::{Capabilities, Expiry, Fencing, Wakeup};
+pub use client::LockClient;
+pub use deadline::Deadline;
+pub use error::{BoxError, ErrorKind, LockError, Result};
+pub use lease::{Lease, LostReason, LostSignal};
+pub use options::{LockOptions, Wait};
+
+/// A lock service: take a key, exclusively, for a while.
+///
+/// Implemented by every backend through [`LockClient`]. Object-safe, so services hold an
+/// `Arc<dyn DistributedLock>` and swap backends by configuration.
+#[async_trait]
+pub trait DistributedLock: Send + Sync + std::fmt::Debug {
+    /// The backend's short name, e.g. `"redis"`.
+    fn backend_name(&self) -> &'static str;
+
+    /// What this backend promises.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Counters since this client was created.
+    fn stats(&self) -> LockStats;
+
+    /// Take `key` if it is free right now; `Ok(None)` if it is held (by another client, or
+    /// by another task of this client). Ignores [`LockOptions::wait`].
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] and [`LockError::InvalidConfig`] before any network I/O;
+    /// [`LockError::Unavailable`] when the server cannot be reached; [`LockError::Backend`]
+    /// when it refuses.
+    async fn try_acquire(&self, key: &str, opts: &LockOptions) -> Result<Option<Lease>>;
+
+    /// Take `key`, waiting for it as long as [`LockOptions::wait`] allows. Waiters are woken
+    /// by the server where the backend supports it ([`Capabilities::wakeup`]).
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire), plus [`LockError::Timeout`] when the wait ran
+    /// out with the key still held.
+    ///
+    /// # Cancel safety
+    /// Dropping the future while it waits removes whatever the wait had placed on the server
+    /// (a queued node, a waiting query) and delays nobody.
+    async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<Lease>;
+}
+
+/// Counters a client keeps, for metrics and the conformance suite's herd check.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockStats {
+    /// Times a waiting acquire was woken to re-check the key (by a notification or a timer).
+    pub wakeups: u64,
+}
+
+impl LockStats {
+    /// Counters with the given wake-up count.
+    pub fn with_wakeups(wakeups: u64) -> Self {
+        Self { wakeups }
+    }
+}
+
+/// Conveniences on every [`DistributedLock`].
+pub trait LockExt: DistributedLock {
+    /// Run `work` under `key`: acquire, run it with the fencing token, release.
+    ///
+    /// If the lease is lost before `work` finishes, `work` is dropped (cancelled at its next
+    /// `.await`) and the result is [`LockError::LeaseLost`].
+    fn with_lock<T, F, Fut>(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        work: F,
+    ) -> impl Future<Output = Result<T>> + Send
+    where
+        F: FnOnce(u64) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        async move {
+            let lease = self.acquire(key, opts).await?;
+            let out = tokio::select! {
+                reason = lease.lost() => {
+                    return Err(LockError::LeaseLost {
+                        backend: self.backend_name(),
+                        key: key.to_owned(),
+                        reason,
+                    });
+                }
+                out = work(lease.fencing_token()) => out,
+            };
+            lease.release().await?;
+            Ok(out)
+        }
+    }
+}
+
+impl<L: DistributedLock + ?Sized> LockExt for L {}

@@ -1,0 +1,115 @@
+//! An in-process lock server: dlock's embedded default, and the conformance suite's proof
+//! that the suite can pass (and, with a broken backend, fail).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock_core::Result<()> {
+//! use dlock_core::{DistributedLock, LockOptions};
+//!
+//! let lock = dlock_memory::from_url("memory://")?;
+//! let lease = lock.acquire("jobs/cleanup", &LockOptions::new()).await?;
+//! assert!(lock.try_acquire("jobs/cleanup", &LockOptions::new()).await?.is_none());
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! A [`MemoryServer`] plays the part of the lock server; each [`MemoryLock`] made with
+//! [`MemoryServer::client`] is an independent client of it, as separate connections to a
+//! real server would be. It keeps the whole contract: ttl expiry, renewal, strictly
+//! increasing fencing tokens, a lost signal, and FIFO waiters woken by notification.
+//! Nothing survives the process, so it locks across tasks of one process only.
+//!
+//! # URL
+//! `memory://` is the process-wide default server; `memory://NAME` a named one. Every
+//! `from_url` with the same URL is a new client of the same server.
+//!
+//! # Capabilities
+//! | capability | value |
+//! |---|---|
+//! | fair | yes: FIFO hand-off on release |
+//! | fencing | strict (per process) |
+//! | expiry | ttl |
+//! | wake-up | notification, one waiter per release |
+//!
+//! # Fault hooks
+//! For tests of the suite itself: [`MemoryServer::break_lease`] deletes a key as an operator
+//! would, [`MemoryBackend::set_partitioned`] cuts a client off, [`MemoryBackend::crash`]
+//! makes it vanish without releasing.
+
+mod server;
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use dlock_core::{LockClient, LockError, Result};
+
+pub use server::{MemoryBackend, MemoryServer};
+
+/// The memory backend's lock: a [`LockClient`] of a [`MemoryBackend`].
+pub type MemoryLock = LockClient<MemoryBackend>;
+
+/// URL schemes this backend serves.
+pub const SCHEMES: &[&str] = &["memory"];
+
+/// A new client of the server named by `url` (`memory://` or `memory://NAME`).
+///
+/// # Errors
+/// [`LockError::InvalidConfig`] for another scheme, or a URL with a port, credentials, a
+/// path or a query.
+pub fn from_url(url: &str) -> Result<MemoryLock> {
+    let parsed = url::Url::parse(url).map_err(|e| LockError::InvalidConfig {
+        backend: "memory",
+        message: "not a valid URL (expected memory:// or memory://NAME)".into(),
+        source: Some(Box::new(e)),
+    })?;
+    if parsed.scheme() != "memory" {
+        return Err(LockError::invalid_config(
+            "memory",
+            format!("scheme {:?} is not memory://", parsed.scheme()),
+        ));
+    }
+    if parsed.port().is_some()
+        || !parsed.username().is_empty()
+        || parsed.password().is_some()
+        || !matches!(parsed.path(), "" | "/")
+        || parsed.query().is_some()
+    {
+        return Err(LockError::invalid_config(
+            "memory",
+            "memory:// takes only a server name: memory:// or memory://NAME",
+        ));
+    }
+    let name = parsed.host_str().unwrap_or_default().to_owned();
+    static SERVERS: OnceLock<Mutex<HashMap<String, MemoryServer>>> = OnceLock::new();
+    let mut servers = SERVERS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    Ok(servers.entry(name).or_default().client())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlock_core::ErrorKind;
+
+    #[test]
+    fn urls() {
+        for good in ["memory://", "memory://a", "memory://a/"] {
+            from_url(good).unwrap();
+        }
+        for bad in [
+            "memory://a:1",
+            "memory://u:p@a",
+            "memory://a/b",
+            "memory://a?x=1",
+            "redis://a",
+            "nonsense",
+        ] {
+            assert_eq!(
+                from_url(bad).unwrap_err().kind(),
+                ErrorKind::InvalidConfig,
+                "{bad}"
+            );
+        }
+    }
+}
