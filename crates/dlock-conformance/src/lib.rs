@@ -1,7 +1,7 @@
 //! The shared conformance suite: one scenario per promise of the dlock contract, run by
 //! every backend against its real server.
 //!
-//! ```ignore
+//! ```text
 //! // crates/dlock-redis/tests/conformance.rs
 //! dlock_conformance::conformance!(redis, RedisHarness::from_env());
 //! ```

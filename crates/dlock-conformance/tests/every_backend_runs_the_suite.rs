@@ -26,5 +26,8 @@ fn every_backend_crate_calls_the_conformance_macro() {
         );
         backends.push(name);
     }
-    assert!(backends.contains(&"dlock-memory".to_owned()), "found {backends:?}");
+    assert!(
+        backends.contains(&"dlock-memory".to_owned()),
+        "found {backends:?}"
+    );
 }
