@@ -1,0 +1,276 @@
+//! `dlock`: run a command under a distributed lock, or hold one, from a shell — as
+//! `flock(1)`, `etcdctl lock` or `consul lock` do, on any dlock backend.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use dlock::{ErrorKind, Lease, LockError, LockOptions, Wait};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::Command;
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Exit codes (sysexits.h).
+mod exit {
+    /// Bad usage or configuration (EX_USAGE).
+    pub(crate) const USAGE: u8 = 64;
+    /// The lock server could not be reached (EX_UNAVAILABLE).
+    pub(crate) const UNAVAILABLE: u8 = 69;
+    /// Something else went wrong: a server refusal, or the lease was lost (EX_SOFTWARE).
+    pub(crate) const SOFTWARE: u8 = 70;
+    /// The wait ran out with the lock still held elsewhere (EX_TEMPFAIL).
+    pub(crate) const TEMPFAIL: u8 = 75;
+}
+
+const AFTER_HELP: &str = "\
+Exit codes: 64 usage or configuration error, 69 lock server unavailable, 70 lease lost or server
+refused, 75 wait timed out (the lock is busy); `run` otherwise exits with the command's code
+(128 + N when it was killed by signal N).
+
+Examples:
+  dlock run --url redis://127.0.0.1:6379 --key nightly-backup --no-wait -- /usr/local/bin/backup
+  DLOCK_URL=zk://10.0.0.5:2181 dlock hold --key maintenance --for 10m";
+
+/// Run a command under a distributed lock, or hold one.
+#[derive(Debug, Parser)]
+#[command(name = "dlock", version, after_help = AFTER_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Acquire KEY, run CMD while keeping the lease renewed, release when it exits.
+    ///
+    /// The command sees DLOCK_KEY and DLOCK_FENCING_TOKEN in its environment. SIGINT and
+    /// SIGTERM sent to dlock are passed on to the command.
+    #[command(
+        after_help = "Example (cron: run the backup on one host only, skip if another runs it):\n  \
+        dlock run --url redis://127.0.0.1:6379 --key nightly-backup --no-wait -- /usr/local/bin/backup"
+    )]
+    Run(RunArgs),
+    /// Acquire KEY and hold it until --for elapses or SIGINT/SIGTERM, then release.
+    ///
+    /// Prints exactly one line `acquired key=<key> token=<n>` once held, then `released`;
+    /// `lost: <reason>` (exit 70) if the lease is lost.
+    #[command(after_help = "Example (block a deploy for ten minutes):\n  \
+        dlock hold --url etcd://127.0.0.1:2379 --key deploy/prod --for 10m")]
+    Hold(HoldArgs),
+}
+
+#[derive(Debug, Args)]
+struct LockArgs {
+    /// Lock service URL, e.g. redis://127.0.0.1:6379, zk://h:2181, etcd://h:2379,
+    /// mysql://user:pass@h/db, redlock://h1:7001,h2:7002,h3:7003.
+    #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
+    url: String,
+    /// The lock's name.
+    #[arg(long)]
+    key: String,
+    /// Lease time on the server without a renewal (renewed every ttl/3 while held).
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// How long to wait for a busy lock (default: forever).
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Do not wait: exit 75 at once if the lock is busy.
+    #[arg(long)]
+    no_wait: bool,
+}
+
+impl LockArgs {
+    fn options(&self) -> LockOptions {
+        let wait = match (self.no_wait, self.wait) {
+            (true, _) => Wait::No,
+            (false, Some(d)) => Wait::For(d),
+            (false, None) => Wait::Forever,
+        };
+        LockOptions::new().ttl(self.ttl).wait(wait)
+    }
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    lock: LockArgs,
+    /// What to do to the command if the lease is lost: `term` sends SIGTERM, then SIGKILL
+    /// after --grace; `kill` sends SIGKILL; `ignore` lets it run (and warns).
+    #[arg(long, value_enum, default_value = "term")]
+    on_lost: OnLost,
+    /// Time between SIGTERM and SIGKILL with --on-lost term.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    grace: Duration,
+    /// The command and its arguments.
+    #[arg(required = true, last = true)]
+    command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OnLost {
+    Term,
+    Kill,
+    Ignore,
+}
+
+#[derive(Debug, Args)]
+struct HoldArgs {
+    #[command(flatten)]
+    lock: LockArgs,
+    /// Release after this long (default: hold until SIGINT or SIGTERM).
+    #[arg(long = "for", value_parser = humantime::parse_duration)]
+    hold_for: Option<Duration>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DLOCK_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Cmd::Run(args) => run(args).await,
+        Cmd::Hold(args) => hold(args).await,
+    };
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("dlock: {e}");
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+fn exit_code(e: &LockError) -> u8 {
+    match e.kind() {
+        ErrorKind::InvalidConfig | ErrorKind::InvalidKey => exit::USAGE,
+        ErrorKind::Unavailable => exit::UNAVAILABLE,
+        ErrorKind::Timeout => exit::TEMPFAIL,
+        _ => exit::SOFTWARE,
+    }
+}
+
+async fn take(args: &LockArgs) -> Result<Lease, LockError> {
+    let lock = dlock::connect(&args.url).await?;
+    lock.acquire(&args.key, &args.options()).await
+}
+
+async fn run(args: RunArgs) -> Result<u8, LockError> {
+    let lease = take(&args.lock).await?;
+    let (program, rest) = args.command.split_first().expect("clap requires a command");
+    let mut child = match Command::new(program)
+        .args(rest)
+        .env("DLOCK_KEY", lease.key())
+        .env("DLOCK_FENCING_TOKEN", lease.fencing_token().to_string())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("dlock: cannot run {program:?}: {e}");
+            let _ = lease.release().await;
+            return Ok(127);
+        }
+    };
+    let pid = child.id().map(|id| Pid::from_raw(id as i32));
+    let (mut int, mut term) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    );
+    let (mut int, mut term) = (int.as_mut().ok(), term.as_mut().ok());
+    let mut lost_reported = false;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            reason = lease.lost(), if !lost_reported => {
+                lost_reported = true;
+                eprintln!("dlock: lease on {:?} lost: {reason}", lease.key());
+                match args.on_lost {
+                    OnLost::Ignore => eprintln!("dlock: --on-lost ignore: the command keeps running without the lock"),
+                    OnLost::Kill => signal_child(pid, Signal::SIGKILL),
+                    OnLost::Term => {
+                        signal_child(pid, Signal::SIGTERM);
+                        if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
+                            signal_child(pid, Signal::SIGKILL);
+                        }
+                    }
+                }
+            }
+            Some(_) = recv(&mut int) => signal_child(pid, Signal::SIGINT),
+            Some(_) = recv(&mut term) => signal_child(pid, Signal::SIGTERM),
+        }
+    };
+    let code = match status {
+        Ok(status) => status
+            .code()
+            .map(|c| c as u8)
+            .or_else(|| {
+                std::os::unix::process::ExitStatusExt::signal(&status).map(|s| 128 + s as u8)
+            })
+            .unwrap_or(exit::SOFTWARE),
+        Err(e) => {
+            eprintln!("dlock: waiting for the command failed: {e}");
+            exit::SOFTWARE
+        }
+    };
+    let released = lease.release().await;
+    if lost_reported && args.on_lost != OnLost::Ignore {
+        return Ok(exit::SOFTWARE);
+    }
+    if let Err(e) = released {
+        eprintln!("dlock: release: {e}");
+    }
+    Ok(code)
+}
+
+async fn recv(stream: &mut Option<&mut tokio::signal::unix::Signal>) -> Option<()> {
+    match stream {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn signal_child(pid: Option<Pid>, sig: Signal) {
+    if let Some(pid) = pid {
+        let _ = kill(pid, sig);
+    }
+}
+
+async fn hold(args: HoldArgs) -> Result<u8, LockError> {
+    let lease = take(&args.lock).await?;
+    {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(
+            out,
+            "acquired key={} token={}",
+            lease.key(),
+            lease.fencing_token()
+        );
+        let _ = out.flush();
+    }
+    let (mut int, mut term) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    );
+    let (mut int, mut term) = (int.as_mut().ok(), term.as_mut().ok());
+    let elapsed = async {
+        match args.hold_for {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        reason = lease.lost() => {
+            println!("lost: {reason}");
+            return Ok(exit::SOFTWARE);
+        }
+        _ = elapsed => {}
+        Some(_) = recv(&mut int) => {}
+        Some(_) = recv(&mut term) => {}
+    }
+    lease.release().await?;
+    println!("released");
+    Ok(0)
+}
