@@ -66,10 +66,27 @@ impl ChildHolder {
     }
 }
 
+/// The token in the child's `acquired key=<key> token=<n>` line. The line may follow
+/// libtest's `test <name> ... ` on the same line (the child runs with `--nocapture`).
 fn parse_acquired(line: &str, key: &str) -> Option<u64> {
-    let rest = line.strip_prefix("acquired key=")?;
+    const MARK: &str = "acquired key=";
+    let rest = &line[line.find(MARK)? + MARK.len()..];
     let (k, token) = rest.rsplit_once(" token=")?;
     (k == key).then(|| token.trim().parse().ok()).flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_acquired;
+
+    #[test]
+    fn the_acquired_line_is_found_after_libtest_output() {
+        let line = "test redis::crash_release ... acquired key=conf-1/k token=42";
+        assert_eq!(parse_acquired(line, "conf-1/k"), Some(42));
+        assert_eq!(parse_acquired("acquired key=a token=7", "a"), Some(7));
+        assert_eq!(parse_acquired("acquired key=a token=7", "b"), None);
+        assert_eq!(parse_acquired("running 1 test", "a"), None);
+    }
 }
 
 #[async_trait]
