@@ -71,19 +71,34 @@ pub(crate) async fn run(
         let Some(held) = slot.as_mut() else { return };
         let sent_at = Instant::now();
         let budget = fire_at.map(|f| f.saturating_duration_since(sent_at));
-        let outcome = match budget {
-            Some(budget) => tokio::time::timeout(budget, held.extend(ttl))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(crate::LockError::unavailable(
-                        state.backend,
-                        "extend",
-                        "renewal timed out",
-                    ))
-                }),
-            None => held.extend(ttl).await,
+        let renewal = async {
+            match budget {
+                Some(budget) => tokio::time::timeout(budget, held.extend(ttl))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(crate::LockError::unavailable(
+                            state.backend,
+                            "extend",
+                            "renewal timed out",
+                        ))
+                    }),
+                None => held.extend(ttl).await,
+            }
+        };
+        // A renewal stuck on a dead connection must not hold back the backend's own loss
+        // signal (a session-based lease has no budget to bound the renewal).
+        let outcome = tokio::select! {
+            reason = &mut backend_lost => Err(reason),
+            outcome = renewal => Ok(outcome),
         };
         drop(slot);
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(reason) => {
+                state.lose(reason);
+                return;
+            }
+        };
         match outcome {
             Ok(()) => {
                 state.renewed(ttl, sent_at);
@@ -124,6 +139,42 @@ async fn sleep_until(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Grant, Held, LockOptions, Result};
+
+    /// A handle whose renewals never answer (a dead connection without a timeout).
+    #[derive(Debug)]
+    struct Stuck;
+
+    #[async_trait::async_trait]
+    impl Held for Stuck {
+        async fn extend(&mut self, _ttl: Duration) -> Result<()> {
+            std::future::pending().await
+        }
+        async fn release(&mut self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn backend_loss_is_heard_while_a_renewal_hangs() {
+        let gate = Arc::new(crate::gate::Gate::default());
+        let permit = gate.enter("k", crate::Deadline::TryOnce).await.unwrap();
+        let lost = async {
+            // After the first renewal (at ttl / 3) went out and hung.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            LostReason::SessionEnded("expired".into())
+        };
+        let grant = Grant::new(1, Box::new(Stuck), Instant::now()).with_lost(Box::pin(lost));
+        let opts = LockOptions::new().ttl(Duration::from_millis(300));
+        let expiry = Expiry::Session {
+            timeout: Duration::from_secs(1),
+        };
+        let lease = crate::Lease::start("test", "k", grant, &opts, expiry, permit);
+        let reason = tokio::time::timeout(Duration::from_secs(1), lease.lost())
+            .await
+            .expect("the backend's loss signal is heard during a hung renewal");
+        assert_eq!(reason, LostReason::SessionEnded("expired".into()));
+    }
 
     #[test]
     fn lost_fires_well_before_expiry_and_renewal_comes_first() {
