@@ -1,0 +1,180 @@
+//! A small connection pool that knows each connection's server-side id.
+//!
+//! sqlx's pool pings a connection on every checkout and does not expose the connection id
+//! that `KILL QUERY` needs; a lock connection is also special: it goes back to the pool only
+//! in a known clean state (no transaction, default idle timeout), and is closed otherwise.
+//! So the backend keeps its own: a stack of idle connections, a limit, and a connection id
+//! for each. Dropping a [`Lent`] connection closes it (the server then rolls back whatever
+//! its session held); only [`Lent::give_back`] returns it.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlRow};
+use sqlx::{ConnectOptions, Executor, Row};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, timeout};
+
+use crate::error::Error;
+use crate::sql::Sql;
+
+/// How long an idle connection is kept, at most: a server may close it after its own
+/// `wait_timeout`, and a connection found dead is replaced at the cost of one failed call.
+const MAX_IDLE: Duration = Duration::from_secs(120);
+
+/// One connection and its session id.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    raw: MySqlConnection,
+    id: u64,
+    /// The server closes the session after this much idle time.
+    server_idle: Duration,
+}
+
+#[derive(Debug)]
+struct Idle {
+    conn: Conn,
+    since: Instant,
+}
+
+/// Connections to one server, at most `limit` open at once.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    name: &'static str,
+    options: MySqlConnectOptions,
+    addr: String,
+    connect_timeout: Duration,
+    permits: Arc<Semaphore>,
+    idle: Mutex<Vec<Idle>>,
+}
+
+/// A connection taken from the pool. Dropped, it is closed; [`give_back`](Lent::give_back)
+/// returns it.
+#[derive(Debug)]
+pub(crate) struct Lent {
+    conn: Option<Conn>,
+    pool: Arc<Pool>,
+    /// It had been used before (it may have died while idle).
+    pub(crate) reused: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Pool {
+    pub(crate) fn new(
+        name: &'static str,
+        options: MySqlConnectOptions,
+        addr: String,
+        connect_timeout: Duration,
+        limit: u32,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            options: options.disable_statement_logging(),
+            addr,
+            connect_timeout,
+            permits: Arc::new(Semaphore::new(limit as usize)),
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A connection: an idle one, or a new one. Waiting for a free slot and connecting are
+    /// bounded by the connect timeout.
+    pub(crate) async fn get(self: &Arc<Self>) -> Result<Lent, Error> {
+        let started = Instant::now();
+        let no_answer = || Error::NoAnswer {
+            op: "connect",
+            addr: self.addr.clone(),
+            after: self.connect_timeout,
+        };
+        let permit = timeout(self.connect_timeout, self.permits.clone().acquire_owned())
+            .await
+            .map_err(|_| no_answer())?
+            .expect("the pool's semaphore is never closed");
+        if let Some(conn) = self.pop_idle() {
+            return Ok(Lent {
+                conn: Some(conn),
+                pool: self.clone(),
+                reused: true,
+                _permit: permit,
+            });
+        }
+        let left = self.connect_timeout.saturating_sub(started.elapsed());
+        let conn = timeout(left, self.connect())
+            .await
+            .map_err(|_| no_answer())??;
+        Ok(Lent {
+            conn: Some(conn),
+            pool: self.clone(),
+            reused: false,
+            _permit: permit,
+        })
+    }
+
+    async fn connect(&self) -> Result<Conn, Error> {
+        let mut raw = self
+            .options
+            .connect()
+            .await
+            .map_err(Error::sql("connect"))?;
+        let rows: Vec<MySqlRow> = raw
+            .fetch_all(Sql::session_setup().as_str())
+            .await
+            .map_err(Error::sql("connect"))?;
+        let row = rows.first().ok_or_else(|| Error::Sql {
+            op: "connect",
+            source: sqlx::Error::RowNotFound,
+        })?;
+        let id: u64 = row.try_get(0).map_err(Error::sql("connect"))?;
+        let server_idle: u64 = row.try_get(1).map_err(Error::sql("connect"))?;
+        tracing::debug!(pool = self.name, id, addr = %self.addr, "connected");
+        Ok(Conn {
+            raw,
+            id,
+            server_idle: Duration::from_secs(server_idle),
+        })
+    }
+
+    fn pop_idle(&self) -> Option<Conn> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(Idle { conn, since }) = idle.pop() {
+            let keep = MAX_IDLE.min(conn.server_idle.saturating_sub(Duration::from_secs(1)));
+            if since.elapsed() < keep {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Close every idle connection: one was found dead, so the server probably restarted.
+    pub(crate) fn clear_idle(&self) {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+impl Lent {
+    /// The connection, for sqlx calls.
+    pub(crate) fn raw(&mut self) -> &mut MySqlConnection {
+        &mut self
+            .conn
+            .as_mut()
+            .expect("a lent connection is present until given back")
+            .raw
+    }
+
+    /// The server's id for this connection (`CONNECTION_ID()`), for `KILL`.
+    pub(crate) fn id(&self) -> u64 {
+        self.conn.as_ref().map_or(0, |c| c.id)
+    }
+
+    /// Return the connection to the pool. Only call when the session is clean: no open
+    /// transaction, no statement in flight, default idle timeout.
+    pub(crate) fn give_back(mut self) {
+        if let Some(conn) = self.conn.take() {
+            let mut idle = self.pool.idle.lock().unwrap_or_else(|e| e.into_inner());
+            idle.push(Idle {
+                conn,
+                since: Instant::now(),
+            });
+        }
+    }
+}

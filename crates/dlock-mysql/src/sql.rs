@@ -1,0 +1,255 @@
+//! Row names and the SQL the backend sends.
+//!
+//! Statements go as text batches (several statements, one round trip), so names are sent as
+//! binary literals `X'…'` and table names are validated identifiers: nothing a key contains
+//! can change a statement. A batch stops at its first failing statement, which tells the
+//! caller where it failed.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use dlock_core::key;
+
+/// Width of the `name` column, in bytes.
+pub(crate) const NAME_WIDTH: usize = 255;
+
+/// The session's `innodb_lock_wait_timeout` on lock connections, in seconds: a waiting
+/// statement returns at least this often, so a silent connection is noticed (the client
+/// gives it `response_timeout` more) and a waiter whose client vanished does not wait on the
+/// server for ever. Deadlines are enforced by the client, which kills the waiting statement.
+pub(crate) const LOCK_WAIT_ROUND: u32 = 60;
+
+/// Characters a row name keeps as they are; every other one is percent-escaped.
+fn readable(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "-_./:@+=,~".contains(c)
+}
+
+/// The row name of `key`: [`key::escape`]d to readable ASCII, then [`key::shorten`]ed to
+/// [`NAME_WIDTH`] (a readable prefix and a SHA-256 digest). Injective, and compared as bytes
+/// by the binary column, so `A` and `a` are different rows.
+pub(crate) fn row_name(key: &str) -> String {
+    key::shorten(&key::escape(key, readable), NAME_WIDTH)
+}
+
+/// `name` as a binary string literal.
+pub(crate) fn literal(name: &str) -> String {
+    let mut out = String::with_capacity(3 + 2 * name.len());
+    out.push_str("X'");
+    for b in name.bytes() {
+        let _ = write!(out, "{b:02X}");
+    }
+    out.push('\'');
+    out
+}
+
+/// The session idle timeout for a lease of `ttl`: whole seconds, rounded up, at least 1.
+pub(crate) fn idle_seconds(ttl: Duration) -> u32 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    u32::try_from(secs.max(1)).unwrap_or(u32::MAX)
+}
+
+/// The statements for one lock table and its fence table.
+#[derive(Debug, Clone)]
+pub(crate) struct Sql {
+    table: String,
+    fence: String,
+}
+
+impl Sql {
+    /// Statements for the tables named by a validated identifier.
+    pub(crate) fn new(table: &str) -> Self {
+        Self {
+            table: table.to_owned(),
+            fence: format!("{table}_fence"),
+        }
+    }
+
+    /// Create both tables if missing.
+    pub(crate) fn create_tables(&self) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS `{t}` (\
+               name VARBINARY({NAME_WIDTH}) NOT NULL PRIMARY KEY\
+             ) ENGINE=InnoDB COMMENT='dlock: one row per key that is held or waited for';\
+             CREATE TABLE IF NOT EXISTS `{f}` (\
+               name VARBINARY({NAME_WIDTH}) NOT NULL PRIMARY KEY,\
+               fence BIGINT UNSIGNED NOT NULL,\
+               holder BIGINT UNSIGNED NOT NULL COMMENT 'CONNECTION_ID() of the latest holder',\
+               granted_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)\
+             ) ENGINE=InnoDB COMMENT='dlock: fencing counters, kept for ever by design'",
+            t = self.table,
+            f = self.fence,
+        )
+    }
+
+    /// One row per table that exists: its name, engine, and its primary key column's type,
+    /// length and collation.
+    pub(crate) fn describe_tables(&self) -> String {
+        format!(
+            "SELECT CAST(t.TABLE_NAME AS CHAR), CAST(t.ENGINE AS CHAR), \
+                    CAST(c.DATA_TYPE AS CHAR), CAST(c.CHARACTER_MAXIMUM_LENGTH AS UNSIGNED), \
+                    CAST(c.COLLATION_NAME AS CHAR) \
+             FROM information_schema.TABLES t \
+             JOIN information_schema.COLUMNS c \
+               ON c.TABLE_SCHEMA = t.TABLE_SCHEMA AND c.TABLE_NAME = t.TABLE_NAME \
+              AND c.COLUMN_NAME = 'name' \
+             WHERE t.TABLE_SCHEMA = DATABASE() AND t.TABLE_NAME IN ('{}', '{}')",
+            self.table, self.fence
+        )
+    }
+
+    /// Session setup on every new lock connection; the batch's last result is the
+    /// connection id and the session's idle timeout.
+    pub(crate) fn session_setup() -> String {
+        format!(
+            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;\
+             SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_ROUND};\
+             SELECT CAST(CONNECTION_ID() AS UNSIGNED), CAST(@@SESSION.wait_timeout AS UNSIGNED)"
+        )
+    }
+
+    /// Take the row without waiting. Statements: 0 set the idle timeout, 1 create the row if
+    /// missing (a consistent read and a plain insert: it never waits for a holder), 2 begin,
+    /// 3 lock it `NOWAIT` (a row: held; no row: it vanished; lock error: busy).
+    pub(crate) fn try_take(&self, name: &str, idle: u32) -> String {
+        format!(
+            "SET SESSION wait_timeout = {idle};\
+             INSERT INTO `{t}` (name) SELECT {n} FROM DUAL \
+               WHERE NOT EXISTS (SELECT 1 FROM `{t}` WHERE name = {n});\
+             BEGIN;\
+             SELECT 1 FROM `{t}` WHERE name = {n} FOR UPDATE NOWAIT",
+            t = self.table,
+            n = literal(name),
+        )
+    }
+
+    /// Wait for the row: begin (which ends the transaction a failed `NOWAIT` left open) and
+    /// lock it, waiting up to [`LOCK_WAIT_ROUND`].
+    pub(crate) fn wait_take(&self, name: &str, idle: u32) -> String {
+        format!(
+            "SET SESSION wait_timeout = {idle};\
+             BEGIN;\
+             SELECT 1 FROM `{t}` WHERE name = {n} FOR UPDATE",
+            t = self.table,
+            n = literal(name),
+        )
+    }
+
+    /// Bump the key's fence counter in its own transaction (autocommit) and read it. Sent on
+    /// another connection once the row lock is granted, so the token survives the holder.
+    pub(crate) fn next_fence(&self, name: &str, holder: u64) -> String {
+        format!(
+            "INSERT INTO `{f}` (name, fence, holder) VALUES ({n}, LAST_INSERT_ID(1), {holder}) \
+               ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), holder = {holder}, \
+               granted_at = CURRENT_TIMESTAMP(6);\
+             SELECT CAST(LAST_INSERT_ID() AS UNSIGNED)",
+            f = self.fence,
+            n = literal(name),
+        )
+    }
+
+    /// Set the idle timeout of a holding session: the lease's renewal.
+    pub(crate) fn keep(idle: u32) -> String {
+        format!("SET SESSION wait_timeout = {idle}")
+    }
+
+    /// End the transaction (`COMMIT` or `ROLLBACK`) and tidy up: restore the idle timeout,
+    /// then delete the row unless someone else holds it by now. Statement 0 ends the
+    /// transaction; statement 3 fails with a lock error when the row went to a waiter (then
+    /// the caller rolls back the cleanup's transaction).
+    pub(crate) fn finish(&self, end: End, name: &str) -> String {
+        format!(
+            "{end};SET SESSION wait_timeout = DEFAULT;{}",
+            self.clean(name),
+            end = end.sql(),
+        )
+    }
+
+    /// Delete the row unless it is locked: begin, lock `NOWAIT`, delete, commit.
+    pub(crate) fn clean(&self, name: &str) -> String {
+        format!(
+            "BEGIN;\
+             SELECT 1 FROM `{t}` WHERE name = {n} FOR UPDATE NOWAIT;\
+             DELETE FROM `{t}` WHERE name = {n};\
+             COMMIT",
+            t = self.table,
+            n = literal(name),
+        )
+    }
+
+    /// Give up a transaction that holds nothing, and restore the idle timeout.
+    pub(crate) const fn rollback() -> &'static str {
+        "ROLLBACK;SET SESSION wait_timeout = DEFAULT"
+    }
+}
+
+/// How a transaction ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    Commit,
+    Rollback,
+}
+
+impl End {
+    fn sql(self) -> &'static str {
+        match self {
+            End::Commit => "COMMIT",
+            End::Rollback => "ROLLBACK",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn names_are_readable_fit_and_never_collide() {
+        let keys = [
+            "A".to_owned(),
+            "a".to_owned(),
+            "a ".to_owned(),
+            "a%20".to_owned(),
+            "orders/42".to_owned(),
+            "it's".to_owned(),
+            "back\\slash".to_owned(),
+            "x'; DROP TABLE t; --".to_owned(),
+            "caf\u{e9}".to_owned(),
+            "caf%C3%A9".to_owned(),
+            "k".repeat(1024),
+            format!("{}x", "k".repeat(1023)),
+        ];
+        let names: HashSet<_> = keys.iter().map(|k| row_name(k)).collect();
+        assert_eq!(names.len(), keys.len());
+        for name in &names {
+            assert!(name.len() <= NAME_WIDTH, "{name}");
+            assert!(name.bytes().all(|b| b.is_ascii_graphic()), "{name}");
+            assert!(!name.contains(['\'', '\\', '`', '"']), "{name}");
+        }
+        assert_eq!(row_name("orders/42"), "orders/42");
+        assert!(row_name(&"k".repeat(1024)).starts_with("kkkk"));
+    }
+
+    #[test]
+    fn literals_are_hex() {
+        assert_eq!(literal("a'b"), "X'612762'");
+        assert_eq!(literal(""), "X''");
+    }
+
+    #[test]
+    fn idle_timeout_rounds_up_to_whole_seconds() {
+        assert_eq!(idle_seconds(Duration::from_millis(100)), 1);
+        assert_eq!(idle_seconds(Duration::from_secs(2)), 2);
+        assert_eq!(idle_seconds(Duration::from_millis(2001)), 3);
+        assert_eq!(idle_seconds(Duration::from_secs(86_400)), 86_400);
+    }
+
+    #[test]
+    fn statements_name_the_configured_tables() {
+        let sql = Sql::new("my_locks");
+        assert!(sql.create_tables().contains("`my_locks_fence`"));
+        assert!(sql.try_take("k", 2).contains("NOWAIT"));
+        assert!(sql.finish(End::Rollback, "k").starts_with("ROLLBACK;"));
+        assert_eq!(sql.finish(End::Commit, "k").matches(';').count(), 5);
+    }
+}

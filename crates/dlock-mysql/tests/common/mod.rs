@@ -1,0 +1,245 @@
+//! The MySQL / MariaDB harness: clients of the server `DLOCK_MYSQL_URL` names (default
+//! `mysql://dlock:dlock@127.0.0.1:3306/dlock`), and the raw access the suite's fault hooks
+//! and the backend's own tests need.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_conformance::Harness;
+use dlock_core::{BoxError, DistributedLock, ErrorKind, Result, key};
+use dlock_mysql::MysqlConfig;
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
+use sqlx::{ConnectOptions, Executor, Row};
+
+pub const DEFAULT_URL: &str = "mysql://dlock:dlock@127.0.0.1:3306/dlock";
+
+pub struct MysqlHarness {
+    url: String,
+    config: MysqlConfig,
+}
+
+impl MysqlHarness {
+    pub fn from_env() -> Self {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let url = std::env::var("DLOCK_MYSQL_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+        let config = MysqlConfig::from_url(&url)
+            .unwrap_or_else(|e| panic!("DLOCK_MYSQL_URL={url:?} is not usable: {e}"));
+        Self { url, config }
+    }
+
+    pub fn config(&self) -> &MysqlConfig {
+        &self.config
+    }
+
+    /// A raw connection to the server, for fault hooks and checks.
+    pub async fn admin(&self) -> Result<MySqlConnection, BoxError> {
+        let mut options = MySqlConnectOptions::new()
+            .host(&self.config.host)
+            .port(self.config.port)
+            .username(&self.config.user)
+            .database(&self.config.database)
+            .disable_statement_logging();
+        if let Some(password) = &self.config.password {
+            options = options.password(password);
+        }
+        Ok(tokio::time::timeout(Duration::from_secs(5), options.connect()).await??)
+    }
+
+    /// The connection id that holds (or last held) `key`, as the backend records it in the
+    /// fence table.
+    pub async fn holder_of(&self, key: &str) -> Result<Option<u64>, BoxError> {
+        let mut admin = self.admin().await?;
+        let sql = format!(
+            "SELECT holder FROM `{}` WHERE name = {}",
+            self.config.fence_table(),
+            literal(&row_name(key))
+        );
+        let row = admin.fetch_optional(sql.as_str()).await?;
+        Ok(row.map(|r| r.try_get::<u64, _>(0)).transpose()?)
+    }
+
+    /// Sessions waiting for the row lock of `key` (MariaDB's `information_schema` lock
+    /// tables, or MySQL 8's `performance_schema.data_locks`).
+    pub async fn waiters_on(&self, key: &str) -> Result<u64, BoxError> {
+        let mut admin = self.admin().await?;
+        let table = format!("`{}`.`{}`", self.config.database, self.config.table);
+        let data = hex_data(&row_name(key));
+        let mariadb = format!(
+            "SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS w \
+             JOIN information_schema.INNODB_LOCKS l ON l.lock_id = w.requested_lock_id \
+             WHERE l.lock_table = '{table}' AND l.lock_data = '{data}'"
+        );
+        let count = match admin.fetch_one(mariadb.as_str()).await {
+            Ok(row) => row.try_get::<i64, _>(0)?,
+            Err(_) => {
+                let mysql = format!(
+                    "SELECT COUNT(*) FROM performance_schema.data_locks \
+                     WHERE OBJECT_SCHEMA = '{}' AND OBJECT_NAME = '{}' \
+                     AND LOCK_STATUS = 'WAITING' AND LOCK_DATA = '{data}'",
+                    self.config.database, self.config.table
+                );
+                admin
+                    .fetch_one(mysql.as_str())
+                    .await?
+                    .try_get::<i64, _>(0)?
+            }
+        };
+        Ok(u64::try_from(count)?)
+    }
+
+    /// Whether session `id` still exists on the server.
+    pub async fn session_exists(&self, id: u64) -> Result<bool, BoxError> {
+        let mut admin = self.admin().await?;
+        let sql = format!("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {id}");
+        Ok(admin.fetch_one(sql.as_str()).await?.try_get::<i64, _>(0)? > 0)
+    }
+
+    /// `KILL` session `id` and wait until the server has ended it (its transaction rolled
+    /// back).
+    pub async fn kill_session(&self, id: u64) -> Result<(), BoxError> {
+        let mut admin = self.admin().await?;
+        admin.execute(format!("KILL {id}").as_str()).await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while self.session_exists(id).await? {
+            if tokio::time::Instant::now() > deadline {
+                return Err(format!("session {id} still exists 10 s after KILL").into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+}
+
+/// The backend's row name for `key` (its `sql::row_name`, which is private): readable
+/// characters kept, the rest percent-escaped, long names shortened with a digest.
+pub fn row_name(k: &str) -> String {
+    let readable = |c: char| c.is_ascii_alphanumeric() || "-_./:@+=,~".contains(c);
+    key::shorten(&key::escape(k, readable), 255)
+}
+
+fn literal(name: &str) -> String {
+    format!("X'{}'", hex(name))
+}
+
+fn hex(name: &str) -> String {
+    name.bytes().map(|b| format!("{b:02X}")).collect()
+}
+
+/// How MariaDB's `INNODB_LOCKS.lock_data` shows a binary key.
+fn hex_data(name: &str) -> String {
+    format!("0x{}", hex(name))
+}
+
+#[async_trait]
+impl Harness for MysqlHarness {
+    fn name(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn setup(&self) -> &'static str {
+        "mariadb"
+    }
+
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(dlock_mysql::from_url(url).await?))
+    }
+
+    fn server_addrs(&self) -> Vec<SocketAddr> {
+        (self.config.host.as_str(), self.config.port)
+            .to_socket_addrs()
+            .map(|mut addrs| addrs.next().into_iter().collect())
+            .unwrap_or_default()
+    }
+
+    fn url_with_addrs(&self, addrs: &[SocketAddr]) -> String {
+        let mut url = url::Url::parse(&self.url).expect("the harness URL parses");
+        if let Some(addr) = addrs.first() {
+            url.set_ip_host(addr.ip()).expect("an IP host");
+            url.set_port(Some(addr.port())).expect("a port");
+        }
+        url.to_string()
+    }
+
+    fn bad_urls(&self) -> Vec<(String, ErrorKind)> {
+        let c = &self.config;
+        let at = format!("{}:{}", c.host, c.port);
+        vec![
+            (
+                format!("mysql://{}:wrong-password@{at}/{}", c.user, c.database),
+                ErrorKind::Backend,
+            ),
+            (
+                format!("mysql://{}:dlock@{at}", c.user),
+                ErrorKind::InvalidConfig,
+            ),
+            (
+                format!(
+                    "mysql://{}:dlock@{at}/{}?table=bad-name",
+                    c.user, c.database
+                ),
+                ErrorKind::InvalidConfig,
+            ),
+            (
+                format!("mysql://{}:dlock@{at}/{}?colour=blue", c.user, c.database),
+                ErrorKind::InvalidConfig,
+            ),
+            (
+                format!(
+                    "mysql://{}:dlock@{at}/{}?ssl-mode=required",
+                    c.user, c.database
+                ),
+                ErrorKind::Backend,
+            ),
+            (
+                "mysql://dlock:secret-pw@/dlock".to_owned(),
+                ErrorKind::InvalidConfig,
+            ),
+            (
+                "redis://127.0.0.1:6379".to_owned(),
+                ErrorKind::InvalidConfig,
+            ),
+            ("not a url".to_owned(), ErrorKind::InvalidConfig),
+            // A server of another kind (Redis) never greets: nothing answers within the
+            // connect timeout.
+            (
+                "mysql://dlock:secret-pw@127.0.0.1:6379/dlock?connect_timeout=1s".to_owned(),
+                ErrorKind::Unavailable,
+            ),
+        ]
+    }
+
+    async fn break_lease(&self, key: &str) -> Result<(), BoxError> {
+        let id = self
+            .holder_of(key)
+            .await?
+            .ok_or_else(|| format!("no holder recorded for {key:?}"))?;
+        self.kill_session(id).await
+    }
+
+    async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError> {
+        let escaped = row_name(prefix);
+        let mut admin = self.admin().await?;
+        let sql = format!(
+            "SELECT CAST(name AS CHAR) FROM `{}` WHERE LEFT(name, {}) = {}",
+            self.config.table,
+            escaped.len(),
+            literal(&escaped)
+        );
+        let rows = admin.fetch_all(sql.as_str()).await?;
+        Ok(rows
+            .iter()
+            .map(|r| r.try_get::<String, _>(0))
+            .collect::<std::result::Result<_, _>>()?)
+    }
+}
