@@ -1,0 +1,534 @@
+//! The backend's configuration and its URL form.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use dlock_core::{LockError, Result, key};
+
+use crate::NAME;
+
+/// The default port when a host names none.
+const DEFAULT_PORT: u16 = 2181;
+/// Longest escaped key segment; longer ones are shortened with a digest
+/// ([`key::shorten`]).
+const MAX_SEGMENT: usize = 240;
+
+/// How to reach the ensemble and where the lock nodes live.
+///
+/// Built from a URL with [`ZookeeperConfig::from_url`] (see the crate docs for the grammar)
+/// or field by field with [`ZookeeperConfig::with_option`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZookeeperConfig {
+    /// The ensemble members, `host:port` each. At least one.
+    pub hosts: Vec<String>,
+    /// The parent of every key's lock directory: the URL's chroot path followed by its
+    /// `root` option. Default `/dlock`.
+    pub base: String,
+    /// The session timeout asked of the server (it negotiates it into its
+    /// `minSessionTimeout..=maxSessionTimeout`, by default 2 to 20 ticks). A crashed holder's
+    /// key frees this long after its last heartbeat. Default 10 s.
+    pub session_timeout: Duration,
+    /// How long establishing a session may take, in [`crate::from_url`] and when an
+    /// expired session is replaced. Default 5 s.
+    pub connect_timeout: Duration,
+}
+
+/// The options a URL query can set; each has one spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConfigKey {
+    /// `root`: the path under the chroot that holds the key directories (from a URL), or
+    /// the whole base path (from [`ZookeeperConfig::with_option`]).
+    Root,
+    /// `session_timeout`: see [`ZookeeperConfig::session_timeout`].
+    SessionTimeout,
+    /// `connect_timeout`: see [`ZookeeperConfig::connect_timeout`].
+    ConnectTimeout,
+}
+
+impl ConfigKey {
+    /// The key as spelled in a URL query.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Root => "root",
+            Self::SessionTimeout => "session_timeout",
+            Self::ConnectTimeout => "connect_timeout",
+        }
+    }
+}
+
+impl FromStr for ConfigKey {
+    type Err = LockError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        [Self::Root, Self::SessionTimeout, Self::ConnectTimeout]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                LockError::invalid_config(
+                    NAME,
+                    format!("unknown option {s:?} (known: root, session_timeout, connect_timeout)"),
+                )
+            })
+    }
+}
+
+impl fmt::Display for ConfigKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl ZookeeperConfig {
+    /// Default [`base`](Self::base).
+    pub const DEFAULT_ROOT: &'static str = "/dlock";
+    /// Default [`session_timeout`](Self::session_timeout).
+    pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Default [`connect_timeout`](Self::connect_timeout).
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// A configuration for `hosts` (`host:port` each) with every default.
+    pub fn new(hosts: impl IntoIterator<Item = impl Into<String>>) -> Result<Self> {
+        let hosts = hosts
+            .into_iter()
+            .map(|h| parse_host(&h.into()))
+            .collect::<Result<Vec<_>>>()?;
+        if hosts.is_empty() {
+            return Err(LockError::invalid_config(NAME, "no host given"));
+        }
+        Ok(Self {
+            hosts,
+            base: Self::DEFAULT_ROOT.to_owned(),
+            session_timeout: Self::DEFAULT_SESSION_TIMEOUT,
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+        })
+    }
+
+    /// Parse `zk://host1:port,host2:port[/chroot][?root=/dlock&session_timeout=10s&connect_timeout=5s]`.
+    /// Nothing is contacted.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] naming what is wrong: another scheme, no host, a bad port,
+    /// credentials (not supported), a bad path, an unknown option or a bad value.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let rest = crate::SCHEMES
+            .iter()
+            .find_map(|s| url.strip_prefix(s).and_then(|r| r.strip_prefix("://")))
+            .ok_or_else(|| {
+                LockError::invalid_config(
+                    NAME,
+                    "expected a URL like zk://host1:2181,host2:2181[/chroot][?root=/dlock]",
+                )
+            })?;
+        if rest.contains('#') {
+            return Err(LockError::invalid_config(
+                NAME,
+                "a URL fragment (#) is not allowed",
+            ));
+        }
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, Some(query)),
+            None => (rest, None),
+        };
+        let (authority, chroot) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        if authority.contains('@') {
+            return Err(LockError::invalid_config(
+                NAME,
+                "credentials in the URL are not supported (digest/SASL auth is not implemented)",
+            ));
+        }
+        let mut config = Self::new(authority.split(','))?;
+        let chroot = match chroot {
+            "" | "/" => String::new(),
+            path => decode(path, "chroot")?,
+        };
+        if !chroot.is_empty() {
+            check_path(&chroot, "chroot")?;
+        }
+        let mut root = Self::DEFAULT_ROOT.to_owned();
+        for (k, v) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+            match k.parse::<ConfigKey>()? {
+                ConfigKey::Root => {
+                    check_path(&v, "root")?;
+                    root = v.into_owned();
+                }
+                key => {
+                    config = config.set(key, &v)?;
+                }
+            }
+        }
+        config.base = format!("{chroot}{root}");
+        Ok(config)
+    }
+
+    /// Set one option from its string form, with its URL query spelling (`root`,
+    /// `session_timeout`, `connect_timeout`). `root` replaces the whole
+    /// [`base`](Self::base) path.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] naming the option when it is unknown or its value is bad.
+    pub fn with_option(self, key: &str, value: &str) -> Result<Self> {
+        self.set(key.parse()?, value)
+    }
+
+    fn set(mut self, key: ConfigKey, value: &str) -> Result<Self> {
+        match key {
+            ConfigKey::Root => {
+                check_path(value, "root")?;
+                self.base = value.to_owned();
+            }
+            ConfigKey::SessionTimeout => {
+                self.session_timeout = parse_duration(key, value, Duration::from_millis(500))?;
+            }
+            ConfigKey::ConnectTimeout => {
+                self.connect_timeout = parse_duration(key, value, Duration::from_millis(1))?;
+            }
+        }
+        Ok(self)
+    }
+
+    /// The ZooKeeper connect string for the hosts (no chroot: the base path carries it).
+    pub(crate) fn connect_string(&self) -> String {
+        self.hosts.join(",")
+    }
+
+    /// The directory that holds `key`'s lock nodes: `{base}/{segment}`, where the segment is
+    /// the key escaped into one safe path segment and, if long, shortened with a digest.
+    pub fn key_dir(&self, key: &str) -> String {
+        format!("{}/{}", self.base, key_segment(key))
+    }
+}
+
+/// `key` as one path segment: every character outside `[A-Za-z0-9._:@-]` is
+/// percent-encoded (so `/`, control characters and `%` never appear raw), a name made only
+/// of dots is encoded entirely (`.` and `..` are not names), and long names are shortened
+/// with a digest. Different keys always give different segments.
+pub(crate) fn key_segment(key: &str) -> String {
+    let keep = |c: char| c.is_ascii_alphanumeric() || "._:@-".contains(c);
+    let mut escaped = key::escape(key, keep);
+    if escaped.chars().all(|c| c == '.') {
+        escaped = escaped.replace('.', "%2E");
+    }
+    key::shorten(&escaped, MAX_SEGMENT)
+}
+
+fn parse_host(host: &str) -> Result<String> {
+    let bad = |why: &str| LockError::invalid_config(NAME, format!("host {host:?}: {why}"));
+    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
+        let (name, after) = rest.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| bad("expected ':' after ']'"))?,
+            ),
+        };
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+        {
+            return Err(bad("not an IPv6 address"));
+        }
+        (format!("[{name}]"), port)
+    } else {
+        let (name, port) = match host.rsplit_once(':') {
+            Some((n, p)) => (n, Some(p)),
+            None => (host, None),
+        };
+        if name.is_empty() {
+            return Err(bad("empty host name"));
+        }
+        if !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
+        {
+            return Err(bad("not a host name"));
+        }
+        (name.to_owned(), port)
+    };
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => match p.parse::<u16>() {
+            Ok(0) | Err(_) => return Err(bad("bad port")),
+            Ok(p) => p,
+        },
+    };
+    Ok(format!("{name}:{port}"))
+}
+
+fn decode(path: &str, what: &str) -> Result<String> {
+    percent_decode(path).ok_or_else(|| {
+        LockError::invalid_config(
+            NAME,
+            format!("{what} {path:?} is not valid percent-encoded UTF-8"),
+        )
+    })
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// A ZooKeeper path: absolute, not `/`, no empty, `.` or `..` segment, no trailing `/`, and
+/// no character ZooKeeper refuses.
+fn check_path(path: &str, what: &str) -> Result<()> {
+    let bad = |why: &str| LockError::invalid_config(NAME, format!("{what} {path:?}: {why}"));
+    let Some(rest) = path.strip_prefix('/') else {
+        return Err(bad("must start with '/'"));
+    };
+    if rest.is_empty() {
+        return Err(bad("must name a node below '/'"));
+    }
+    for segment in rest.split('/') {
+        if matches!(segment, "" | "." | "..") {
+            return Err(bad("empty, '.' and '..' segments are not allowed"));
+        }
+        if segment.chars().any(|c| {
+            let u = u32::from(c);
+            [0..=0x1f, 0x7f..=0x9f, 0xd800..=0xf8ff, 0xfff0..=0xffff]
+                .iter()
+                .any(|r| r.contains(&u))
+        }) {
+            return Err(bad("holds a character ZooKeeper does not allow in paths"));
+        }
+    }
+    if path == "/zookeeper" || path.starts_with("/zookeeper/") {
+        return Err(bad("/zookeeper is reserved for the server"));
+    }
+    Ok(())
+}
+
+/// `1500ms`, `2s`, `1.5s`, `1m`; between `min` and ten minutes.
+fn parse_duration(key: ConfigKey, value: &str, min: Duration) -> Result<Duration> {
+    const MAX: Duration = Duration::from_secs(600);
+    let bad = |why: &str| LockError::invalid_config(NAME, format!("{key} {value:?} {why}"));
+    let not_a_duration = || bad("is not a duration (write e.g. 1500ms, 2s, 1.5s or 1m)");
+    let split = value
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(not_a_duration)?;
+    let (number, unit) = value.split_at(split);
+    let number: f64 = number.parse().map_err(|_| not_a_duration())?;
+    let seconds = match unit {
+        "ms" => number / 1000.0,
+        "s" => number,
+        "m" => number * 60.0,
+        _ => return Err(not_a_duration()),
+    };
+    let duration = Duration::try_from_secs_f64(seconds).map_err(|_| not_a_duration())?;
+    if !(min..=MAX).contains(&duration) {
+        return Err(bad(&format!("is out of range {min:?}..={MAX:?}")));
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlock_core::ErrorKind;
+    use std::collections::HashSet;
+
+    #[test]
+    fn good_urls() {
+        let s = Duration::from_secs;
+        let cases: &[(&str, &[&str], &str, Duration, Duration)] = &[
+            (
+                "zk://127.0.0.1:2181",
+                &["127.0.0.1:2181"],
+                "/dlock",
+                s(10),
+                s(5),
+            ),
+            ("zk://localhost", &["localhost:2181"], "/dlock", s(10), s(5)),
+            (
+                "zookeeper://a:1,b:2,c:3",
+                &["a:1", "b:2", "c:3"],
+                "/dlock",
+                s(10),
+                s(5),
+            ),
+            ("zk://a:1/apps/x", &["a:1"], "/apps/x/dlock", s(10), s(5)),
+            ("zk://a:1/", &["a:1"], "/dlock", s(10), s(5)),
+            (
+                "zk://a:1/c?root=/locks&session_timeout=2s&connect_timeout=1500ms",
+                &["a:1"],
+                "/c/locks",
+                s(2),
+                Duration::from_millis(1500),
+            ),
+            (
+                "zk://a?session_timeout=1.5s",
+                &["a:2181"],
+                "/dlock",
+                Duration::from_millis(1500),
+                s(5),
+            ),
+            ("zk://a?root=%2Fx%2Fy", &["a:2181"], "/x/y", s(10), s(5)),
+            (
+                "zk://[::1]:2181,b",
+                &["[::1]:2181", "b:2181"],
+                "/dlock",
+                s(10),
+                s(5),
+            ),
+            (
+                "zk://a?session_timeout=1m",
+                &["a:2181"],
+                "/dlock",
+                s(60),
+                s(5),
+            ),
+        ];
+        for (url, hosts, base, session, connect) in cases {
+            let c = ZookeeperConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(c.hosts, *hosts, "{url}");
+            assert_eq!(c.base, *base, "{url}");
+            assert_eq!(c.session_timeout, *session, "{url}");
+            assert_eq!(c.connect_timeout, *connect, "{url}");
+        }
+    }
+
+    #[test]
+    fn bad_urls() {
+        let cases: &[(&str, &str)] = &[
+            ("redis://a:1", "expected a URL"),
+            ("zk:/a", "expected a URL"),
+            ("zk://", "empty host"),
+            ("zk://a:1,", "empty host"),
+            ("zk://a:0", "bad port"),
+            ("zk://a:99999", "bad port"),
+            ("zk://a:x", "bad port"),
+            ("zk://a b:1", "not a host name"),
+            ("zk://[zz]:1", "IPv6"),
+            ("zk://user:sekrit-password@a:1", "credentials"),
+            ("zk://a:1?bogus=1", "unknown option \"bogus\""),
+            ("zk://a:1?root=relative", "must start with '/'"),
+            ("zk://a:1?root=/", "below '/'"),
+            ("zk://a:1?root=/a/../b", "'..'"),
+            ("zk://a:1?root=/a/", "empty"),
+            ("zk://a:1?root=/zookeeper", "reserved"),
+            ("zk://a:1?root=/a%01b", "character"),
+            ("zk://a:1/a//b", "empty"),
+            ("zk://a:1/%FF", "UTF-8"),
+            ("zk://a:1?session_timeout=abc", "not a duration"),
+            ("zk://a:1?session_timeout=10", "not a duration"),
+            ("zk://a:1?session_timeout=0s", "out of range"),
+            ("zk://a:1?session_timeout=1h", "not a duration"),
+            ("zk://a:1?connect_timeout=0ms", "out of range"),
+            ("zk://a:1#frag", "fragment"),
+        ];
+        for (url, why) in cases {
+            let err = ZookeeperConfig::from_url(url).expect_err(url);
+            assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}");
+            let text = err.to_string();
+            assert!(text.contains(why), "{url}: {text}");
+            assert!(!text.contains("sekrit") && !format!("{err:?}").contains("sekrit"));
+        }
+    }
+
+    #[test]
+    fn config_keys_have_one_spelling() {
+        for key in [
+            ConfigKey::Root,
+            ConfigKey::SessionTimeout,
+            ConfigKey::ConnectTimeout,
+        ] {
+            assert_eq!(key.as_str().parse::<ConfigKey>().unwrap(), key);
+        }
+        let err = "sessionTimeout".parse::<ConfigKey>().unwrap_err();
+        assert!(err.to_string().contains("sessionTimeout"), "{err}");
+        let config = ZookeeperConfig::new(["a"])
+            .unwrap()
+            .with_option("session_timeout", "2s")
+            .unwrap()
+            .with_option("root", "/x")
+            .unwrap();
+        assert_eq!(config.session_timeout, Duration::from_secs(2));
+        assert_eq!(config.base, "/x");
+        let err = config.with_option("nope", "1").unwrap_err();
+        assert!(err.to_string().contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn keys_stay_inside_the_base_as_one_segment() {
+        let tricky = [
+            "..",
+            ".",
+            "...",
+            "../x",
+            "a/../../b",
+            "/",
+            "//",
+            "a/b",
+            " ",
+            "\u{1}",
+            "\u{7f}",
+            "\u{9f}",
+            "\u{e000}",
+            "\u{fff0}",
+            "zookeeper",
+            "%2E%2E",
+            "%2E",
+            "a%2Fb",
+            "_c_x-lock-",
+        ];
+        for key in tricky {
+            let segment = key_segment(key);
+            assert!(!segment.is_empty(), "{key:?}");
+            assert!(!segment.contains('/'), "{key:?} -> {segment}");
+            assert!(segment.chars().any(|c| c != '.'), "{key:?} -> {segment}");
+            assert!(
+                segment.chars().all(|c| c.is_ascii_graphic()),
+                "{key:?} -> {segment}"
+            );
+            let dir = ZookeeperConfig::new(["a"]).unwrap().key_dir(key);
+            check_path(&dir, "key dir").unwrap_or_else(|e| panic!("{key:?}: {e}"));
+        }
+        assert_eq!(key_segment(".."), "%2E%2E");
+        assert_eq!(key_segment("orders.v2/42"), "orders.v2%2F42");
+    }
+
+    #[test]
+    fn different_keys_never_share_a_segment() {
+        let long = "k".repeat(1000);
+        let long2 = format!("{}j", "k".repeat(999));
+        let keys = [
+            "..",
+            "%2E%2E",
+            ".",
+            "%2E",
+            "a/b",
+            "a%2Fb",
+            "a%b",
+            "a%25b",
+            "\u{e9}",
+            "%C3%A9",
+            long.as_str(),
+            long2.as_str(),
+            "%%",
+            "a.b",
+            "a%2Eb",
+        ];
+        let segments: HashSet<_> = keys.iter().map(|k| key_segment(k)).collect();
+        assert_eq!(segments.len(), keys.len());
+        assert!(key_segment(&long).len() <= MAX_SEGMENT);
+        let four_byte = "\u{1F512}".repeat(300);
+        assert!(key_segment(&four_byte).len() <= MAX_SEGMENT);
+    }
+}

@@ -1,0 +1,172 @@
+//! dlock on ZooKeeper: ephemeral-sequential lock nodes, a watch on the predecessor only, and a
+//! lease that lives as long as the client's session.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_core::Result<()> {
+//! use std::time::Duration;
+//! use dlock_core::{DistributedLock, LockOptions, Wait};
+//!
+//! let lock = dlock_zookeeper::from_url("zk://127.0.0.1:2181?session_timeout=10s").await?;
+//! let opts = LockOptions::new().wait(Wait::For(Duration::from_secs(5)));
+//! let lease = lock.acquire("reports/nightly", &opts).await?;
+//! // ... work, passing lease.fencing_token() (the lock node's czxid) to storage ...
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The recipe is ZooKeeper's lock recipe as Apache Curator's `InterProcessMutex` runs it,
+//! with Curator's node names, so Curator, go-zookeeper and (configured) kazoo clients
+//! exclude each other with dlock on the same key. One client holds one session; every lease
+//! taken through it lives as long as that session.
+//!
+//! # Protocol
+//!
+//! A key maps to the directory `{base}/{segment}`: `{base}` is the URL's chroot path
+//! followed by `root` (default `/dlock`), `{segment}` the key percent-encoded into one path
+//! segment (everything outside `[A-Za-z0-9._:@-]`, and names made only of dots; keys whose
+//! encoding is longer than 240 bytes keep a readable prefix and a SHA-256 digest). No key
+//! reaches outside `{base}` and two keys never share a directory.
+//!
+//! **Acquire**
+//! 1. Send `create {dir}/_c_{uuid}-lock-` as an ephemeral-sequential node, and in the same
+//!    round trip `getChildren {dir}` (one session's requests are answered in order, so the
+//!    listing already holds the new node). If the directory is missing (`NoNode`), create
+//!    it as a container node (and the base path as persistent nodes) and create again.
+//! 2. Contenders are the children whose names end in `-lock-` or `__lock__` followed by 10
+//!    digits, ordered by those digits. The lowest holds the lock: if that is our node, the
+//!    key is ours; the fencing token is our node's `czxid`.
+//! 3. Otherwise (`try_acquire`: delete our node and answer "held") set a watch on the
+//!    contender just before ours only (`getData` with a watch). `NoNode` means it went away
+//!    already: list again at once. When the watch fires, whatever the event, list again
+//!    (step 2): a watch event never means "you hold it" by itself. Each such wake-up is
+//!    counted in [`LockStats::wakeups`](dlock_core::LockStats).
+//! 4. When the connection drops during the create, the outcome is unknown. Once connected
+//!    again: `sync`, list the directory, and look for a child starting `_c_{uuid}-`; accept
+//!    it only if its `ephemeralOwner` is our session (a node with our uuid from another
+//!    session is deleted); otherwise create again (Curator's protected mode).
+//! 5. When the wait times out, fails, or the acquire future is dropped, our node is deleted
+//!    (retried on connection loss, in a background task if need be), and the key directory
+//!    too when it is empty.
+//!
+//! **Release**: `delete` our node and, in the same round trip, the key directory (refused
+//! with `NotEmpty` while others wait: container nodes would only be reaped at the server's
+//! check interval). `NoNode` means the node was not ours any more: `NotHeld`. On connection
+//! loss the delete is retried, then left to a background task while the session lives.
+//!
+//! **Extend / renewal**: the session keeps the node, so nothing is extended on the server
+//! and the lease's ttl is not used. [`Lease::extend`](dlock_core::Lease::extend) and the
+//! watchdog's renewals only check that the node is still there and ours (`exists`):
+//! `NotHeld` after an operator deleted it.
+//!
+//! **Loss**: each lease watches its own node (`exists` with a watch) and the session's
+//! state. [`Lease::lost`](dlock_core::Lease::lost) fires when the node is deleted, when the
+//! session expires or is closed, or when the client stays disconnected `3/10` of the
+//! session timeout: by then the server may have last heard from us `9/10` of a session
+//! timeout ago, so the holder hears of the loss before the server can expire the session
+//! and hand the key on.
+//!
+//! # Round trips
+//!
+//! | operation | round trips |
+//! |---|---|
+//! | `try_acquire`, key free | 1 (`create` + `getChildren` pipelined) |
+//! | `try_acquire`, key held | 2 (the above, then `delete`) |
+//! | `acquire`, key free | 1 |
+//! | `acquire` that waits | 2 to start waiting (+ `getData` watch), then per wake-up 1 `getChildren` (+ 1 `getData` if still not first) |
+//! | contended hand-off | the release's `delete`, one watch notification to the next waiter only, then its `getChildren`: 1 round trip after the notification |
+//! | `extend` / each renewal | 1 (`exists`) |
+//! | `release` | 1 (`delete` node + `delete` directory pipelined) |
+//! | missing key directory (first use of a key) | +2 (`create` container, then `create` again) |
+//!
+//! # Capabilities
+//!
+//! | capability | value | why |
+//! |---|---|---|
+//! | fair | yes | waiters queue by sequence number, FIFO |
+//! | fencing | strict | the node's `czxid`: zxids only grow, across leader elections and restarts |
+//! | expiry | session (`ttl` not used) | the ephemeral node lives as long as the session; a silent holder loses it one session timeout after its last heartbeat |
+//! | releases on disconnect | no | a closed connection is not a closed session: the session (and the lock) survives until it times out, so a client can move to another member |
+//! | wake-up | notification, one per release | only the next contender watches the holder's node |
+//! | max key length | 1024 bytes | the default; long keys are shortened with a digest |
+//!
+//! # URL
+//!
+//! ```text
+//! zk://host1[:port],host2[:port]...[/chroot][?option=value&...]
+//! ```
+//! `zookeeper://` is accepted too. The port defaults to 2181; IPv6 hosts go in brackets.
+//! The chroot path is a prefix for every node the lock creates (it is created if missing).
+//! Credentials in the URL are refused (ZooKeeper auth is not supported yet).
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `root` | `/dlock` | the path (under the chroot) holding one directory per key |
+//! | `session_timeout` | `10s` | asked of the server, which negotiates it into its `minSessionTimeout..=maxSessionTimeout` (2 to 20 ticks by default); the crash-release bound. `1500ms`, `2s`, `1.5s`, `1m` |
+//! | `connect_timeout` | `5s` | how long opening a session may take, in [`from_url`] and when an expired session is replaced |
+//!
+//! # Failure modes
+//!
+//! - **Holder crash**: its session stops heartbeating; the server expires it one session
+//!   timeout later, deletes its node, and the next waiter's watch fires.
+//! - **Partition of the holder**: the holder's client reports `Disconnected` after `2/5` of
+//!   the session timeout and `lost()` fires `3/10` of it later, before the server expires
+//!   the session (at one session timeout) and the next waiter takes the key. If the holder
+//!   reconnects in time the node is still there, but the lease was already reported lost.
+//! - **A member stops**: the client moves its session to another member within the session
+//!   timeout; the node, the watches and the lease stay valid.
+//! - **The ensemble loses its majority or restarts**: no session can be kept; `lost()`
+//!   fires as for a partition. Sessions that the new leader still knows are restored on
+//!   reconnect with their nodes; the others expire and their nodes go.
+//! - **Operator deletes the lock node**: `lost()` fires at once (`NotHeld`); `release` and
+//!   `extend` answer `NotHeld`; the next waiter takes the key.
+//! - **Request timeouts**: no request waits longer than a session timeout (the client
+//!   cannot keep the session longer than that without an answer either), and never past the
+//!   acquire's deadline.
+//!
+//! # Interop with Curator, go-zookeeper and kazoo
+//!
+//! - **Curator** `InterProcessMutex` on the same directory (`{base}/{segment}`): its nodes
+//!   are `_c_{uuid}-lock-{seq}` like ours and it orders every child by the text after the
+//!   last `lock-`, so both sides see the same order. Do not put other children in a lock
+//!   directory: Curator counts them as contenders. Curator's revocation (writing
+//!   `__REVOKE__` to the holder's node) is not supported: dlock ignores it.
+//! - **go-zookeeper** `zk.NewLock(conn, dir, acl)`: nodes `_c_{32 hex}-lock-{seq}`, ordered
+//!   by sequence; same order as ours.
+//! - **kazoo** `Lock(client, dir, extra_lock_patterns=["-lock-"])` (kazoo 2.8+): it then
+//!   counts our nodes, and we count its `{hex}__lock__{seq}` nodes. Without the option kazoo
+//!   ignores our nodes and both can hold the key at once. kazoo and Curator must never share
+//!   a directory (Curator sorts kazoo's nodes by their whole name).
+//! - Sequence numbers wrap after 2^31 creates in one directory (ZOOKEEPER-2944) and every
+//!   implementation's order breaks then; dlock deletes empty directories, which resets the
+//!   counter.
+
+mod config;
+mod error;
+mod lock;
+mod nodes;
+
+pub use config::ZookeeperConfig;
+pub use lock::ZookeeperBackend;
+
+use dlock_core::{LockClient, Result};
+
+/// The backend's name in errors and logs.
+const NAME: &str = "zookeeper";
+
+/// The ZooKeeper lock: a [`LockClient`] of a [`ZookeeperBackend`].
+pub type ZookeeperLock = LockClient<ZookeeperBackend>;
+
+/// URL schemes this backend serves.
+pub const SCHEMES: &[&str] = &["zk", "zookeeper"];
+
+/// Parse `url` (see [URL](crate#url)), then open a session within the connect timeout.
+///
+/// # Errors
+/// [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig) for a bad URL, before
+/// any network I/O; [`LockError::Unavailable`](dlock_core::LockError::Unavailable) when no
+/// member answers within the connect timeout; [`LockError::Backend`](dlock_core::LockError::Backend)
+/// when the server refuses the session.
+pub async fn from_url(url: &str) -> Result<ZookeeperLock> {
+    let config = ZookeeperConfig::from_url(url)?;
+    Ok(LockClient::new(ZookeeperBackend::connect(config).await?))
+}

@@ -1,0 +1,193 @@
+//! The harness for the standalone ZooKeeper server (and the ensemble, for fault tests).
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_conformance::Harness;
+use dlock_core::{BoxError, DistributedLock, ErrorKind, Result};
+use dlock_zookeeper::ZookeeperConfig;
+use zookeeper_client as zk;
+
+/// The session timeout the tests use: short, so crash scenarios are quick (the servers'
+/// tickTime of 500 ms allows sessions from 1 s).
+pub const SESSION_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub struct ZookeeperHarness {
+    url: String,
+    setup: &'static str,
+}
+
+impl ZookeeperHarness {
+    /// The standalone server: `DLOCK_ZK_URL`, default `zk://127.0.0.1:2181`.
+    pub fn from_env() -> Self {
+        Self::new(
+            &std::env::var("DLOCK_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into()),
+            "zookeeper",
+        )
+    }
+
+    /// The ensemble: `DLOCK_ZK_ENSEMBLE_URL`, default the three members on 2182..2184.
+    pub fn ensemble_from_env() -> Self {
+        Self::new(
+            &std::env::var("DLOCK_ZK_ENSEMBLE_URL")
+                .unwrap_or_else(|_| "zk://127.0.0.1:2182,127.0.0.1:2183,127.0.0.1:2184".into()),
+            "zk-ensemble",
+        )
+    }
+
+    fn new(base: &str, setup: &'static str) -> Self {
+        // RUST_LOG=dlock_zookeeper=debug shows the recipe at work.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let url = if base.contains("session_timeout=") {
+            base.to_owned()
+        } else {
+            let sep = if base.contains('?') { '&' } else { '?' };
+            format!(
+                "{base}{sep}session_timeout={}ms",
+                SESSION_TIMEOUT.as_millis()
+            )
+        };
+        Self { url, setup }
+    }
+
+    /// `url` with `option=value` added to its query.
+    pub fn url_with(&self, option: &str) -> String {
+        format!("{}&{option}", self.url)
+    }
+
+    pub fn config(&self) -> ZookeeperConfig {
+        ZookeeperConfig::from_url(&self.url).expect("the test URL parses")
+    }
+
+    /// A raw client of the server under test, for what an operator would do by hand.
+    pub async fn raw(&self) -> Result<zk::Client, BoxError> {
+        let hosts = self.config().hosts.join(",");
+        let connect = zk::Client::connector()
+            .with_session_timeout(Duration::from_secs(10))
+            .connect(&hosts);
+        Ok(tokio::time::timeout(Duration::from_secs(10), connect).await??)
+    }
+
+    /// `(url without scheme and hosts)`: the chroot path and query.
+    fn tail(&self) -> &str {
+        let rest = self.url.split_once("://").map_or("", |(_, r)| r);
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        &rest[end..]
+    }
+}
+
+/// The 10-digit sequence of a lock node (ours, Curator's, go-zookeeper's or kazoo's).
+pub fn sequence(name: &str) -> Option<&str> {
+    let split = name.len().checked_sub(10)?;
+    let (head, digits) = (name.get(..split)?, name.get(split..)?);
+    (digits.bytes().all(|b| b.is_ascii_digit())
+        && (head.ends_with("-lock-") || head.ends_with("__lock__")))
+    .then_some(digits)
+}
+
+#[async_trait]
+impl Harness for ZookeeperHarness {
+    fn name(&self) -> &'static str {
+        "zookeeper"
+    }
+
+    fn setup(&self) -> &'static str {
+        self.setup
+    }
+
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(dlock_zookeeper::from_url(url).await?))
+    }
+
+    fn server_addrs(&self) -> Vec<SocketAddr> {
+        self.config()
+            .hosts
+            .iter()
+            .flat_map(|h| h.to_socket_addrs().expect("a resolvable test host"))
+            .take(self.config().hosts.len())
+            .collect()
+    }
+
+    fn url_with_addrs(&self, addrs: &[SocketAddr]) -> String {
+        let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+        format!("zk://{}{}", hosts.join(","), self.tail())
+    }
+
+    fn bad_urls(&self) -> Vec<(String, ErrorKind)> {
+        let mut urls: Vec<(String, ErrorKind)> = [
+            "zk://",
+            "zk://127.0.0.1:notaport",
+            "zk://127.0.0.1:2181?bogus=1",
+            "zk://127.0.0.1:2181?session_timeout=soon",
+            "zk://127.0.0.1:2181?root=relative/path",
+            "zk://127.0.0.1:2181?root=/a/../..",
+            "zk://dlock:sekrit-password@127.0.0.1:2181",
+            "redis://127.0.0.1:2181",
+            "not a url",
+        ]
+        .into_iter()
+        .map(|u| (u.to_owned(), ErrorKind::InvalidConfig))
+        .collect();
+        // A server of the wrong kind (Redis) on the port: no ZooKeeper session can be made.
+        let redis =
+            std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let redis = redis
+            .trim_start_matches("redis://")
+            .split('/')
+            .next()
+            .unwrap_or_default();
+        urls.push((
+            format!("zk://{redis}?connect_timeout=3s"),
+            ErrorKind::Unavailable,
+        ));
+        urls
+    }
+
+    async fn break_lease(&self, key: &str) -> Result<(), BoxError> {
+        let zk = self.raw().await?;
+        let dir = self.config().key_dir(key);
+        let mut children = zk.list_children(&dir).await?;
+        children.retain(|c| sequence(c).is_some());
+        children.sort_by(|a, b| sequence(a).cmp(&sequence(b)));
+        let holder = children.first().ok_or("no lock node to break")?;
+        zk.delete(&format!("{dir}/{holder}"), None).await?;
+        Ok(())
+    }
+
+    async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError> {
+        let zk = self.raw().await?;
+        let config = self.config();
+        let segment_prefix = config.key_dir(prefix)[config.base.len() + 1..].to_owned();
+        let dirs = match zk.list_children(&config.base).await {
+            Ok(dirs) => dirs,
+            Err(zk::Error::NoNode) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut left = Vec::new();
+        for dir in dirs.into_iter().filter(|d| d.starts_with(&segment_prefix)) {
+            let path = format!("{}/{dir}", config.base);
+            match zk.list_children(&path).await {
+                Ok(children) if children.is_empty() => left.push(format!("{path} (empty)")),
+                Ok(children) => left.extend(children.into_iter().map(|c| format!("{path}/{c}"))),
+                Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(left)
+    }
+
+    fn ttl(&self) -> Duration {
+        SESSION_TIMEOUT
+    }
+}
