@@ -411,8 +411,10 @@ impl Contender {
                     self.make_dirs(budget).await?;
                 }
                 Err(e) if is_uncertain(&e) => {
+                    tracing::info!(backend = NAME, dir = %self.dir, error = %e, "connection lost during create; looking for our node");
                     connected(&self.client).await?;
                     if let Some(node) = self.find(budget).await? {
+                        tracing::info!(backend = NAME, dir = %self.dir, node = %node.name, "found the node the lost create made");
                         self.unsure = false;
                         self.node = Some(node);
                         return retry(&self.client, budget.until(), || {
