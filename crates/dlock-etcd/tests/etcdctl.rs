@@ -1,0 +1,293 @@
+//! Interoperation with etcd's own lock: `etcdctl lock <name>` (Go's `concurrency.Mutex`) and
+//! this crate exclude each other on the same lock name.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::EtcdHarness;
+use dlock_core::{DistributedLock, LockOptions, Wait};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::time::{Instant, sleep, timeout};
+
+/// A fresh lock name, and the name etcdctl must use for it (the documented mapping).
+fn names(harness: &EtcdHarness) -> (String, String) {
+    let key = format!("dlock-interop-{}", uuid::Uuid::new_v4().simple());
+    let etcdctl_name = harness.config().lock_name(&key);
+    (key, etcdctl_name)
+}
+
+/// `etcdctl --endpoints … <args…>` against the server under test, stdout piped.
+fn etcdctl(harness: &EtcdHarness, args: &[&str]) -> (Child, Lines<BufReader<ChildStdout>>) {
+    let endpoints: Vec<String> = harness
+        .config()
+        .endpoints()
+        .iter()
+        .map(|e| e.trim_start_matches("http://").to_owned())
+        .collect();
+    let mut child = Command::new("etcdctl")
+        .arg("--endpoints")
+        .arg(endpoints.join(","))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run etcdctl ({e}); it comes with the Debian package etcd-client")
+        });
+    let lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    (child, lines)
+}
+
+async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>, within: Duration) -> Option<String> {
+    timeout(within, lines.next_line())
+        .await
+        .ok()
+        .and_then(|line| line.expect("read etcdctl's output"))
+}
+
+fn signal(child: &Child, signal: &str) {
+    let pid = child.id().expect("etcdctl is running").to_string();
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} {pid} failed");
+}
+
+/// Until the lock has no keys left on the server (nothing leaked by either side).
+async fn wait_clean(harness: &EtcdHarness, key: &str) {
+    let started = Instant::now();
+    loop {
+        let left = harness.lock_keys(key).await;
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "keys left under {key}: {:?}",
+            left.iter()
+                .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+                .collect::<Vec<_>>()
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `etcdctl lock NAME -- sh -c 'echo …; sleep 3'` holds the lock while its command runs: our
+/// acquire waits until the command ends and etcdctl unlocks, then gets a later revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn we_wait_while_etcdctl_runs_a_command_under_the_lock() {
+    let harness = EtcdHarness::from_env();
+    let (key, name) = names(&harness);
+    let lock = harness.lock().await;
+    let opts = LockOptions::new().ttl(Duration::from_secs(5));
+
+    let script = "echo \"locked $ETCD_LOCK_REV\"; sleep 3";
+    let (mut child, mut out) = etcdctl(&harness, &["lock", &name, "--", "sh", "-c", script]);
+    let line = next_line(&mut out, Duration::from_secs(10))
+        .await
+        .expect("etcdctl reports it holds the lock");
+    let locked_at = Instant::now();
+    let etcdctl_rev: u64 = line
+        .strip_prefix("locked ")
+        .and_then(|r| r.trim().parse().ok())
+        .unwrap_or_else(|| panic!("unexpected etcdctl output {line:?}"));
+
+    assert!(
+        lock.try_acquire(&key, &opts)
+            .await
+            .expect("try_acquire")
+            .is_none(),
+        "we took a lock etcdctl holds"
+    );
+    let waiter = {
+        let (lock, key) = (lock.clone(), key.clone());
+        let opts = opts.wait(Wait::For(Duration::from_secs(30)));
+        tokio::spawn(async move {
+            let lease = lock
+                .acquire(&key, &opts)
+                .await
+                .expect("acquire after etcdctl");
+            (Instant::now(), lease)
+        })
+    };
+    let status = timeout(Duration::from_secs(15), child.wait())
+        .await
+        .expect("etcdctl ends after its command")
+        .expect("wait for etcdctl");
+    assert!(status.success(), "etcdctl failed: {status}");
+    let exited = Instant::now();
+    let (acquired, lease) = waiter.await.expect("waiter task");
+    assert!(
+        acquired - locked_at >= Duration::from_millis(2500),
+        "we acquired {:?} after etcdctl locked, while its 3 s command ran",
+        acquired - locked_at
+    );
+    assert!(
+        acquired <= exited + Duration::from_secs(2),
+        "we acquired {:?} after etcdctl exited: not woken by its unlock",
+        acquired.saturating_duration_since(exited)
+    );
+    assert!(
+        lease.fencing_token() > etcdctl_rev,
+        "our token {} is not after etcdctl's revision {etcdctl_rev}",
+        lease.fencing_token()
+    );
+    lease.release().await.expect("release");
+    wait_clean(&harness, &key).await;
+}
+
+/// A bare `etcdctl lock NAME` prints its key and holds the lock until interrupted; our
+/// waiter is woken by its unlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn we_wait_until_etcdctl_lock_is_interrupted() {
+    let harness = EtcdHarness::from_env();
+    let (key, name) = names(&harness);
+    let lock = harness.lock().await;
+    let (mut child, mut out) = etcdctl(&harness, &["lock", &name]);
+    let line = next_line(&mut out, Duration::from_secs(10))
+        .await
+        .expect("etcdctl prints the key it holds");
+    assert!(
+        line.starts_with(&format!("{name}/")),
+        "etcdctl's key {line:?} is not under {name}/"
+    );
+    let keys = harness.lock_keys(&key).await;
+    assert_eq!(keys.len(), 1);
+    assert_eq!(
+        keys[0].key(),
+        line.as_bytes(),
+        "we read etcdctl's key under our lock name"
+    );
+
+    let waiter = {
+        let (lock, key) = (lock.clone(), key.clone());
+        let opts = LockOptions::new().wait(Wait::For(Duration::from_secs(30)));
+        tokio::spawn(async move {
+            let lease = lock
+                .acquire(&key, &opts)
+                .await
+                .expect("acquire after etcdctl");
+            (Instant::now(), lease)
+        })
+    };
+    sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !waiter.is_finished(),
+        "we acquired while etcdctl held the lock"
+    );
+    let keys = harness.lock_keys(&key).await;
+    assert_eq!(keys.len(), 2, "our waiting key queues behind etcdctl's");
+    assert_eq!(
+        keys[0].key(),
+        line.as_bytes(),
+        "etcdctl's key stays the oldest"
+    );
+
+    let interrupted = Instant::now();
+    signal(&child, "-TERM");
+    let (acquired, lease) = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("we acquire once etcdctl unlocks")
+        .expect("waiter task");
+    assert!(
+        acquired - interrupted < Duration::from_secs(2),
+        "hand-off from etcdctl took {:?}",
+        acquired - interrupted
+    );
+    let _ = timeout(Duration::from_secs(10), child.wait()).await;
+    lease.release().await.expect("release");
+    wait_clean(&harness, &key).await;
+}
+
+/// An etcdctl holder killed with SIGKILL cannot unlock: its session lease (`--ttl 2`)
+/// expires, the server deletes its key, and our waiter is woken by that deletion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn we_get_the_lock_when_a_killed_etcdctl_session_expires() {
+    let harness = EtcdHarness::from_env();
+    let (key, name) = names(&harness);
+    let lock = harness.lock().await;
+    let (mut child, mut out) = etcdctl(&harness, &["lock", "--ttl", "2", &name]);
+    next_line(&mut out, Duration::from_secs(10))
+        .await
+        .expect("etcdctl prints the key it holds");
+    let waiter = {
+        let (lock, key) = (lock.clone(), key.clone());
+        let opts = LockOptions::new().wait(Wait::For(Duration::from_secs(30)));
+        tokio::spawn(async move {
+            lock.acquire(&key, &opts)
+                .await
+                .expect("acquire after etcdctl")
+        })
+    };
+    sleep(Duration::from_millis(500)).await;
+    child.kill().await.expect("SIGKILL etcdctl");
+    let killed = Instant::now();
+    let lease = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("we acquire once etcdctl's lease expires")
+        .expect("waiter task");
+    let took = killed.elapsed();
+    assert!(
+        took <= Duration::from_secs(5),
+        "acquired {took:?} after etcdctl was killed (its lease ttl is 2 s)"
+    );
+    lease.release().await.expect("release");
+    wait_clean(&harness, &key).await;
+}
+
+/// The other way round: while we hold the lock, `etcdctl lock NAME -- echo got` waits; it
+/// runs its command promptly once we release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_waits_while_we_hold_the_lock() {
+    let harness = EtcdHarness::from_env();
+    let (key, name) = names(&harness);
+    let lock = harness.lock().await;
+    let lease = lock
+        .try_acquire(&key, &LockOptions::new().ttl(Duration::from_secs(5)))
+        .await
+        .expect("try_acquire")
+        .expect("a fresh lock is free");
+    let (mut child, mut out) = etcdctl(&harness, &["lock", &name, "--", "echo", "got"]);
+    assert_eq!(
+        next_line(&mut out, Duration::from_millis(2000)).await,
+        None,
+        "etcdctl ran its command while we held the lock"
+    );
+    let keys = harness.lock_keys(&key).await;
+    assert_eq!(keys.len(), 2, "etcdctl queues behind our key");
+    assert!(
+        lease.fencing_token() == keys[0].create_revision() as u64,
+        "our key is the oldest"
+    );
+    let released = Instant::now();
+    lease.release().await.expect("release");
+    let line = next_line(&mut out, Duration::from_secs(5))
+        .await
+        .expect("etcdctl gets the lock after our release");
+    assert_eq!(line, "got");
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "etcdctl got the lock {:?} after our release",
+        released.elapsed()
+    );
+    let status = timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("etcdctl exits")
+        .expect("wait for etcdctl");
+    assert!(status.success(), "etcdctl failed: {status}");
+    wait_clean(&harness, &key).await;
+    // And we can take it again afterwards.
+    let again = lock
+        .try_acquire(&key, &LockOptions::new())
+        .await
+        .expect("try_acquire")
+        .expect("free after etcdctl unlocked");
+    again.release().await.expect("release");
+    wait_clean(&harness, &key).await;
+}

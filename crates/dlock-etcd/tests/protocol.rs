@@ -1,0 +1,229 @@
+//! Where this backend goes beyond Go's `concurrency.Mutex`, checked on the single member:
+//! a waiter whose own key vanishes stops with `LeaseLost`, our key is watched while held,
+//! extend with a new ttl moves the key to a new lease, and nested names stay independent.
+
+mod common;
+
+use std::time::Duration;
+
+use common::EtcdHarness;
+use dlock_core::{DistributedLock, ErrorKind, LockOptions, LostReason, Wait};
+use tokio::time::{Instant, sleep, timeout};
+
+fn fresh_key(label: &str) -> String {
+    format!("dlock-protocol-{}/{label}", uuid::Uuid::new_v4().simple())
+}
+
+async fn wait_for_keys(harness: &EtcdHarness, key: &str, n: usize) -> Vec<etcd_client::KeyValue> {
+    let started = Instant::now();
+    loop {
+        let keys = harness.lock_keys(key).await;
+        if keys.len() == n {
+            return keys;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "expected {n} keys under {key}, found {}",
+            keys.len()
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn assert_clean(harness: &EtcdHarness, key: &str) {
+    use dlock_conformance::Harness as _;
+    let started = Instant::now();
+    loop {
+        let left = harness.residue(key).await.expect("residue");
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "left on the server: {left:?}"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Go's 3.4 Mutex keeps waiting (and later "acquires") after its own key vanished
+/// (etcd #11429, #19597). Here the waiter watches its own key and stops with `LeaseLost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_lease_is_revoked_stops_with_lease_lost() {
+    let harness = EtcdHarness::from_env();
+    let key = fresh_key("k");
+    let (a, b) = (harness.lock().await, harness.lock().await);
+    let long = LockOptions::new().ttl(Duration::from_secs(30));
+    let holder = a
+        .try_acquire(&key, &long)
+        .await
+        .expect("try_acquire")
+        .expect("free");
+    let waiter = {
+        let key = key.clone();
+        let opts = long.wait(Wait::For(Duration::from_secs(60)));
+        tokio::spawn(async move { b.acquire(&key, &opts).await })
+    };
+    let keys = wait_for_keys(&harness, &key, 2).await;
+    let waiting_lease = keys[1].lease();
+    let mut raw = harness.raw().await;
+    raw.lease_revoke(waiting_lease)
+        .await
+        .expect("revoke the waiter's lease");
+    let revoked = Instant::now();
+    let err = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter stops promptly")
+        .expect("waiter task")
+        .expect_err("a waiter without its key must not acquire");
+    assert_eq!(err.kind(), ErrorKind::LeaseLost, "{err}");
+    assert!(
+        revoked.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        revoked.elapsed()
+    );
+    assert!(!holder.is_lost());
+    holder.release().await.expect("the holder is undisturbed");
+    assert_clean(&harness, &key).await;
+}
+
+/// A broken lease is noticed through the watch on our own key, long before the next renewal
+/// (due ttl/3 = 10 s after the grant here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_at_once_when_our_key_is_deleted() {
+    use dlock_conformance::Harness as _;
+    let harness = EtcdHarness::from_env();
+    let key = fresh_key("k");
+    let a = harness.lock().await;
+    let lease = a
+        .try_acquire(&key, &LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .expect("try_acquire")
+        .expect("free");
+    // Let the watch on our key be set up.
+    sleep(Duration::from_millis(300)).await;
+    let broken = Instant::now();
+    harness.break_lease(&key).await.expect("break the lease");
+    let reason = timeout(Duration::from_secs(5), lease.lost())
+        .await
+        .expect("lost() fires well before the next renewal");
+    assert_eq!(reason, LostReason::NotHeld);
+    assert!(
+        broken.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        broken.elapsed()
+    );
+    let err = lease.release().await.expect_err("a broken lease");
+    assert!(
+        matches!(err.kind(), ErrorKind::NotHeld | ErrorKind::LeaseLost),
+        "{err}"
+    );
+    assert_clean(&harness, &key).await;
+}
+
+/// etcd cannot change a lease's ttl, so extending with another ttl attaches our key to a new
+/// lease of that ttl: the key (and the fencing token) stay, the old lease is revoked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_with_a_new_ttl_moves_the_key_to_a_new_lease() {
+    let harness = EtcdHarness::from_env();
+    let key = fresh_key("k");
+    let (a, b) = (harness.lock().await, harness.lock().await);
+    let mut raw = harness.raw().await;
+    let lease = a
+        .try_acquire(&key, &LockOptions::new().ttl(Duration::from_secs(2)))
+        .await
+        .expect("try_acquire")
+        .expect("free");
+    let before = wait_for_keys(&harness, &key, 1).await.remove(0);
+    // 3.5 s is asked as 4 whole seconds.
+    lease
+        .extend(Duration::from_millis(3500))
+        .await
+        .expect("extend");
+    let after = wait_for_keys(&harness, &key, 1).await.remove(0);
+    assert_eq!(after.key(), before.key(), "the same key");
+    assert_eq!(after.create_revision(), before.create_revision());
+    assert_eq!(lease.fencing_token(), after.create_revision() as u64);
+    assert_ne!(after.lease(), before.lease(), "a new lease");
+    let new = raw
+        .lease_time_to_live(after.lease(), None)
+        .await
+        .expect("ttl");
+    assert_eq!(new.granted_ttl(), 4);
+    let old = raw
+        .lease_time_to_live(before.lease(), None)
+        .await
+        .expect("ttl");
+    assert_eq!(old.ttl(), -1, "the old lease is revoked");
+    // Auto-renewal now works with the new ttl: held well past the first ttl.
+    sleep(Duration::from_secs(5)).await;
+    assert!(!lease.is_lost(), "{lease:?}");
+    assert!(
+        b.try_acquire(&key, &LockOptions::new())
+            .await
+            .expect("try")
+            .is_none(),
+        "still held"
+    );
+    lease.release().await.expect("release");
+    assert_clean(&harness, &key).await;
+    assert!(
+        a.backend().open_leases().is_empty(),
+        "{:?}",
+        a.backend().open_leases()
+    );
+}
+
+/// Lock names never nest: `a` and `a/b` are different locks (etcd's prefix `a/` would
+/// otherwise cover `a/b/…`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_names_do_not_block_each_other() {
+    let harness = EtcdHarness::from_env();
+    let parent = fresh_key("a");
+    let child = format!("{parent}/b");
+    let (a, b) = (harness.lock().await, harness.lock().await);
+    let opts = LockOptions::new().wait(Wait::For(Duration::from_secs(2)));
+    let child_lease = a.acquire(&child, &opts).await.expect("child");
+    let parent_lease = b
+        .acquire(&parent, &opts)
+        .await
+        .expect("parent is not blocked by a/b");
+    child_lease.release().await.expect("release");
+    parent_lease.release().await.expect("release");
+    assert_clean(&harness, &parent).await;
+}
+
+/// A try on a busy key removes its queued key before answering, so the same client can try
+/// again right away and is not stuck behind its own leftover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_try_leaves_no_key_behind() {
+    let harness = EtcdHarness::from_env();
+    let key = fresh_key("k");
+    let (a, b) = (harness.lock().await, harness.lock().await);
+    let holder = a
+        .try_acquire(&key, &LockOptions::new())
+        .await
+        .expect("try")
+        .expect("free");
+    for _ in 0..3 {
+        assert!(
+            b.try_acquire(&key, &LockOptions::new())
+                .await
+                .expect("try")
+                .is_none()
+        );
+        assert_eq!(
+            harness.lock_keys(&key).await.len(),
+            1,
+            "only the holder's key"
+        );
+    }
+    holder.release().await.expect("release");
+    let lease = b
+        .try_acquire(&key, &LockOptions::new())
+        .await
+        .expect("try")
+        .expect("free after release");
+    lease.release().await.expect("release");
+    assert_clean(&harness, &key).await;
+}
