@@ -33,9 +33,10 @@ use crate::sql::{self, End, LOCK_WAIT_ROUND, Sql};
 const SIDE_CONNECTIONS: u32 = 8;
 /// How long a killed statement gets to answer before the next, stronger kill.
 const KILL_GRACE: Duration = Duration::from_secs(1);
-/// How often in a row the row may vanish under an acquire (each time a releasing client
-/// deleted it) before the acquire gives up as a server problem.
-const MAX_VANISHED: u32 = 100;
+/// How often an acquire may start over (the row vanished under it because a releasing
+/// client deleted it, or InnoDB picked it as a deadlock victim) before it gives up as a
+/// server problem.
+const MAX_RESTARTS: u32 = 100;
 
 /// The MySQL / MariaDB backend: a row lock held in an open transaction.
 ///
@@ -448,6 +449,22 @@ enum Why {
     CallerGone,
 }
 
+/// Where an acquire stands after a step.
+enum Step {
+    /// The row lock is ours.
+    Granted,
+    /// Another session holds the row; the transaction holds nothing.
+    Busy,
+    /// Start over: roll back (holding nothing) and try again.
+    Restart,
+    /// The idle connection taken from the pool was dead: take a new one.
+    Replace,
+    /// A statement was stopped on the server; see [`Inner::settle`].
+    Stopped { why: Why, late: Option<Batch> },
+    /// Anything else.
+    Failed(Error),
+}
+
 enum Guarded {
     Done(Batch),
     /// Stopped before it answered; `late` is what it answered after the kill, if it did.
@@ -481,106 +498,104 @@ impl Attempt {
     async fn take(&mut self) -> Answer {
         let mut lent = self.inner.locks.get().await?;
         let mut replaced = false;
-        let mut vanished = 0;
-        'take: loop {
-            if vanished > MAX_VANISHED {
-                return Err(LockError::backend(
-                    NAME,
-                    "acquire",
-                    "the lock row kept vanishing under the acquire",
-                ));
-            }
-            // 1. Create the row if missing, and lock it without waiting.
-            let sql = self.inner.sql.try_take(&self.name, self.idle);
-            let silent = Instant::now() + self.inner.config.response_timeout;
-            let batch = match self.guarded(&mut lent, &sql, None, silent).await {
-                Guarded::Done(batch) => batch,
-                Guarded::Stopped { why, late } => {
-                    // Stopped in the insert: it waited behind a holder, so the key is busy.
-                    let blocked = why == Why::Silent
-                        && late
-                            .as_ref()
-                            .is_some_and(|b| b.error.as_ref().is_some_and(Error::is_interrupted));
-                    if !(blocked && self.deadline.may_wait()) {
-                        let answer = if blocked {
-                            Ok(None)
-                        } else {
-                            self.stopped_answer(why)
-                        };
-                        return self.give_up(lent, answer, late).await;
-                    }
-                    Batch {
-                        error: late.and_then(|b| b.error),
-                        ..Batch::default()
-                    }
-                }
+        for _ in 0..MAX_RESTARTS {
+            let step = match self.try_take(&mut lent).await {
+                Step::Busy if self.deadline.may_wait() => self.wait_take(&mut lent).await,
+                step => step,
             };
-            match batch.error {
-                None if batch.granted() => return self.granted(lent).await,
-                None => {
-                    vanished += 1;
-                    self.rollback(&mut lent).await?;
-                    continue 'take;
+            match step {
+                Step::Granted => return self.granted(lent).await,
+                Step::Busy => {
+                    self.inner.give_back_clean(lent, Sql::rollback()).await;
+                    return Ok(None);
                 }
-                Some(e) if e.is_lock_busy() || e.is_interrupted() => {}
-                Some(e) if e.is_deadlock() => {
-                    self.rollback(&mut lent).await?;
-                    continue 'take;
-                }
-                Some(e)
-                    if e.is_connection_lost() && lent.reused && batch.done == 0 && !replaced =>
-                {
-                    // An idle connection died (server restart, idle timeout): use a new one.
+                Step::Restart => self.rollback(&mut lent).await?,
+                Step::Replace if !replaced => {
+                    // An idle connection had died (server restart, idle timeout).
                     replaced = true;
                     self.inner.locks.clear_idle();
                     lent = self.inner.locks.get().await?;
-                    continue 'take;
                 }
-                Some(e) => return Err(e.into()),
+                Step::Replace => {
+                    return Err(LockError::unavailable(
+                        NAME,
+                        "acquire",
+                        "new connections keep failing",
+                    ));
+                }
+                Step::Stopped { why, late } => {
+                    let answer = match why {
+                        Why::Deadline | Why::CallerGone => Ok(None),
+                        Why::Silent => Err(self.inner.no_answer("acquire").into()),
+                    };
+                    // Answer at once, then put the connection right.
+                    let _ = self.reply.send(answer);
+                    self.inner.settle(lent, late, &self.name).await;
+                    return Ok(None);
+                }
+                Step::Failed(e) => return Err(e.into()),
             }
-            // 2. Busy: wait for the row, woken by the server's grant.
-            if !self.deadline.may_wait() {
-                self.inner.give_back_clean(lent, Sql::rollback()).await;
-                return Ok(None);
+        }
+        Err(LockError::backend(
+            NAME,
+            "acquire",
+            "the lock row kept vanishing under the acquire",
+        ))
+    }
+
+    /// Step 1: create the row if missing, and lock it without waiting.
+    async fn try_take(&mut self, lent: &mut Lent) -> Step {
+        let sql = self.inner.sql.try_take(&self.name, self.idle);
+        let silent = Instant::now() + self.inner.config.response_timeout;
+        let batch = match self.guarded(lent, &sql, None, silent).await {
+            Guarded::Done(batch) => batch,
+            // The insert waited behind a holder (it raced the row's creation and locking):
+            // stopped, it leaves no transaction behind, and the key is busy.
+            Guarded::Stopped {
+                why: Why::Silent,
+                late: Some(late),
+            } if late.error.as_ref().is_some_and(Error::is_interrupted) => return Step::Busy,
+            Guarded::Stopped { why, late } => return Step::Stopped { why, late },
+        };
+        match batch.error {
+            None if batch.granted() => Step::Granted,
+            // A releasing client deleted the row between our insert and our lock.
+            None => Step::Restart,
+            Some(e) if e.is_lock_busy() => Step::Busy,
+            Some(e) if e.is_deadlock() => Step::Restart,
+            Some(e) if e.is_connection_lost() && lent.reused && batch.done == 0 => Step::Replace,
+            Some(e) => Step::Failed(e),
+        }
+    }
+
+    /// Step 2: wait for the row, woken by the server's grant, until the deadline.
+    async fn wait_take(&mut self, lent: &mut Lent) -> Step {
+        let deadline = match self.deadline {
+            Deadline::At(at) => Some(at),
+            Deadline::TryOnce | Deadline::Never => None,
+        };
+        loop {
+            let sql = self.inner.sql.wait_take(&self.name, self.idle);
+            let silent = Instant::now()
+                + Duration::from_secs(LOCK_WAIT_ROUND.into())
+                + self.inner.config.response_timeout;
+            let batch = match self.guarded(lent, &sql, deadline, silent).await {
+                Guarded::Done(batch) => batch,
+                Guarded::Stopped { why, late } => return Step::Stopped { why, late },
+            };
+            // The locking read ran (after `SET` and `BEGIN`) and the server woke it.
+            if batch.done >= 2 && batch.error.as_ref().is_none_or(Error::is_lock_busy) {
+                self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
             }
-            loop {
-                let sql = self.inner.sql.wait_take(&self.name, self.idle);
-                let silent = Instant::now()
-                    + Duration::from_secs(LOCK_WAIT_ROUND.into())
-                    + self.inner.config.response_timeout;
-                let deadline = match self.deadline {
-                    Deadline::At(at) => Some(at),
-                    Deadline::TryOnce | Deadline::Never => None,
-                };
-                let batch = match self.guarded(&mut lent, &sql, deadline, silent).await {
-                    Guarded::Done(batch) => batch,
-                    Guarded::Stopped { why, late } => {
-                        let answer = self.stopped_answer(why);
-                        return self.give_up(lent, answer, late).await;
-                    }
-                };
-                let woken = batch.done >= 2 && batch.error.as_ref().is_none_or(Error::is_lock_busy);
-                if woken {
-                    self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
-                }
-                match batch.error {
-                    None if batch.granted() => return self.granted(lent).await,
-                    None => {
-                        // A releasing client deleted the row while we waited on it.
-                        vanished += 1;
-                        self.rollback(&mut lent).await?;
-                        continue 'take;
-                    }
-                    // A lock wait round ran out (or InnoDB chose us as a deadlock victim):
-                    // wait again.
-                    Some(e) if e.is_lock_busy() || e.is_deadlock() => {
-                        if !self.deadline.may_wait() {
-                            self.inner.give_back_clean(lent, Sql::rollback()).await;
-                            return Ok(None);
-                        }
-                    }
-                    Some(e) => return Err(e.into()),
-                }
+            match batch.error {
+                None if batch.granted() => return Step::Granted,
+                // A releasing client deleted the row while we waited on it.
+                None => return Step::Restart,
+                // A lock wait round ran out: wait again, if the deadline allows.
+                Some(e) if e.is_lock_busy() && self.deadline.may_wait() => {}
+                Some(e) if e.is_lock_busy() => return Step::Busy,
+                Some(e) if e.is_deadlock() => return Step::Restart,
+                Some(e) => return Step::Failed(e),
             }
         }
     }
@@ -622,27 +637,6 @@ impl Attempt {
                 late: finished.then_some(batch),
             },
         }
-    }
-
-    fn stopped_answer(&self, why: Why) -> Answer {
-        match why {
-            Why::Deadline | Why::CallerGone => Ok(None),
-            Why::Silent => Err(Error::NoAnswer {
-                op: "acquire",
-                addr: self.inner.config.addr(),
-                after: self.inner.config.response_timeout,
-            }
-            .into()),
-        }
-    }
-
-    /// Answer the caller at once, then put the connection of a stopped statement right.
-    async fn give_up(&mut self, lent: Lent, answer: Answer, late: Option<Batch>) -> Answer {
-        if let Some(grant) = self.reply.send(answer) {
-            drop(grant);
-        }
-        self.inner.settle(lent, late, &self.name).await;
-        Ok(None)
     }
 
     /// Roll back a transaction that holds nothing, keeping the connection.

@@ -67,6 +67,9 @@ impl MysqlHarness {
 
     /// Sessions waiting for the row lock of `key` (MariaDB's `information_schema` lock
     /// tables, or MySQL 8's `performance_schema.data_locks`).
+    ///
+    /// MariaDB refreshes its `INNODB_*` tables only when they were not read for 0.1 s:
+    /// callers that poll must wait longer than that between calls.
     pub async fn waiters_on(&self, key: &str) -> Result<u64, BoxError> {
         let mut admin = self.admin().await?;
         let table = format!("`{}`.`{}`", self.config.database, self.config.table);
