@@ -1,0 +1,155 @@
+//! What can go wrong talking to one Redis server, and how it maps to [`LockError`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_core::LockError;
+use redis::{ErrorKind as RedisKind, RedisError, RetryMethod};
+
+/// A failed request to one server. Cloneable, so one failed connection attempt can answer
+/// every caller that waited for it. Messages name the server as `host:port`, never with
+/// credentials.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The client library reported an error (I/O, refused, reset, or a server error reply).
+    #[error("{op} on {addr}: {source}")]
+    Redis {
+        /// The operation, e.g. `"acquire"`.
+        op: &'static str,
+        /// The server, `host:port`.
+        addr: Arc<str>,
+        /// The client library's error.
+        #[source]
+        source: RedisError,
+    },
+    /// No answer within the configured timeout.
+    #[error("{op} on {addr}: no answer within {after:?}")]
+    TimedOut {
+        /// The operation.
+        op: &'static str,
+        /// The server.
+        addr: Arc<str>,
+        /// The timeout that ran out.
+        after: Duration,
+    },
+    /// The server answered something this protocol never returns.
+    #[error("{op} on {addr}: unexpected reply {reply}")]
+    Reply {
+        /// The operation.
+        op: &'static str,
+        /// The server.
+        addr: Arc<str>,
+        /// The reply, abbreviated.
+        reply: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn redis(op: &'static str, addr: &Arc<str>, source: RedisError) -> Self {
+        Self::Redis {
+            op,
+            addr: addr.clone(),
+            source,
+        }
+    }
+
+    pub(crate) fn timed_out(op: &'static str, addr: &Arc<str>, after: Duration) -> Self {
+        Self::TimedOut {
+            op,
+            addr: addr.clone(),
+            after,
+        }
+    }
+
+    /// The operation that failed.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Self::Redis { op, .. } | Self::TimedOut { op, .. } | Self::Reply { op, .. } => op,
+        }
+    }
+
+    /// Whether the server could not be reached or did not answer (retryable), as opposed to
+    /// a refusal or a reply that is not Redis.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::TimedOut { .. } => true,
+            Self::Reply { .. } => false,
+            Self::Redis { source, .. } => {
+                io_failure(source)
+                    || source.is_connection_refusal()
+                    || matches!(
+                        source.retry_method(),
+                        // LOADING, BUSY, TRYAGAIN, MASTERDOWN, READONLY (failover under way).
+                        RetryMethod::WaitAndRetry | RetryMethod::RefreshSlotsAndRetry
+                    )
+            }
+        }
+    }
+
+    /// Whether the connection that gave this error must be replaced: it broke, timed out
+    /// (a silent peer), or is out of step with the protocol.
+    pub(crate) fn breaks_connection(&self) -> bool {
+        match self {
+            Self::TimedOut { .. } => true,
+            Self::Reply { .. } => false,
+            Self::Redis { source, .. } => io_failure(source) || source.kind() == RedisKind::Parse,
+        }
+    }
+
+    /// The connection to `addr` closed under a request (`what` says how).
+    pub(crate) fn closed(op: &'static str, addr: &Arc<str>, what: &'static str) -> Self {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, what);
+        Self::redis(op, addr, io.into())
+    }
+
+    /// The [`LockError`] for this failure, naming `backend`: [`LockError::Unavailable`] when
+    /// the server could not be reached or timed out, [`LockError::Backend`] when it refused
+    /// (wrong password, not a Redis server, a script error).
+    pub fn into_lock_error(self, backend: &'static str) -> LockError {
+        let op = self.op();
+        if self.is_unavailable() {
+            LockError::unavailable(backend, op, self)
+        } else {
+            LockError::backend(backend, op, self)
+        }
+    }
+}
+
+/// The connection failed or went silent (as opposed to an answer from the server).
+fn io_failure(source: &RedisError) -> bool {
+    source.is_io_error() || source.is_timeout() || source.is_connection_dropped()
+}
+
+impl From<Error> for LockError {
+    fn from(e: Error) -> Self {
+        e.into_lock_error(crate::NAME)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlock_core::ErrorKind;
+
+    fn addr() -> Arc<str> {
+        Arc::from("127.0.0.1:6379")
+    }
+
+    #[test]
+    fn unreachable_is_unavailable_and_refusals_are_backend() {
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let e: LockError = Error::redis("connect", &addr(), refused).into();
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        let e: LockError = Error::timed_out("acquire", &addr(), Duration::from_secs(2)).into();
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        assert!(e.to_string().contains("127.0.0.1:6379"), "{e}");
+        let auth = RedisError::from((RedisKind::AuthenticationFailed, "WRONGPASS"));
+        let e: LockError = Error::redis("connect", &addr(), auth).into();
+        assert_eq!(e.kind(), ErrorKind::Backend, "{e}");
+        let parse = RedisError::from((RedisKind::Parse, "not redis"));
+        let err = Error::redis("connect", &addr(), parse);
+        assert!(err.breaks_connection());
+        assert_eq!(err.into_lock_error("redlock").kind(), ErrorKind::Backend);
+    }
+}

@@ -1,0 +1,149 @@
+//! A dlock backend for one Redis server.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_core::Result<()> {
+//! use std::time::Duration;
+//! use dlock_core::{DistributedLock, LockOptions, Wait};
+//!
+//! let lock = dlock_redis::from_url("redis://127.0.0.1:6379").await?;
+//! let opts = LockOptions::new().wait(Wait::For(Duration::from_secs(5)));
+//! let lease = lock.acquire("reports/nightly", &opts).await?;
+//! // ... work, passing lease.fencing_token() to storage that checks it ...
+//! lease.release().await
+//! # }
+//! ```
+//!
+//! [`RedisLock`] is a [`dlock_core::LockClient`]: it adds key checks, the per-process FIFO
+//! gate, the deadline and the renewal watchdog to the protocol below. A client keeps two
+//! connections to the server: one multiplexed connection for every request of every task,
+//! and one subscriber connection (opened when an acquire first has to wait) that listens
+//! for the release of every key its waiters want.
+//!
+//! # Protocol
+//!
+//! Keys on the server (`<prefix>` defaults to `dlock:`):
+//!
+//! | what | name | value |
+//! |---|---|---|
+//! | lock | `<prefix><key>` | the holder's token: 128 random bits, hex; ttl = the lease's |
+//! | fence counter | `{<prefix><key>}:fence` | the last fencing token; expires 1 h after the last grant's ttl |
+//! | release channel | `{<prefix><key>}:released` | (pub/sub) |
+//!
+//! Every step that reads and writes is one Lua script, run atomically by the server as
+//! `EVALSHA` (the scripts are loaded when a connection opens; after a server restart or
+//! `SCRIPT FLUSH` a `NOSCRIPT` answer makes the call load the script and run it again).
+//!
+//! 1. **Acquire**: `SET lock token NX PX ttl`. When it is set, the fencing token is
+//!    `max(counter + 1, server time in µs)`, stored back in the fence counter and returned.
+//!    When the key is held, the script returns its `PTTL` instead.
+//! 2. **Wait** (only when the deadline allows): subscribe to the key's release channel and
+//!    wait for the server's confirmation, *then* try again, so a release between the failed
+//!    try and the subscription is seen by the re-try. Then sleep until a release message
+//!    arrives or the holder's PTTL runs out (a crashed holder announces nothing), whichever
+//!    comes first, and try again. No polling interval: a key without expiry (another
+//!    library's lock taken without a timeout) is re-checked every second.
+//! 3. **Extend** (the watchdog, every ttl/3): `PEXPIRE lock ttl` if the lock still holds our
+//!    token; otherwise [`LockError::NotHeld`](dlock_core::LockError::NotHeld) and `lost()`.
+//! 4. **Release**: `DEL lock` if it still holds our token, then `PUBLISH` on the release
+//!    channel; a key that is not ours is left alone and the release reports `NotHeld`.
+//! 5. **Cancelled acquire**: if an acquire future is dropped while its request is in flight,
+//!    a background release with the same token removes the key it may have taken.
+//!
+//! Round trips (RTT = one request and its answer):
+//!
+//! | operation | round trips |
+//! |---|---|
+//! | `try_acquire`, key free | 1 |
+//! | `try_acquire`, key held | 1 |
+//! | `acquire` that waits | 1 try, 1 `SUBSCRIBE` (on the subscriber connection, opened once per client), 1 re-try; then 1 re-try per wake-up |
+//! | `extend` (each renewal) | 1 |
+//! | `release` | 1 (the `PUBLISH` is inside the script) |
+//! | contended hand-off | the release (1), the server pushes the message, the waiter re-tries (1): about 1.5 RTT from the release call to the next holder |
+//! | first use of a client | connect, then 1 pipelined `SCRIPT LOAD` of all scripts |
+//!
+//! # Capabilities
+//!
+//! | capability | value | why |
+//! |---|---|---|
+//! | fair | no | every waiter is woken by a release and they race; the local gate keeps FIFO among the tasks of one client only |
+//! | fencing | best effort | the counter lives in the server's memory; tokens are floored by the server clock (µs), so they keep increasing across a restart without persistence or a failover unless the server clock steps back |
+//! | expiry | ttl | a silent holder's key expires `ttl` after its last renewal |
+//! | releases on disconnect | no | the key is not tied to a connection: a killed holder's key frees after its ttl |
+//! | wake-up | notification, not one per release | pub/sub wakes every waiting client of the key; all but one go back to sleep |
+//! | max key length | 1024 bytes | the core's default |
+//!
+//! # URL
+//!
+//! ```text
+//! redis://[user[:password]@]host[:port][/db][?option=value&…]
+//! rediss://…                                   (TLS, rustls with the system's roots; feature `tls`)
+//! ```
+//!
+//! | part | default | meaning |
+//! |---|---|---|
+//! | `user`, `password` | none | `AUTH` (percent-encoded in the URL) |
+//! | `port` | 6379 | |
+//! | `/db` | 0 | `SELECT db` |
+//! | `prefix` | `dlock:` | prepended to every lock key; may be empty (`?prefix=`), so a lock shares its key with another library's lock of the same name (redis-py, redsync, node-redlock use `SET key token NX PX` and compare-and-delete too, so they exclude each other) |
+//! | `connect_timeout` | `5s` | bound on opening a connection (`500ms`, `5s`, or bare milliseconds) |
+//! | `response_timeout` | `2s` | bound on each answer; a connection that times out is replaced |
+//!
+//! An unknown option, a bad value, a second host or another scheme is
+//! [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig) before any network I/O.
+//!
+//! # Failure modes
+//!
+//! - **Partition or black-holed server**: every request fails after the response timeout
+//!   (`Unavailable`); the watchdog keeps retrying renewals and fires `lost()` a safety margin
+//!   (ttl/10 + 2 ms) before the key can expire on the server, so the holder hears of the loss
+//!   before another client can take the key. A waiting acquire returns `Unavailable`.
+//! - **Connection killed** (`CLIENT KILL`, a server restart, a reset): the next request opens
+//!   a new connection; a renewal in between is retried, so the lease survives if the server
+//!   still has the key. Waiters re-subscribe on a new subscriber connection and re-try.
+//! - **Server restart without persistence**: held keys vanish, so the next renewal answers
+//!   "not ours" and `lost()` fires (another client may already hold the key: that is what the
+//!   fencing token is for). The fence counter is gone too; tokens stay increasing through the
+//!   clock floor.
+//! - **Holder crash**: nothing releases the key; it frees when its ttl runs out, and a waiter
+//!   is woken at that moment by its PTTL timer.
+//! - **Failover to a replica** (Sentinel, managed Redis): replication is asynchronous, so a
+//!   lock acquired just before the failover can be granted again. Use the fencing token, or
+//!   Redlock over independent servers.
+
+mod config;
+mod error;
+mod lock;
+mod node;
+mod scripts;
+mod subscriber;
+
+#[doc(hidden)]
+pub mod protocol;
+
+use dlock_core::{LockClient, Result};
+
+pub use config::RedisConfig;
+pub use lock::RedisBackend;
+
+/// The Redis lock: a [`LockClient`] of a [`RedisBackend`].
+pub type RedisLock = LockClient<RedisBackend>;
+
+/// URL schemes this backend serves: `redis://` and `rediss://` (TLS).
+pub const SCHEMES: &[&str] = &["redis", "rediss"];
+
+pub(crate) const NAME: &str = "redis";
+
+/// Connect to the server a `redis://` or `rediss://` URL names (grammar in the crate docs).
+///
+/// The whole URL is parsed and checked before any network I/O; then the command connection
+/// opens, bounded by the connect timeout.
+///
+/// # Errors
+/// [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig) for a bad URL,
+/// [`LockError::Unavailable`](dlock_core::LockError::Unavailable) when the server cannot be
+/// reached, [`LockError::Backend`](dlock_core::LockError::Backend) when it refuses (wrong
+/// password, not a Redis server).
+pub async fn from_url(url: &str) -> Result<RedisLock> {
+    let config = RedisConfig::from_url(url)?;
+    Ok(LockClient::new(RedisBackend::connect(config).await?))
+}

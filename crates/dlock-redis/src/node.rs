@@ -1,0 +1,323 @@
+//! One Redis server as the lock protocol sees it: a shared command connection that is
+//! reopened on demand, the lock operations as single script calls, and a subscriber for
+//! release announcements.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use dlock_core::{LockError, Result};
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use redis::aio::MultiplexedConnection;
+use redis::io::tcp::TcpSettings;
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, FromRedisValue,
+    IntoConnectionInfo, RedisConnectionInfo, ScriptInvocation,
+};
+
+use crate::config::RedisConfig;
+use crate::error::Error;
+use crate::scripts::{self, Names};
+use crate::subscriber::{Subscriber, Subscription};
+
+/// A connection being opened (or open), shared by every caller that needs it meanwhile.
+pub(crate) type Connecting<T> = Shared<BoxFuture<'static, Result<T, Error>>>;
+
+/// The answer to one acquire attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The key is ours, with this fencing token.
+    Taken {
+        /// The fencing token the server issued.
+        fence: u64,
+    },
+    /// Someone holds the key.
+    Busy {
+        /// How long the holder's ttl still runs; `None` when the key has no expiry (another
+        /// library's lock taken without a timeout).
+        pttl: Option<Duration>,
+    },
+}
+
+/// One Redis server. Cheap to clone; clones share the connections.
+///
+/// Requests go over one multiplexed connection, opened on first use and reopened after it
+/// broke or timed out (a black-holed connection is dropped rather than waited on). Every
+/// request is bounded: opening by the connect timeout, each answer by the response timeout.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    addr: Arc<str>,
+    client: Client,
+    connect_timeout: Duration,
+    connection_config: AsyncConnectionConfig,
+    slot: Mutex<Slot>,
+    subscriber: Subscriber,
+}
+
+#[derive(Default)]
+struct Slot {
+    id: u64,
+    conn: Option<Connecting<MultiplexedConnection>>,
+}
+
+impl Node {
+    /// A node for the server `config` names. No network I/O.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] (naming `backend`) for TLS when the `tls` feature is off.
+    pub fn new(config: &RedisConfig, backend: &'static str) -> Result<Self> {
+        let addr = if config.tls {
+            if !cfg!(feature = "tls") {
+                return Err(LockError::invalid_config(
+                    backend,
+                    "TLS URLs need the `tls` feature of dlock-redis",
+                ));
+            }
+            ConnectionAddr::TcpTls {
+                host: config.host.clone(),
+                port: config.port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            ConnectionAddr::Tcp(config.host.clone(), config.port)
+        };
+        let mut redis_info = RedisConnectionInfo::default().set_db(config.db);
+        if let Some(user) = &config.username {
+            redis_info = redis_info.set_username(user);
+        }
+        if let Some(password) = &config.password {
+            redis_info = redis_info.set_password(password);
+        }
+        let info: ConnectionInfo = addr
+            .into_connection_info()
+            .map_err(|e| LockError::InvalidConfig {
+                backend,
+                message: "the server address is not usable".into(),
+                source: Some(Box::new(e)),
+            })?
+            .set_redis_settings(redis_info)
+            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+        let client = Client::open(info).map_err(|e| LockError::InvalidConfig {
+            backend,
+            message: "the server address is not usable".into(),
+            source: Some(Box::new(e)),
+        })?;
+        let addr: Arc<str> = Arc::from(config.addr());
+        let connection_config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.response_timeout));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                subscriber: Subscriber::new(
+                    client.clone(),
+                    addr.clone(),
+                    config.connect_timeout,
+                    config.response_timeout,
+                ),
+                addr,
+                client,
+                connect_timeout: config.connect_timeout,
+                connection_config,
+                slot: Mutex::default(),
+            }),
+        })
+    }
+
+    /// The server, `host:port`.
+    pub fn addr(&self) -> &str {
+        &self.inner.addr
+    }
+
+    /// Open the command connection now (it is otherwise opened on first use): checks the
+    /// address, the credentials, that the server speaks Redis, and loads the scripts.
+    ///
+    /// # Errors
+    /// As the operations: unreachable is `Unavailable`, a refusal `Backend`.
+    pub async fn connect(&self) -> Result<(), Error> {
+        self.connection().await.map(|_| ())
+    }
+
+    /// One attempt to take the lock `names` with `token` for `ttl`.
+    ///
+    /// # Errors
+    /// The server could not be reached, timed out, or refused the script.
+    pub async fn acquire(
+        &self,
+        names: &Names,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<Attempt, Error> {
+        let mut call = scripts::ACQUIRE.prepare_invoke();
+        call.key(&names.key)
+            .key(&names.fence)
+            .arg(token)
+            .arg(scripts::millis(ttl))
+            .arg(scripts::millis(scripts::fence_lifetime(ttl)));
+        let (taken, value): (i64, i64) = self.invoke("acquire", &call).await?;
+        Ok(match taken {
+            1 => Attempt::Taken {
+                fence: u64::try_from(value).map_err(|_| self.reply("acquire", value))?,
+            },
+            0 => Attempt::Busy {
+                pttl: u64::try_from(value).ok().map(Duration::from_millis),
+            },
+            _ => return Err(self.reply("acquire", taken)),
+        })
+    }
+
+    /// Delete the lock if it is still ours and announce the release. `false`: it was not
+    /// ours (nothing was changed).
+    ///
+    /// # Errors
+    /// The server could not be reached, timed out, or refused the script.
+    pub async fn release(&self, names: &Names, token: &str) -> Result<bool, Error> {
+        let mut call = scripts::RELEASE.prepare_invoke();
+        call.key(&names.key).arg(token).arg(&names.channel);
+        self.flag("release", &call).await
+    }
+
+    /// Reset the lock's ttl if it is still ours. `false`: it was not ours.
+    ///
+    /// # Errors
+    /// The server could not be reached, timed out, or refused the script.
+    pub async fn extend(&self, names: &Names, token: &str, ttl: Duration) -> Result<bool, Error> {
+        let mut call = scripts::EXTEND.prepare_invoke();
+        call.key(&names.key).arg(token).arg(scripts::millis(ttl));
+        self.flag("extend", &call).await
+    }
+
+    /// Make the lock ours if it is missing, and raise the fence counter to at least `fence`.
+    /// `false`: another holder has the key.
+    ///
+    /// # Errors
+    /// The server could not be reached, timed out, or refused the script.
+    pub async fn claim(
+        &self,
+        names: &Names,
+        token: &str,
+        ttl: Duration,
+        fence: u64,
+    ) -> Result<bool, Error> {
+        let mut call = scripts::CLAIM.prepare_invoke();
+        call.key(&names.key)
+            .key(&names.fence)
+            .arg(token)
+            .arg(scripts::millis(ttl))
+            .arg(fence)
+            .arg(scripts::millis(scripts::fence_lifetime(ttl)));
+        self.flag("claim", &call).await
+    }
+
+    /// Subscribe to a release channel; returns once the server confirmed the subscription,
+    /// so no release announced afterwards is missed.
+    ///
+    /// # Errors
+    /// The subscriber connection could not be opened or did not confirm in time.
+    pub async fn subscribe(&self, channel: &str) -> Result<Subscription, Error> {
+        self.inner.subscriber.subscribe(channel).await
+    }
+
+    async fn flag(&self, op: &'static str, call: &ScriptInvocation<'_>) -> Result<bool, Error> {
+        match self.invoke::<i64>(op, call).await? {
+            1 => Ok(true),
+            0 => Ok(false),
+            other => Err(self.reply(op, other)),
+        }
+    }
+
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        op: &'static str,
+        call: &ScriptInvocation<'_>,
+    ) -> Result<T, Error> {
+        let (id, mut conn) = self.connection().await?;
+        call.invoke_async(&mut conn).await.map_err(|e| {
+            let e = Error::redis(op, &self.inner.addr, e);
+            if e.breaks_connection() {
+                self.drop_connection(id);
+            }
+            e
+        })
+    }
+
+    fn reply(&self, op: &'static str, reply: impl std::fmt::Debug) -> Error {
+        Error::Reply {
+            op,
+            addr: self.inner.addr.clone(),
+            reply: format!("{reply:?}"),
+        }
+    }
+
+    /// The command connection, opening it if there is none or the last attempt failed.
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection), Error> {
+        let (id, connecting) = {
+            let mut slot = self.slot();
+            let usable = slot
+                .conn
+                .as_ref()
+                .is_some_and(|c| !matches!(c.peek(), Some(Err(_))));
+            if !usable {
+                slot.id += 1;
+                slot.conn = Some(self.open().boxed().shared());
+            }
+            (slot.id, slot.conn.clone().expect("just set"))
+        };
+        connecting.await.map(|conn| (id, conn))
+    }
+
+    /// Forget connection `id` (if it is still the current one), so the next call reopens.
+    fn drop_connection(&self, id: u64) {
+        let mut slot = self.slot();
+        if slot.id == id {
+            tracing::debug!(server = %self.inner.addr, "dropping a broken connection");
+            slot.conn = None;
+        }
+    }
+
+    fn open(&self) -> impl Future<Output = Result<MultiplexedConnection, Error>> + Send + 'static {
+        let client = self.inner.client.clone();
+        let config = self.inner.connection_config.clone();
+        let addr = self.inner.addr.clone();
+        let limit = self.inner.connect_timeout;
+        async move {
+            let connect = async {
+                let mut conn = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map_err(|e| Error::redis("connect", &addr, e))?;
+                let mut load = redis::pipe();
+                for source in scripts::SOURCES {
+                    load.cmd("SCRIPT").arg("LOAD").arg(source);
+                }
+                load.query_async::<Vec<String>>(&mut conn)
+                    .await
+                    .map_err(|e| Error::redis("connect", &addr, e))?;
+                Ok(conn)
+            };
+            match tokio::time::timeout(limit, connect).await {
+                Ok(result) => result,
+                Err(_) => Err(Error::timed_out("connect", &addr, limit)),
+            }
+        }
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Slot> {
+        self.inner
+            .slot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("addr", &self.inner.addr)
+            .finish_non_exhaustive()
+    }
+}

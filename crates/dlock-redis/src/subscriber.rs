@@ -1,0 +1,352 @@
+//! Release announcements: one subscriber connection per client, multiplexing every channel
+//! its waiters listen on.
+//!
+//! A waiter subscribes (and waits for the server's confirmation) *before* it re-tries the
+//! key, so a release between its failed attempt and the subscription is never missed: the
+//! re-try sees it. Each channel has a counter that every message bumps; a waiter marks the
+//! counter seen before each attempt and sleeps until it moves. When the connection breaks,
+//! every counter is bumped and the subscriptions report themselves dead, so waiters
+//! subscribe again (on a new connection) and re-try.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use redis::Client;
+use redis::aio::{PubSubSink, PubSubStream};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::error::Error;
+use crate::node::Connecting;
+
+pub(crate) struct Subscriber {
+    client: Client,
+    addr: Arc<str>,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    link: Option<Connecting<Link>>,
+    channels: HashMap<String, Channel>,
+}
+
+struct Channel {
+    messages: watch::Sender<u64>,
+    users: usize,
+}
+
+/// One subscriber connection: requests go to its controller task in order.
+#[derive(Clone)]
+struct Link {
+    id: u64,
+    requests: mpsc::UnboundedSender<Request>,
+    health: Arc<Health>,
+}
+
+struct Health {
+    alive: AtomicBool,
+    killed: watch::Sender<bool>,
+}
+
+enum Request {
+    Subscribe(String, oneshot::Sender<Result<(), Error>>),
+    Unsubscribe(String),
+}
+
+/// A confirmed subscription to one channel. Dropping it unsubscribes once no other waiter
+/// of this client listens on the channel.
+pub struct Subscription {
+    state: Arc<Mutex<State>>,
+    channel: String,
+    messages: watch::Receiver<u64>,
+    health: Arc<Health>,
+}
+
+impl Subscription {
+    /// Mark every message so far as seen (call before each attempt).
+    pub fn mark_seen(&mut self) {
+        self.messages.borrow_and_update();
+    }
+
+    /// Resolves when a message arrived since [`mark_seen`](Self::mark_seen), or the
+    /// connection broke (see [`is_alive`](Self::is_alive)).
+    pub async fn changed(&mut self) {
+        if self.messages.changed().await.is_err() {
+            // Cannot happen while we count as a user; never spin.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Whether the connection carrying this subscription still works. A dead subscription
+    /// hears nothing more: subscribe again.
+    pub fn is_alive(&self) -> bool {
+        self.health.alive.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut state = lock(&self.state);
+        let Some(channel) = state.channels.get_mut(&self.channel) else {
+            return;
+        };
+        channel.users -= 1;
+        if channel.users == 0 {
+            state.channels.remove(&self.channel);
+            if let Some(link) = state.live_link() {
+                let _ = link
+                    .requests
+                    .send(Request::Unsubscribe(std::mem::take(&mut self.channel)));
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("channel", &self.channel)
+            .field("alive", &self.is_alive())
+            .finish()
+    }
+}
+
+impl State {
+    fn live_link(&self) -> Option<Link> {
+        match self.link.as_ref()?.peek()? {
+            Ok(link) if link.health.alive.load(Ordering::SeqCst) => Some(link.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl Subscriber {
+    pub(crate) fn new(
+        client: Client,
+        addr: Arc<str>,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Self {
+        Self {
+            client,
+            addr,
+            connect_timeout,
+            response_timeout,
+            state: Arc::default(),
+        }
+    }
+
+    pub(crate) async fn subscribe(&self, channel: &str) -> Result<Subscription, Error> {
+        let link = self.link().await?;
+        let (reply, confirmed) = oneshot::channel();
+        let subscription = {
+            let mut state = lock(&self.state);
+            let entry = state
+                .channels
+                .entry(channel.to_owned())
+                .or_insert_with(|| Channel {
+                    messages: watch::Sender::new(0),
+                    users: 0,
+                });
+            entry.users += 1;
+            let messages = entry.messages.subscribe();
+            // Sent under the lock, so requests reach the server in the order the channel
+            // map changed (an earlier waiter's unsubscribe cannot overtake this).
+            let _ = link
+                .requests
+                .send(Request::Subscribe(channel.to_owned(), reply));
+            Subscription {
+                state: self.state.clone(),
+                channel: channel.to_owned(),
+                messages,
+                health: link.health.clone(),
+            }
+        };
+        match confirmed.await {
+            Ok(Ok(())) => Ok(subscription),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::closed(
+                "subscribe",
+                &self.addr,
+                "the subscriber connection closed",
+            )),
+        }
+    }
+
+    /// The subscriber connection, opening it if there is none (or it broke).
+    async fn link(&self) -> Result<Link, Error> {
+        let connecting = {
+            let mut state = lock(&self.state);
+            let usable = match state.link.as_ref().and_then(|l| l.peek()) {
+                None => state.link.is_some(),
+                Some(Ok(link)) => link.health.alive.load(Ordering::SeqCst),
+                Some(Err(_)) => false,
+            };
+            if !usable {
+                state.next_id += 1;
+                state.link = Some(self.open(state.next_id).boxed().shared());
+            }
+            state.link.clone().expect("just set")
+        };
+        connecting.await
+    }
+
+    fn open(&self, id: u64) -> impl Future<Output = Result<Link, Error>> + Send + 'static {
+        let client = self.client.clone();
+        let addr = self.addr.clone();
+        let (connect_timeout, response_timeout) = (self.connect_timeout, self.response_timeout);
+        let state = Arc::downgrade(&self.state);
+        async move {
+            let pubsub =
+                match tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await {
+                    Ok(Ok(pubsub)) => pubsub,
+                    Ok(Err(e)) => return Err(Error::redis("subscribe", &addr, e)),
+                    Err(_) => return Err(Error::timed_out("subscribe", &addr, connect_timeout)),
+                };
+            let (sink, stream) = pubsub.split();
+            let (requests, incoming) = mpsc::unbounded_channel();
+            let (stop, stopped) = oneshot::channel();
+            let health = Arc::new(Health {
+                alive: AtomicBool::new(true),
+                killed: watch::Sender::new(false),
+            });
+            let link = LinkTask {
+                id,
+                state,
+                health: health.clone(),
+                addr,
+            };
+            tokio::spawn(link.clone().dispatch(stream, stopped));
+            tokio::spawn(link.control(sink, incoming, response_timeout, stop));
+            Ok(Link {
+                id,
+                requests,
+                health,
+            })
+        }
+    }
+}
+
+/// What the two tasks of one subscriber connection share.
+#[derive(Clone)]
+struct LinkTask {
+    id: u64,
+    state: Weak<Mutex<State>>,
+    health: Arc<Health>,
+    addr: Arc<str>,
+}
+
+impl LinkTask {
+    /// Route each message to its channel's counter, until the connection ends, is killed,
+    /// or the controller stops (the client is gone).
+    async fn dispatch(self, mut stream: PubSubStream, mut stopped: oneshot::Receiver<()>) {
+        let mut killed = self.health.killed.subscribe();
+        loop {
+            tokio::select! {
+                msg = stream.next() => match msg {
+                    Some(msg) => {
+                        let Some(state) = self.state.upgrade() else { return };
+                        let state = lock(&state);
+                        if let Some(channel) = state.channels.get(msg.get_channel_name()) {
+                            channel.messages.send_modify(|n| *n = n.wrapping_add(1));
+                        }
+                    }
+                    None => {
+                        tracing::debug!(server = %self.addr, "subscriber connection closed");
+                        self.kill();
+                        return;
+                    }
+                },
+                _ = &mut stopped => return,
+                _ = killed.wait_for(|k| *k) => return,
+            }
+        }
+    }
+
+    /// Send subscribe and unsubscribe requests one at a time, in order, each bounded by the
+    /// response timeout. Ends when the client is gone (every request sender dropped).
+    async fn control(
+        self,
+        mut sink: PubSubSink,
+        mut incoming: mpsc::UnboundedReceiver<Request>,
+        response_timeout: Duration,
+        _stop: oneshot::Sender<()>,
+    ) {
+        while let Some(request) = incoming.recv().await {
+            let (channel, reply, subscribe) = match request {
+                Request::Subscribe(channel, reply) => (channel, Some(reply), true),
+                Request::Unsubscribe(channel) => {
+                    let wanted_again = self
+                        .state
+                        .upgrade()
+                        .is_some_and(|s| lock(&s).channels.contains_key(&channel));
+                    if wanted_again {
+                        continue;
+                    }
+                    (channel, None, false)
+                }
+            };
+            let result = if !self.health.alive.load(Ordering::SeqCst) {
+                Err(Error::closed(
+                    "subscribe",
+                    &self.addr,
+                    "the subscriber connection broke",
+                ))
+            } else {
+                let request = async {
+                    if subscribe {
+                        sink.subscribe(&channel).await
+                    } else {
+                        sink.unsubscribe(&channel).await
+                    }
+                };
+                match tokio::time::timeout(response_timeout, request).await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(Error::redis("subscribe", &self.addr, e)),
+                    Err(_) => Err(Error::timed_out("subscribe", &self.addr, response_timeout)),
+                }
+            };
+            if result.as_ref().is_err_and(Error::breaks_connection) {
+                self.kill();
+            }
+            if let Some(reply) = reply {
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    /// Mark the connection dead (once): stop the dispatcher, forget the link, and wake every
+    /// waiter so it subscribes again and re-tries.
+    fn kill(&self) {
+        if !self.health.alive.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        self.health.killed.send_replace(true);
+        let Some(state) = self.state.upgrade() else {
+            return;
+        };
+        let mut state = lock(&state);
+        let current = state
+            .link
+            .as_ref()
+            .and_then(|l| l.peek())
+            .and_then(|l| l.as_ref().ok())
+            .map(|l| l.id);
+        if current == Some(self.id) {
+            state.link = None;
+        }
+        for channel in state.channels.values() {
+            channel.messages.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}

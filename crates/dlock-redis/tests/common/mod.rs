@@ -1,0 +1,247 @@
+//! The Redis harness: clients of the server `DLOCK_REDIS_URL` names (default
+//! `redis://127.0.0.1:6379`), and the raw access the suite's fault hooks need.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use dlock_conformance::Harness;
+use dlock_core::{BoxError, DistributedLock, ErrorKind, Result};
+use dlock_redis::RedisConfig;
+use dlock_redis::protocol::Names;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncCommands, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
+
+pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
+
+pub struct RedisHarness {
+    url: String,
+    config: RedisConfig,
+}
+
+impl RedisHarness {
+    pub fn from_env() -> Self {
+        let url = std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+        let config = RedisConfig::from_url(&url)
+            .unwrap_or_else(|e| panic!("DLOCK_REDIS_URL={url:?} is not usable: {e}"));
+        Self { url, config }
+    }
+
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    /// A client of the server under test; an unreachable server fails the test naming it.
+    pub async fn lock(&self) -> dlock_redis::RedisLock {
+        self.lock_at(&self.url).await
+    }
+
+    /// A client built from `url`; an unreachable server fails the test naming it.
+    pub async fn lock_at(&self, url: &str) -> dlock_redis::RedisLock {
+        dlock_redis::from_url(url).await.unwrap_or_else(|e| {
+            panic!("cannot use the redis server at {url}: {e}\n  start it with: scripts/backends up redis")
+        })
+    }
+
+    /// The URL under test with one more query option.
+    pub fn url_with_option(&self, option: &str) -> String {
+        let sep = if self.url.contains('?') { '&' } else { '?' };
+        format!("{}{sep}{option}", self.url)
+    }
+
+    /// A raw connection to the server, for fault hooks and checks.
+    pub async fn admin(&self) -> Result<MultiplexedConnection, BoxError> {
+        admin(&self.config).await
+    }
+}
+
+/// A raw connection to the server `config` names.
+pub async fn admin(config: &RedisConfig) -> Result<MultiplexedConnection, BoxError> {
+    let mut redis = RedisConnectionInfo::default().set_db(config.db);
+    if let Some(user) = &config.username {
+        redis = redis.set_username(user);
+    }
+    if let Some(password) = &config.password {
+        redis = redis.set_password(password);
+    }
+    let info = ConnectionAddr::Tcp(config.host.clone(), config.port)
+        .into_connection_info()?
+        .set_redis_settings(redis);
+    let client = redis::Client::open(info)?;
+    Ok(tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        client.get_multiplexed_async_connection(),
+    )
+    .await??)
+}
+
+/// Wait (up to 10 s) until someone listens on `channel`.
+pub async fn wait_for_subscriber(admin: &mut MultiplexedConnection, channel: &str) {
+    let started = tokio::time::Instant::now();
+    loop {
+        let subscribers: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(admin)
+            .await
+            .expect("PUBSUB NUMSUB");
+        if subscribers.first().is_some_and(|(_, n)| *n >= 1) {
+            return;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "nobody subscribed to {channel}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// Take `key` as another library would (`SET key token NX PX ms`); whether it was set.
+pub async fn set_foreign(admin: &mut MultiplexedConnection, key: &str, px: u64) -> bool {
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg("their-token")
+        .arg("NX")
+        .arg("PX")
+        .arg(px)
+        .query_async(admin)
+        .await
+        .expect("SET NX PX");
+    set.is_some()
+}
+
+/// Delete the fence counter a test left (it outlives leases by design).
+pub async fn forget_fence(admin: &mut MultiplexedConnection, prefix: &str, key: &str) {
+    let _: () = admin
+        .del(Names::new(prefix, key).fence)
+        .await
+        .expect("DEL fence");
+}
+
+/// A key no other test uses.
+pub fn unique_key(name: &str) -> String {
+    format!("test-{name}-{:016x}", rand::random::<u64>())
+}
+
+/// Keys under `prefix` (lock keys only: see [`RedisHarness::residue`]).
+pub async fn keys_under(config: &RedisConfig, prefix: &str) -> Result<Vec<String>, BoxError> {
+    let mut conn = admin(config).await?;
+    let pattern = format!("{}*", glob_escape(&format!("{}{prefix}", config.prefix)));
+    let mut keys: Vec<String> = Vec::new();
+    let mut iter = conn.scan_match::<_, String>(&pattern).await?;
+    while let Some(key) = futures_next(&mut iter).await {
+        keys.push(key);
+    }
+    Ok(keys)
+}
+
+async fn futures_next<T>(iter: &mut redis::AsyncIter<'_, T>) -> Option<T>
+where
+    T: redis::FromRedisValue + Unpin + Send,
+{
+    iter.next_item().await.and_then(|r| r.ok())
+}
+
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "*?[]\\".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A loopback server that answers every connection with an HTTP error: a server of the
+/// wrong kind on the port.
+pub fn not_redis_server() -> SocketAddr {
+    static ADDR: OnceLock<SocketAddr> = OnceLock::new();
+    *ADDR.get_or_init(|| {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let addr = listener.local_addr().expect("local addr");
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 1024];
+                    let _ = stream.read(&mut buf);
+                    let _ =
+                        stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+                });
+            }
+        });
+        addr
+    })
+}
+
+#[async_trait]
+impl Harness for RedisHarness {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(dlock_redis::from_url(url).await?))
+    }
+
+    fn server_addrs(&self) -> Vec<SocketAddr> {
+        (self.config.host.as_str(), self.config.port)
+            .to_socket_addrs()
+            .expect("resolve the Redis address")
+            .take(1)
+            .collect()
+    }
+
+    fn url_with_addrs(&self, addrs: &[SocketAddr]) -> String {
+        self.url
+            .replacen(&self.config.addr(), &addrs[0].to_string(), 1)
+    }
+
+    fn bad_urls(&self) -> Vec<(String, ErrorKind)> {
+        let addr = self.config.addr();
+        let invalid = [
+            format!("http://{addr}"),
+            format!("redis://{}:notaport", self.config.host),
+            format!("redis://{addr}/notadb"),
+            format!("redis://{addr}?nonsense=1"),
+            format!("redis://{addr}?connect_timeout=forever"),
+            format!("redis://{addr},{addr}"),
+            format!("redis://user:sekrit-password@{addr}?bogus=1"),
+            "not a url".to_owned(),
+        ];
+        let mut cases: Vec<_> = invalid
+            .into_iter()
+            .map(|u| (u, ErrorKind::InvalidConfig))
+            .collect();
+        cases.push((
+            format!("redis://nobody:sekrit-password@{addr}"),
+            ErrorKind::Backend,
+        ));
+        cases.push((
+            format!("redis://{}", not_redis_server()),
+            ErrorKind::Backend,
+        ));
+        cases
+    }
+
+    async fn break_lease(&self, key: &str) -> Result<(), BoxError> {
+        let names = Names::new(&self.config.prefix, key);
+        let deleted: i64 = self.admin().await?.del(&names.key).await?;
+        assert_eq!(deleted, 1, "break_lease: {} was not held", names.key);
+        Ok(())
+    }
+
+    /// Lock keys under `prefix`. Fence counters (`{<lock key>}:fence`) are not residue: they
+    /// outlive holders by design (tokens must keep increasing) and expire an hour after the
+    /// last grant; their names start with `{`, so the scan does not match them.
+    async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError> {
+        keys_under(&self.config, prefix).await
+    }
+}
