@@ -373,19 +373,21 @@ impl Contender {
         self.node.as_ref().map(|n| n.name.as_str())
     }
 
-    /// Create our node (ephemeral-sequential, protected name) and list the directory in
-    /// the same round trip: ZooKeeper answers one session's requests in order, so the
-    /// listing already holds our node. Creates missing parents (the key directory as a
-    /// container node). After a lost connection, finds the node the lost create may have
-    /// made before creating again (Curator's protected mode).
+    /// Create the key directory (a container node; `NodeExists` is the usual answer while
+    /// the key is in use), our node (ephemeral-sequential, protected name), and list the
+    /// directory, all in one round trip: ZooKeeper answers one session's requests in order,
+    /// so the listing already holds our node. Creates the base path if missing. After a
+    /// lost connection, finds the node the lost create may have made before creating again
+    /// (Curator's protected mode).
     async fn create(&mut self, budget: Budget) -> Result<Vec<String>, zk::Error> {
         let prefix = format!("{}/{}", self.dir, nodes::node_prefix(&self.uuid));
         for _ in 0..MAX_RETRIES {
             self.unsure = true;
+            let dir = self.client.create(&self.dir, &[], &CONTAINER);
             let create = self.client.create(&prefix, &[], &EPHEMERAL_SEQUENTIAL);
             let list = self.client.list_children(&self.dir);
-            let (created, listed) =
-                tokio::time::timeout_at(budget.until(), futures::future::join(create, list))
+            let (dir, created, listed) =
+                tokio::time::timeout_at(budget.until(), futures::future::join3(dir, create, list))
                     .await
                     .map_err(|_| zk::Error::Timeout)?;
             match created {
@@ -398,17 +400,18 @@ impl Contender {
                     });
                     return match listed {
                         Ok(children) => Ok(children),
-                        Err(_) => {
-                            retry(&self.client, budget.until(), || {
-                                self.client.list_children(&self.dir)
-                            })
-                            .await
-                        }
+                        Err(_) => self.list(budget).await,
                     };
                 }
                 Err(zk::Error::NoNode) => {
+                    // No base path yet (first use), or a release removed the directory
+                    // between our two creates: try again.
                     self.unsure = false;
-                    self.make_dirs(budget).await?;
+                    if dir.err() == Some(zk::Error::NoNode) {
+                        let base = self.dir.rsplit_once('/').map_or("", |(base, _)| base);
+                        let client = &self.client;
+                        retry(client, budget.until(), || client.mkdir(base, &PERSISTENT)).await?;
+                    }
                 }
                 Err(e) if is_uncertain(&e) => {
                     tracing::info!(backend = NAME, dir = %self.dir, error = %e, "connection lost during create; looking for our node");
@@ -417,10 +420,7 @@ impl Contender {
                         tracing::info!(backend = NAME, dir = %self.dir, node = %node.name, "found the node the lost create made");
                         self.unsure = false;
                         self.node = Some(node);
-                        return retry(&self.client, budget.until(), || {
-                            self.client.list_children(&self.dir)
-                        })
-                        .await;
+                        return self.list(budget).await;
                     }
                 }
                 Err(e) => {
@@ -435,30 +435,11 @@ impl Contender {
         Err(zk::Error::ConnectionLoss)
     }
 
-    /// Create the key directory (a container node) and, if missing, the base path.
-    async fn make_dirs(&self, budget: Budget) -> Result<(), zk::Error> {
-        let client = &self.client;
-        let made = retry(client, budget.until(), || {
-            client.create(&self.dir, &[], &CONTAINER)
+    async fn list(&self, budget: Budget) -> Result<Vec<String>, zk::Error> {
+        retry(&self.client, budget.until(), || {
+            self.client.list_children(&self.dir)
         })
-        .await;
-        match made {
-            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
-            Err(zk::Error::NoNode) => {
-                let (base, _) = self.dir.rsplit_once('/').unwrap_or_default();
-                let base = base.to_owned();
-                retry(client, budget.until(), || client.mkdir(&base, &PERSISTENT)).await?;
-                match retry(client, budget.until(), || {
-                    client.create(&self.dir, &[], &CONTAINER)
-                })
-                .await
-                {
-                    Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
-                    Err(e) => Err(e),
-                }
-            }
-            Err(e) => Err(e),
-        }
+        .await
     }
 
     /// After a lost connection: the node our create may have made, accepted only if this
@@ -471,8 +452,7 @@ impl Contender {
             Err(e) if is_session_over(&e) || e == zk::Error::Timeout => return Err(e),
             _ => {}
         }
-        let children = match retry(client, budget.until(), || client.list_children(&self.dir)).await
-        {
+        let children = match self.list(budget).await {
             Err(zk::Error::NoNode) => return Ok(None),
             children => children?,
         };

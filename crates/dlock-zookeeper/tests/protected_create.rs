@@ -52,7 +52,7 @@ async fn a_timed_out_acquire_deletes_the_node_its_lost_create_made() {
         .connect(&harness.url_with_addrs(&[proxy]))
         .await
         .expect("connect through the proxy");
-    let (key, zk, dir) = key_with_directory(&harness).await;
+    let (key, zk, dir) = fresh_key(&harness).await;
     let short = LockOptions::new().wait(Wait::For(Duration::from_millis(300)));
     let err = lock
         .acquire(&key, &short)
@@ -86,19 +86,11 @@ async fn a_timed_out_acquire_deletes_the_node_its_lost_create_made() {
         .expect("release");
 }
 
-/// A fresh key whose directory exists (so the first create is the lock node's), a raw
-/// client, and the directory's path.
-async fn key_with_directory(
-    harness: &ZookeeperHarness,
-) -> (String, zookeeper_client::Client, String) {
+/// A fresh key, a raw client, and the key's directory.
+async fn fresh_key(harness: &ZookeeperHarness) -> (String, zookeeper_client::Client, String) {
     let key = format!("protected-{}/k", uuid::Uuid::new_v4().simple());
     let zk = harness.raw().await.expect("raw client");
     let dir = harness.config().key_dir(&key);
-    let persistent =
-        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
-    zk.mkdir(&dir, &persistent)
-        .await
-        .expect("create the key directory");
     (key, zk, dir)
 }
 
@@ -112,7 +104,7 @@ async fn exactly_one_node_after(cut: Cut) {
         .unwrap_or_else(|e| {
             panic!("cannot use the zookeeper server at {upstream}: {e}\n  start it with: scripts/backends up zookeeper")
         });
-    let (key, zk, dir) = key_with_directory(&harness).await;
+    let (key, zk, dir) = fresh_key(&harness).await;
     let opts = LockOptions::new().wait(Wait::For(Duration::from_secs(20)));
     let lease = lock
         .acquire(&key, &opts)

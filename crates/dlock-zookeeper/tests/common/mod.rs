@@ -22,24 +22,29 @@ pub struct ZookeeperHarness {
 }
 
 impl ZookeeperHarness {
-    /// The standalone server: `DLOCK_ZK_URL`, default `zk://127.0.0.1:2181`.
+    /// The standalone server: `DLOCK_ZK_URL`, default `zk://127.0.0.1:2181`, with the tests'
+    /// short session timeout.
     pub fn from_env() -> Self {
         Self::new(
             &std::env::var("DLOCK_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into()),
             "zookeeper",
+            SESSION_TIMEOUT,
         )
     }
 
-    /// The ensemble: `DLOCK_ZK_ENSEMBLE_URL`, default the three members on 2182..2184.
-    pub fn ensemble_from_env() -> Self {
+    /// The ensemble: `DLOCK_ZK_ENSEMBLE_URL`, default the three members on 2182..2184, with
+    /// `session_timeout`.
+    pub fn ensemble_from_env(session_timeout: Duration) -> Self {
         Self::new(
             &std::env::var("DLOCK_ZK_ENSEMBLE_URL")
                 .unwrap_or_else(|_| "zk://127.0.0.1:2182,127.0.0.1:2183,127.0.0.1:2184".into()),
             "zk-ensemble",
+            session_timeout,
         )
     }
 
-    fn new(base: &str, setup: &'static str) -> Self {
+    /// `base` with `session_timeout` unless it sets one.
+    fn new(base: &str, setup: &'static str, session_timeout: Duration) -> Self {
         // RUST_LOG=dlock_zookeeper=debug shows the recipe at work.
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -51,15 +56,10 @@ impl ZookeeperHarness {
             let sep = if base.contains('?') { '&' } else { '?' };
             format!(
                 "{base}{sep}session_timeout={}ms",
-                SESSION_TIMEOUT.as_millis()
+                session_timeout.as_millis()
             )
         };
         Self { url, setup }
-    }
-
-    /// `url` with `option=value` added to its query.
-    pub fn url_with(&self, option: &str) -> String {
-        format!("{}&{option}", self.url)
     }
 
     pub fn config(&self) -> ZookeeperConfig {
@@ -187,7 +187,8 @@ impl Harness for ZookeeperHarness {
         Ok(left)
     }
 
+    /// The session timeout: a session lease's lifetime without heartbeats.
     fn ttl(&self) -> Duration {
-        SESSION_TIMEOUT
+        self.config().session_timeout
     }
 }

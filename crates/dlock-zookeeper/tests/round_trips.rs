@@ -1,0 +1,213 @@
+//! Round trips per operation, measured: every client talks to the server through a proxy
+//! that delays each direction by half of `RTT`, so an operation's duration divided by `RTT`
+//! is the number of round trips it needs (the table in the crate docs). Also the plain
+//! loopback latencies, printed for the README.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::ZookeeperHarness;
+use dlock_conformance::Harness;
+use dlock_core::{LockOptions, Wait};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep, sleep_until};
+
+/// Large against the server's and this machine's own latency, so rounding is exact.
+const RTT: Duration = Duration::from_millis(200);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_per_operation() {
+    let harness = ZookeeperHarness::from_env();
+    let proxy = delaying_proxy(harness.server_addrs()[0], RTT / 2).await;
+    let url = harness.url_with_addrs(&[proxy]);
+    let a = harness.connect(&url).await.unwrap_or_else(|e| {
+        panic!(
+            "cannot use the zookeeper server: {e}\n  start it with: scripts/backends up zookeeper"
+        )
+    });
+    let b = harness.connect(&url).await.expect("second client");
+    let key = format!("rtt-{}/k", uuid::Uuid::new_v4().simple());
+    let opts = LockOptions::new();
+    let mut measured = Vec::new();
+    let mut check = |what: &'static str, took: Duration, expected: u32| {
+        let rounds = (took.as_secs_f64() / RTT.as_secs_f64()).round() as u32;
+        measured.push(format!("{what}: {rounds} ({took:?})"));
+        assert_eq!(rounds, expected, "{what} took {took:?}");
+    };
+
+    // The key directory is made in the same round trip as our node.
+    let (lease, took) = timed(a.try_acquire(&key, &opts)).await;
+    let lease = lease.expect("try_acquire").expect("free");
+    check("try_acquire, key free", took, 1);
+    let (held, took) = timed(b.try_acquire(&key, &opts)).await;
+    assert!(held.expect("try_acquire").is_none());
+    check("try_acquire, key held", took, 2);
+    let (extended, took) = timed(lease.extend(Duration::from_secs(30))).await;
+    extended.expect("extend");
+    check("extend", took, 1);
+
+    // A waiter queues (create + list, then a watch on the holder), and is handed the key.
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            let lease = b
+                .acquire(&key, &opts.wait(Wait::For(Duration::from_secs(30))))
+                .await
+                .expect("the waiter acquires");
+            (Instant::now(), lease)
+        })
+    };
+    sleep(RTT * 5).await;
+    let released_at = Instant::now();
+    let (released, took) = timed(lease.release()).await;
+    released.expect("release");
+    check("release, a waiter queued", took, 1);
+    let (acquired_at, lease) = waiter.await.expect("waiter");
+    // The delete reaches the server (1/2), its notification the waiter (1/2), then the
+    // waiter lists the directory (1).
+    check(
+        "hand-off, from the release call",
+        acquired_at - released_at,
+        2,
+    );
+    let (released, took) = timed(lease.release()).await;
+    released.expect("release");
+    check("release, last holder (directory removed too)", took, 1);
+    // The directory went with the last release, and comes back in the same round trip.
+    let (lease, took) = timed(b.try_acquire(&key, &opts)).await;
+    let lease = lease.expect("try_acquire").expect("free");
+    check("try_acquire, key free again", took, 1);
+    lease.release().await.expect("release");
+    eprintln!("round trips:\n  {}", measured.join("\n  "));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_latency() {
+    const ROUNDS: usize = 100;
+    let harness = ZookeeperHarness::from_env();
+    let a = harness.client().await.unwrap_or_else(|e| {
+        panic!(
+            "cannot use the zookeeper server: {e}\n  start it with: scripts/backends up zookeeper"
+        )
+    });
+    let b = harness.client().await.expect("second client");
+    let key = format!("latency-{}/k", uuid::Uuid::new_v4().simple());
+    let opts = LockOptions::new();
+    let mut cycle = Vec::new();
+    for _ in 0..ROUNDS {
+        let started = Instant::now();
+        let lease = a
+            .try_acquire(&key, &opts)
+            .await
+            .expect("try")
+            .expect("free");
+        lease.release().await.expect("release");
+        cycle.push(started.elapsed());
+    }
+    let mut handoff = Vec::new();
+    let mut lease = a
+        .try_acquire(&key, &opts)
+        .await
+        .expect("try")
+        .expect("free");
+    for i in 0..ROUNDS / 2 {
+        let next = if i % 2 == 0 { b.clone() } else { a.clone() };
+        let key2 = key.clone();
+        let waiter = tokio::spawn(async move {
+            let lease = next
+                .acquire(&key2, &opts.wait(Wait::For(Duration::from_secs(30))))
+                .await
+                .expect("waiter");
+            (Instant::now(), lease)
+        });
+        // Until the waiter is queued on the server (its node exists).
+        wait_for_contenders(&harness, &key, 2).await;
+        let released = Instant::now();
+        lease.release().await.expect("release");
+        let (acquired, next_lease) = waiter.await.expect("waiter task");
+        handoff.push(acquired - released);
+        lease = next_lease;
+    }
+    lease.release().await.expect("release");
+    let (cycle, handoff) = (percentiles(cycle), percentiles(handoff));
+    eprintln!("loopback: try_acquire+release p50/p99 {cycle:?}; hand-off p50/p99 {handoff:?}");
+    // Generous: these are single-digit milliseconds on loopback; a polling sleep would not be.
+    assert!(cycle.0 < Duration::from_millis(100), "{cycle:?}");
+    assert!(handoff.0 < Duration::from_millis(100), "{handoff:?}");
+}
+
+fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
+    (at(0.5), at(0.99))
+}
+
+async fn timed<T>(op: impl Future<Output = T>) -> (T, Duration) {
+    let started = Instant::now();
+    let out = op.await;
+    (out, started.elapsed())
+}
+
+async fn wait_for_contenders(harness: &ZookeeperHarness, key: &str, n: usize) {
+    let zk = harness.raw().await.expect("raw client");
+    let dir = harness.config().key_dir(key);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while zk.list_children(&dir).await.map(|c| c.len()).unwrap_or(0) < n {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// A proxy to `upstream` that delays every byte by `delay` in each direction, keeping order.
+async fn delaying_proxy(upstream: SocketAddr, delay: Duration) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(server) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let (client_rx, client_tx) = client.into_split();
+                let (server_rx, server_tx) = server.into_split();
+                tokio::select! {
+                    () = delayed(client_rx, server_tx, delay) => {}
+                    () = delayed(server_rx, client_tx, delay) => {}
+                }
+            });
+        }
+    });
+    addr
+}
+
+async fn delayed(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let writer = async move {
+        while let Some((at, bytes)) = rx.recv().await {
+            sleep_until(at).await;
+            if to.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+    };
+    let reader = async move {
+        let mut buf = [0u8; 16 * 1024];
+        while let Ok(n @ 1..) = from.read(&mut buf).await {
+            if tx
+                .send((Instant::now() + delay, buf[..n].to_vec()))
+                .is_err()
+            {
+                return;
+            }
+        }
+    };
+    tokio::join!(writer, reader);
+}
