@@ -200,6 +200,33 @@ async fn delete_dir_if_empty(client: &zk::Client, dir: &str) {
     }
 }
 
+/// Delete our node and, in the same round trip, the key directory if that leaves it empty
+/// (`NotEmpty` while others wait). `Ok(true)` when the node was deleted, `Ok(false)` when it
+/// was not there; after a lost connection the node's delete is retried by `until`.
+async fn delete_node_and_dir(
+    client: &zk::Client,
+    path: &str,
+    dir: &str,
+    until: Instant,
+) -> Result<bool, zk::Error> {
+    let node = client.delete(path, None);
+    let dir_deleted = client.delete(dir, None);
+    let pipelined = futures::future::join(node, dir_deleted);
+    let (node, _) = tokio::time::timeout_at(until, pipelined)
+        .await
+        .map_err(|_| zk::Error::Timeout)?;
+    match node {
+        Ok(()) => Ok(true),
+        Err(zk::Error::NoNode) => Ok(false),
+        Err(e) if is_uncertain(&e) => {
+            delete(client, path, until).await?;
+            delete_dir_if_empty(client, dir).await;
+            Ok(true)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 // ------------------------------------------------------------------------------ acquire
 
 #[async_trait]
@@ -237,7 +264,7 @@ impl Backend for ZookeeperBackend {
                 deadline,
                 bound: client.session_timeout(),
             };
-            match self.take(&client, &dir, budget).await {
+            match self.take(&client, key, &dir, budget).await {
                 Ok(grant) => return Ok(grant),
                 Err(e) if is_session_over(&e) => {
                     tracing::info!(backend = NAME, key, error = %e, "session ended during acquire; starting over");
@@ -279,6 +306,7 @@ impl ZookeeperBackend {
     async fn take(
         &self,
         client: &zk::Client,
+        key: &str,
         dir: &str,
         budget: Budget,
     ) -> Result<Option<Grant>, zk::Error> {
@@ -308,7 +336,7 @@ impl ZookeeperBackend {
                 continue;
             };
             if position == 0 {
-                return Ok(Some(me.into_grant(sent_at)));
+                return Ok(Some(me.into_grant(key, sent_at)));
             }
             if !budget.deadline.may_wait() {
                 me.withdraw().await;
@@ -340,9 +368,9 @@ impl ZookeeperBackend {
     }
 }
 
-/// Our lock node while it is not (yet) a lease. Dropped without [`into_grant`]
-/// (Contender::into_grant), it deletes the node in the background, retrying on connection
-/// loss, so a timed-out, failed or cancelled acquire leaves nothing behind.
+/// Our lock node while it is not (yet) a lease. Dropped without
+/// [`into_grant`](Contender::into_grant), it deletes the node in the background, retrying on
+/// connection loss, so a timed-out, failed or cancelled acquire leaves nothing behind.
 struct Contender {
     client: zk::Client,
     dir: String,
@@ -489,7 +517,9 @@ impl Contender {
             return;
         };
         let path = format!("{}/{}", self.dir, node.name);
-        match delete(&self.client, &path, Instant::now() + WITHDRAW_BOUND).await {
+        let until = Instant::now() + WITHDRAW_BOUND;
+        // The holder may release meanwhile: the directory goes too if it is left empty.
+        match delete_node_and_dir(&self.client, &path, &self.dir, until).await {
             Ok(_) => self.node = None,
             Err(e) => {
                 tracing::debug!(backend = NAME, path, error = %e, "withdrawal continues in the background");
@@ -503,13 +533,14 @@ impl Contender {
         self.unsure = false;
     }
 
-    fn into_grant(mut self, sent_at: Instant) -> Grant {
+    fn into_grant(mut self, key: &str, sent_at: Instant) -> Grant {
         let node = self.node.take().expect("a held contender has its node");
         let path = format!("{}/{}", self.dir, node.name);
         let timeout = self.client.session_timeout();
         let lost = watch_lease(self.client.clone(), path.clone(), timeout);
         let held = ZookeeperHeld {
             client: self.client.clone(),
+            key: key.to_owned(),
             dir: std::mem::take(&mut self.dir),
             path,
         };
@@ -563,6 +594,7 @@ fn token(czxid: i64) -> u64 {
 #[derive(Debug)]
 struct ZookeeperHeld {
     client: zk::Client,
+    key: String,
     dir: String,
     path: String,
 }
@@ -571,7 +603,7 @@ impl ZookeeperHeld {
     fn not_held(&self) -> LockError {
         LockError::NotHeld {
             backend: NAME,
-            key: self.path.clone(),
+            key: self.key.clone(),
             reason: LostReason::NotHeld,
         }
     }
@@ -603,30 +635,16 @@ impl Held for ZookeeperHeld {
     /// once: one round trip). On a lost connection the delete is retried; if it cannot
     /// finish in time a background task keeps trying while the session lives.
     async fn release(&mut self) -> Result<()> {
-        let node = self.client.delete(&self.path, None);
-        let dir = self.client.delete(&self.dir, None);
-        let (node, _) = futures::future::join(node, dir).await;
-        let deleted = match node {
-            Ok(()) => return Ok(()),
-            Err(zk::Error::NoNode) => return Err(self.not_held()),
-            Err(e) if is_session_over(&e) => return Err(self.not_held()),
-            Err(e) if is_uncertain(&e) => delete(&self.client, &self.path, self.until()).await,
-            Err(e) => Err(e),
-        };
-        match deleted {
-            Ok(_) => {
-                delete_dir_if_empty(&self.client, &self.dir).await;
-                Ok(())
-            }
+        match delete_node_and_dir(&self.client, &self.path, &self.dir, self.until()).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(self.not_held()),
             Err(e) if is_session_over(&e) => Err(self.not_held()),
             Err(e) => {
                 let (client, path, dir) =
                     (self.client.clone(), self.path.clone(), self.dir.clone());
                 tokio::spawn(async move {
                     let until = Instant::now() + client.session_timeout() * 2;
-                    if delete(&client, &path, until).await.is_ok() {
-                        delete_dir_if_empty(&client, &dir).await;
-                    }
+                    let _ = delete_node_and_dir(&client, &path, &dir, until).await;
                 });
                 Err(Error::zk("release", e).into())
             }
