@@ -1,0 +1,366 @@
+//! The six backends lockbench knows: their URLs, how to start them, and whether they answer.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::{DistributedLock, ErrorKind, LockError, LockOptions};
+use serde::Serialize;
+
+/// A backend, as named on the command line and in the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Kind {
+    Memory,
+    Redis,
+    Redlock,
+    Zookeeper,
+    Etcd,
+    Mysql,
+}
+
+impl Kind {
+    pub(crate) const ALL: [Kind; 6] = [
+        Kind::Memory,
+        Kind::Redis,
+        Kind::Redlock,
+        Kind::Zookeeper,
+        Kind::Etcd,
+        Kind::Mysql,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Memory => "memory",
+            Kind::Redis => "redis",
+            Kind::Redlock => "redlock",
+            Kind::Zookeeper => "zookeeper",
+            Kind::Etcd => "etcd",
+            Kind::Mysql => "mysql",
+        }
+    }
+
+    /// The environment variable that overrides the default URL.
+    pub(crate) fn env_var(self) -> Option<&'static str> {
+        match self {
+            Kind::Memory => None,
+            Kind::Redis => Some("DLOCK_REDIS_URL"),
+            Kind::Redlock => Some("DLOCK_REDLOCK_URL"),
+            Kind::Zookeeper => Some("DLOCK_ZK_URL"),
+            Kind::Etcd => Some("DLOCK_ETCD_URL"),
+            Kind::Mysql => Some("DLOCK_MYSQL_URL"),
+        }
+    }
+
+    /// The address `scripts/backends up` starts the server on.
+    pub(crate) fn default_url(self) -> &'static str {
+        match self {
+            Kind::Memory => "memory://lockbench",
+            Kind::Redis => "redis://127.0.0.1:6379",
+            Kind::Redlock => {
+                "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005"
+            }
+            Kind::Zookeeper => "zk://127.0.0.1:2181",
+            Kind::Etcd => "etcd://127.0.0.1:2379",
+            Kind::Mysql => "mysql://dlock:dlock@127.0.0.1:3306/dlock",
+        }
+    }
+
+    /// The URL to use: the env var if set, else the default.
+    pub(crate) fn url(self) -> String {
+        self.env_var()
+            .and_then(|v| std::env::var(v).ok())
+            .filter(|v| !v.trim().is_empty())
+            .unwrap_or_else(|| self.default_url().to_owned())
+    }
+
+    /// The command that starts this backend's server.
+    pub(crate) fn start_command(self) -> Option<&'static str> {
+        match self {
+            Kind::Memory => None,
+            Kind::Redis => Some("scripts/backends up redis"),
+            Kind::Redlock => Some("scripts/backends up redlock"),
+            Kind::Zookeeper => Some("scripts/backends up zookeeper"),
+            Kind::Etcd => Some("scripts/backends up etcd"),
+            Kind::Mysql => Some("scripts/backends up mariadb"),
+        }
+    }
+
+    /// Whether lockbench itself was built with this backend's feature (its raw client).
+    pub(crate) fn compiled(self) -> bool {
+        match self {
+            Kind::Memory => cfg!(feature = "memory"),
+            Kind::Redis => cfg!(feature = "redis"),
+            Kind::Redlock => cfg!(feature = "redlock"),
+            Kind::Zookeeper => cfg!(feature = "zookeeper"),
+            Kind::Etcd => cfg!(feature = "etcd"),
+            Kind::Mysql => cfg!(feature = "mysql"),
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Kind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "memory" | "mem" => Kind::Memory,
+            "redis" => Kind::Redis,
+            "redlock" => Kind::Redlock,
+            "zookeeper" | "zk" => Kind::Zookeeper,
+            "etcd" => Kind::Etcd,
+            "mysql" | "mariadb" => Kind::Mysql,
+            other => {
+                return Err(format!(
+                    "unknown backend {other:?} (expected all, or a list of: memory, redis, redlock, zookeeper, etcd, mysql)"
+                ));
+            }
+        })
+    }
+}
+
+/// A lock URL split into the parts the raw clients need. Hosts may be a comma-separated
+/// list (`redlock://a:1,b:2`), which `url::Url` does not accept.
+#[derive(Clone)]
+pub(crate) struct Parts {
+    pub(crate) scheme: String,
+    /// `user:password`, when present.
+    pub(crate) userinfo: Option<String>,
+    pub(crate) hosts: Vec<String>,
+    /// Everything from the first `/` after the hosts, without the query.
+    pub(crate) path: String,
+}
+
+impl fmt::Debug for Parts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Parts")
+            .field("scheme", &self.scheme)
+            .field("userinfo", &self.userinfo.as_ref().map(|_| "***"))
+            .field("hosts", &self.hosts)
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl Parts {
+    pub(crate) fn parse(url: &str) -> Result<Parts, String> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| "not a URL (expected scheme://…)".to_owned())?;
+        let rest = rest.split(['?', '#']).next().unwrap_or_default();
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].to_owned()),
+            None => (rest, String::new()),
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u.to_owned()), h),
+            None => (None, authority),
+        };
+        let hosts: Vec<String> = hosts
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(str::to_owned)
+            .collect();
+        Ok(Parts {
+            scheme: scheme.to_ascii_lowercase(),
+            userinfo,
+            hosts,
+            path,
+        })
+    }
+
+    /// `scheme://[userinfo@]host{path}` for one host.
+    #[allow(dead_code)] // unused when every networked backend is compiled out
+    pub(crate) fn single(&self, scheme: &str, host: &str, with_path: bool) -> String {
+        let user = self
+            .userinfo
+            .as_ref()
+            .map(|u| format!("{u}@"))
+            .unwrap_or_default();
+        let path = if with_path { self.path.as_str() } else { "" };
+        format!("{scheme}://{user}{host}{path}")
+    }
+}
+
+/// A URL with any password replaced by `***`, for output.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<not a URL>".into();
+    };
+    let end = rest.find('/').unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((user, hosts)) => {
+            let user = user.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{hosts}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Why a backend is not measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum SkipReason {
+    /// Not in `--backends`.
+    NotSelected,
+    /// lockbench or dlock was built without the backend.
+    CompiledOut,
+    /// The server did not answer.
+    Unreachable,
+    /// The URL was rejected.
+    InvalidConfig,
+}
+
+/// A backend that is not measured, and what to do about it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Skipped {
+    pub(crate) backend: Kind,
+    pub(crate) reason: SkipReason,
+    pub(crate) detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) start_command: Option<&'static str>,
+}
+
+/// Connect one client through the facade, bounded by `timeout`.
+pub(crate) async fn connect(
+    url: &str,
+    timeout: Duration,
+) -> Result<Arc<dyn DistributedLock>, String> {
+    match tokio::time::timeout(timeout, dlock::connect(url)).await {
+        Ok(Ok(lock)) => Ok(lock),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("connect did not finish within {timeout:?}")),
+    }
+}
+
+/// Check that `kind` is compiled in and its server answers a lock round trip.
+pub(crate) async fn probe(
+    kind: Kind,
+    url: &str,
+    key: &str,
+    timeout: Duration,
+) -> Result<(), Skipped> {
+    let skipped = |reason, detail: String| Skipped {
+        backend: kind,
+        reason,
+        detail,
+        start_command: if reason == SkipReason::Unreachable {
+            kind.start_command()
+        } else {
+            None
+        },
+    };
+    if !kind.compiled() {
+        return Err(skipped(
+            SkipReason::CompiledOut,
+            format!("lockbench was built without its `{}` feature", kind.name()),
+        ));
+    }
+    let lock = match tokio::time::timeout(timeout, dlock::connect(url)).await {
+        Ok(Ok(lock)) => lock,
+        Ok(Err(e)) => return Err(classify(kind, &e, &skipped)),
+        Err(_) => {
+            return Err(skipped(
+                SkipReason::Unreachable,
+                format!("connect did not finish within {timeout:?}"),
+            ));
+        }
+    };
+    let round_trip = async {
+        match lock.try_acquire(key, &LockOptions::new()).await {
+            Ok(Some(lease)) => lease
+                .release()
+                .await
+                .map_err(|e| classify(kind, &e, &skipped)),
+            Ok(None) => Err(skipped(
+                SkipReason::Unreachable,
+                format!("the probe key {key:?} is held by someone else"),
+            )),
+            Err(e) => Err(classify(kind, &e, &skipped)),
+        }
+    };
+    match tokio::time::timeout(timeout, round_trip).await {
+        Ok(result) => result,
+        Err(_) => Err(skipped(
+            SkipReason::Unreachable,
+            format!("a try_acquire + release did not finish within {timeout:?}"),
+        )),
+    }
+}
+
+/// Sort a facade error into a skip reason.
+fn classify(kind: Kind, e: &LockError, skipped: &dyn Fn(SkipReason, String) -> Skipped) -> Skipped {
+    let text = e.to_string();
+    let in_facade = dlock::Scheme::parse(kind.default_url()).is_ok_and(|s| s.is_enabled());
+    match e.kind() {
+        // `dlock::connect` names the missing feature when the backend is not compiled into
+        // the facade (its features are empty placeholders until a backend crate is wired in).
+        ErrorKind::InvalidConfig if !in_facade || text.contains("feature of the dlock crate") => {
+            skipped(SkipReason::CompiledOut, text)
+        }
+        ErrorKind::InvalidConfig => skipped(SkipReason::InvalidConfig, text),
+        _ => skipped(SkipReason::Unreachable, text),
+    }
+}
+
+/// The backends the tests must reach: every one compiled in, or those named in
+/// `LOCKBENCH_SMOKE_BACKENDS`.
+#[cfg(test)]
+pub(crate) fn test_backends() -> Vec<Kind> {
+    let only: Option<Vec<Kind>> = std::env::var("LOCKBENCH_SMOKE_BACKENDS")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.split(',').filter_map(|k| k.parse().ok()).collect());
+    Kind::ALL
+        .into_iter()
+        .filter(|k| k.compiled())
+        .filter(|k| only.as_ref().is_none_or(|o| o.contains(k)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_split_multi_host_urls() {
+        let p = Parts::parse("redlock://:pw@a:1,b:2,c:3/x?timeout=5").unwrap();
+        assert_eq!(p.scheme, "redlock");
+        assert_eq!(p.userinfo.as_deref(), Some(":pw"));
+        assert_eq!(p.hosts, ["a:1", "b:2", "c:3"]);
+        assert_eq!(p.path, "/x");
+        assert_eq!(p.single("redis", "b:2", false), "redis://:pw@b:2");
+        let m = Parts::parse("mysql://u:p@h:3306/db").unwrap();
+        assert_eq!(m.single("mysql", "h:3306", true), "mysql://u:p@h:3306/db");
+        assert!(!format!("{m:?}").contains(":p@"));
+        assert!(Parts::parse("nonsense").is_err());
+    }
+
+    #[test]
+    fn redact_hides_passwords() {
+        assert_eq!(
+            redact("mysql://dlock:secret@127.0.0.1:3306/dlock"),
+            "mysql://dlock:***@127.0.0.1:3306/dlock"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert!(!redact("redis://:pw@h:1/0").contains("pw"));
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for kind in Kind::ALL {
+            assert_eq!(kind.name().parse::<Kind>().unwrap(), kind);
+        }
+        assert_eq!("mariadb".parse::<Kind>().unwrap(), Kind::Mysql);
+        assert!("postgres".parse::<Kind>().is_err());
+    }
+}

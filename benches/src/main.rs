@@ -1,0 +1,424 @@
+//! lockbench: the same lock workloads on every dlock backend, each shown next to what the
+//! server's own minimal round trips cost.
+//!
+//! ```text
+//! cargo run --release -p lockbench -- [--backends all|memory,redis,…] [--clients 1,8,32]
+//!     [--duration 2s] [--warmup 500ms] [--hold 0ms] [--out target/lockbench]
+//! ```
+//!
+//! Every backend is reached through `dlock::connect(url)` only, with the URLs of
+//! `scripts/backends` unless `DLOCK_<BACKEND>_URL` says otherwise. Backends that do not
+//! answer are listed with the command that starts them; the in-memory backend always runs.
+//! Each lock measurement feeds the conformance history checker: a run with an overlap is a
+//! failure (exit status 1), never a number. See `benches/README.md` for the columns.
+
+mod backends;
+mod chart;
+mod raw;
+mod report;
+mod run;
+mod stats;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::Rng as _;
+
+use crate::backends::{Kind, SkipReason, Skipped};
+use crate::report::{BackendReport, Failure, Report, Scenario, ScenarioResult};
+use crate::run::{Plan, RawOp, Workload};
+
+/// Compare dlock's backends: raw server round trips, uncontended, contended and spread
+/// locking, checked for mutual exclusion.
+#[derive(Debug, Parser)]
+#[command(name = "lockbench", version)]
+struct Args {
+    /// `all`, or a comma-separated list of: memory, redis, redlock, zookeeper, etcd, mysql.
+    #[arg(long, default_value = "all")]
+    backends: String,
+    /// Client counts for the contended and spread workloads (and the raw baseline).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    clients: Vec<usize>,
+    /// How long each measurement counts operations, after the warm-up.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// How long each measurement runs before it starts counting.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// How long each holder keeps the lock before releasing it.
+    #[arg(long, default_value = "0ms", value_parser = humantime::parse_duration)]
+    hold: Duration,
+    /// Lease ttl (auto-renewed every ttl/3 while held).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// Bound on connecting and on the reachability probe, per backend.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    connect_timeout: Duration,
+    /// Where lockbench.json and lockbench.svg are written.
+    #[arg(long, default_value = "target/lockbench")]
+    out: PathBuf,
+}
+
+/// One measurement to make.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Raw(RawOp, usize),
+    Lock(Workload, usize),
+}
+
+impl Step {
+    fn label(self) -> String {
+        match self {
+            Step::Raw(RawOp::Ping, n) => format!("raw ping ×{n}"),
+            Step::Raw(RawOp::Cycle, n) => format!("raw cycle ×{n}"),
+            Step::Lock(Workload::Uncontended, _) => "uncontended".into(),
+            Step::Lock(Workload::Contended, n) => format!("contended ×{n}"),
+            Step::Lock(Workload::Spread, n) => format!("spread ×{n}"),
+        }
+    }
+}
+
+/// The measurements for one backend, in order: raw first, so ratios use this run's raw.
+fn steps(kind: Kind, clients: &[usize]) -> Vec<Step> {
+    let mut raw_ns: Vec<usize> = std::iter::once(1).chain(clients.iter().copied()).collect();
+    raw_ns.sort_unstable();
+    raw_ns.dedup();
+    let mut multi: Vec<usize> = raw_ns.iter().copied().filter(|&n| n >= 2).collect();
+    if multi.is_empty() {
+        multi.push(2);
+        raw_ns.push(2);
+    }
+    let mut out = Vec::new();
+    if kind != Kind::Memory {
+        out.push(Step::Raw(RawOp::Ping, 1));
+    }
+    out.extend(raw_ns.iter().map(|&n| Step::Raw(RawOp::Cycle, n)));
+    out.push(Step::Lock(Workload::Uncontended, 1));
+    out.extend(multi.iter().map(|&n| Step::Lock(Workload::Contended, n)));
+    out.extend(multi.iter().map(|&n| Step::Lock(Workload::Spread, n)));
+    out
+}
+
+fn selected(spec: &str) -> Result<(Vec<Kind>, bool), String> {
+    if spec.trim().eq_ignore_ascii_case("all") {
+        return Ok((Kind::ALL.to_vec(), false));
+    }
+    let mut kinds = spec
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(str::parse)
+        .collect::<Result<Vec<Kind>, _>>()?;
+    kinds.sort();
+    kinds.dedup();
+    if kinds.is_empty() {
+        return Err("--backends is empty".into());
+    }
+    Ok((kinds, true))
+}
+
+async fn measure(kind: Kind, url: &str, step: Step, plan: &Plan) -> ScenarioResult {
+    match step {
+        Step::Raw(op, n) => {
+            let mut r = ScenarioResult::new(Scenario::Raw, n);
+            r.op = Some(match op {
+                RawOp::Ping => "ping",
+                RawOp::Cycle => "cycle",
+            });
+            match run::raw(kind, url, n, op, plan).await {
+                Ok(m) => {
+                    r.count = m.ops;
+                    r.per_sec = m.per_sec;
+                    r.latency(&m.latency)
+                }
+                Err(e) => r.failed(e, None),
+            }
+        }
+        Step::Lock(workload, n) => {
+            let scenario = match workload {
+                Workload::Uncontended => Scenario::Uncontended,
+                Workload::Contended => Scenario::Contended,
+                Workload::Spread => Scenario::Spread,
+            };
+            let r = ScenarioResult::new(scenario, n);
+            match run::lock(url, workload, n, plan).await {
+                Ok(m) => {
+                    let mut r = match workload {
+                        Workload::Contended => r.latency(&m.handoff).fairness(m.per_client.clone()),
+                        _ => r.latency(&m.cycle),
+                    }
+                    .waits(&m.wait);
+                    r.count = m.count;
+                    r.per_sec = m.per_sec;
+                    r.holds_checked = Some(m.holds_checked);
+                    r.overlaps = Some(0);
+                    if workload == Workload::Contended && m.count > 0 {
+                        r.wakeups_per_acquire =
+                            Some((m.wakeups as f64 / m.count as f64 * 100.0).round() / 100.0);
+                    }
+                    r
+                }
+                Err(f) => r.failed(f.error, Some(f.overlaps)),
+            }
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let (kinds, explicit) = match selected(&args.backends) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("lockbench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.clients.is_empty() || args.clients.contains(&0) {
+        eprintln!("lockbench: --clients needs counts of at least 1, e.g. 1,8,32");
+        return ExitCode::from(2);
+    }
+    if args.duration.is_zero() {
+        eprintln!("lockbench: --duration must be more than zero");
+        return ExitCode::from(2);
+    }
+    let plan = Plan {
+        duration: args.duration,
+        warmup: args.warmup,
+        hold: args.hold,
+        connect_timeout: args.connect_timeout,
+        ttl: args.ttl,
+        prefix: format!("lb{:08x}", rand::rng().random::<u32>()),
+    };
+    if let Err(e) = dlock::LockOptions::new()
+        .ttl(plan.ttl)
+        .validate("lockbench")
+    {
+        eprintln!("lockbench: --ttl: {e}");
+        return ExitCode::from(2);
+    }
+    let started_unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+
+    // Which backends answer.
+    let mut skipped = Vec::new();
+    let mut targets = Vec::new();
+    for kind in Kind::ALL {
+        if !kinds.contains(&kind) {
+            skipped.push(Skipped {
+                backend: kind,
+                reason: SkipReason::NotSelected,
+                detail: "not in --backends".into(),
+                start_command: None,
+            });
+            continue;
+        }
+        let url = kind.url();
+        let probe_key = format!("{}/probe", plan.prefix);
+        match backends::probe(kind, &url, &probe_key, plan.connect_timeout).await {
+            Ok(()) => match raw::server_version(kind, &url, plan.connect_timeout).await {
+                Ok(version) => targets.push((kind, url, version)),
+                Err(e) => skipped.push(Skipped {
+                    backend: kind,
+                    reason: SkipReason::Unreachable,
+                    detail: format!("the lock answered but the raw client did not: {e}"),
+                    start_command: kind.start_command(),
+                }),
+            },
+            Err(s) => skipped.push(s),
+        }
+    }
+    for s in skipped
+        .iter()
+        .filter(|s| s.reason != SkipReason::NotSelected)
+    {
+        let start = s
+            .start_command
+            .map(|c| format!("; start it with `{c}`"))
+            .unwrap_or_default();
+        eprintln!("lockbench: skipping {}: {}{start}", s.backend, s.detail);
+    }
+
+    let plans: Vec<(Kind, Vec<Step>)> = targets
+        .iter()
+        .map(|(kind, _, _)| (*kind, steps(*kind, &args.clients)))
+        .collect();
+    let total: usize = plans.iter().map(|(_, s)| s.len()).sum();
+    let bar = ProgressBar::new(total as u64).with_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg} (eta {eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+
+    let mut backends_out = Vec::new();
+    let mut failures = Vec::new();
+    for ((kind, url, server), (_, steps)) in targets.iter().zip(plans) {
+        let capabilities = match backends::connect(url, plan.connect_timeout).await {
+            Ok(lock) => lock.capabilities(),
+            Err(e) => {
+                skipped.push(Skipped {
+                    backend: *kind,
+                    reason: SkipReason::Unreachable,
+                    detail: e,
+                    start_command: kind.start_command(),
+                });
+                bar.inc(steps.len() as u64);
+                continue;
+            }
+        };
+        let (raw_ping, raw_cycle) = raw::describe(*kind);
+        let mut report = BackendReport {
+            backend: *kind,
+            url: backends::redact(url),
+            server: server.clone(),
+            capabilities: capabilities.into(),
+            raw_ping,
+            raw_cycle,
+            results: Vec::new(),
+        };
+        for step in steps {
+            bar.set_message(format!("{kind} {}", step.label()));
+            let result = measure(*kind, url, step, &plan).await;
+            if let Some(error) = &result.error {
+                bar.suspend(|| eprintln!("lockbench: {kind} {} FAILED: {error}", step.label()));
+                failures.push(Failure {
+                    backend: *kind,
+                    scenario: result.scenario,
+                    clients: result.clients,
+                    error: error.clone(),
+                });
+            }
+            report.results.push(result);
+            bar.inc(1);
+        }
+        report.compute_ratios();
+        backends_out.push(report);
+    }
+    bar.finish_and_clear();
+
+    let report = Report {
+        lockbench: env!("CARGO_PKG_VERSION"),
+        started_unix,
+        machine: report::Machine::detect(),
+        config: report::Config {
+            duration_ms: plan.duration.as_millis() as u64,
+            warmup_ms: plan.warmup.as_millis() as u64,
+            hold_ms: plan.hold.as_millis() as u64,
+            ttl_ms: plan.ttl.as_millis() as u64,
+            clients: args.clients.clone(),
+            prefix: plan.prefix.clone(),
+        },
+        backends: backends_out,
+        skipped,
+        failures,
+    };
+    print!("{}", report.markdown());
+
+    let mut status = 0u8;
+    if let Err(e) = std::fs::create_dir_all(&args.out) {
+        eprintln!("lockbench: cannot create {}: {e}", args.out.display());
+        status = 2;
+    } else {
+        let json = args.out.join("lockbench.json");
+        let svg = args.out.join("lockbench.svg");
+        match serde_json::to_string_pretty(&report)
+            .map_err(|e| e.to_string())
+            .and_then(|s| std::fs::write(&json, s).map_err(|e| e.to_string()))
+        {
+            Ok(()) => eprintln!("lockbench: wrote {}", json.display()),
+            Err(e) => {
+                eprintln!("lockbench: cannot write {}: {e}", json.display());
+                status = 2;
+            }
+        }
+        match chart::write(&report, &svg) {
+            Ok(()) => eprintln!("lockbench: wrote {}", svg.display()),
+            Err(e) => {
+                eprintln!("lockbench: {e}");
+                status = 2;
+            }
+        }
+    }
+    if !report.failures.is_empty() {
+        eprintln!(
+            "lockbench: {} measurement(s) FAILED: {}",
+            report.failures.len(),
+            report
+                .failures
+                .iter()
+                .map(|f| format!("{} {} ×{}", f.backend, f.scenario.name(), f.clients))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return ExitCode::from(1);
+    }
+    let missing: Vec<_> = report
+        .skipped
+        .iter()
+        .filter(|s| explicit && s.reason != SkipReason::NotSelected)
+        .map(|s| s.backend.to_string())
+        .collect();
+    if !missing.is_empty() {
+        eprintln!(
+            "lockbench: requested backend(s) not measured: {}",
+            missing.join(", ")
+        );
+        status = status.max(2);
+    }
+    ExitCode::from(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_measure_raw_first_and_each_client_count() {
+        let labels: Vec<String> = steps(Kind::Redis, &[1, 8, 32])
+            .into_iter()
+            .map(Step::label)
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                "raw ping ×1",
+                "raw cycle ×1",
+                "raw cycle ×8",
+                "raw cycle ×32",
+                "uncontended",
+                "contended ×8",
+                "contended ×32",
+                "spread ×8",
+                "spread ×32"
+            ]
+        );
+        let memory: Vec<String> = steps(Kind::Memory, &[1])
+            .into_iter()
+            .map(Step::label)
+            .collect();
+        assert_eq!(
+            memory,
+            [
+                "raw cycle ×1",
+                "raw cycle ×2",
+                "uncontended",
+                "contended ×2",
+                "spread ×2"
+            ]
+        );
+    }
+
+    #[test]
+    fn backend_lists() {
+        assert_eq!(selected("all").unwrap(), (Kind::ALL.to_vec(), false));
+        assert_eq!(
+            selected("redis,memory,zk").unwrap(),
+            (vec![Kind::Memory, Kind::Redis, Kind::Zookeeper], true)
+        );
+        assert!(selected("redis,postgres").is_err());
+        assert!(selected(",").is_err());
+    }
+}

@@ -1,0 +1,532 @@
+//! What each server costs by itself: the minimal round trips a lock needs, made with the
+//! same client crate the backend uses, so lock figures can be shown as ratios to them.
+//!
+//! | backend | ping | cycle |
+//! |---|---|---|
+//! | memory | — | uncontended `tokio::sync::Mutex` lock + unlock |
+//! | redis | `PING` | `SET key v NX PX 30000` + `DEL key` |
+//! | redlock | `PING` to every node in parallel | `SET NX PX` on every node in parallel, then `DEL` on every node |
+//! | zookeeper | `exists /` | `create` ephemeral node + `delete` |
+//! | etcd | `get key` (linearizable read) | `put key` + `delete key` |
+//! | mysql | `SELECT 1` | `BEGIN` / `SELECT … FOR UPDATE` / `COMMIT` on a row of a temporary table |
+
+use std::sync::Arc;
+use std::time::Duration;
+
+#[allow(unused_imports)] // unused when Redis and Redlock are compiled out
+use futures::future::join_all;
+
+use crate::backends::{Kind, Parts};
+
+/// One raw client on its own connection, owning one key.
+pub(crate) enum RawConn {
+    Memory(Arc<tokio::sync::Mutex<()>>),
+    #[cfg(feature = "redis")]
+    Redis {
+        con: redis::aio::MultiplexedConnection,
+        key: String,
+    },
+    #[cfg(feature = "redlock")]
+    Redlock {
+        nodes: Vec<redis::aio::MultiplexedConnection>,
+        key: String,
+    },
+    #[cfg(feature = "zookeeper")]
+    Zookeeper {
+        client: zookeeper_client::Client,
+        path: String,
+    },
+    #[cfg(feature = "etcd")]
+    Etcd {
+        client: Box<etcd_client::Client>,
+        key: String,
+    },
+    #[cfg(feature = "mysql")]
+    Mysql {
+        conn: sqlx::MySqlConnection,
+        key: String,
+    },
+}
+
+impl std::fmt::Debug for RawConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RawConn")
+    }
+}
+
+/// What "ping" and "cycle" mean for a backend, for the output.
+pub(crate) fn describe(kind: Kind) -> (Option<&'static str>, &'static str) {
+    match kind {
+        Kind::Memory => (None, "tokio Mutex lock+unlock"),
+        Kind::Redis => (Some("PING"), "SET NX PX + DEL"),
+        Kind::Redlock => (Some("PING ×N nodes"), "SET NX PX ×N + DEL ×N"),
+        Kind::Zookeeper => (Some("exists /"), "create ephemeral + delete"),
+        Kind::Etcd => (Some("get"), "put + delete"),
+        Kind::Mysql => (Some("SELECT 1"), "BEGIN; SELECT … FOR UPDATE; COMMIT"),
+    }
+}
+
+#[allow(dead_code)] // unused when every networked backend is compiled out
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+#[allow(dead_code)] // unused when every networked backend is compiled out
+async fn bounded<T, E: std::fmt::Display>(
+    timeout: Duration,
+    what: &str,
+    f: impl Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(timeout, f).await {
+        Ok(r) => r.map_err(|e| format!("{what}: {e}")),
+        Err(_) => Err(format!("{what}: no answer within {timeout:?}")),
+    }
+}
+
+#[cfg(any(feature = "redis", feature = "redlock"))]
+async fn redis_connect(
+    url: &str,
+    timeout: Duration,
+) -> Result<redis::aio::MultiplexedConnection, String> {
+    let client = redis::Client::open(url).map_err(err)?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    bounded(
+        timeout,
+        "redis connect",
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+}
+
+/// `SET key v NX PX 30000`, which must succeed.
+#[cfg(any(feature = "redis", feature = "redlock"))]
+async fn redis_set(mut con: redis::aio::MultiplexedConnection, key: &str) -> Result<(), String> {
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg("lockbench")
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut con)
+        .await
+        .map_err(err)?;
+    set.map(drop)
+        .ok_or_else(|| format!("SET NX on {key:?} found the key already set"))
+}
+
+/// `DEL key`, which must delete it.
+#[cfg(any(feature = "redis", feature = "redlock"))]
+async fn redis_del(mut con: redis::aio::MultiplexedConnection, key: &str) -> Result<(), String> {
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(key)
+        .query_async(&mut con)
+        .await
+        .map_err(err)?;
+    if deleted != 1 {
+        return Err(format!("DEL {key:?} deleted {deleted} keys"));
+    }
+    Ok(())
+}
+
+#[cfg(any(feature = "redis", feature = "redlock"))]
+async fn redis_ping(con: &mut redis::aio::MultiplexedConnection) -> Result<(), String> {
+    let pong: String = redis::cmd("PING").query_async(con).await.map_err(err)?;
+    if pong != "PONG" {
+        return Err(format!("PING answered {pong:?}"));
+    }
+    Ok(())
+}
+
+#[cfg(any(feature = "redis", feature = "redlock"))]
+fn redis_node_urls(parts: &Parts) -> Vec<String> {
+    let scheme = if parts.scheme == "rediss" || parts.scheme == "redlocks" {
+        "rediss"
+    } else {
+        "redis"
+    };
+    let single = parts.scheme == "redis" || parts.scheme == "rediss";
+    parts
+        .hosts
+        .iter()
+        .map(|h| parts.single(scheme, h, single))
+        .collect()
+}
+
+impl RawConn {
+    /// Open a raw client of `kind`'s server at `url` (a dlock URL), owning `key`.
+    pub(crate) async fn connect(
+        kind: Kind,
+        url: &str,
+        key: &str,
+        timeout: Duration,
+    ) -> Result<RawConn, String> {
+        let parts = Parts::parse(url)?;
+        // Every arm but memory's may be compiled out.
+        let _ = (&parts, key, timeout);
+        match kind {
+            Kind::Memory => Ok(RawConn::Memory(Arc::default())),
+            #[cfg(feature = "redis")]
+            Kind::Redis => {
+                let url = redis_node_urls(&parts)
+                    .into_iter()
+                    .next()
+                    .ok_or("no host in the URL")?;
+                Ok(RawConn::Redis {
+                    con: redis_connect(&url, timeout).await?,
+                    key: format!("lockbench:{key}"),
+                })
+            }
+            #[cfg(feature = "redlock")]
+            Kind::Redlock => {
+                let urls = redis_node_urls(&parts);
+                if urls.is_empty() {
+                    return Err("no host in the URL".into());
+                }
+                let nodes = join_all(urls.iter().map(|u| redis_connect(u, timeout)))
+                    .await
+                    .into_iter()
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(RawConn::Redlock {
+                    nodes,
+                    key: format!("lockbench:{key}"),
+                })
+            }
+            #[cfg(feature = "zookeeper")]
+            Kind::Zookeeper => {
+                let client = zk_connect(&parts, timeout).await?;
+                Ok(RawConn::Zookeeper {
+                    client,
+                    path: format!("/lockbench-{key}"),
+                })
+            }
+            #[cfg(feature = "etcd")]
+            Kind::Etcd => Ok(RawConn::Etcd {
+                client: Box::new(etcd_connect(&parts, timeout).await?),
+                key: format!("lockbench/{key}"),
+            }),
+            #[cfg(feature = "mysql")]
+            Kind::Mysql => {
+                use sqlx::Executor as _;
+                let mut conn = mysql_connect(&parts, timeout).await?;
+                let key = key.to_owned();
+                conn.execute(
+                    "CREATE TEMPORARY TABLE lockbench_raw (name VARCHAR(191) PRIMARY KEY) ENGINE=InnoDB",
+                )
+                .await
+                .map_err(err)?;
+                sqlx::query("INSERT INTO lockbench_raw (name) VALUES (?)")
+                    .bind(&key)
+                    .execute(&mut conn)
+                    .await
+                    .map_err(err)?;
+                Ok(RawConn::Mysql { conn, key })
+            }
+            #[allow(unreachable_patterns)]
+            other => Err(format!("lockbench was built without its `{other}` feature")),
+        }
+    }
+
+    /// One minimal request.
+    pub(crate) async fn ping(&mut self) -> Result<(), String> {
+        match self {
+            RawConn::Memory(_) => Ok(()),
+            #[cfg(feature = "redis")]
+            RawConn::Redis { con, .. } => redis_ping(con).await,
+            #[cfg(feature = "redlock")]
+            RawConn::Redlock { nodes, .. } => join_all(nodes.iter_mut().map(redis_ping))
+                .await
+                .into_iter()
+                .collect(),
+            #[cfg(feature = "zookeeper")]
+            RawConn::Zookeeper { client, .. } => {
+                client.check_stat("/").await.map_err(err)?;
+                Ok(())
+            }
+            #[cfg(feature = "etcd")]
+            RawConn::Etcd { client, key } => {
+                client.get(key.as_str(), None).await.map_err(err)?;
+                Ok(())
+            }
+            #[cfg(feature = "mysql")]
+            RawConn::Mysql { conn, .. } => {
+                let one: i64 = sqlx::query_scalar("SELECT 1")
+                    .fetch_one(conn)
+                    .await
+                    .map_err(err)?;
+                if one != 1 {
+                    return Err(format!("SELECT 1 answered {one}"));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The server's minimal take-and-give-back of one key.
+    pub(crate) async fn cycle(&mut self) -> Result<(), String> {
+        match self {
+            RawConn::Memory(m) => {
+                drop(m.lock().await);
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            RawConn::Redis { con, key } => {
+                redis_set(con.clone(), key).await?;
+                redis_del(con.clone(), key).await
+            }
+            #[cfg(feature = "redlock")]
+            RawConn::Redlock { nodes, key } => {
+                let sets = join_all(nodes.iter().map(|con| redis_set(con.clone(), key))).await;
+                let dels = join_all(nodes.iter().map(|con| redis_del(con.clone(), key))).await;
+                sets.into_iter().chain(dels).collect()
+            }
+            #[cfg(feature = "zookeeper")]
+            RawConn::Zookeeper { client, path } => {
+                use zookeeper_client::{Acls, CreateMode};
+                let options = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+                client.create(path, b"", &options).await.map_err(err)?;
+                client.delete(path, None).await.map_err(err)
+            }
+            #[cfg(feature = "etcd")]
+            RawConn::Etcd { client, key } => {
+                client
+                    .put(key.as_str(), "lockbench", None)
+                    .await
+                    .map_err(err)?;
+                let deleted = client.delete(key.as_str(), None).await.map_err(err)?;
+                if deleted.deleted() != 1 {
+                    return Err(format!("delete {key:?} removed {} keys", deleted.deleted()));
+                }
+                Ok(())
+            }
+            #[cfg(feature = "mysql")]
+            RawConn::Mysql { conn, key } => {
+                use sqlx::Connection as _;
+                let mut tx = conn.begin().await.map_err(err)?;
+                let row: Option<String> =
+                    sqlx::query_scalar("SELECT name FROM lockbench_raw WHERE name = ? FOR UPDATE")
+                        .bind(key.as_str())
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(err)?;
+                if row.is_none() {
+                    return Err(format!("row {key:?} is missing"));
+                }
+                tx.commit().await.map_err(err)
+            }
+        }
+    }
+
+    /// Remove what this client made and close its connection.
+    pub(crate) async fn close(self) {
+        match self {
+            RawConn::Memory(_) => {}
+            #[cfg(feature = "redis")]
+            RawConn::Redis { mut con, key } => {
+                let _: Result<i64, _> = redis::cmd("DEL").arg(&key).query_async(&mut con).await;
+            }
+            #[cfg(feature = "redlock")]
+            RawConn::Redlock { mut nodes, key } => {
+                for con in &mut nodes {
+                    let _: Result<i64, _> = redis::cmd("DEL").arg(&key).query_async(con).await;
+                }
+            }
+            #[cfg(feature = "zookeeper")]
+            RawConn::Zookeeper { client, path } => {
+                let _ = client.delete(&path, None).await;
+            }
+            #[cfg(feature = "etcd")]
+            RawConn::Etcd { mut client, key } => {
+                let _ = client.delete(key.as_str(), None).await;
+            }
+            #[cfg(feature = "mysql")]
+            RawConn::Mysql { conn, .. } => {
+                use sqlx::Connection as _;
+                // The temporary table goes with the session.
+                let _ = conn.close().await;
+            }
+        }
+    }
+}
+
+#[cfg(feature = "zookeeper")]
+async fn zk_connect(parts: &Parts, timeout: Duration) -> Result<zookeeper_client::Client, String> {
+    if parts.hosts.is_empty() {
+        return Err("no host in the URL".into());
+    }
+    let cluster = parts.hosts.join(",");
+    bounded(
+        timeout,
+        "zookeeper connect",
+        zookeeper_client::Client::connector()
+            .with_session_timeout(Duration::from_secs(6))
+            .with_fail_eagerly()
+            .connect(&cluster),
+    )
+    .await
+}
+
+#[cfg(feature = "etcd")]
+async fn etcd_connect(parts: &Parts, timeout: Duration) -> Result<etcd_client::Client, String> {
+    if parts.hosts.is_empty() {
+        return Err("no host in the URL".into());
+    }
+    let prefix = if parts.scheme == "etcds" {
+        "https://"
+    } else {
+        "http://"
+    };
+    let endpoints: Vec<String> = parts.hosts.iter().map(|h| format!("{prefix}{h}")).collect();
+    let options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(timeout)
+        .with_timeout(timeout);
+    bounded(
+        timeout,
+        "etcd connect",
+        etcd_client::Client::connect(endpoints, Some(options)),
+    )
+    .await
+}
+
+#[cfg(feature = "mysql")]
+async fn mysql_connect(parts: &Parts, timeout: Duration) -> Result<sqlx::MySqlConnection, String> {
+    use sqlx::Connection as _;
+    let host = parts.hosts.first().ok_or("no host in the URL")?;
+    let url = parts.single("mysql", host, true);
+    bounded(
+        timeout,
+        "mysql connect",
+        sqlx::MySqlConnection::connect(&url),
+    )
+    .await
+}
+
+/// The server's version, as the server reports it.
+pub(crate) async fn server_version(
+    kind: Kind,
+    url: &str,
+    timeout: Duration,
+) -> Result<String, String> {
+    let parts = Parts::parse(url)?;
+    let _ = (&parts, timeout);
+    match kind {
+        Kind::Memory => Ok("in-process (dlock-memory)".to_owned()),
+        #[cfg(any(feature = "redis", feature = "redlock"))]
+        Kind::Redis | Kind::Redlock => {
+            let urls = redis_node_urls(&parts);
+            let mut versions = Vec::new();
+            for url in &urls {
+                let mut con = redis_connect(url, timeout).await?;
+                let info: String = bounded(
+                    timeout,
+                    "INFO server",
+                    redis::cmd("INFO").arg("server").query_async(&mut con),
+                )
+                .await?;
+                let version = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("redis_version:"))
+                    .unwrap_or("unknown")
+                    .trim()
+                    .to_owned();
+                versions.push(version);
+            }
+            versions.dedup();
+            let nodes = if urls.len() > 1 {
+                format!(" ×{}", urls.len())
+            } else {
+                String::new()
+            };
+            Ok(format!("Redis {}{nodes}", versions.join("/")))
+        }
+        #[cfg(feature = "zookeeper")]
+        Kind::Zookeeper => {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let host = parts.hosts.first().ok_or("no host in the URL")?;
+            let answer = bounded(timeout, "zookeeper srvr", async {
+                let mut s = tokio::net::TcpStream::connect(host.as_str()).await?;
+                s.write_all(b"srvr").await?;
+                let mut out = String::new();
+                s.read_to_string(&mut out).await?;
+                Ok::<_, std::io::Error>(out)
+            })
+            .await?;
+            let version = answer
+                .lines()
+                .find_map(|l| l.strip_prefix("Zookeeper version: "))
+                .map(|v| v.split([',', '-']).next().unwrap_or(v).trim().to_owned())
+                .unwrap_or_else(|| "unknown (the srvr command is not whitelisted)".to_owned());
+            Ok(format!("ZooKeeper {version}"))
+        }
+        #[cfg(feature = "etcd")]
+        Kind::Etcd => {
+            let mut client = etcd_connect(&parts, timeout).await?;
+            let status = bounded(timeout, "etcd status", client.status()).await?;
+            Ok(format!("etcd {}", status.version()))
+        }
+        #[cfg(feature = "mysql")]
+        Kind::Mysql => {
+            use sqlx::Connection as _;
+            let mut conn = mysql_connect(&parts, timeout).await?;
+            let version: String = sqlx::query_scalar("SELECT VERSION()")
+                .fetch_one(&mut conn)
+                .await
+                .map_err(err)?;
+            let _ = conn.close().await;
+            let flavour = if version.to_ascii_lowercase().contains("mariadb") {
+                "MariaDB"
+            } else {
+                "MySQL"
+            };
+            let number = version.split('-').next().unwrap_or(&version);
+            Ok(format!("{flavour} {number}"))
+        }
+        #[allow(unreachable_patterns)]
+        other => Err(format!("lockbench was built without its `{other}` feature")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn raw_clients_round_trip_and_leave_nothing() {
+        let timeout = Duration::from_secs(10);
+        let key = format!("rawtest{:08x}", rand::random::<u32>());
+        for kind in crate::backends::test_backends() {
+            let url = kind.url();
+            let start = kind.start_command().unwrap_or_default();
+            let mut conn = RawConn::connect(kind, &url, &key, timeout)
+                .await
+                .unwrap_or_else(|e| panic!("{kind} unreachable ({e}); start it with `{start}`"));
+            for _ in 0..3 {
+                conn.ping()
+                    .await
+                    .unwrap_or_else(|e| panic!("{kind} ping: {e}"));
+                conn.cycle()
+                    .await
+                    .unwrap_or_else(|e| panic!("{kind} cycle: {e}"));
+            }
+            conn.close().await;
+            // A second client on the same key: the cycle would fail on a leftover key or node.
+            let mut again = RawConn::connect(kind, &url, &key, timeout).await.unwrap();
+            again
+                .cycle()
+                .await
+                .unwrap_or_else(|e| panic!("{kind} after close: {e}"));
+            again.close().await;
+            let version = server_version(kind, &url, timeout)
+                .await
+                .unwrap_or_else(|e| panic!("{kind} version: {e}"));
+            assert!(
+                kind == Kind::Memory
+                    || (version.chars().any(|c| c.is_ascii_digit())
+                        && !version.contains("unknown")),
+                "{kind}: {version}"
+            );
+            eprintln!("{kind}: {version}");
+        }
+    }
+}

@@ -1,0 +1,543 @@
+//! The results: the JSON document, and the Markdown tables printed on stdout.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use dlock::{Capabilities, Expiry, Fencing, Wakeup};
+use serde::Serialize;
+
+use crate::backends::{Kind, Skipped};
+use crate::stats::{Histogram, jain};
+
+/// Everything one lockbench run found; written as `lockbench.json`.
+#[derive(Debug, Serialize)]
+pub(crate) struct Report {
+    pub(crate) lockbench: &'static str,
+    /// Seconds since the Unix epoch when the run started.
+    pub(crate) started_unix: u64,
+    pub(crate) machine: Machine,
+    pub(crate) config: Config,
+    pub(crate) backends: Vec<BackendReport>,
+    pub(crate) skipped: Vec<Skipped>,
+    pub(crate) failures: Vec<Failure>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct Machine {
+    pub(crate) cores: usize,
+    pub(crate) cpu: String,
+    pub(crate) os: String,
+}
+
+impl Machine {
+    pub(crate) fn detect() -> Self {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("model name"))
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_owned())
+            })
+            .unwrap_or_else(|| std::env::consts::ARCH.to_owned());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| format!(" {}", s.trim()))
+            .unwrap_or_default();
+        Self {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu,
+            os: format!("{}{kernel}", std::env::consts::OS),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct Config {
+    pub(crate) duration_ms: u64,
+    pub(crate) warmup_ms: u64,
+    pub(crate) hold_ms: u64,
+    pub(crate) ttl_ms: u64,
+    pub(crate) clients: Vec<usize>,
+    pub(crate) prefix: String,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct BackendReport {
+    pub(crate) backend: Kind,
+    /// The URL, password redacted.
+    pub(crate) url: String,
+    pub(crate) server: String,
+    pub(crate) capabilities: Caps,
+    /// What the raw "ping" and "cycle" are on this server.
+    pub(crate) raw_ping: Option<&'static str>,
+    pub(crate) raw_cycle: &'static str,
+    pub(crate) results: Vec<ScenarioResult>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct Caps {
+    pub(crate) fair: bool,
+    pub(crate) fencing: String,
+    pub(crate) expiry: String,
+    pub(crate) wakeup: String,
+}
+
+impl From<Capabilities> for Caps {
+    fn from(c: Capabilities) -> Self {
+        Self {
+            fair: c.fair,
+            fencing: match c.fencing {
+                Fencing::None => "none".into(),
+                Fencing::BestEffort { why } => format!("best-effort ({why})"),
+                Fencing::Strict => "strict".into(),
+            },
+            expiry: match c.expiry {
+                Expiry::Ttl => "ttl".into(),
+                Expiry::Session { timeout } => format!("session {timeout:?}"),
+            },
+            wakeup: match c.wakeup {
+                Wakeup::Polling => "polling".into(),
+                Wakeup::Notification {
+                    one_per_release: true,
+                } => "notification, one per release".into(),
+                Wakeup::Notification {
+                    one_per_release: false,
+                } => "notification, all waiters".into(),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Scenario {
+    Raw,
+    Uncontended,
+    Contended,
+    Spread,
+}
+
+impl Scenario {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Scenario::Raw => "raw",
+            Scenario::Uncontended => "uncontended",
+            Scenario::Contended => "contended",
+            Scenario::Spread => "spread",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Status {
+    Ok,
+    Failed,
+}
+
+/// One measurement. Latencies are in microseconds; a failed measurement has no numbers.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ScenarioResult {
+    pub(crate) scenario: Scenario,
+    pub(crate) clients: usize,
+    /// For `raw`: `ping` or `cycle`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) op: Option<&'static str>,
+    pub(crate) status: Status,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) error: Option<String>,
+    /// Operations (raw) or acquisitions (lock scenarios) in the measured window.
+    pub(crate) count: u64,
+    pub(crate) per_sec: f64,
+    /// raw: one operation; uncontended and spread: acquire + release; contended: hand-off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) p50_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) p99_us: Option<f64>,
+    /// acquire call → acquire returned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) wait_p50_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) wait_p99_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) max_wait_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) per_client: Option<Vec<u64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) jain: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) wakeups_per_acquire: Option<f64>,
+    /// How many times the server's raw operations this costs (see the README).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) ratio_to_raw: Option<f64>,
+    /// Holds the conformance history checker saw; present for lock scenarios.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) holds_checked: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) overlaps: Option<usize>,
+}
+
+fn us(d: Option<Duration>) -> Option<f64> {
+    d.map(|d| d.as_nanos() as f64 / 1000.0)
+}
+
+impl ScenarioResult {
+    pub(crate) fn new(scenario: Scenario, clients: usize) -> Self {
+        Self {
+            scenario,
+            clients,
+            op: None,
+            status: Status::Ok,
+            error: None,
+            count: 0,
+            per_sec: 0.0,
+            p50_us: None,
+            p99_us: None,
+            wait_p50_us: None,
+            wait_p99_us: None,
+            max_wait_us: None,
+            per_client: None,
+            jain: None,
+            wakeups_per_acquire: None,
+            ratio_to_raw: None,
+            holds_checked: None,
+            overlaps: None,
+        }
+    }
+
+    pub(crate) fn failed(mut self, error: String, overlaps: Option<usize>) -> Self {
+        self.status = Status::Failed;
+        self.error = Some(error);
+        self.overlaps = overlaps;
+        self
+    }
+
+    pub(crate) fn latency(mut self, h: &Histogram) -> Self {
+        self.p50_us = us(h.quantile(0.5));
+        self.p99_us = us(h.quantile(0.99));
+        self
+    }
+
+    pub(crate) fn waits(mut self, h: &Histogram) -> Self {
+        self.wait_p50_us = us(h.quantile(0.5));
+        self.wait_p99_us = us(h.quantile(0.99));
+        self.max_wait_us = us((h.count() > 0).then(|| h.max()));
+        self
+    }
+
+    pub(crate) fn fairness(mut self, per_client: Vec<u64>) -> Self {
+        self.jain = Some((jain(&per_client) * 1000.0).round() / 1000.0);
+        self.per_client = Some(per_client);
+        self
+    }
+
+    fn ok(&self) -> bool {
+        self.status == Status::Ok
+    }
+}
+
+/// A measurement that failed, for the summary.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Failure {
+    pub(crate) backend: Kind,
+    pub(crate) scenario: Scenario,
+    pub(crate) clients: usize,
+    pub(crate) error: String,
+}
+
+impl BackendReport {
+    fn find(
+        &self,
+        scenario: Scenario,
+        clients: usize,
+        op: Option<&str>,
+    ) -> Option<&ScenarioResult> {
+        self.results
+            .iter()
+            .find(|r| r.scenario == scenario && r.clients == clients && r.op == op)
+    }
+
+    /// The raw cycle at `clients`, when it was measured successfully.
+    pub(crate) fn raw_cycle(&self, clients: usize) -> Option<&ScenarioResult> {
+        self.find(Scenario::Raw, clients, Some("cycle"))
+            .filter(|r| r.ok())
+    }
+
+    /// Fill in `ratio_to_raw` on every lock result from the raw results of this run.
+    pub(crate) fn compute_ratios(&mut self) {
+        let raw_p50 = self.raw_cycle(1).and_then(|r| r.p50_us);
+        let raw_rates: Vec<(usize, f64)> = self
+            .results
+            .iter()
+            .filter(|r| r.scenario == Scenario::Raw && r.op == Some("cycle") && r.ok())
+            .map(|r| (r.clients, r.per_sec))
+            .collect();
+        for r in self.results.iter_mut().filter(|r| r.ok()) {
+            r.ratio_to_raw = match r.scenario {
+                Scenario::Raw => None,
+                Scenario::Uncontended | Scenario::Contended => match (r.p50_us, raw_p50) {
+                    (Some(lock), Some(raw)) if raw > 0.0 => Some(lock / raw),
+                    _ => None,
+                },
+                Scenario::Spread => raw_rates
+                    .iter()
+                    .find(|(n, _)| *n == r.clients)
+                    .filter(|_| r.per_sec > 0.0)
+                    .map(|(_, raw)| raw / r.per_sec),
+            }
+            .map(|x| (x * 100.0).round() / 100.0);
+        }
+    }
+}
+
+/// `1.2 µs`, `340 µs`, `12.3 ms`.
+pub(crate) fn fmt_us(us: Option<f64>) -> String {
+    let Some(us) = us else { return "—".into() };
+    if us < 1.0 {
+        format!("{:.0} ns", us * 1000.0)
+    } else if us < 10.0 {
+        format!("{us:.1} µs")
+    } else if us < 1000.0 {
+        format!("{us:.0} µs")
+    } else if us < 10_000.0 {
+        format!("{:.2} ms", us / 1000.0)
+    } else if us < 1_000_000.0 {
+        format!("{:.1} ms", us / 1000.0)
+    } else {
+        format!("{:.2} s", us / 1_000_000.0)
+    }
+}
+
+/// `1,234,567/s`.
+pub(crate) fn fmt_rate(per_sec: f64) -> String {
+    let n = per_sec.round() as u64;
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or("—".into(), |r| format!("{r:.2}×"))
+}
+
+fn failed_cell(r: &ScenarioResult) -> String {
+    let overlaps = r
+        .overlaps
+        .filter(|&n| n > 0)
+        .map(|n| format!(" ({n} overlaps)"))
+        .unwrap_or_default();
+    format!("**FAILED**{overlaps}")
+}
+
+impl Report {
+    /// The Markdown shown on stdout.
+    pub(crate) fn markdown(&self) -> String {
+        let mut s = String::new();
+        let m = &self.machine;
+        let c = &self.config;
+        let _ = writeln!(s, "## lockbench {}\n", self.lockbench);
+        let _ = writeln!(s, "- machine: {} cores, {}, {}", m.cores, m.cpu, m.os);
+        let _ = writeln!(
+            s,
+            "- run: {} per measurement after a {} warm-up, hold {}, ttl {}, clients {}",
+            humantime::format_duration(Duration::from_millis(c.duration_ms)),
+            humantime::format_duration(Duration::from_millis(c.warmup_ms)),
+            humantime::format_duration(Duration::from_millis(c.hold_ms)),
+            humantime::format_duration(Duration::from_millis(c.ttl_ms)),
+            c.clients
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        for b in &self.backends {
+            let _ = writeln!(s, "- {}: {} at `{}`", b.backend, b.server, b.url);
+        }
+        let _ = writeln!(
+            s,
+            "\nLatencies are medians (p50) and p99 over the measured window; `× raw` is what the \
+             lock costs in units of the server's own minimal round trips, measured in this run \
+             (see benches/README.md).\n"
+        );
+
+        let _ = writeln!(
+            s,
+            "### Uncontended: one client, acquire + release of one key\n"
+        );
+        let _ = writeln!(
+            s,
+            "| backend | raw ping p50 | raw cycle | raw cycle p50 | cycles/s | p50 | p99 | × raw |"
+        );
+        let _ = writeln!(s, "|---|---:|---|---:|---:|---:|---:|---:|");
+        for b in &self.backends {
+            let ping = b
+                .find(Scenario::Raw, 1, Some("ping"))
+                .and_then(|r| r.p50_us);
+            let raw = b.raw_cycle(1).and_then(|r| r.p50_us);
+            let Some(r) = b.find(Scenario::Uncontended, 1, None) else {
+                continue;
+            };
+            let cells = if r.ok() {
+                format!(
+                    "{} | {} | {} | {}",
+                    fmt_rate(r.per_sec),
+                    fmt_us(r.p50_us),
+                    fmt_us(r.p99_us),
+                    fmt_ratio(r.ratio_to_raw)
+                )
+            } else {
+                format!("{} | | |", failed_cell(r))
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {cells} |",
+                b.backend,
+                fmt_us(ping),
+                b.raw_cycle,
+                fmt_us(raw),
+            );
+        }
+
+        let _ = writeln!(s, "\n### Contended: N clients, one key\n");
+        let _ = writeln!(
+            s,
+            "| backend | N | hand-offs/s | hand-off p50 | p99 | × raw | Jain | max wait | wake-ups/acq | fair |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+        for b in &self.backends {
+            for r in b
+                .results
+                .iter()
+                .filter(|r| r.scenario == Scenario::Contended)
+            {
+                let cells = if r.ok() {
+                    format!(
+                        "{} | {} | {} | {} | {} | {} | {}",
+                        fmt_rate(r.per_sec),
+                        fmt_us(r.p50_us),
+                        fmt_us(r.p99_us),
+                        fmt_ratio(r.ratio_to_raw),
+                        r.jain.map_or("—".into(), |j| format!("{j:.2}")),
+                        fmt_us(r.max_wait_us),
+                        r.wakeups_per_acquire
+                            .map_or("—".into(), |w| format!("{w:.2}")),
+                    )
+                } else {
+                    format!("{} | | | | | | ", failed_cell(r))
+                };
+                let fair = if b.capabilities.fair { "yes" } else { "no" };
+                let _ = writeln!(s, "| {} | {} | {cells} | {fair} |", b.backend, r.clients);
+            }
+        }
+
+        let _ = writeln!(s, "\n### Spread: N clients, N keys\n");
+        let _ = writeln!(
+            s,
+            "| backend | N | cycles/s | raw cycles/s | × raw | p50 | p99 |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
+        for b in &self.backends {
+            for r in b.results.iter().filter(|r| r.scenario == Scenario::Spread) {
+                let raw = b
+                    .raw_cycle(r.clients)
+                    .map_or("—".into(), |raw| fmt_rate(raw.per_sec));
+                let cells = if r.ok() {
+                    format!(
+                        "{} | {raw} | {} | {} | {}",
+                        fmt_rate(r.per_sec),
+                        fmt_ratio(r.ratio_to_raw),
+                        fmt_us(r.p50_us),
+                        fmt_us(r.p99_us)
+                    )
+                } else {
+                    format!("{} | {raw} | | |", failed_cell(r))
+                };
+                let _ = writeln!(s, "| {} | {} | {cells} |", b.backend, r.clients);
+            }
+        }
+
+        let skipped: Vec<_> = self
+            .skipped
+            .iter()
+            .filter(|k| k.reason != crate::backends::SkipReason::NotSelected)
+            .collect();
+        if !skipped.is_empty() {
+            let _ = writeln!(s, "\n### Not measured\n");
+            for k in skipped {
+                let reason = serde_json::to_value(k.reason)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                let start = k
+                    .start_command
+                    .map(|c| format!(" — start it with `{c}`"))
+                    .unwrap_or_default();
+                let _ = writeln!(s, "- {}: {reason}: {}{start}", k.backend, k.detail);
+            }
+        }
+        if !self.failures.is_empty() {
+            let _ = writeln!(s, "\n### FAILURES\n");
+            for f in &self.failures {
+                let _ = writeln!(
+                    s,
+                    "- {} {} ×{}: {}",
+                    f.backend,
+                    f.scenario.name(),
+                    f.clients,
+                    f.error
+                );
+            }
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formatting() {
+        assert_eq!(fmt_us(Some(0.25)), "250 ns");
+        assert_eq!(fmt_us(Some(3.21)), "3.2 µs");
+        assert_eq!(fmt_us(Some(321.0)), "321 µs");
+        assert_eq!(fmt_us(Some(1234.0)), "1.23 ms");
+        assert_eq!(fmt_us(Some(12345.0)), "12.3 ms");
+        assert_eq!(fmt_us(None), "—");
+        assert_eq!(fmt_rate(1234567.4), "1,234,567");
+        assert_eq!(fmt_rate(999.0), "999");
+        assert_eq!(fmt_rate(1000.0), "1,000");
+    }
+
+    #[test]
+    fn ratios_come_from_raw_results_of_the_same_run() {
+        let raw = |clients, p50, per_sec| {
+            let mut r = ScenarioResult::new(Scenario::Raw, clients);
+            r.op = Some("cycle");
+            r.p50_us = Some(p50);
+            r.per_sec = per_sec;
+            r
+        };
+        let mut unc = ScenarioResult::new(Scenario::Uncontended, 1);
+        unc.p50_us = Some(300.0);
+        let mut spread = ScenarioResult::new(Scenario::Spread, 8);
+        spread.per_sec = 2000.0;
+        let mut b = BackendReport {
+            backend: Kind::Redis,
+            url: String::new(),
+            server: String::new(),
+            capabilities: Capabilities::default().into(),
+            raw_ping: None,
+            raw_cycle: "",
+            results: vec![raw(1, 100.0, 10_000.0), raw(8, 50.0, 30_000.0), unc, spread],
+        };
+        b.compute_ratios();
+        assert_eq!(b.results[2].ratio_to_raw, Some(3.0));
+        assert_eq!(b.results[3].ratio_to_raw, Some(15.0));
+    }
+}

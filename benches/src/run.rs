@@ -1,0 +1,499 @@
+//! The measurements: raw server round trips, and the three lock workloads.
+//!
+//! Every measurement runs its loops for `warmup + duration`; only operations that complete
+//! their acquire (or raw request) inside the `duration` window after the warm-up count.
+//! All clients of one measurement share one monotonic clock (`tokio::time::Instant`), so a
+//! hand-off is timed from the instant the previous holder called `release` to the instant
+//! the next holder's `acquire` returned.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::{DistributedLock, LockOptions, Wait};
+use dlock_conformance::{History, Hold};
+use futures::future::join_all;
+use tokio::time::{Instant, sleep, sleep_until};
+
+use crate::backends::{self, Kind};
+use crate::raw::RawConn;
+use crate::stats::Histogram;
+
+/// What every measurement shares.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) duration: Duration,
+    pub(crate) warmup: Duration,
+    pub(crate) hold: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) ttl: Duration,
+    /// Fresh per run: every key lockbench touches starts with it.
+    pub(crate) prefix: String,
+}
+
+impl Plan {
+    fn options(&self) -> LockOptions {
+        LockOptions::new()
+            .ttl(self.ttl)
+            .wait(Wait::For(Duration::from_secs(60).max(self.hold * 64)))
+    }
+
+    /// How long a measurement may take before it is declared hung.
+    fn limit(&self, clients: usize) -> Duration {
+        self.warmup + self.duration + Duration::from_secs(90) + self.hold * clients as u32 * 2
+    }
+}
+
+/// The window in which operations count.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    start: Instant,
+    stop: Instant,
+}
+
+impl Window {
+    fn after_warmup(plan: &Plan) -> Self {
+        let start = Instant::now() + plan.warmup;
+        Self {
+            start,
+            stop: start + plan.duration,
+        }
+    }
+
+    fn contains(&self, t: Instant) -> bool {
+        t >= self.start && t < self.stop
+    }
+}
+
+/// Which raw operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RawOp {
+    Ping,
+    Cycle,
+}
+
+/// A raw measurement.
+#[derive(Debug)]
+pub(crate) struct RawMeasure {
+    pub(crate) ops: u64,
+    pub(crate) per_sec: f64,
+    pub(crate) latency: Histogram,
+}
+
+/// `clients` raw clients, each on its own connection and key, repeating `op`.
+pub(crate) async fn raw(
+    kind: Kind,
+    url: &str,
+    clients: usize,
+    op: RawOp,
+    plan: &Plan,
+) -> Result<RawMeasure, String> {
+    let conns = join_all((0..clients).map(|i| {
+        let key = format!("{}-raw{clients}-{i}", plan.prefix);
+        async move { RawConn::connect(kind, url, &key, plan.connect_timeout).await }
+    }))
+    .await;
+    let mut ok = Vec::new();
+    let mut first_err = None;
+    for c in conns {
+        match c {
+            Ok(c) => ok.push(c),
+            Err(e) => first_err = first_err.or(Some(e)),
+        }
+    }
+    if let Some(e) = first_err {
+        join_all(ok.into_iter().map(RawConn::close)).await;
+        return Err(format!("raw connect: {e}"));
+    }
+    let window = Window::after_warmup(plan);
+    let tasks: Vec<_> = ok
+        .into_iter()
+        .map(|mut conn| {
+            tokio::spawn(async move {
+                let mut hist = Histogram::default();
+                let mut result = Ok(());
+                loop {
+                    let begin = Instant::now();
+                    if begin >= window.stop {
+                        break;
+                    }
+                    let r = match op {
+                        RawOp::Ping => conn.ping().await,
+                        RawOp::Cycle => conn.cycle().await,
+                    };
+                    if let Err(e) = r {
+                        result = Err(e);
+                        break;
+                    }
+                    if window.contains(begin) {
+                        hist.record(begin.elapsed());
+                    }
+                }
+                conn.close().await;
+                result.map(|()| hist)
+            })
+        })
+        .collect();
+    let joined = tokio::time::timeout(plan.limit(clients), join_all(tasks))
+        .await
+        .map_err(|_| {
+            format!(
+                "the raw clients did not finish within {:?}",
+                plan.limit(clients)
+            )
+        })?;
+    let mut latency = Histogram::default();
+    for r in joined {
+        latency.merge(&r.map_err(|e| format!("raw task panicked: {e}"))??);
+    }
+    Ok(RawMeasure {
+        ops: latency.count(),
+        per_sec: latency.count() as f64 / plan.duration.as_secs_f64(),
+        latency,
+    })
+}
+
+/// The lock workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Workload {
+    /// One client, one key.
+    Uncontended,
+    /// N clients, one key.
+    Contended,
+    /// N clients, N keys.
+    Spread,
+}
+
+/// A lock measurement that kept mutual exclusion.
+#[derive(Debug)]
+pub(crate) struct LockMeasure {
+    /// Acquisitions in the window.
+    pub(crate) count: u64,
+    pub(crate) per_sec: f64,
+    /// acquire call → release returned, for acquisitions in the window.
+    pub(crate) cycle: Histogram,
+    /// acquire call → acquire returned.
+    pub(crate) wait: Histogram,
+    /// previous holder's release call → this holder's acquire returned (one key only).
+    pub(crate) handoff: Histogram,
+    /// Acquisitions in the window per client.
+    pub(crate) per_client: Vec<u64>,
+    /// Wake-ups the clients counted during the window.
+    pub(crate) wakeups: u64,
+    /// Holds the history checker saw (warm-up and drain included).
+    pub(crate) holds_checked: usize,
+}
+
+/// A lock measurement that could not produce numbers.
+#[derive(Debug)]
+pub(crate) struct LockFailure {
+    pub(crate) error: String,
+    /// Overlapping holds found by the checker (0 when the failure was something else).
+    pub(crate) overlaps: usize,
+}
+
+impl From<String> for LockFailure {
+    fn from(error: String) -> Self {
+        Self { error, overlaps: 0 }
+    }
+}
+
+/// One task's record.
+#[derive(Debug, Default)]
+struct TaskRecord {
+    holds: Vec<(u64, Instant, Instant)>,
+    cycle: Histogram,
+    wait: Histogram,
+    in_window: u64,
+}
+
+/// Run `workload` with `clients` clients, each from its own `dlock::connect(url)`.
+pub(crate) async fn lock(
+    url: &str,
+    workload: Workload,
+    clients: usize,
+    plan: &Plan,
+) -> Result<LockMeasure, LockFailure> {
+    let connected =
+        join_all((0..clients).map(|_| backends::connect(url, plan.connect_timeout))).await;
+    let locks: Vec<Arc<dyn DistributedLock>> = connected
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("connect: {e}"))?;
+    lock_with(locks, workload, plan).await
+}
+
+/// Run `workload` with these clients (one task each).
+async fn lock_with(
+    locks: Vec<Arc<dyn DistributedLock>>,
+    workload: Workload,
+    plan: &Plan,
+) -> Result<LockMeasure, LockFailure> {
+    let clients = locks.len();
+    let ordered_tokens = locks[0].capabilities().fencing.is_ordered();
+    let name = match workload {
+        Workload::Uncontended => "uncontended",
+        Workload::Contended => "contended",
+        Workload::Spread => "spread",
+    };
+    let key_of = |i: usize| match workload {
+        Workload::Spread => format!("{}/{name}{clients}/{i}", plan.prefix),
+        _ => format!("{}/{name}{clients}", plan.prefix),
+    };
+    let opts = plan.options();
+    let hold = plan.hold;
+    let window = Window::after_warmup(plan);
+    let tasks: Vec<_> = locks
+        .iter()
+        .enumerate()
+        .map(|(i, lock)| {
+            let (lock, key) = (lock.clone(), key_of(i));
+            tokio::spawn(async move {
+                let mut rec = TaskRecord::default();
+                loop {
+                    let call = Instant::now();
+                    if call >= window.stop {
+                        break;
+                    }
+                    let lease = match lock.acquire(&key, &opts).await {
+                        Ok(lease) => lease,
+                        Err(e) => return (rec, Err(format!("client {i}: acquire: {e}"))),
+                    };
+                    let acquired = Instant::now();
+                    if !hold.is_zero() {
+                        sleep(hold).await;
+                    }
+                    let lost = lease.is_lost();
+                    let token = lease.fencing_token();
+                    let end = Instant::now();
+                    let released = lease.release().await;
+                    let done = Instant::now();
+                    rec.holds.push((token, acquired, end));
+                    if lost {
+                        return (
+                            rec,
+                            Err(format!("client {i}: the lease was lost during the run")),
+                        );
+                    }
+                    if let Err(e) = released {
+                        return (rec, Err(format!("client {i}: release: {e}")));
+                    }
+                    if acquired >= window.start {
+                        rec.wait.record(acquired - call);
+                    }
+                    if window.contains(acquired) {
+                        rec.in_window += 1;
+                        rec.cycle.record(done - call);
+                    }
+                }
+                (rec, Ok(()))
+            })
+        })
+        .collect();
+    let wakeups = async {
+        let sum = || locks.iter().map(|l| l.stats().wakeups).sum::<u64>();
+        sleep_until(window.start).await;
+        let before = sum();
+        sleep_until(window.stop).await;
+        sum().saturating_sub(before)
+    };
+    let limit = plan.limit(clients);
+    let (wakeups, joined) =
+        tokio::time::timeout(limit, futures::future::join(wakeups, join_all(tasks)))
+            .await
+            .map_err(|_| format!("the clients did not finish within {limit:?}"))?;
+
+    let history = History::new();
+    let mut measure = LockMeasure {
+        count: 0,
+        per_sec: 0.0,
+        cycle: Histogram::default(),
+        wait: Histogram::default(),
+        handoff: Histogram::default(),
+        per_client: Vec::with_capacity(clients),
+        wakeups,
+        holds_checked: 0,
+    };
+    let mut errors = Vec::new();
+    let mut all_holds = Vec::new();
+    for (i, joined) in joined.into_iter().enumerate() {
+        let (rec, result) = match joined {
+            Ok(r) => r,
+            Err(e) => (
+                TaskRecord::default(),
+                Err(format!("client {i} panicked: {e}")),
+            ),
+        };
+        if let Err(e) = result {
+            errors.push(e);
+        }
+        measure.count += rec.in_window;
+        measure.per_client.push(rec.in_window);
+        measure.cycle.merge(&rec.cycle);
+        measure.wait.merge(&rec.wait);
+        let key = key_of(i);
+        for &(token, start, end) in &rec.holds {
+            history.record(Hold {
+                client: i,
+                key: key.clone(),
+                token,
+                start,
+                end,
+                lost_at: None,
+            });
+        }
+        all_holds.extend(rec.holds.iter().map(|&(_, start, end)| (start, end)));
+    }
+    drop(locks);
+    measure.holds_checked = all_holds.len();
+    let violations = history.check(ordered_tokens);
+    if !violations.is_empty() {
+        let overlaps = violations
+            .iter()
+            .filter(|v| matches!(v, dlock_conformance::Violation::Overlap { .. }))
+            .count();
+        let shown: Vec<String> = violations.iter().take(3).map(|v| v.to_string()).collect();
+        return Err(LockFailure {
+            error: format!(
+                "{} history violation(s) ({overlaps} overlaps) in {} holds: {}",
+                violations.len(),
+                all_holds.len(),
+                shown.join("; ")
+            ),
+            overlaps,
+        });
+    }
+    if !errors.is_empty() {
+        return Err(format!("{} client error(s): {}", errors.len(), errors.join("; ")).into());
+    }
+    if workload != Workload::Spread {
+        all_holds.sort_by_key(|&(start, _)| start);
+        for pair in all_holds.windows(2) {
+            let ((_, prev_end), (next_start, _)) = (pair[0], pair[1]);
+            if window.contains(next_start) {
+                measure
+                    .handoff
+                    .record(next_start.saturating_duration_since(prev_end));
+            }
+        }
+    }
+    measure.per_sec = measure.count as f64 / plan.duration.as_secs_f64();
+    Ok(measure)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> Plan {
+        Plan {
+            duration: Duration::from_millis(300),
+            warmup: Duration::from_millis(50),
+            hold: Duration::ZERO,
+            connect_timeout: Duration::from_secs(10),
+            ttl: Duration::from_secs(30),
+            prefix: format!("lbtest{:08x}", rand::random::<u32>()),
+        }
+    }
+
+    #[tokio::test]
+    async fn raw_measurements_count_operations_on_every_server() {
+        let plan = plan();
+        for kind in crate::backends::test_backends() {
+            let url = kind.url();
+            for (op, clients) in [(RawOp::Ping, 1), (RawOp::Cycle, 1), (RawOp::Cycle, 3)] {
+                let m = raw(kind, &url, clients, op, &plan)
+                    .await
+                    .unwrap_or_else(|e| panic!("{kind} {op:?} ×{clients}: {e}"));
+                assert!(
+                    m.ops > 0 && m.latency.quantile(0.5).is_some(),
+                    "{kind} {op:?}"
+                );
+                eprintln!(
+                    "{kind} {op:?} ×{clients}: {:.0}/s p50 {:?}",
+                    m.per_sec,
+                    m.latency.quantile(0.5).unwrap()
+                );
+            }
+        }
+    }
+
+    /// A backend that grants every request, held or not.
+    #[derive(Debug, Default)]
+    struct AlwaysGrants(std::sync::atomic::AtomicU64);
+
+    #[derive(Debug)]
+    struct Nothing;
+
+    #[async_trait::async_trait]
+    impl dlock_core::Held for Nothing {
+        async fn extend(&mut self, _ttl: Duration) -> dlock::Result<()> {
+            Ok(())
+        }
+        async fn release(&mut self) -> dlock::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl dlock_core::Backend for AlwaysGrants {
+        const NAME: &'static str = "broken";
+        fn capabilities(&self) -> dlock::Capabilities {
+            dlock::Capabilities::default()
+        }
+        async fn acquire(
+            &self,
+            _key: &str,
+            _ttl: Duration,
+            _deadline: dlock_core::Deadline,
+        ) -> dlock::Result<Option<dlock_core::Grant>> {
+            let token = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(Some(dlock_core::Grant::new(
+                token,
+                Box::new(Nothing),
+                Instant::now(),
+            )))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_overlap_is_a_failure_not_a_number() {
+        let plan = Plan {
+            hold: Duration::from_millis(2),
+            ..plan()
+        };
+        let clients: Vec<Arc<dyn DistributedLock>> = (0..3)
+            .map(|_| {
+                Arc::new(dlock_core::LockClient::new(AlwaysGrants::default()))
+                    as Arc<dyn DistributedLock>
+            })
+            .collect();
+        let failure = lock_with(clients, Workload::Contended, &plan)
+            .await
+            .expect_err("three clients holding one key at once must fail");
+        assert!(failure.overlaps > 0, "{}", failure.error);
+        assert!(failure.error.contains("overlap"), "{}", failure.error);
+    }
+
+    #[tokio::test]
+    async fn lock_workloads_check_their_history() {
+        let plan = plan();
+        for (workload, clients) in [
+            (Workload::Uncontended, 1),
+            (Workload::Contended, 3),
+            (Workload::Spread, 3),
+        ] {
+            let m = lock("memory://lockbench-test", workload, clients, &plan)
+                .await
+                .unwrap_or_else(|f| panic!("{workload:?}: {}", f.error));
+            assert!(
+                m.count > 0 && m.holds_checked as u64 >= m.count,
+                "{workload:?}"
+            );
+            assert_eq!(m.per_client.len(), clients);
+            assert_eq!(m.per_client.iter().sum::<u64>(), m.count);
+            if workload == Workload::Contended {
+                assert!(m.handoff.count() > 0);
+            }
+        }
+    }
+}

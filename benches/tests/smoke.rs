@@ -1,0 +1,137 @@
+//! Smoke test: run the lockbench binary for about a second per measurement on every backend
+//! it can reach, then check its JSON: every scenario for every measured backend, all of them
+//! ok, zero overlaps.
+//!
+//! CI starts every server, so a backend compiled into lockbench *and* into `dlock` that does
+//! not answer fails this test (naming `scripts/backends up <name>`). To run it against fewer
+//! servers set `LOCKBENCH_SMOKE_BACKENDS=memory,redis` (the list lockbench is given, and
+//! the list that must answer).
+
+use std::process::Command;
+
+use serde_json::Value;
+
+const SCENARIOS: [&str; 4] = ["raw", "uncontended", "contended", "spread"];
+
+fn field<'a>(v: &'a Value, name: &str) -> &'a Value {
+    v.get(name)
+        .unwrap_or_else(|| panic!("lockbench.json lacks {name:?} in {v}"))
+}
+
+#[test]
+fn lockbench_measures_every_reachable_backend_without_overlaps() {
+    let restricted = std::env::var("LOCKBENCH_SMOKE_BACKENDS")
+        .ok()
+        .filter(|s| !s.trim().is_empty());
+    let backends = restricted.clone().unwrap_or_else(|| "all".into());
+    let out = tempfile::tempdir().expect("temp dir");
+    let run = Command::new(env!("CARGO_BIN_EXE_lockbench"))
+        .args(["--backends", &backends])
+        .args(["--clients", "4", "--duration", "1s", "--warmup", "150ms"])
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .expect("run lockbench");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "lockbench exited with {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        run.status
+    );
+
+    let json = std::fs::read_to_string(out.path().join("lockbench.json")).expect("lockbench.json");
+    let report: Value = serde_json::from_str(&json).expect("lockbench.json is JSON");
+    let svg = std::fs::read_to_string(out.path().join("lockbench.svg")).expect("lockbench.svg");
+    assert!(
+        svg.contains("<svg") && svg.contains("<text"),
+        "the chart has no text"
+    );
+
+    // What was not measured, and why.
+    let mut unreachable = Vec::new();
+    let mut compiled_out = Vec::new();
+    for s in field(&report, "skipped")
+        .as_array()
+        .expect("skipped is a list")
+    {
+        let name = field(s, "backend").as_str().unwrap_or_default().to_owned();
+        let line = format!(
+            "{name} ({})",
+            field(s, "detail").as_str().unwrap_or_default()
+        );
+        match field(s, "reason").as_str() {
+            Some("compiled_out") => compiled_out.push(line),
+            Some("not_selected") => {}
+            _ => {
+                let start = s
+                    .get("start_command")
+                    .and_then(Value::as_str)
+                    .map(|c| format!(" — start it with `{c}`"))
+                    .unwrap_or_default();
+                unreachable.push(format!("{line}{start}"));
+            }
+        }
+    }
+    eprintln!("lockbench smoke: not compiled in: {compiled_out:?}");
+    assert!(
+        unreachable.is_empty(),
+        "backends compiled in but not reachable (set LOCKBENCH_SMOKE_BACKENDS to restrict the list): {unreachable:#?}"
+    );
+    if restricted.is_some() {
+        // Everything asked for must be compiled in, too.
+        assert!(
+            compiled_out.is_empty(),
+            "LOCKBENCH_SMOKE_BACKENDS names backends this build lacks: {compiled_out:?}"
+        );
+    }
+
+    let measured = field(&report, "backends")
+        .as_array()
+        .expect("backends list");
+    assert!(
+        measured.iter().any(|b| b["backend"] == "memory"),
+        "the memory backend always runs: {measured:?}"
+    );
+    let mut names = Vec::new();
+    for b in measured {
+        let name = field(b, "backend").as_str().expect("backend name");
+        names.push(name.to_owned());
+        let results = field(b, "results").as_array().expect("results list");
+        for scenario in SCENARIOS {
+            assert!(
+                results.iter().any(|r| r["scenario"] == scenario),
+                "{name}: no {scenario} result in {results:#?}"
+            );
+        }
+        for r in results {
+            let what = format!("{name} {} ×{}", r["scenario"], r["clients"]);
+            assert_eq!(r["status"], "ok", "{what}: {}", r["error"]);
+            assert!(
+                field(r, "count").as_u64().unwrap_or(0) > 0,
+                "{what}: counted nothing"
+            );
+            if r["scenario"] != "raw" {
+                assert_eq!(r["overlaps"], 0, "{what}: overlaps");
+                assert!(
+                    field(r, "holds_checked").as_u64().unwrap_or(0) > 0,
+                    "{what}: the history checker saw no holds"
+                );
+                assert!(
+                    r["ratio_to_raw"].as_f64().is_some_and(|x| x > 0.0),
+                    "{what}: no ratio to raw"
+                );
+            }
+        }
+        assert!(
+            stdout.contains(&format!("| {name} |")),
+            "{name} missing from the table:\n{stdout}"
+        );
+    }
+    assert!(
+        field(&report, "failures")
+            .as_array()
+            .is_some_and(Vec::is_empty)
+    );
+    eprintln!("lockbench smoke: measured {names:?}");
+}
