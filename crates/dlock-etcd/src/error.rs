@@ -144,6 +144,27 @@ impl From<Error> for LockError {
     }
 }
 
+/// The request never left this process: the connection to the endpoint the balancer
+/// picked was refused. Such a request is safe to send again, whatever it does.
+pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = match e {
+        etcd_client::Error::GRpcStatus(status) if local_status(e) == Some(grpc::UNAVAILABLE) => {
+            std::error::Error::source(status)
+        }
+        etcd_client::Error::TransportError(transport) => std::error::Error::source(transport),
+        _ => None,
+    };
+    while let Some(e) = source {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
 /// The code of a gRPC status the client made itself from a transport error (a status the
 /// server sent has no source).
 fn local_status(e: &etcd_client::Error) -> Option<i32> {

@@ -24,7 +24,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use crate::config::EtcdConfig;
-use crate::error::Error;
+use crate::error::{Error, never_sent};
 
 pub(crate) const NAME: &str = "etcd";
 
@@ -77,18 +77,27 @@ impl EtcdBackend {
         }
         let endpoints = config.endpoints();
         let connect = async {
-            let mut client = Client::connect(&endpoints, Some(options))
+            let client = Client::connect(&endpoints, Some(options))
                 .await
                 .map_err(|e| Error::etcd("connect", e))?;
-            client
-                .status()
+            let conn = Conn {
+                client,
+                endpoints: endpoints.len(),
+                timeout: config.request_timeout(),
+                shared: Arc::default(),
+            };
+            let status = || {
+                let mut maintenance = conn.client.maintenance_client();
+                async move { maintenance.status().await }
+            };
+            conn.call("connect", status)
                 .await
-                .map_err(|e| Error::etcd("connect", e).at_connect())?;
-            Ok::<_, Error>(client)
+                .map_err(Error::at_connect)?;
+            Ok::<_, Error>(conn)
         };
         let limit = config.connect_timeout();
-        let client = match tokio::time::timeout(limit, connect).await {
-            Ok(client) => client?,
+        let conn = match tokio::time::timeout(limit, connect).await {
+            Ok(conn) => conn?,
             Err(_) => {
                 return Err(Error::TimedOut {
                     op: "connect",
@@ -98,14 +107,7 @@ impl EtcdBackend {
             }
         };
         tracing::debug!(backend = NAME, endpoints = ?endpoints, "connected");
-        Ok(Self {
-            conn: Conn {
-                client,
-                timeout: config.request_timeout(),
-                shared: Arc::default(),
-            },
-            config,
-        })
+        Ok(Self { conn, config })
     }
 
     /// The configuration this client was made with.
@@ -132,6 +134,8 @@ impl fmt::Debug for EtcdBackend {
 #[derive(Clone)]
 struct Conn {
     client: Client,
+    /// How many endpoints the client balances over.
+    endpoints: usize,
     timeout: Duration,
     shared: Arc<Shared>,
 }
@@ -150,8 +154,33 @@ impl Shared {
 }
 
 impl Conn {
-    /// Run one request, bounded by the request timeout.
-    async fn call<T>(
+    /// Run one request made by `request`, bounded by the request timeout. A request that
+    /// never left (the balancer picked an endpoint that refused the connection: a member
+    /// that is down, or a connection not yet re-made after it came back) is made and sent
+    /// again, at most twice per endpoint.
+    async fn call<T, F, Fut>(&self, op: &'static str, mut request: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let attempts = 2 * self.endpoints + 1;
+        self.call_once(op, async {
+            let mut attempt = 1;
+            loop {
+                match request().await {
+                    Err(e) if attempt < attempts && never_sent(&e) => {
+                        tracing::debug!(backend = NAME, op, error = %e, "connection refused; sending again");
+                        attempt += 1;
+                    }
+                    answer => return answer,
+                }
+            }
+        })
+        .await
+    }
+
+    /// Run `request` once, bounded by the request timeout.
+    async fn call_once<T>(
         &self,
         op: &'static str,
         request: impl Future<Output = Result<T, etcd_client::Error>>,
@@ -166,14 +195,20 @@ impl Conn {
     }
 
     async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse, Error> {
-        let mut kv = self.client.kv_client();
-        self.call(op, kv.txn(txn)).await
+        self.call(op, || {
+            let (mut kv, txn) = (self.client.kv_client(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 
     /// Revoke lease `id`; a lease the server no longer has counts as revoked.
     async fn revoke(&self, op: &'static str, id: i64) -> Result<(), Error> {
-        let mut lease = self.client.lease_client();
-        match self.call(op, lease.revoke(id)).await {
+        let revoke = || {
+            let mut lease = self.client.lease_client();
+            async move { lease.revoke(id).await }
+        };
+        match self.call(op, revoke).await {
             Ok(_) => {}
             Err(e) if e.is_lease_not_found() => {}
             Err(e) => return Err(e),
@@ -189,12 +224,15 @@ impl Conn {
         my_key: &str,
         seen: i64,
     ) -> Result<Box<OwnWatch>, Error> {
-        let mut watch = self.client.watch_client();
         let options = WatchOptions::new()
             .with_start_revision(seen + 1)
             .with_filters([WatchFilterType::NoPut])
             .with_watch_id(OWN_WATCH);
-        let (watcher, stream) = self.call(op, watch.watch(my_key, Some(options))).await?;
+        let watch = || {
+            let (mut watch, options) = (self.client.watch_client(), options.clone());
+            async move { watch.watch(my_key, Some(options)).await }
+        };
+        let (watcher, stream) = self.call(op, watch).await?;
         Ok(Box::new(OwnWatch {
             own_id: watcher.watch_id(),
             watcher,
@@ -285,13 +323,16 @@ impl LeaseHandle {
 
     /// Grant the lease on the server (one raft commit).
     async fn grant(&mut self, op: &'static str) -> Result<(), Error> {
-        let mut lease = self.conn.client.lease_client();
+        let (id, asked) = (self.id, self.asked);
+        let grant = || {
+            let mut lease = self.conn.client.lease_client();
+            async move {
+                let options = LeaseGrantOptions::new().with_id(id);
+                lease.grant(asked, Some(options)).await
+            }
+        };
         let sent = Instant::now();
-        let options = LeaseGrantOptions::new().with_id(self.id);
-        let granted = self
-            .conn
-            .call(op, lease.grant(self.asked, Some(options)))
-            .await?;
+        let granted = self.conn.call(op, grant).await?;
         if granted.id() != self.id || granted.ttl() < self.asked {
             return Err(Error::Protocol {
                 op,
@@ -306,25 +347,32 @@ impl LeaseHandle {
     /// leases in memory).
     async fn keep_alive(&mut self, op: &'static str) -> Result<(), Error> {
         let sent = Instant::now();
-        let mut lease = self.conn.client.lease_client();
-        let (id, keeper) = (self.id, self.keeper.get());
-        let answer = self
-            .conn
-            .call(op, async move {
-                if let Some((keeper, stream)) = keeper.as_mut() {
+        let id = self.id;
+        let answer = match self.keeper.get() {
+            Some((keeper, stream)) => {
+                let keep_alive = async {
                     keeper.keep_alive().await?;
-                    return match stream.message().await? {
+                    match stream.message().await? {
                         Some(answer) => Ok(answer.ttl()),
                         None => Err(etcd_client::Error::LeaseKeepAliveError(
                             "the keep-alive stream ended".into(),
                         )),
-                    };
-                }
-                // Opening the stream sends a keep-alive and fails unless the lease lives.
-                *keeper = Some(lease.keep_alive(id).await?);
-                Ok(i64::MAX)
-            })
-            .await;
+                    }
+                };
+                self.conn.call_once(op, keep_alive).await
+            }
+            None => {
+                // Opening the stream sends a keep-alive, and fails unless the lease lives.
+                let open = || {
+                    let mut lease = self.conn.client.lease_client();
+                    async move { lease.keep_alive(id).await }
+                };
+                self.conn.call(op, open).await.map(|opened| {
+                    *self.keeper.get() = Some(opened);
+                    i64::MAX
+                })
+            }
+        };
         match answer {
             Ok(ttl) if ttl > 0 => {
                 self.renewed_at = sent;
@@ -579,7 +627,7 @@ impl Attempt<'_> {
                 .with_filters([WatchFilterType::NoPut])
                 .with_watch_id(pred_id);
             self.conn
-                .call(OP, stream.watcher.watch(predecessor, Some(options)))
+                .call_once(OP, stream.watcher.watch(predecessor, Some(options)))
                 .await?;
             let mut broken = None;
             loop {
@@ -782,13 +830,14 @@ impl fmt::Debug for EtcdHeld {
 
 /// Whether `my_key` still exists with create revision `rev` (one linearizable read).
 async fn still_ours(conn: &Conn, my_key: &str, rev: i64) -> Result<bool, Error> {
-    let mut kv = conn.client.kv_client();
-    let answer = conn
-        .call(
-            "extend",
-            kv.get(my_key, Some(GetOptions::new().with_keys_only())),
-        )
-        .await?;
+    let get = || {
+        let mut kv = conn.client.kv_client();
+        async move {
+            kv.get(my_key, Some(GetOptions::new().with_keys_only()))
+                .await
+        }
+    };
+    let answer = conn.call("extend", get).await?;
     Ok(answer
         .kvs()
         .first()
