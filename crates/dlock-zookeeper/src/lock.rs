@@ -674,14 +674,25 @@ async fn watch_lease(client: zk::Client, path: String, session_timeout: Duration
     let mut states = client.state_watcher();
     let node = watch_node(&client, &path);
     tokio::pin!(node);
-    let mut lost_at = None;
+    let mut lost_at: Option<Instant> = None;
     let mut state = states.peek_state();
     loop {
         match state {
             SessionState::Disconnected => {
                 lost_at.get_or_insert(Instant::now() + lost_after_disconnect(session_timeout));
             }
-            SessionState::SyncConnected | SessionState::ConnectedReadOnly => lost_at = None,
+            SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
+                if let Some(at) = lost_at.take() {
+                    let away = lost_after_disconnect(session_timeout)
+                        .saturating_sub(at.saturating_duration_since(Instant::now()));
+                    tracing::info!(
+                        backend = NAME,
+                        path,
+                        ?away,
+                        "reconnected in time; the lease is kept"
+                    );
+                }
+            }
             ended => return LostReason::SessionEnded(format!("session {ended}")),
         }
         state = tokio::select! {
