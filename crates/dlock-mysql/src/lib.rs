@@ -1,4 +1,173 @@
-//! MySQL / MariaDB backend for dlock.
+//! A dlock backend on MySQL or MariaDB: a key is a row, held by a `SELECT … FOR UPDATE` in a
+//! transaction kept open on a dedicated connection.
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock_core::Result<()> {
+//! use std::time::Duration;
+//! use dlock_core::{DistributedLock, LockOptions, Wait};
+//!
+//! let lock = dlock_mysql::from_url("mysql://app:secret@db.internal:3306/app").await?;
+//! let opts = LockOptions::new().wait(Wait::For(Duration::from_secs(5)));
+//! let lease = lock.acquire("reports/nightly", &opts).await?;
+//! // ... work, passing lease.fencing_token() to storage that checks it ...
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Built on [sqlx](https://docs.rs/sqlx)'s MySQL driver, which speaks to both servers.
+//! Tested on MariaDB 10.11; the SQL is portable to MySQL 8 (see *MySQL 8 and MariaDB*).
+//!
+//! # Protocol
+//!
+//! Two tables, created if missing: `{table}` (default `dlock_locks`) with one row per key
+//! that is held or waited for, and `{table}_fence` with one fencing counter per key. Row
+//! names are the key [escaped](dlock_core::key::escape) to readable ASCII, long ones
+//! [shortened](dlock_core::key::shorten) to 255 bytes with a SHA-256 digest, in a
+//! `VARBINARY(255)` primary key: compared as bytes, so `A` and `a` are two keys. Every
+//! statement is sent as a text batch (several statements, one round trip) with names as
+//! `X'…'` literals. Lock connections run at `READ COMMITTED` with
+//! `innodb_lock_wait_timeout = 60`.
+//!
+//! **Acquire** (each in a task of its own that owns its connection):
+//! 1. Take a connection from the client's pool (it stays out of the pool while the key is
+//!    held or waited for).
+//! 2. One batch: `SET SESSION wait_timeout = ⌈ttl⌉`; create the row if missing with
+//!    `INSERT … SELECT … WHERE NOT EXISTS` (a consistent read and a plain insert in
+//!    autocommit, so it never waits for a holder and never takes a locking read on a
+//!    missing row, whose gap locks deadlock two inserters); `BEGIN`;
+//!    `SELECT … FOR UPDATE NOWAIT`. A row: granted, go to 4. No row (a releasing client
+//!    deleted it just now): roll back and repeat. A lock error: busy.
+//! 3. Busy: `try_acquire`, or an acquire whose deadline passed, answers "held". Otherwise
+//!    one batch `SET …; BEGIN; SELECT … FOR UPDATE` waits on the server, which wakes it by
+//!    granting the row lock (one waiter per release). At the deadline, or when the caller
+//!    drops the future, the waiting statement is stopped with `KILL QUERY <id>` from a side
+//!    connection (then `KILL <id>`, ending the session, if it does not stop within 1 s),
+//!    so a waiter that gave up never takes the key later; its transaction is rolled back
+//!    (InnoDB may have granted the row just before the kill) and the row cleaned up.
+//! 4. Granted: on a side connection, in autocommit, `INSERT … ON DUPLICATE KEY UPDATE
+//!    fence = LAST_INSERT_ID(fence + 1), holder = <connection id>` and
+//!    `SELECT LAST_INSERT_ID()`: the fencing token, committed whatever happens to the
+//!    holder later.
+//! 5. `SET SESSION wait_timeout = ⌈ttl⌉` on the holding connection: it proves the session
+//!    still held the row after the token was committed (so any later holder's token is
+//!    larger) and restarts the session's idle clock: the lease starts when it is sent.
+//!
+//! **Extend** (the watchdog, every ttl/3): `COM_PING` on the holding connection (`SET
+//! SESSION wait_timeout` when the ttl changed). Any failure means the session, and with it
+//! the lock, is gone or cannot be trusted: [`NotHeld`](dlock_core::LockError::NotHeld),
+//! and `lost()` fires.
+//!
+//! **Release**: one batch: `COMMIT` (the row lock goes to the next waiter, if any);
+//! `SET SESSION wait_timeout = DEFAULT`; `BEGIN; SELECT … FOR UPDATE NOWAIT; DELETE …;
+//! COMMIT`, which deletes the row unless a waiter holds it now (then a `ROLLBACK` ends the
+//! clean-up, after the answer). The connection goes back to the pool clean.
+//!
+//! **Crash**: a dead client's connection closes; the server rolls its transaction back and
+//! the key is free at once.
+//!
+//! | operation | round trips | measured p50 (loopback, MariaDB 10.11) |
+//! |---|---|---|
+//! | `try_acquire`, key free | 3: lock batch, fence, keep | 0.47 ms |
+//! | `try_acquire`, key held | 1 (a `ROLLBACK` follows the answer) | 0.20 ms |
+//! | `acquire` with a wake-up | 4 + the wait: lock batch, wait batch, fence, keep | — |
+//! | contended hand-off | `COMMIT` → grant, then the waiter's fence and keep | 1.05 ms |
+//! | `extend` | 1 | 0.06 ms |
+//! | `release` | 1 | 0.20 ms |
+//! | `acquire` that times out | the wait, then `KILL QUERY` (side connection) | deadline + 2 ms |
+//!
+//! A server round trip (`SELECT 1`) measured 0.03 ms; the rest is the server's work
+//! (commits, lock grants). Numbers from `cargo run --release -p dlock-mysql --example
+//! latency` on a shared 2-core machine.
+//!
+//! # Capabilities
+//!
+//! | capability | value | why |
+//! |---|---|---|
+//! | fair | no | InnoDB does not promise FIFO grants: MariaDB grants a row's waiters in queue order, but MySQL 8 schedules by contention weight (CATS), and an acquire that restarts (its row deleted under it) queues again |
+//! | fencing | strict | a per-key counter committed in its own transaction after the grant, checked by step 5; durable with `innodb_flush_log_at_trx_commit = 1` (the default) and no failover to an asynchronous replica |
+//! | expiry | ttl | the holding session's `wait_timeout` is ⌈ttl⌉ in whole seconds, kept alive by pings; a silent holder is cut off by the server ⌈ttl⌉ after its last statement |
+//! | releases on disconnect | yes | a closed connection's transaction is rolled back at once |
+//! | wake-up | notification, one per release | the server grants the row lock to one waiter |
+//! | max key length | 1024 bytes | longer names are hashed to 255 bytes in the table |
+//!
+//! **ttl rounding**: `wait_timeout` counts whole seconds, so the server keeps a silent
+//! holder's lock up to ⌈ttl⌉ (at least 1 s) after its last ping, while `lost()` fires before
+//! the ttl ends. A ttl under 1 s is accepted and rounded up on the server; other clients
+//! then wait up to 1 s for a crashed-but-silent (partitioned) holder.
+//!
+//! # URL
+//!
+//! `mysql://user[:password]@host[:port]/database[?option=value&…]`, or `mariadb://` (the
+//! same). User name, password and database are percent-decoded. Options:
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `table` | `dlock_locks` | lock table (`{table}_fence` holds the counters); letters, digits, `_`, at most 58 characters |
+//! | `connect_timeout` | `5s` | bound on opening a connection (`500ms`, `5s`, or bare milliseconds) |
+//! | `response_timeout` | `5s` | bound on every statement that does not wait for a lock |
+//! | `max_connections` | `100` | connections for holding and waiting (each held key and each waiter uses one) |
+//! | `ssl-mode` | `preferred` | sqlx's TLS mode: `disabled`, `preferred`, `required`, `verify_ca`, `verify_identity` |
+//! | `ssl-ca`, `ssl-cert`, `ssl-key` | none | PEM files for TLS (sqlx's options) |
+//!
+//! An unknown option, a bad value, a table name that is not an identifier, or a missing
+//! host, user or database is [`InvalidConfig`](dlock_core::LockError::InvalidConfig)
+//! before any network I/O. No error or `Debug` output shows the password.
+//!
+//! # What stays on the server
+//!
+//! A key's row in `{table}` exists while the key is held or waited for; the release that
+//! leaves it free deletes it (a crashed holder's row goes with the key's next release).
+//! `{table}_fence` keeps one row per key ever locked, by design: the counter must never go
+//! back. It also records the latest holder's connection id and grant time, for operators
+//! (`KILL <holder>` breaks a lock). Delete fence rows only of keys retired for good.
+//! Existing tables are checked at connect: InnoDB, and a `name` column that compares bytes
+//! (binary type or `_bin` collation) at least 255 wide; anything else is refused, since a
+//! case-insensitive column would merge `A` and `a`.
+//!
+//! # Failure modes
+//!
+//! - **Holder crash**: the kernel closes the connection, the server rolls back, the key is
+//!   free at once.
+//! - **Holder partitioned**: its pings fail, so `lost()` fires before the ttl ends; the
+//!   server ends the silent session ⌈ttl⌉ after its last statement, then the key is free.
+//!   A partitioned *waiter* cannot be killed by its client, but its session has the same
+//!   idle timeout: a grant it can no longer hear of is rolled back ⌈ttl⌉ later.
+//! - **Client gone while waiting** (process killed mid-wait): the server notices the closed
+//!   connection when the wait ends (grant, or `innodb_lock_wait_timeout` = 60 s) and rolls
+//!   back at once.
+//! - **Server restart**: every session ends and every lock is freed; holders' next ping
+//!   fails and `lost()` fires. Tokens continue from the durable counters. Idle pooled
+//!   connections found dead are replaced on first use.
+//! - **Server unreachable or silent**: connecting fails with
+//!   [`Unavailable`](dlock_core::LockError::Unavailable) within `connect_timeout`; every
+//!   statement that does not wait is bounded by `response_timeout`, and a waiting one by
+//!   60 s + `response_timeout`.
+//!
+//! # MySQL 8 and MariaDB
+//!
+//! - `NOWAIT`: MariaDB ≥ 10.3 answers error 1205, MySQL ≥ 8.0.1 error 3572; both mean busy.
+//! - Lock grant order: MariaDB queues a row's waiters first come, first served; MySQL 8
+//!   (≥ 8.0.20) always uses contention-aware scheduling (CATS). Hence not `fair`.
+//! - Idle timeout: MySQL ≥ 8.0.24 sends error 4031 before closing an idle session, MariaDB
+//!   just closes it; `KILL` shows as 1927 (MariaDB) or 3169 (MySQL) or a closed socket.
+//!   All mean the session is gone.
+//! - Isolation: the session variable is `tx_isolation` on MariaDB before 11.1 and
+//!   `transaction_isolation` on MySQL 8, so the backend uses the portable
+//!   `SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED`. `READ COMMITTED` needs
+//!   row-based binary logging when the binlog is on (MySQL 8's default `ROW`, MariaDB's
+//!   default `MIXED`); with `binlog_format = STATEMENT` the row insert is refused.
+//! - `innodb_lock_wait_timeout` counts whole seconds on both (MariaDB accepts 0, MySQL
+//!   starts at 1), so sub-second deadlines are the client's: it kills the statement.
+//! - `KILL QUERY` landing on an idle session is ignored by MariaDB's next statement; the
+//!   backend does not rely on that for MySQL: after a kill it rolls back, and a connection
+//!   whose roll-back fails is closed instead of pooled.
+//! - Seeing who waits: MariaDB `information_schema.INNODB_LOCKS` / `INNODB_LOCK_WAITS`
+//!   (only locks in a wait, refreshed at most every 0.1 s); MySQL 8
+//!   `performance_schema.data_locks` / `data_lock_waits`. The fence table's `holder` works
+//!   on both.
+//! - Killing one's own sessions needs no privilege on either server.
+
+#![doc(test(attr(deny(warnings))))]
 
 mod config;
 mod error;
@@ -19,10 +188,12 @@ pub const SCHEMES: &[&str] = &["mysql", "mariadb"];
 
 pub(crate) const NAME: &str = "mysql";
 
-/// Parse `url`, connect, and create the lock tables if missing.
+/// Parse `url`, connect (bounded by its `connect_timeout`), and create the lock tables if
+/// missing.
 ///
 /// # Errors
-/// See [`MysqlBackend::connect`].
+/// [`InvalidConfig`](dlock_core::LockError::InvalidConfig) for a bad URL, before any network
+/// I/O; otherwise as [`MysqlBackend::connect`].
 pub async fn from_url(url: &str) -> Result<MysqlLock> {
     let config = MysqlConfig::from_url(url)?;
     Ok(LockClient::new(MysqlBackend::connect(config).await?))

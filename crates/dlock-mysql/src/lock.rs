@@ -305,7 +305,7 @@ impl Inner {
 
     /// End the lock transaction on `lent` and tidy up: restore the session, delete the row
     /// unless a waiter has it now, and return the connection to the pool.
-    async fn finish(&self, mut lent: Lent, end: End, name: &str) -> Finished {
+    async fn finish(self: &Arc<Self>, mut lent: Lent, end: End, name: &str) -> Finished {
         let op = match end {
             End::Commit => "release",
             End::Rollback => "abandon",
@@ -318,9 +318,11 @@ impl Inner {
                 lent.give_back();
                 Finished::Ended
             }
-            // A waiter got the row at our COMMIT: end the clean-up's own transaction.
+            // A waiter got the row at our COMMIT: end the clean-up's own transaction, in the
+            // background (the caller's answer does not depend on it).
             Some(e) if ended && e.is_lock_busy() => {
-                self.give_back_clean(lent, "ROLLBACK").await;
+                let inner = self.clone();
+                tokio::spawn(async move { inner.give_back_clean(lent, "ROLLBACK").await });
                 Finished::Ended
             }
             Some(e) if ended => {
@@ -371,7 +373,7 @@ impl Inner {
     /// transaction, then the statement sees the kill; statement rollback keeps the lock);
     /// then clean up the row and return the connection. A connection that was lost, or whose
     /// statement never answered, is closed: the server rolls its session back.
-    async fn settle(&self, lent: Lent, late: Option<Batch>, name: &str) {
+    async fn settle(self: &Arc<Self>, lent: Lent, late: Option<Batch>, name: &str) {
         match late {
             Some(Batch { error: Some(e), .. }) if e.is_connection_lost() => {}
             Some(_) => {
@@ -506,6 +508,8 @@ impl Attempt {
             match step {
                 Step::Granted => return self.granted(lent).await,
                 Step::Busy => {
+                    // Answer first; the roll-back only tidies the connection.
+                    let _ = self.reply.send(Ok(None));
                     self.inner.give_back_clean(lent, Sql::rollback()).await;
                     return Ok(None);
                 }
