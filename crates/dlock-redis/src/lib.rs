@@ -27,7 +27,7 @@
 //! |---|---|---|
 //! | lock | `<prefix><key>` | the holder's token: 128 random bits, hex; ttl = the lease's |
 //! | fence counter | `{<prefix><key>}:fence` | the last fencing token; expires 1 h after the last grant's ttl |
-//! | release channel | `{<prefix><key>}:released` | (pub/sub) |
+//! | release channel | `{<prefix><key>}:released` | (pub/sub) each message is a released token |
 //!
 //! Every step that reads and writes is one Lua script, run atomically by the server as
 //! `EVALSHA` (the scripts are loaded when a connection opens; after a server restart or
@@ -35,17 +35,19 @@
 //!
 //! 1. **Acquire**: `SET lock token NX PX ttl`. When it is set, the fencing token is
 //!    `max(counter + 1, server time in µs)`, stored back in the fence counter and returned.
-//!    When the key is held, the script returns its `PTTL` instead.
+//!    When the key is held, the script returns its `PTTL` and the holder's token instead.
 //! 2. **Wait** (only when the deadline allows): subscribe to the key's release channel and
 //!    wait for the server's confirmation, *then* try again, so a release between the failed
-//!    try and the subscription is seen by the re-try. Then sleep until a release message
-//!    arrives or the holder's PTTL runs out (a crashed holder announces nothing), whichever
-//!    comes first, and try again. No polling interval: a key without expiry (another
-//!    library's lock taken without a timeout) is re-checked every second.
+//!    try and the subscription is seen by the re-try. Then sleep until the holder that the
+//!    last try saw announces its release, or its PTTL runs out (a crashed holder announces
+//!    nothing), whichever comes first, and try again. A release message carries the
+//!    released token, so a late message about an earlier holder wakes nobody. No polling
+//!    interval: only a key without expiry (another library's lock taken without a timeout)
+//!    is re-checked every second.
 //! 3. **Extend** (the watchdog, every ttl/3): `PEXPIRE lock ttl` if the lock still holds our
 //!    token; otherwise [`LockError::NotHeld`](dlock_core::LockError::NotHeld) and `lost()`.
-//! 4. **Release**: `DEL lock` if it still holds our token, then `PUBLISH` on the release
-//!    channel; a key that is not ours is left alone and the release reports `NotHeld`.
+//! 4. **Release**: `DEL lock` if it still holds our token, then `PUBLISH channel token`; a
+//!    key that is not ours is left alone and the release reports `NotHeld`.
 //! 5. **Cancelled acquire**: if an acquire future is dropped while its request is in flight,
 //!    a background release with the same token removes the key it may have taken.
 //!
@@ -116,6 +118,7 @@ mod lock;
 mod node;
 mod scripts;
 mod subscriber;
+mod wait;
 
 #[doc(hidden)]
 pub mod protocol;

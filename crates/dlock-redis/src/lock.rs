@@ -16,11 +16,7 @@ use crate::NAME;
 use crate::config::RedisConfig;
 use crate::node::{Attempt, Node};
 use crate::scripts::{self, Names};
-use crate::subscriber::Subscription;
-
-/// How long a waiter sleeps before re-checking a key that has no expiry (held by another
-/// library's lock taken without a timeout, whose release announces nothing).
-pub const NO_EXPIRY_RECHECK: Duration = Duration::from_secs(1);
+use crate::wait::{View, Waiter, Wake};
 
 /// The Redis protocol for [`LockClient`](dlock_core::LockClient): see the crate docs.
 #[derive(Debug)]
@@ -49,13 +45,6 @@ impl RedisBackend {
     }
 }
 
-/// When a waiter re-checks a busy key if no release is announced: just after the holder's
-/// ttl runs out (a crashed holder announces nothing), or after [`NO_EXPIRY_RECHECK`].
-pub fn recheck_after(pttl: Option<Duration>) -> Duration {
-    // One millisecond past the holder's expiry: PTTL is rounded down.
-    pttl.map_or(NO_EXPIRY_RECHECK, |p| p + Duration::from_millis(1))
-}
-
 #[async_trait]
 impl Backend for RedisBackend {
     const NAME: &'static str = NAME;
@@ -81,21 +70,22 @@ impl Backend for RedisBackend {
     async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
         let names = Names::new(&self.prefix, key);
         let token = scripts::new_token();
-        let mut subscription: Option<Subscription> = None;
+        let nodes = std::slice::from_ref(&self.node);
+        let mut waiter: Option<Waiter> = None;
         let mut retried = false;
         loop {
-            if let Some(s) = &mut subscription {
-                s.mark_seen();
+            if let Some(w) = &mut waiter {
+                w.start_attempt();
             }
             let sent_at = Instant::now();
-            let attempt = match InFlight::new(&self.node, &names, &token)
+            let attempt = match InFlight::new(nodes, &names, &token)
                 .run(self.node.acquire(&names, &token, ttl))
                 .await
             {
                 Ok(attempt) => attempt,
                 // A waiter whose connection broke (a reset, a server restart) tries once more
                 // on a new connection; a second failure in a row ends the wait.
-                Err(e) if subscription.is_some() && !retried && e.is_unavailable() => {
+                Err(e) if waiter.is_some() && !retried && e.is_unavailable() => {
                     tracing::debug!(key, error = %e, "acquire failed while waiting; retrying");
                     retried = true;
                     continue;
@@ -103,7 +93,7 @@ impl Backend for RedisBackend {
                 Err(e) => return Err(e.into()),
             };
             retried = false;
-            let pttl = match attempt {
+            let view = match attempt {
                 Attempt::Taken { fence } => {
                     let held = RedisHeld {
                         node: self.node.clone(),
@@ -113,29 +103,31 @@ impl Backend for RedisBackend {
                     };
                     return Ok(Some(Grant::new(fence, Box::new(held), sent_at)));
                 }
-                Attempt::Busy { pttl } => pttl,
+                busy => View::of(&busy),
             };
             if !deadline.may_wait() {
                 return Ok(None);
             }
-            // Subscribe before the next attempt, so a release in between is not missed.
-            match &subscription {
-                Some(s) if s.is_alive() => {}
+            // Listen before the next attempt, so a release in between is not missed.
+            let waiter = match &mut waiter {
+                Some(w) if w.listening() == 1 => w,
                 _ => {
-                    subscription = Some(self.node.subscribe(&names.channel).await?);
+                    let w = waiter.get_or_insert_with(|| {
+                        Waiter::new(nodes.to_vec(), names.channel.clone(), 1, None)
+                    });
+                    if let Some((_, e)) = w.subscribe().await.pop() {
+                        return Err(e.into());
+                    }
                     continue;
                 }
+            };
+            match waiter.wait(&[view], until(deadline)).await {
+                Wake::Deadline => return Ok(None),
+                Wake::Ready => {}
+                Wake::Released | Wake::Timer | Wake::Broken => {
+                    self.wakeups.fetch_add(1, Ordering::Relaxed);
+                }
             }
-            let sub = subscription.as_mut().expect("subscribed above");
-            let recheck_at = deadline.min(Instant::now() + recheck_after(pttl));
-            tokio::select! {
-                _ = sub.changed() => {}
-                _ = tokio::time::sleep_until(recheck_at) => {}
-            }
-            if !deadline.may_wait() {
-                return Ok(None);
-            }
-            self.wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -144,26 +136,35 @@ impl Backend for RedisBackend {
     }
 }
 
+/// The instant a wait must end by, for [`Waiter::wait`].
+pub(crate) fn until(deadline: Deadline) -> Instant {
+    deadline.min(Instant::now() + Duration::from_secs(365 * 24 * 3600))
+}
+
 /// An acquire request on its way: if the caller drops the acquire future before the
-/// answer arrives, the key may be ours on the server, so release it in the background.
-struct InFlight<'a> {
-    node: &'a Node,
+/// answers arrive, the key may be ours on the servers, so release it there in the
+/// background (announcing it, in case others wait on it).
+#[derive(Debug)]
+pub struct InFlight<'a> {
+    nodes: &'a [Node],
     names: &'a Names,
     token: &'a str,
     armed: bool,
 }
 
 impl<'a> InFlight<'a> {
-    fn new(node: &'a Node, names: &'a Names, token: &'a str) -> Self {
+    /// A guard for an acquire of `names` with `token` on `nodes`.
+    pub fn new(nodes: &'a [Node], names: &'a Names, token: &'a str) -> Self {
         Self {
-            node,
+            nodes,
             names,
             token,
             armed: true,
         }
     }
 
-    async fn run<T>(mut self, request: impl Future<Output = T>) -> T {
+    /// Run `request` under the guard.
+    pub async fn run<T>(mut self, request: impl Future<Output = T>) -> T {
         let out = request.await;
         self.armed = false;
         out
@@ -175,10 +176,13 @@ impl Drop for InFlight<'_> {
         if !self.armed {
             return;
         }
-        let (node, names, token) = (self.node.clone(), self.names.clone(), self.token.to_owned());
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for node in self.nodes {
+            let (node, names, token) = (node.clone(), self.names.clone(), self.token.to_owned());
             runtime.spawn(async move {
-                let result = node.release(&names, &token).await;
+                let result = node.release(&names, &token, true).await;
                 tracing::debug!(key = %names.key, ?result, "released after a cancelled acquire");
             });
         }
@@ -214,7 +218,7 @@ impl Held for RedisHeld {
     }
 
     async fn release(&mut self) -> Result<()> {
-        match self.node.release(&self.names, &self.token).await? {
+        match self.node.release(&self.names, &self.token, true).await? {
             true => Ok(()),
             false => Err(self.not_held()),
         }

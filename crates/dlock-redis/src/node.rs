@@ -14,17 +14,18 @@ use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, FromRedisValue,
     IntoConnectionInfo, RedisConnectionInfo, ScriptInvocation,
 };
+use tokio::sync::mpsc;
 
 use crate::config::RedisConfig;
 use crate::error::Error;
 use crate::scripts::{self, Names};
-use crate::subscriber::{Subscriber, Subscription};
+use crate::subscriber::{Notice, Subscriber, Subscription};
 
 /// A connection being opened (or open), shared by every caller that needs it meanwhile.
 pub(crate) type Connecting<T> = Shared<BoxFuture<'static, Result<T, Error>>>;
 
 /// The answer to one acquire attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Attempt {
     /// The key is ours, with this fencing token.
     Taken {
@@ -36,6 +37,8 @@ pub enum Attempt {
         /// How long the holder's ttl still runs; `None` when the key has no expiry (another
         /// library's lock taken without a timeout).
         pttl: Option<Duration>,
+        /// The holder's token (the key's value), as its release will announce it.
+        holder: String,
     },
 }
 
@@ -158,26 +161,31 @@ impl Node {
             .arg(token)
             .arg(scripts::millis(ttl))
             .arg(scripts::millis(scripts::fence_lifetime(ttl)));
-        let (taken, value): (i64, i64) = self.invoke("acquire", &call).await?;
+        let (taken, value, holder): (i64, i64, Option<String>) =
+            self.invoke("acquire", &call).await?;
         Ok(match taken {
             1 => Attempt::Taken {
                 fence: u64::try_from(value).map_err(|_| self.reply("acquire", value))?,
             },
             0 => Attempt::Busy {
                 pttl: u64::try_from(value).ok().map(Duration::from_millis),
+                holder: holder.unwrap_or_default(),
             },
             _ => return Err(self.reply("acquire", taken)),
         })
     }
 
-    /// Delete the lock if it is still ours and announce the release. `false`: it was not
-    /// ours (nothing was changed).
+    /// Delete the lock if it is still ours, and announce the release when `announce`.
+    /// `false`: it was not ours (nothing was changed).
     ///
     /// # Errors
     /// The server could not be reached, timed out, or refused the script.
-    pub async fn release(&self, names: &Names, token: &str) -> Result<bool, Error> {
+    pub async fn release(&self, names: &Names, token: &str, announce: bool) -> Result<bool, Error> {
         let mut call = scripts::RELEASE.prepare_invoke();
-        call.key(&names.key).arg(token).arg(&names.channel);
+        call.key(&names.key)
+            .arg(token)
+            .arg(&names.channel)
+            .arg(if announce { "1" } else { "0" });
         self.flag("release", &call).await
     }
 
@@ -214,12 +222,18 @@ impl Node {
     }
 
     /// Subscribe to a release channel; returns once the server confirmed the subscription,
-    /// so no release announced afterwards is missed.
+    /// so no release announced afterwards is missed. Announcements go to `notices`, tagged
+    /// with `tag` (the node's index among the caller's nodes).
     ///
     /// # Errors
     /// The subscriber connection could not be opened or did not confirm in time.
-    pub async fn subscribe(&self, channel: &str) -> Result<Subscription, Error> {
-        self.inner.subscriber.subscribe(channel).await
+    pub async fn subscribe(
+        &self,
+        channel: &str,
+        tag: usize,
+        notices: mpsc::UnboundedSender<Notice>,
+    ) -> Result<Subscription, Error> {
+        self.inner.subscriber.subscribe(channel, tag, notices).await
     }
 
     async fn flag(&self, op: &'static str, call: &ScriptInvocation<'_>) -> Result<bool, Error> {
@@ -243,6 +257,11 @@ impl Node {
             }
             e
         })
+    }
+
+    /// The error for a request to this node that got no answer within `after`.
+    pub fn timed_out(&self, op: &'static str, after: Duration) -> Error {
+        Error::timed_out(op, &self.inner.addr, after)
     }
 
     fn reply(&self, op: &'static str, reply: impl std::fmt::Debug) -> Error {

@@ -4,11 +4,14 @@
 //! - [`Node`]: one server (command connection, the lock scripts, the subscriber);
 //! - [`Names`] and [`new_token`]: key naming and holder tokens;
 //! - [`Error`]: a failed request, with [`Error::into_lock_error`];
+//! - [`Waiter`]: waiting on one or several nodes for a quorum of releases;
+//! - [`InFlight`]: releases what a cancelled acquire may have taken;
 //! - [`split_url`]: the URL grammar, several `host:port` allowed.
 
 pub use crate::config::{UrlParts, split_url};
 pub use crate::error::Error;
-pub use crate::lock::{NO_EXPIRY_RECHECK, recheck_after};
+pub use crate::lock::InFlight;
 pub use crate::node::{Attempt, Node};
 pub use crate::scripts::{Names, new_token};
-pub use crate::subscriber::Subscription;
+pub use crate::subscriber::{Event, Notice, Subscription};
+pub use crate::wait::{NO_EXPIRY_RECHECK, View, Waiter, Wake};

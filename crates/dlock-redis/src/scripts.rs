@@ -66,8 +66,9 @@ pub(crate) fn millis(d: Duration) -> u64 {
 /// Take the lock if it is free, in one round trip.
 ///
 /// `KEYS`: lock key, fence key. `ARGV`: token, ttl ms, fence lifetime ms.
-/// Returns `{1, fencing token}` when taken, `{0, PTTL}` when held (`-1`: the holder set no
-/// expiry, e.g. another library's lock without a timeout).
+/// Returns `{1, fencing token, ''}` when taken, `{0, PTTL, holder}` when held (PTTL `-1`: the
+/// holder set no expiry, e.g. another library's lock without a timeout; `holder`: the key's
+/// value, the holder's token, or empty when it is not a string).
 ///
 /// The fencing token is `max(last token + 1, server time in µs)`: strictly increasing per
 /// key, and still increasing after the counter expired or the server restarted empty, as
@@ -75,25 +76,30 @@ pub(crate) fn millis(d: Duration) -> u64 {
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 const ACQUIRE_LUA: &str = r"
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {0, redis.call('PTTL', KEYS[1])}
+  local holder = redis.pcall('GET', KEYS[1])
+  if type(holder) ~= 'string' then holder = '' end
+  return {0, redis.call('PTTL', KEYS[1]), holder}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 local token = math.max(last + 1, now)
 redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3])
-return {1, token}
+return {1, token, ''}
 ";
 
-/// Delete the lock if it is ours and announce the release.
+/// Delete the lock if it is ours and (unless told not to) announce the release: the
+/// message is the released token, so a waiter can tell which holder left.
 ///
-/// `KEYS`: lock key. `ARGV`: token, channel. Returns 1 when deleted, 0 when the key was
-/// not ours (expired, broken, or another holder's).
+/// `KEYS`: lock key. `ARGV`: token, channel, `1` to announce. Returns 1 when deleted, 0 when
+/// the key was not ours (expired, broken, or another holder's).
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 const RELEASE_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
+  if ARGV[3] == '1' then
+    redis.call('PUBLISH', ARGV[2], ARGV[1])
+  end
   return 1
 end
 return 0

@@ -1,12 +1,12 @@
-//! Release announcements: one subscriber connection per client, multiplexing every channel
-//! its waiters listen on.
+//! Release announcements: one subscriber connection per client (per server), multiplexing
+//! every channel its waiters listen on.
 //!
 //! A waiter subscribes (and waits for the server's confirmation) *before* it re-tries the
 //! key, so a release between its failed attempt and the subscription is never missed: the
-//! re-try sees it. Each channel has a counter that every message bumps; a waiter marks the
-//! counter seen before each attempt and sleeps until it moves. When the connection breaks,
-//! every counter is bumped and the subscriptions report themselves dead, so waiters
-//! subscribe again (on a new connection) and re-try.
+//! re-try sees it. Every message (the released token) is forwarded to each listener of the
+//! channel as a [`Notice`] tagged with the listener's node index. When the connection
+//! breaks, every listener gets [`Event::Broken`] and its subscription reports itself dead,
+//! so the waiter subscribes again (on a new connection) and re-tries.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,13 +32,49 @@ pub(crate) struct Subscriber {
 #[derive(Default)]
 struct State {
     next_id: u64,
+    next_listener: u64,
     link: Option<Connecting<Link>>,
     channels: HashMap<String, Channel>,
 }
 
+#[derive(Default)]
 struct Channel {
-    messages: watch::Sender<u64>,
-    users: usize,
+    listeners: HashMap<u64, Listener>,
+}
+
+struct Listener {
+    tag: usize,
+    notices: mpsc::UnboundedSender<Notice>,
+}
+
+impl Channel {
+    fn tell(&self, event: &Event) {
+        for listener in self.listeners.values() {
+            let _ = listener.notices.send(Notice {
+                node: listener.tag,
+                event: event.clone(),
+            });
+        }
+    }
+}
+
+/// Something a waiter hears from one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// The tag the subscription was made with (the node's index).
+    pub node: usize,
+    /// What happened.
+    pub event: Event,
+}
+
+/// What a [`Notice`] says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The holder with this token released the key.
+    Released(String),
+    /// The subscriber connection broke: announcements may have been missed; subscribe
+    /// again and re-try.
+    Broken,
 }
 
 /// One subscriber connection: requests go to its controller task in order.
@@ -64,25 +100,11 @@ enum Request {
 pub struct Subscription {
     state: Arc<Mutex<State>>,
     channel: String,
-    messages: watch::Receiver<u64>,
+    listener: u64,
     health: Arc<Health>,
 }
 
 impl Subscription {
-    /// Mark every message so far as seen (call before each attempt).
-    pub fn mark_seen(&mut self) {
-        self.messages.borrow_and_update();
-    }
-
-    /// Resolves when a message arrived since [`mark_seen`](Self::mark_seen), or the
-    /// connection broke (see [`is_alive`](Self::is_alive)).
-    pub async fn changed(&mut self) {
-        if self.messages.changed().await.is_err() {
-            // Cannot happen while we count as a user; never spin.
-            std::future::pending::<()>().await;
-        }
-    }
-
     /// Whether the connection carrying this subscription still works. A dead subscription
     /// hears nothing more: subscribe again.
     pub fn is_alive(&self) -> bool {
@@ -96,8 +118,8 @@ impl Drop for Subscription {
         let Some(channel) = state.channels.get_mut(&self.channel) else {
             return;
         };
-        channel.users -= 1;
-        if channel.users == 0 {
+        channel.listeners.remove(&self.listener);
+        if channel.listeners.is_empty() {
             state.channels.remove(&self.channel);
             if let Some(link) = state.live_link() {
                 let _ = link
@@ -142,20 +164,24 @@ impl Subscriber {
         }
     }
 
-    pub(crate) async fn subscribe(&self, channel: &str) -> Result<Subscription, Error> {
+    pub(crate) async fn subscribe(
+        &self,
+        channel: &str,
+        tag: usize,
+        notices: mpsc::UnboundedSender<Notice>,
+    ) -> Result<Subscription, Error> {
         let link = self.link().await?;
         let (reply, confirmed) = oneshot::channel();
         let subscription = {
             let mut state = lock(&self.state);
-            let entry = state
+            state.next_listener += 1;
+            let listener = state.next_listener;
+            state
                 .channels
                 .entry(channel.to_owned())
-                .or_insert_with(|| Channel {
-                    messages: watch::Sender::new(0),
-                    users: 0,
-                });
-            entry.users += 1;
-            let messages = entry.messages.subscribe();
+                .or_default()
+                .listeners
+                .insert(listener, Listener { tag, notices });
             // Sent under the lock, so requests reach the server in the order the channel
             // map changed (an earlier waiter's unsubscribe cannot overtake this).
             let _ = link
@@ -164,7 +190,7 @@ impl Subscriber {
             Subscription {
                 state: self.state.clone(),
                 channel: channel.to_owned(),
-                messages,
+                listener,
                 health: link.health.clone(),
             }
         };
@@ -254,7 +280,8 @@ impl LinkTask {
                         let Some(state) = self.state.upgrade() else { return };
                         let state = lock(&state);
                         if let Some(channel) = state.channels.get(msg.get_channel_name()) {
-                            channel.messages.send_modify(|n| *n = n.wrapping_add(1));
+                            let token = String::from_utf8_lossy(msg.get_payload_bytes());
+                            channel.tell(&Event::Released(token.into_owned()));
                         }
                     }
                     None => {
@@ -342,7 +369,7 @@ impl LinkTask {
             state.link = None;
         }
         for channel in state.channels.values() {
-            channel.messages.send_modify(|n| *n = n.wrapping_add(1));
+            channel.tell(&Event::Broken);
         }
     }
 }
