@@ -114,6 +114,8 @@ async fn open_session(config: &ZookeeperConfig) -> Result<zk::Client> {
     let hosts = config.connect_string();
     let connect = zk::Client::connector()
         .with_session_timeout(config.session_timeout)
+        // The client's own default, pinned: `lost_after_disconnect` relies on it.
+        .with_connection_timeout(config.session_timeout * 2 / 5)
         .with_fail_eagerly()
         .connect(&hosts);
     match tokio::time::timeout(config.connect_timeout, connect).await {
@@ -422,10 +424,18 @@ impl Contender {
                 Ok((stat, sequence)) => {
                     self.unsure = false;
                     let name = format!("{}{sequence}", nodes::node_prefix(&self.uuid));
+                    let ours = nodes::sequence(&name).is_some();
                     self.node = Some(Node {
                         name,
                         czxid: stat.czxid,
                     });
+                    if !ours {
+                        // Not the 10-digit sequence every lock client orders by (a 64-bit
+                        // sequence): waiting would never end. The drop deletes the node.
+                        return Err(zk::Error::UnexpectedError(format!(
+                            "the server gave the lock node the sequence {sequence}, not 10 digits"
+                        )));
+                    }
                     return match listed {
                         Ok(children) => Ok(children),
                         Err(_) => self.list(budget).await,
@@ -658,7 +668,8 @@ impl Held for ZookeeperHeld {
 ///
 /// The server expires a session one session timeout `T` after it last heard from the
 /// client. The client reports `Disconnected` after `2T/5` without a byte from the server
-/// (checked every `T/20`), and pings after `3T/20` idle; so when the disconnection is seen,
+/// (the connection timeout [`open_session`] sets; checked every eighth of it, `T/20`), and
+/// pings after `3T/20` idle (three checks); so when the disconnection is seen,
 /// the server may have last heard from us up to `3T/5` earlier. Of the `2T/5` left, `T/10`
 /// is kept as a margin for scheduling and clock-rate drift: the lease is reported lost
 /// `3T/10` after the disconnection, before the server can give the key to anyone else.
