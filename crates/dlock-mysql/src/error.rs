@@ -29,6 +29,9 @@ pub(crate) enum Error {
         #[source]
         source: sqlx::Error,
     },
+    /// Every connection of the pool was in use (holding or waiting) for the connect timeout.
+    #[error("all {limit} connections stayed in use for {after:?} (see max_connections)")]
+    Exhausted { limit: u32, after: Duration },
     /// The server did not answer within the response (or connect) timeout.
     #[error("no answer from {addr} within {after:?}")]
     NoAnswer {
@@ -75,6 +78,7 @@ impl Error {
     pub(crate) fn is_connection_lost(&self) -> bool {
         match self {
             Self::NoAnswer { .. } => true,
+            Self::Exhausted { .. } => false,
             Self::Sql { source, .. } => match source {
                 sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
                 sqlx::Error::Database(_) => {
@@ -90,15 +94,13 @@ impl From<Error> for LockError {
     fn from(e: Error) -> Self {
         let op = match &e {
             Error::Sql { op, .. } | Error::NoAnswer { op, .. } => *op,
+            Error::Exhausted { .. } => "connect",
         };
         if e.is_connection_lost() {
             return LockError::unavailable(NAME, op, e);
         }
         match &e {
-            Error::Sql {
-                source: sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed,
-                ..
-            } => LockError::unavailable(NAME, op, e),
+            Error::Exhausted { .. } => LockError::unavailable(NAME, op, e),
             Error::Sql {
                 source: sqlx::Error::Configuration(_),
                 ..
@@ -131,6 +133,12 @@ mod tests {
             after: Duration::from_secs(5),
         };
         assert_eq!(LockError::from(silent).kind(), ErrorKind::Unavailable);
+        let busy = Error::Exhausted {
+            limit: 100,
+            after: Duration::from_secs(5),
+        };
+        assert!(busy.to_string().contains("max_connections"));
+        assert_eq!(LockError::from(busy).kind(), ErrorKind::Unavailable);
         let refused = Error::Sql {
             op: "connect",
             source: sqlx::Error::Tls("the server does not support TLS".into()),

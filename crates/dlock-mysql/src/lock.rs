@@ -21,7 +21,7 @@ use futures::{Future, StreamExt};
 use sqlx::mysql::MySqlRow;
 use sqlx::{Connection, Either, Executor, Row};
 use tokio::sync::oneshot;
-use tokio::time::{Instant, sleep_until, timeout};
+use tokio::time::{Instant, sleep_until, timeout, timeout_at};
 
 use crate::NAME;
 use crate::config::MysqlConfig;
@@ -498,7 +498,14 @@ impl Attempt {
     }
 
     async fn take(&mut self) -> Answer {
-        let mut lent = self.inner.locks.get().await?;
+        // The deadline covers getting a connection too; past it, the wait ran out.
+        let mut lent = match self.deadline {
+            Deadline::At(at) => match timeout_at(at, self.inner.locks.get()).await {
+                Ok(lent) => lent?,
+                Err(_) => return Ok(None),
+            },
+            Deadline::TryOnce | Deadline::Never => self.inner.locks.get().await?,
+        };
         let mut replaced = false;
         for _ in 0..MAX_RESTARTS {
             let step = match self.try_take(&mut lent).await {

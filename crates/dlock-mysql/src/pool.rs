@@ -44,6 +44,7 @@ pub(crate) struct Pool {
     options: MySqlConnectOptions,
     addr: String,
     connect_timeout: Duration,
+    limit: u32,
     permits: Arc<Semaphore>,
     idle: Mutex<Vec<Idle>>,
 }
@@ -72,13 +73,14 @@ impl Pool {
             options: options.disable_statement_logging(),
             addr,
             connect_timeout,
+            limit,
             permits: Arc::new(Semaphore::new(limit as usize)),
             idle: Mutex::new(Vec::new()),
         })
     }
 
     /// A connection: an idle one, or a new one. Waiting for a free slot and connecting are
-    /// bounded by the connect timeout.
+    /// each bounded by the connect timeout.
     pub(crate) async fn get(self: &Arc<Self>) -> Result<Lent, Error> {
         let started = Instant::now();
         let no_answer = || Error::NoAnswer {
@@ -88,7 +90,10 @@ impl Pool {
         };
         let permit = timeout(self.connect_timeout, self.permits.clone().acquire_owned())
             .await
-            .map_err(|_| no_answer())?
+            .map_err(|_| Error::Exhausted {
+                limit: self.limit,
+                after: self.connect_timeout,
+            })?
             .expect("the pool's semaphore is never closed");
         if let Some(conn) = self.pop_idle() {
             return Ok(Lent {

@@ -363,3 +363,48 @@ async fn an_unknown_database_is_refused_by_the_server() {
         .expect_err("unknown database");
     assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_pool_is_bounded_by_the_deadline_and_named_in_the_error() {
+    let h = harness();
+    let c = h.config();
+    let url = format!(
+        "mysql://{}:{}@{}/{}?max_connections=1&connect_timeout=500ms",
+        c.user,
+        c.password.clone().unwrap_or_default(),
+        c.addr(),
+        c.database
+    );
+    let lock = dlock_mysql::from_url(&url).await.expect("connect");
+    let (one, two) = (unique("one"), unique("two"));
+    // The only lock connection is pinned by this lease.
+    let held = take(&lock, &one, &opts(Duration::from_secs(10))).await;
+
+    let started = Instant::now();
+    let err = lock
+        .acquire(
+            &two,
+            &opts(Duration::from_secs(10)).wait(Wait::For(Duration::from_millis(200))),
+        )
+        .await
+        .expect_err("no connection to wait with");
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_millis(450),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let err = lock
+        .try_acquire(&two, &opts(Duration::from_secs(10)))
+        .await
+        .expect_err("no connection to try with");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("max_connections"), "{err}");
+
+    held.release().await.expect("release");
+    let lease = take(&lock, &two, &opts(Duration::from_secs(10))).await;
+    lease.release().await.expect("release");
+    assert_clean(&h, &one).await;
+    assert_clean(&h, &two).await;
+}
