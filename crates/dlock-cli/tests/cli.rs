@@ -58,3 +58,18 @@ fn bad_urls_exit_64_without_showing_the_password() {
     let out = dlock(&["run", "--url", "memory://", "--key", "", "--", "true"]);
     assert_eq!(out.status.code(), Some(64), "empty key: {out:?}");
 }
+
+#[test]
+fn an_unreachable_server_exits_69_within_the_connect_timeout() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let url = format!("redis://{dead}");
+    let started = std::time::Instant::now();
+    let out = dlock(&[
+        "run", "--url", &url, "--key", "k", "--wait", "1s", "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(15));
+}

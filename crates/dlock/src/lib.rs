@@ -18,7 +18,14 @@
 //!
 //! | scheme | backend | feature | crate |
 //! |---|---|---|---|
-//! | `memory://[NAME]` | in-process (tasks of one process) | `memory` (default) | `dlock-memory` |
+//! | `memory://[NAME]` | in-process (tasks of one process) | `memory` | `dlock-memory` |
+//! | `redis://`, `rediss://` | one Redis server | `redis` | `dlock-redis` |
+//! | `redlock://`, `redlocks://` | Redlock over independent Redis nodes | `redlock` | `dlock-redlock` |
+//! | `zk://`, `zookeeper://` | ZooKeeper | `zookeeper` | `dlock-zookeeper` |
+//! | `etcd://`, `etcds://` | etcd v3 | `etcd` | `dlock-etcd` |
+//! | `mysql://`, `mariadb://` | MySQL 8 / MariaDB row lock | `mysql` | `dlock-mysql` |
+//!
+//! All features are on by default.
 //!
 //! Each backend is a cargo feature; a URL whose backend is compiled out is
 //! [`LockError::InvalidConfig`] naming the feature to enable. A backend's URL options are
@@ -149,6 +156,14 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
     match scheme {
         #[cfg(feature = "memory")]
         Scheme::Memory => Ok(Arc::new(dlock_memory::from_url(url)?)),
+        #[cfg(feature = "redis")]
+        Scheme::Redis => Ok(Arc::new(dlock_redis::from_url(url).await?)),
+        #[cfg(feature = "zookeeper")]
+        Scheme::ZooKeeper => Ok(Arc::new(dlock_zookeeper::from_url(url).await?)),
+        #[cfg(feature = "etcd")]
+        Scheme::Etcd => Ok(Arc::new(dlock_etcd::from_url(url).await?)),
+        #[cfg(feature = "mysql")]
+        Scheme::MySql => Ok(Arc::new(dlock_mysql::from_url(url).await?)),
         _ => Err(LockError::invalid_config(
             "dlock",
             format!(

@@ -1,0 +1,171 @@
+//! The real `dlock` binary against every backend's real server, across processes.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+
+fn dlock(args: &[&str]) -> Output {
+    Command::new(DLOCK).args(args).output().expect("run dlock")
+}
+
+/// Start `dlock hold` and wait for its `acquired` line; returns the child and the token.
+fn hold(url: &str, key: &str, extra: &[&str]) -> (Child, u64) {
+    let mut child = Command::new(DLOCK)
+        .args(["hold", "--url", url, "--key", key])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn dlock hold");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .expect("read acquired line");
+    let token = line
+        .trim()
+        .strip_prefix(&format!("acquired key={key} token="))
+        .unwrap_or_else(|| panic!("unexpected first line from dlock hold: {line:?}"))
+        .parse()
+        .expect("token is a number");
+    (child, token)
+}
+
+fn unique(name: &str) -> String {
+    format!("cli-{}-{name}", std::process::id())
+}
+
+/// Two `dlock run` processes on one key never overlap: each child appends start and end
+/// marks to a file, and the marks must never interleave.
+fn runs_never_overlap(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks");
+    let key = unique("overlap");
+    let script = format!(
+        "echo start $$ >> {0}; sleep 0.2; echo end $$ >> {0}",
+        marks.display()
+    );
+    let runners: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(DLOCK)
+                .args([
+                    "run", "--url", url, "--key", &key, "--wait", "60s", "--", "sh", "-c", &script,
+                ])
+                .spawn()
+                .expect("spawn dlock run")
+        })
+        .collect();
+    for mut r in runners {
+        assert!(r.wait().unwrap().success());
+    }
+    let text = std::fs::read_to_string(&marks).unwrap();
+    let lines: Vec<_> = text.lines().collect();
+    assert_eq!(lines.len(), 6, "{text}");
+    for pair in lines.chunks(2) {
+        let (start, end) = (pair[0].strip_prefix("start "), pair[1].strip_prefix("end "));
+        assert!(start.is_some() && start == end, "marks interleave:\n{text}");
+    }
+}
+
+/// `--no-wait` on a held key exits 75 at once.
+fn no_wait_on_a_held_key_exits_75(url: &str) {
+    let key = unique("busy");
+    let (mut holder, _) = hold(url, &key, &[]);
+    let started = Instant::now();
+    let out = dlock(&[
+        "run",
+        "--url",
+        url,
+        "--key",
+        &key,
+        "--no-wait",
+        "--",
+        "true",
+    ]);
+    let took = started.elapsed();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+/// Killing `dlock hold` with SIGKILL frees the key within the backend's bound.
+fn killed_hold_frees_the_key(url: &str, bound: Duration) {
+    let key = unique("crash");
+    let (mut holder, token) = hold(url, &key, &["--ttl", "2s"]);
+    holder.kill().expect("SIGKILL");
+    let _ = holder.wait();
+    let killed = Instant::now();
+    let out = dlock(&[
+        "run",
+        "--url",
+        url,
+        "--key",
+        &key,
+        "--wait",
+        "60s",
+        "--",
+        "sh",
+        "-c",
+        "echo $DLOCK_FENCING_TOKEN",
+    ]);
+    let took = killed.elapsed();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        took <= bound,
+        "the key freed {took:?} after the crash (bound {bound:?})"
+    );
+    let next: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_ne!(next, token);
+}
+
+/// Stamp the cross-process tests for one backend.
+macro_rules! backend {
+    ($name:ident, $var:literal, $default:literal, $crash_bound:expr) => {
+        mod $name {
+            fn url() -> String {
+                std::env::var($var).unwrap_or_else(|_| $default.to_owned())
+            }
+            #[test]
+            fn runs_never_overlap() {
+                super::runs_never_overlap(&url());
+            }
+            #[test]
+            fn no_wait_on_a_held_key_exits_75() {
+                super::no_wait_on_a_held_key_exits_75(&url());
+            }
+            #[test]
+            fn killed_hold_frees_the_key() {
+                super::killed_hold_frees_the_key(&url(), $crash_bound);
+            }
+        }
+    };
+}
+
+// Crash bounds: the ttl `killed_hold_frees_the_key` uses (2 s) or the session timeout, plus
+// slack for a loaded machine.
+backend!(
+    redis,
+    "DLOCK_REDIS_URL",
+    "redis://127.0.0.1:6379",
+    std::time::Duration::from_secs(2 + 5)
+);
+backend!(
+    zookeeper,
+    "DLOCK_ZK_CLI_URL",
+    "zk://127.0.0.1:2181?session_timeout=2s",
+    std::time::Duration::from_secs(2 + 5)
+);
+backend!(
+    etcd,
+    "DLOCK_ETCD_URL",
+    "etcd://127.0.0.1:2379",
+    std::time::Duration::from_secs(2 + 5)
+);
+backend!(
+    mysql,
+    "DLOCK_MYSQL_URL",
+    "mysql://dlock:dlock@127.0.0.1:3306/dlock",
+    std::time::Duration::from_secs(5)
+);
