@@ -114,8 +114,10 @@ impl Harness for ZookeeperHarness {
         self.config()
             .hosts
             .iter()
-            .flat_map(|h| h.to_socket_addrs().expect("a resolvable test host"))
-            .take(self.config().hosts.len())
+            .map(|h| {
+                let first = h.to_socket_addrs().ok().and_then(|mut a| a.next());
+                first.unwrap_or_else(|| panic!("test host {h} does not resolve"))
+            })
             .collect()
     }
 
