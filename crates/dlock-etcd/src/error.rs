@@ -113,7 +113,7 @@ impl Error {
                 ),
                 etcd_client::Error::InvalidArgs(_)
                 | etcd_client::Error::InvalidUri(_)
-                | etcd_client::Error::InvalidHeaderValue(_)
+                | etcd_client::Error::InvalidMetadataValue(_)
                 | etcd_client::Error::Utf8Error(_) => true,
                 _ => false,
             },

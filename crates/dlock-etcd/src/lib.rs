@@ -1,11 +1,11 @@
-//! A distributed lock on etcd, compatible with etcd's own `concurrency.Mutex` and `etcdctl lock`.
+//! A distributed lock on etcd v3 that excludes, and is excluded by, etcd's own `concurrency.Mutex` and `etcdctl lock`.
 //!
 //! ```no_run
 //! # async fn demo() -> dlock_core::Result<()> {
 //! use std::time::Duration;
 //! use dlock_core::{DistributedLock, LockOptions, Wait};
 //!
-//! let lock = dlock_etcd::from_url("etcd://127.0.0.1:2379?prefix=locks/").await?;
+//! let lock = dlock_etcd::from_url("etcd://127.0.0.1:2379,127.0.0.1:22379").await?;
 //! let opts = LockOptions::new().wait(Wait::For(Duration::from_secs(5)));
 //! let lease = lock.acquire("reports/nightly", &opts).await?;
 //! // ... work, passing lease.fencing_token() to storage that checks it ...
@@ -13,7 +13,161 @@
 //! # }
 //! ```
 //!
-//! TODO: protocol docs.
+//! [`EtcdLock`] is a [`dlock_core::LockClient`]: it adds key checks, the process-local
+//! queue per key, one deadline per acquire and the renewal watchdog to the etcd protocol
+//! below. Clones share one gRPC channel, balanced over the endpoints.
+//!
+//! # Protocol
+//!
+//! The key layout and the wait are those of Go's `concurrency.Mutex` (etcd 3.4 to 3.7):
+//! the lock `K` is the etcd prefix `{lock name}/`, where the lock name is
+//! [`EtcdConfig::lock_name`] (`{prefix}{K}`, with `%` and `/` percent-encoded), and each
+//! contender puts one key `{lock name}/{lease id in lowercase hex}` attached to its lease.
+//! The oldest key (lowest create revision) holds the lock; the others queue in creation
+//! order. `etcdctl lock <lock name>` and `concurrency.NewMutex(session, "<lock name>")`
+//! therefore queue in the same line as this crate: with the default empty prefix, the dlock
+//! key `cron` and `etcdctl lock cron` exclude each other.
+//!
+//! **Acquire** (`my` = our key, `rev` = its create revision):
+//! 1. Grant a lease of ⌈ttl⌉ seconds under an id this client picks at random (so a grant
+//!    whose answer is lost can still be revoked).
+//! 2. One transaction: if `create_revision(my) == 0`, put `my` with the lease, and read the
+//!    oldest key under the prefix and the two newest. `rev` is the transaction's revision.
+//! 3. If the oldest key is `my`, the lock is ours; the fencing token is `rev`.
+//! 4. Otherwise `try_acquire` revokes the lease (which deletes `my`) and answers `None`.
+//! 5. `acquire` watches, on one watch stream, the deletion of the predecessor (the newest
+//!    key created before `my`: the second newest read in step 2) and the deletion of `my`,
+//!    from the revision after the read, and keeps its lease alive every ttl/3 meanwhile.
+//! 6. When the predecessor is deleted (one wake-up per release), one read-only transaction
+//!    reads the newest key with `create_revision < rev` and `my`: `my` gone means the lease
+//!    expired or was revoked, and the acquire fails with [`LeaseLost`]; no older key means
+//!    the lock is ours; otherwise wait for that key, as in step 5.
+//! 7. If `my` is deleted while waiting, the acquire fails with [`LeaseLost`] at once. At the
+//!    deadline, on cancellation (the future dropped) or an error, the lease is revoked in
+//!    the background, which deletes `my`: nobody queues behind an abandoned key.
+//!
+//! **Hold.** The watchdog calls extend every ttl/3: a keep-alive on the lease's stream and,
+//! concurrently, a read of `my` (it must still have create revision `rev`). Either saying
+//! no is [`NotHeld`] and fires `lost()`. A watch on `my` fires `lost()` as soon as the key
+//! is deleted (an operator, a broken lease). Extending with another ttl moves `my` to a new
+//! lease of that ttl (grant, then a transaction putting `my` with it if
+//! `create_revision(my) == rev`, then revoke the old lease): etcd cannot change a lease's
+//! ttl, and the key, its create revision and the token stay.
+//!
+//! **Release.** A transaction deletes `my` only if `create_revision(my) == rev`
+//! ([`NotHeld`] otherwise), then the lease is revoked.
+//!
+//! ## Round trips
+//!
+//! Every write is a raft commit (a quorum of fsyncs); reads are linearizable (a leader
+//! round, no log entry); keep-alives are served by the leader from memory (etcd 3.4 does
+//! not checkpoint leases unless configured to).
+//!
+//! | operation | requests (sequential) | raft commits |
+//! |---|---|---|
+//! | `try_acquire`, free | lease grant, transaction | 2 |
+//! | `try_acquire`, held | lease grant, transaction, lease revoke | 3 |
+//! | `acquire` with a wake-up | grant, transaction, watch; on the release: one read | 2 |
+//! | extend (same ttl) | keep-alive ‖ read of `my` (in parallel) | 0 |
+//! | extend (new ttl) | grant, transaction, revoke | 3 |
+//! | release | transaction (fenced delete), lease revoke | 2 |
+//! | contended hand-off | the holder's delete → watch event → the waiter's read | 1 |
+//!
+//! Each held lock also holds one watch (on `my`) and one keep-alive stream, multiplexed on
+//! the client's connection. While waiting, the lease is kept alive every ttl/3.
+//!
+//! ## Differences from Go's `concurrency.Mutex`
+//!
+//! - **One lease per acquisition**, not one session lease per client: each acquisition's
+//!   ttl is honoured (a lease without renewal frees its key after its own ttl, which the
+//!   conformance suite checks), and release or cancellation revokes exactly what that
+//!   acquisition made. It costs a grant and a revoke per acquisition (the table above).
+//!   Re-entrance through a shared session (`Lock` twice on one session) does not exist:
+//!   the process-local queue of [`dlock_core::LockClient`] serialises tasks of one client.
+//! - **Our key is checked after every wait**, and watched while waiting: a waiter whose key
+//!   vanished (its lease expired or was revoked) fails with [`LeaseLost`] instead of
+//!   believing it holds the lock (the 3.4 client lacks the check, etcd #11429; no released
+//!   client watches its own key while waiting, #19597).
+//! - **Release is fenced** on `create_revision(my) == rev`, so a retried or late release can
+//!   never delete a newer holder's key (Go's `Unlock` deletes unconditionally, #22082).
+//! - **The waiter reads its predecessor in the acquiring transaction** (the two newest
+//!   keys), saving the read Go's `waitDeletes` makes before its first watch.
+//! - **Cancellation and timeouts revoke the lease**, deleting the queued key (Go deletes the
+//!   key only when `Lock`'s context is cancelled, and leaves the session's lease).
+//! - **Loss is signalled**: `lost()` fires when the key is deleted, when a keep-alive says
+//!   the lease is gone, or when renewals keep failing until the lease could have expired
+//!   (Go's `Session.Done()` only closes after the keep-alive channel gives up).
+//! - The server-side `Lock` RPC (v3lock) is never used: without a lease it orphans a 60 s
+//!   lease, and on 3.4 it runs the Mutex without the post-wait check.
+//!
+//! ## Leases and ttl
+//!
+//! etcd counts lease ttls in whole seconds and has a minimum, ⌈1.5 × election timeout⌉
+//! (2 s with the default 1 s election timeout), which it applies silently. The lease is
+//! granted for ⌈ttl⌉ seconds; the watchdog still renews every ttl/3 and fires `lost()`
+//! before `ttl` from the last renewal sent, so rounding up only lengthens how long the
+//! server keeps the key of a crashed holder: at most max(⌈ttl⌉, minimum) plus the half
+//! second between the lessor's expiry checks.
+//!
+//! # Capabilities
+//!
+//! | capability | value | why |
+//! |---|---|---|
+//! | fair | yes | waiters queue by create revision, a total order kept by raft |
+//! | fencing | strict | the token is `my`'s create revision: cluster-wide, persisted, strictly increasing across holders, crashes and restarts |
+//! | expiry | ttl | the lease ends ⌈ttl⌉ s after the last keep-alive (see above) |
+//! | releases on disconnect | no | the key lives until its lease expires; a closed connection does not end a lease |
+//! | wake-up | notification, one per release | each waiter watches only its predecessor's key |
+//! | max key length | 1024 bytes | the default; encoded names are at most 3 KiB, far below etcd's 1.5 MiB request limit |
+//!
+//! # URL
+//!
+//! ```text
+//! etcd://[user[:password]@]host[:port][,host[:port]…][/][?option=value&…]
+//! etcds://[user[:password]@]host[:port][,…]?ca=PATH[&cert=PATH&key=PATH][&domain=NAME][&…]
+//! ```
+//!
+//! The port defaults to 2379; IPv6 hosts are written `[::1]:2379`. `etcds://` uses TLS and
+//! needs `ca`. User and password (percent-encoded in the URL, or the `user` and `password`
+//! options) authenticate with etcd's auth. Options (also settable with
+//! [`EtcdConfig::with_option`]):
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `prefix` | empty | prepended verbatim to lock names: `prefix=locks/` makes the dlock key `cron` the etcdctl lock `locks/cron` |
+//! | `connect_timeout` | `5s` | bound on connecting, authenticating and the first `Status` request |
+//! | `request_timeout` (`timeout`) | `5s` | bound on every request |
+//! | `ca` (`cacert`) | — | PEM CA certificate (`etcds://` only, required there) |
+//! | `cert`, `key` | — | PEM client certificate and key, together (`etcds://` only) |
+//! | `domain` | the host | server name to verify (`etcds://` only) |
+//! | `user` (`username`), `password` | — | etcd user and password |
+//!
+//! Durations: `250ms`, `5s`, `1.5s`, `2m`. An unknown option, a malformed value or an
+//! unreadable TLS file is [`InvalidConfig`](dlock_core::LockError::InvalidConfig) before
+//! any network I/O; no error or `Debug` output shows the password.
+//!
+//! # Failure modes
+//!
+//! - **Partition of the holder** (or every member it knows down): keep-alives fail, and
+//!   `lost()` fires a tenth of the ttl before the lease could expire on the server,
+//!   measured from the last keep-alive sent; the server deletes the key when the lease
+//!   expires, and the next waiter is woken by that deletion. Every request is bounded by
+//!   `request_timeout`, and an acquire by its deadline, so nothing hangs on a black hole.
+//! - **A member down**: requests go to the other endpoints (a request refused by a stopped
+//!   member is sent again elsewhere); leases survive a leader change (the new leader
+//!   extends them). With a majority down nothing can be renewed or acquired, and `lost()`
+//!   fires by the lease deadline; the server itself expires nothing while it has no
+//!   leader, so the key outlives the outage by up to a ttl (plus an election timeout).
+//! - **Server restart**: keys, leases and revisions are persisted; leases are extended on
+//!   restart. A single-member restart longer than the ttl looks like a partition.
+//! - **Holder crash**: nothing is released; the lease expires after its ttl (rounded up as
+//!   above) and the server deletes the key, waking the next waiter.
+//! - **Auth tokens**: the client authenticates at connect and again whenever the server
+//!   says its token expired (etcd's simple tokens expire after 5 idle minutes), so an idle
+//!   client keeps working.
+//!
+//! [`LeaseLost`]: dlock_core::LockError::LeaseLost
+//! [`NotHeld`]: dlock_core::LockError::NotHeld
 
 mod config;
 mod error;

@@ -17,7 +17,6 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, LeaseGrantOptions,
     LeaseKeepAliveStream, LeaseKeeper, PutOptions, ResponseHeader, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
-    Watcher,
 };
 use futures::future::BoxFuture;
 use rand::Rng;
@@ -73,7 +72,9 @@ impl EtcdBackend {
             options = options.with_tls(tls);
         }
         if let Some((user, password)) = config.credentials() {
-            options = options.with_user(user, password);
+            options = options
+                .with_user(user, password)
+                .with_auto_token_refresh(true);
         }
         let endpoints = config.endpoints();
         let connect = async {
@@ -230,14 +231,24 @@ impl Conn {
             .with_watch_id(OWN_WATCH);
         let watch = || {
             let (mut watch, options) = (self.client.watch_client(), options.clone());
-            async move { watch.watch(my_key, Some(options)).await }
+            async move {
+                let mut stream = watch.watch(my_key, Some(options)).await?;
+                match stream.message().await? {
+                    Some(created) if created.created() && !created.canceled() => {
+                        Ok((created.watch_id(), stream))
+                    }
+                    Some(refused) => Err(etcd_client::Error::WatchError(format!(
+                        "the server did not create the watch: {}",
+                        refused.cancel_reason()
+                    ))),
+                    None => Err(etcd_client::Error::WatchError(
+                        "the watch stream ended before the watch was created".into(),
+                    )),
+                }
+            }
         };
-        let (watcher, stream) = self.call(op, watch).await?;
-        Ok(Box::new(OwnWatch {
-            own_id: watcher.watch_id(),
-            watcher,
-            stream,
-        }))
+        let (own_id, stream) = self.call(op, watch).await?;
+        Ok(Box::new(OwnWatch { stream, own_id }))
     }
 }
 
@@ -484,7 +495,6 @@ fn not_held(key: &str) -> LockError {
 /// A watch stream carrying the watch on our own key, and while waiting one on the
 /// predecessor.
 struct OwnWatch {
-    watcher: Watcher,
     stream: WatchStream,
     own_id: i64,
 }
@@ -627,7 +637,7 @@ impl Attempt<'_> {
                 .with_filters([WatchFilterType::NoPut])
                 .with_watch_id(pred_id);
             self.conn
-                .call_once(OP, stream.watcher.watch(predecessor, Some(options)))
+                .call_once(OP, stream.stream.watch(predecessor, Some(options)))
                 .await?;
             let mut broken = None;
             loop {
@@ -640,7 +650,7 @@ impl Attempt<'_> {
                             Seen::PredecessorDeleted => {
                                 self.conn.shared.wakeups.fetch_add(1, Ordering::Relaxed);
                                 breaks = 0;
-                                let _ = stream.watcher.cancel_by_id(pred_id).await;
+                                let _ = stream.stream.cancel(pred_id).await;
                                 break;
                             }
                             Seen::PredecessorCanceled => break,
