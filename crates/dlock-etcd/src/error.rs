@@ -23,9 +23,10 @@ pub(crate) enum Error {
     #[error("the lease expired or was revoked")]
     LeaseGone { op: &'static str },
     /// The peer accepted the connection but did not answer as an etcd server (another
-    /// kind of server on the port, or TLS on one side only).
+    /// kind of server on the port, TLS on one side only, a refused client certificate).
     #[error(
-        "the server does not answer as etcd (is it etcd, with TLS on both sides or neither?): {source}"
+        "the server accepted the connection but did not answer as etcd (another kind of \
+         server, TLS on one side only, or a refused client certificate): {source}"
     )]
     NotEtcd {
         op: &'static str,

@@ -80,7 +80,7 @@ impl EtcdBackend {
         let connect = async {
             let client = Client::connect(&endpoints, Some(options))
                 .await
-                .map_err(|e| Error::etcd("connect", e))?;
+                .map_err(|e| Error::etcd("connect", e).at_connect())?;
             let conn = Conn {
                 client,
                 endpoints: endpoints.len(),
