@@ -34,7 +34,8 @@ const H2_PING_INTERVAL: Duration = Duration::from_secs(10);
 /// The watch id of a waiter's own key on its watch stream; predecessors get the next ones.
 const OWN_WATCH: i64 = 1;
 
-/// How many times in a row a waiter's watch stream may break before the acquire gives up.
+/// How many times in a row a waiter's watch may break (the stream fails, or the server
+/// cancels a watch) before the acquire gives up.
 const WATCH_BREAKS: u32 = 3;
 
 /// Connect to the etcd cluster named by `url`: parse and check the whole URL, then connect
@@ -501,25 +502,41 @@ struct OwnWatch {
 
 /// What a watch response means to a waiter.
 enum Seen {
+    /// The server created the predecessor's watch, under this id.
+    Created(i64),
     OwnDeleted,
-    OwnCanceled,
     PredecessorDeleted,
-    PredecessorCanceled,
+    /// The server refused or canceled a watch we rely on.
+    Canceled(String),
     Nothing,
 }
 
 impl OwnWatch {
-    fn classify(&self, response: &WatchResponse, predecessor: i64) -> Seen {
+    /// `predecessor` is the id of the predecessor's watch, if one is set up.
+    fn classify(&self, response: &WatchResponse, predecessor: Option<i64>) -> Seen {
         let id = response.watch_id();
+        let ours = id == self.own_id || Some(id) == predecessor;
+        if response.created() && !response.canceled() {
+            return Seen::Created(id);
+        }
+        if response.canceled() {
+            // A refused create carries no usable id; an old predecessor's cancel is ours
+            // to ignore.
+            return match ours || response.created() {
+                true => Seen::Canceled(format!(
+                    "the server canceled the watch: {}",
+                    response.cancel_reason()
+                )),
+                false => Seen::Nothing,
+            };
+        }
         let deleted = response
             .events()
             .iter()
             .any(|e| e.event_type() == EventType::Delete);
-        match (id == self.own_id, id == predecessor) {
-            (true, _) if deleted => Seen::OwnDeleted,
-            (true, _) if response.canceled() => Seen::OwnCanceled,
-            (false, true) if deleted => Seen::PredecessorDeleted,
-            (false, true) if response.canceled() => Seen::PredecessorCanceled,
+        match (deleted, id == self.own_id, Some(id) == predecessor) {
+            (true, true, _) => Seen::OwnDeleted,
+            (true, false, true) => Seen::PredecessorDeleted,
             _ => Seen::Nothing,
         }
     }
@@ -629,9 +646,8 @@ impl Attempt<'_> {
                 Some(stream) => stream,
                 None => watch.insert(self.conn.watch_own(OP, &self.my_key, seen).await?),
             };
-            next_id = next_id.max(stream.own_id + 1);
-            let pred_id = next_id;
-            next_id += 1;
+            let mut pred_id = next_id.max(stream.own_id + 1);
+            next_id = pred_id + 1;
             let options = WatchOptions::new()
                 .with_start_revision(seen + 1)
                 .with_filters([WatchFilterType::NoPut])
@@ -639,42 +655,38 @@ impl Attempt<'_> {
             self.conn
                 .call_once(OP, stream.stream.watch(predecessor, Some(options)))
                 .await?;
-            let mut broken = None;
-            loop {
-                tokio::select! {
+            let broken = loop {
+                let response = tokio::select! {
                     message = stream.stream.message() => match message {
-                        Ok(Some(response)) => match stream.classify(&response, pred_id) {
-                            Seen::OwnDeleted => {
-                                return Err(lease_lost(self.key, "our waiting key was deleted (its lease expired or was revoked)"));
-                            }
-                            Seen::PredecessorDeleted => {
-                                self.conn.shared.wakeups.fetch_add(1, Ordering::Relaxed);
-                                breaks = 0;
-                                let _ = stream.stream.cancel(pred_id).await;
-                                break;
-                            }
-                            Seen::PredecessorCanceled => break,
-                            Seen::OwnCanceled => {
-                                broken = Some("the server canceled the watch".to_owned());
-                                break;
-                            }
-                            Seen::Nothing => {}
-                        },
-                        Ok(None) => {
-                            broken = Some("the watch stream ended".to_owned());
-                            break;
-                        }
-                        Err(e) => {
-                            broken = Some(e.to_string());
-                            break;
-                        }
+                        Ok(Some(response)) => response,
+                        Ok(None) => break Some((false, "the watch stream ended".to_owned())),
+                        Err(e) => break Some((false, e.to_string())),
                     },
                     _ = tokio::time::sleep_until(lease.renewal_due()) => {
                         lease.renew_while_waiting(self.key).await?;
+                        continue;
                     }
+                };
+                match stream.classify(&response, Some(pred_id)) {
+                    // The id the server gave, should it not honour the one asked for.
+                    Seen::Created(id) => pred_id = id,
+                    Seen::OwnDeleted => {
+                        return Err(lease_lost(
+                            self.key,
+                            "our waiting key was deleted (its lease expired or was revoked)",
+                        ));
+                    }
+                    Seen::PredecessorDeleted => {
+                        self.conn.shared.wakeups.fetch_add(1, Ordering::Relaxed);
+                        breaks = 0;
+                        let _ = stream.stream.cancel(pred_id).await;
+                        break None;
+                    }
+                    Seen::Canceled(why) => break Some((true, why)),
+                    Seen::Nothing => {}
                 }
-            }
-            if let Some(why) = broken {
+            };
+            if let Some((refused, why)) = broken {
                 watch = None;
                 breaks += 1;
                 tracing::debug!(
@@ -684,7 +696,10 @@ impl Attempt<'_> {
                     "watch broke while waiting; re-checking"
                 );
                 if breaks > WATCH_BREAKS {
-                    return Err(LockError::unavailable(NAME, OP, why));
+                    return Err(match refused {
+                        true => LockError::backend(NAME, OP, why),
+                        false => LockError::unavailable(NAME, OP, why),
+                    });
                 }
             }
         }
@@ -807,9 +822,9 @@ fn lost_signal(
         };
         loop {
             match watch.stream.message().await {
-                Ok(Some(response)) => match watch.classify(&response, 0) {
+                Ok(Some(response)) => match watch.classify(&response, None) {
                     Seen::OwnDeleted => return LostReason::NotHeld,
-                    Seen::OwnCanceled => return std::future::pending().await,
+                    Seen::Canceled(_) => return std::future::pending().await,
                     _ => {}
                 },
                 Ok(None) | Err(_) => return std::future::pending().await,
