@@ -14,6 +14,8 @@ const ER_LOCK_NOWAIT: u16 = 3572;
 const ER_QUERY_INTERRUPTED: u16 = 1317;
 /// InnoDB picked this transaction as a deadlock victim.
 const ER_LOCK_DEADLOCK: u16 = 1213;
+/// An insert found the key taken (another client created the row just before).
+const ER_DUP_ENTRY: u16 = 1062;
 /// Server errors that mean the session is gone: shutdown in progress (1053), MariaDB's
 /// "connection was killed" (1927), MySQL 8's "session was killed" (3169) and idle
 /// disconnect (4031).
@@ -71,6 +73,11 @@ impl Error {
     /// InnoDB rolled the transaction back as a deadlock victim; trying again is safe.
     pub(crate) fn is_deadlock(&self) -> bool {
         self.db_code() == Some(ER_LOCK_DEADLOCK)
+    }
+
+    /// Another client created the row between our check and our insert.
+    pub(crate) fn is_duplicate(&self) -> bool {
+        self.db_code() == Some(ER_DUP_ENTRY)
     }
 
     /// The connection is unusable: closed, reset, killed, or silent. Whatever its session

@@ -33,8 +33,9 @@
 //!    held or waited for).
 //! 2. One batch: `SET SESSION wait_timeout = ⌈ttl⌉`; create the row if missing with
 //!    `INSERT … SELECT … WHERE NOT EXISTS` (a consistent read and a plain insert in
-//!    autocommit, so it never waits for a holder and never takes a locking read on a
-//!    missing row, whose gap locks deadlock two inserters); `BEGIN`;
+//!    autocommit, so it does not wait for a holder and never takes a locking read on a
+//!    missing row, whose gap locks deadlock two inserters; two clients creating the row at
+//!    once: the second's duplicate-key error makes it start over); `BEGIN`;
 //!    `SELECT … FOR UPDATE NOWAIT`. A row: granted, go to 4. No row (a releasing client
 //!    deleted it just now): roll back and repeat. A lock error: busy.
 //! 3. Busy: `try_acquire`, or an acquire whose deadline passed, answers "held". Otherwise

@@ -573,7 +573,8 @@ impl Attempt {
             // A releasing client deleted the row between our insert and our lock.
             None => Step::Restart,
             Some(e) if e.is_lock_busy() => Step::Busy,
-            Some(e) if e.is_deadlock() => Step::Restart,
+            // Another client created the row at the same moment: it exists now.
+            Some(e) if e.is_duplicate() || e.is_deadlock() => Step::Restart,
             Some(e) if e.is_connection_lost() && lent.reused && batch.done == 0 => Step::Replace,
             Some(e) => Step::Failed(e),
         }

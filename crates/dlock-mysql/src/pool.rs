@@ -38,7 +38,6 @@ struct Idle {
 }
 
 /// Connections to one server, at most `limit` open at once.
-#[derive(Debug)]
 pub(crate) struct Pool {
     name: &'static str,
     options: MySqlConnectOptions,
@@ -153,6 +152,17 @@ impl Pool {
     /// Close every idle connection: one was found dead, so the server probably restarted.
     pub(crate) fn clear_idle(&self) {
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+impl std::fmt::Debug for Pool {
+    // sqlx's connect options would show the password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("name", &self.name)
+            .field("addr", &self.addr)
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
     }
 }
 

@@ -108,8 +108,9 @@ impl Sql {
     }
 
     /// Take the row without waiting. Statements: 0 set the idle timeout, 1 create the row if
-    /// missing (a consistent read and a plain insert: it never waits for a holder), 2 begin,
-    /// 3 lock it `NOWAIT` (a row: held; no row: it vanished; lock error: busy).
+    /// missing (a consistent read, then a plain insert only if it saw no row, so it does not
+    /// wait for a holder; a duplicate-key error means another client created it just now),
+    /// 2 begin, 3 lock it `NOWAIT` (a row: held; no row: it vanished; lock error: busy).
     pub(crate) fn try_take(&self, name: &str, idle: u32) -> String {
         format!(
             "SET SESSION wait_timeout = {idle};\
