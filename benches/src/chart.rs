@@ -15,6 +15,8 @@ const RAW: RGBColor = RGBColor(0xb0, 0xb0, 0xb0);
 struct Panel {
     title: String,
     unit: &'static str,
+    /// Where the legend goes: latencies are low on the left (memory), rates on the right.
+    legend: SeriesLabelPosition,
     bars: Vec<(String, Option<f64>, Option<f64>)>,
 }
 
@@ -40,21 +42,25 @@ fn panels(report: &Report) -> Vec<Panel> {
         Panel {
             title: "uncontended acquire+release, p50".into(),
             unit: "µs (log)",
+            legend: SeriesLabelPosition::UpperLeft,
             bars: vec![],
         },
         Panel {
             title: format!("contended hand-off ({nc} clients), p50"),
             unit: "µs (log)",
+            legend: SeriesLabelPosition::UpperLeft,
             bars: vec![],
         },
         Panel {
             title: format!("contended hand-offs/s ({nc} clients)"),
             unit: "per second (log)",
+            legend: SeriesLabelPosition::UpperRight,
             bars: vec![],
         },
         Panel {
             title: format!("spread cycles/s ({ns} clients, {ns} keys)"),
             unit: "per second (log)",
+            legend: SeriesLabelPosition::UpperRight,
             bars: vec![],
         },
     ];
@@ -162,6 +168,7 @@ fn draw(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Error>> 
             .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], LOCK.filled()));
         chart
             .configure_series_labels()
+            .position(panel.legend)
             .border_style(BLACK)
             .background_style(WHITE.mix(0.8))
             .draw()?;

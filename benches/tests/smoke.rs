@@ -27,7 +27,7 @@ fn lockbench_measures_every_reachable_backend_without_overlaps() {
     let out = tempfile::tempdir().expect("temp dir");
     let run = Command::new(env!("CARGO_BIN_EXE_lockbench"))
         .args(["--backends", &backends])
-        .args(["--clients", "4", "--duration", "1s", "--warmup", "150ms"])
+        .args(["--clients", "4", "--duration", "800ms", "--warmup", "100ms"])
         .arg("--out")
         .arg(out.path())
         .output()
