@@ -408,3 +408,35 @@ async fn a_full_pool_is_bounded_by_the_deadline_and_named_in_the_error() {
     assert_clean(&h, &one).await;
     assert_clean(&h, &two).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_racing_to_create_a_row_all_get_the_key_in_turn() {
+    let h = harness();
+    let prefix = unique("race/");
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        clients.push(client(&h).await);
+    }
+    for round in 0..15 {
+        // Every client asks for a key nobody used yet: they all create its row at once.
+        let key = format!("{prefix}{round}");
+        let tasks = clients.iter().map(|c| {
+            let (c, key) = (c.clone(), key.clone());
+            tokio::spawn(async move {
+                let lease = c
+                    .acquire(
+                        &key,
+                        &opts(Duration::from_secs(10)).wait(Wait::For(Duration::from_secs(30))),
+                    )
+                    .await?;
+                lease.release().await
+            })
+        });
+        for result in futures::future::join_all(tasks).await {
+            result
+                .expect("task")
+                .expect("every racing client gets the key");
+        }
+    }
+    assert_clean(&h, &prefix).await;
+}
