@@ -110,5 +110,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     lease.release().await?;
     println!("300 ms deadline -> Timeout      {}", percentiles(timeouts));
+
+    // A holder's session ends on the server (as when its process dies): time until a
+    // waiter holds the key.
+    let mut freed = Vec::new();
+    for _ in 0..20 {
+        let lease = a.try_acquire(&key, &opts).await?.expect("free");
+        let holder: u64 = sqlx::query_scalar(
+            "SELECT holder FROM dlock_locks_fence ORDER BY granted_at DESC LIMIT 1",
+        )
+        .fetch_one(&mut raw)
+        .await?;
+        let waiting = {
+            let (b, key) = (b.clone(), key.clone());
+            let opts = opts.wait(Wait::For(Duration::from_secs(10)));
+            tokio::spawn(async move { b.acquire(&key, &opts).await.map(|l| (Instant::now(), l)) })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let killed = Instant::now();
+        raw.execute(format!("KILL {holder}").as_str()).await?;
+        let (acquired, newer) = waiting.await??;
+        freed.push(acquired - killed);
+        newer.release().await?;
+        assert!(lease.release().await.is_err(), "the killed lease is gone");
+    }
+    println!("holder's session killed -> held {}", percentiles(freed));
     Ok(())
 }

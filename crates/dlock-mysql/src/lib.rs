@@ -68,17 +68,19 @@
 //!
 //! | operation | round trips | measured p50 (loopback, MariaDB 10.11) |
 //! |---|---|---|
-//! | `try_acquire`, key free | 3: lock batch, fence, keep | 0.47 ms |
+//! | `try_acquire`, key free | 3: lock batch, fence, keep | 0.40 ms |
 //! | `try_acquire`, key held | 1 (a `ROLLBACK` follows the answer) | 0.20 ms |
 //! | `acquire` with a wake-up | 4 + the wait: lock batch, wait batch, fence, keep | — |
-//! | contended hand-off | `COMMIT` → grant, then the waiter's fence and keep | 1.05 ms |
+//! | contended hand-off, `release` called → waiter holds | `COMMIT` → grant, then the waiter's fence and keep | 0.79 ms |
 //! | `extend` | 1 | 0.06 ms |
-//! | `release` | 1 | 0.20 ms |
-//! | `acquire` that times out | the wait, then `KILL QUERY` (side connection) | deadline + 2 ms |
+//! | `release` | 1 | 0.19 ms |
+//! | holder's session ends (`KILL`, crash) → waiter holds | the server's roll-back → grant, then fence and keep | 0.77 ms |
+//! | `acquire` with a 300 ms deadline on a held key | the wait, then `KILL QUERY` (side connection) | 301.5 ms |
 //!
 //! A server round trip (`SELECT 1`) measured 0.03 ms; the rest is the server's work
-//! (commits, lock grants). Numbers from `cargo run --release -p dlock-mysql --example
-//! latency` on a shared 2-core machine.
+//! (commits, lock grants) and task scheduling. Medians of three runs of
+//! `cargo run --release -p dlock-mysql --example latency` on a shared 2-core machine, with
+//! one wake-up counted per hand-off.
 //!
 //! # Capabilities
 //!
