@@ -125,9 +125,16 @@ impl Backend for MysqlBackend {
             // holder.
             expiry: Expiry::Ttl,
             releases_on_disconnect: true,
-            // The row-lock grant wakes exactly the waiter that gets the row.
             wakeup: Wakeup::Notification {
                 one_per_release: true,
+            },
+            // The row-lock grant wakes exactly the waiter that gets the row.
+            // A restart frees every lock at once; holders hear it at their next ping (ttl/3),
+            // which a quick restart can beat. The durable counter keeps tokens rising.
+            faults: dlock_core::Faults {
+                holder_paused: dlock_core::FaultSafety::Fenced,
+                server_restart: dlock_core::FaultSafety::Fenced,
+                ..Default::default()
             },
             ..Default::default()
         }
@@ -459,7 +466,7 @@ enum Step {
     Busy,
     /// Start over: roll back (holding nothing) and try again.
     Restart,
-    /// The idle connection taken from the pool was dead: take a new one.
+    /// The idle connection taken from the pool was dead (nothing ran): take a new one.
     Replace,
     /// A statement was stopped on the server; see [`Inner::settle`].
     Stopped { why: Why, late: Option<Batch> },
@@ -497,6 +504,8 @@ impl Attempt {
         }
     }
 
+    /// Take the key: step 1, then step 2 if it is busy and the deadline allows, starting
+    /// over when the row vanished under us.
     async fn take(&mut self) -> Answer {
         // The deadline covers getting a connection too; past it, the wait ran out.
         let mut lent = match self.deadline {
@@ -506,7 +515,6 @@ impl Attempt {
             },
             Deadline::TryOnce | Deadline::Never => self.inner.locks.get().await?,
         };
-        let mut replaced = false;
         for _ in 0..MAX_RESTARTS {
             let step = match self.try_take(&mut lent).await {
                 Step::Busy if self.deadline.may_wait() => self.wait_take(&mut lent).await,
@@ -521,18 +529,11 @@ impl Attempt {
                     return Ok(None);
                 }
                 Step::Restart => self.rollback(&mut lent).await?,
-                Step::Replace if !replaced => {
-                    // An idle connection had died (server restart, idle timeout).
-                    replaced = true;
+                Step::Replace => {
+                    // An idle connection had died (server restart, idle timeout); the new
+                    // one is fresh, so this happens once per acquire at most.
                     self.inner.locks.clear_idle();
                     lent = self.inner.locks.get().await?;
-                }
-                Step::Replace => {
-                    return Err(LockError::unavailable(
-                        NAME,
-                        "acquire",
-                        "new connections keep failing",
-                    ));
                 }
                 Step::Stopped { why, late } => {
                     let answer = match why {
@@ -674,7 +675,8 @@ impl Attempt {
             .run(&mut lent, &Sql::keep(self.idle), "acquire")
             .await;
         if let Some(e) = batch.error {
-            // The session ended between the grant and now; the server rolled it back.
+            // The session ended (or went silent) since the grant: the lock is gone, or will
+            // be when the server ends the session.
             self.inner.clean(&self.name).await;
             return Err(e.into());
         }
