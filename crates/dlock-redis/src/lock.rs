@@ -16,7 +16,7 @@ use crate::NAME;
 use crate::config::RedisConfig;
 use crate::node::{Attempt, Node};
 use crate::scripts::{self, Names};
-use crate::wait::{View, Waiter, Wake};
+use crate::wait::{View, Waiter};
 
 /// The Redis protocol for [`LockClient`](dlock_core::LockClient): see the crate docs.
 #[derive(Debug)]
@@ -115,18 +115,14 @@ impl Backend for RedisBackend {
                     let w = waiter.get_or_insert_with(|| {
                         Waiter::new(nodes.to_vec(), names.channel.clone(), 1, None)
                     });
-                    if let Some((_, e)) = w.subscribe().await.pop() {
+                    if let Some((_, e)) = w.subscribe().await.failed.pop() {
                         return Err(e.into());
                     }
                     continue;
                 }
             };
-            match waiter.wait(&[view], until(deadline)).await {
-                Wake::Deadline => return Ok(None),
-                Wake::Ready => {}
-                Wake::Released | Wake::Timer | Wake::Broken => {
-                    self.wakeups.fetch_add(1, Ordering::Relaxed);
-                }
+            if !waiter.sleep(&[view], deadline, &self.wakeups).await {
+                return Ok(None);
             }
         }
     }
@@ -134,11 +130,6 @@ impl Backend for RedisBackend {
     fn stats(&self) -> LockStats {
         LockStats::with_wakeups(self.wakeups.load(Ordering::Relaxed))
     }
-}
-
-/// The instant a wait must end by, for [`Waiter::wait`].
-pub(crate) fn until(deadline: Deadline) -> Instant {
-    deadline.min(Instant::now() + Duration::from_secs(365 * 24 * 3600))
 }
 
 /// An acquire request on its way: if the caller drops the acquire future before the

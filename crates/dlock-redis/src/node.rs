@@ -250,13 +250,63 @@ impl Node {
         call: &ScriptInvocation<'_>,
     ) -> Result<T, Error> {
         let (id, mut conn) = self.connection().await?;
-        call.invoke_async(&mut conn).await.map_err(|e| {
-            let e = Error::redis(op, &self.inner.addr, e);
-            if e.breaks_connection() {
-                self.drop_connection(id);
+        call.invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.failure(op, id, e))
+    }
+
+    /// The error for a failed request on connection `id`; a broken connection is dropped,
+    /// so the next request opens a new one.
+    fn failure(&self, op: &'static str, id: u64, e: redis::RedisError) -> Error {
+        let e = Error::redis(op, &self.inner.addr, e);
+        if e.breaks_connection() {
+            self.drop_connection(id);
+        }
+        e
+    }
+
+    /// The command connection itself, for tools and test harnesses that need commands this
+    /// crate does not wrap (`DEL`, `CLIENT KILL`, …).
+    ///
+    /// # Errors
+    /// The connection could not be opened.
+    pub async fn raw_connection(&self) -> Result<MultiplexedConnection, Error> {
+        self.connection().await.map(|(_, conn)| conn)
+    }
+
+    /// The keys whose names start with `prefix` (a `SCAN`, so it does not block the server),
+    /// e.g. the lock keys under a key prefix.
+    ///
+    /// # Errors
+    /// The server could not be reached or refused.
+    pub async fn keys_with_prefix(&self, prefix: &str) -> Result<Vec<String>, Error> {
+        let mut glob = String::with_capacity(prefix.len() + 1);
+        for c in prefix.chars() {
+            if "*?[]\\".contains(c) {
+                glob.push('\\');
             }
-            e
-        })
+            glob.push(c);
+        }
+        glob.push('*');
+        let (id, mut conn) = self.connection().await?;
+        let mut keys = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&glob)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.failure("scan", id, e))?;
+            keys.extend(batch);
+            if next == 0 {
+                return Ok(keys);
+            }
+            cursor = next;
+        }
     }
 
     /// The error for a request to this node that got no answer within `after`.

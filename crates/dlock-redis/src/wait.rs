@@ -7,8 +7,10 @@
 //! another server, wakes nobody), or when that holder's ttl runs out (a crashed holder
 //! announces nothing). A key without expiry is re-checked after [`NO_EXPIRY_RECHECK`].
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use dlock_core::Deadline;
 use futures::future::join_all;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -66,6 +68,15 @@ pub enum Wake {
     Deadline,
 }
 
+/// What [`Waiter::subscribe`] did.
+#[derive(Debug, Default)]
+pub struct Subscribed {
+    /// Nodes newly listened to: releases there may have been missed, so re-try.
+    pub added: usize,
+    /// Nodes (by index) that could not be subscribed to, with why.
+    pub failed: Vec<(usize, Error)>,
+}
+
 /// One waiting acquire's subscriptions to a key's release channel on each of its servers.
 #[derive(Debug)]
 pub struct Waiter {
@@ -100,9 +111,8 @@ impl Waiter {
         }
     }
 
-    /// Subscribe, in parallel, on every node that has no live subscription. Returns the
-    /// nodes (by index) that could not be subscribed to, with why.
-    pub async fn subscribe(&mut self) -> Vec<(usize, Error)> {
+    /// Subscribe, in parallel, on every node that has no live subscription.
+    pub async fn subscribe(&mut self) -> Subscribed {
         let missing: Vec<usize> = (0..self.nodes.len())
             .filter(|i| {
                 !self.subscriptions[*i]
@@ -124,17 +134,20 @@ impl Waiter {
             }
         });
         let results = join_all(attempts).await;
-        let mut failed = Vec::new();
+        let mut outcome = Subscribed::default();
         for (i, result) in missing.into_iter().zip(results) {
             match result {
-                Ok(subscription) => self.subscriptions[i] = Some(subscription),
+                Ok(subscription) => {
+                    self.subscriptions[i] = Some(subscription);
+                    outcome.added += 1;
+                }
                 Err(e) => {
                     self.subscriptions[i] = None;
-                    failed.push((i, e));
+                    outcome.failed.push((i, e));
                 }
             }
         }
-        failed
+        outcome
     }
 
     /// How many nodes this waiter listens to (live subscriptions).
@@ -149,6 +162,20 @@ impl Waiter {
     /// reflect those releases.
     pub fn start_attempt(&mut self) {
         while self.heard.try_recv().is_ok() {}
+    }
+
+    /// [`wait`](Self::wait) until `deadline`, counting in `wakeups` each time the wait ends
+    /// to re-check the key. `false` when the deadline has come: give up.
+    pub async fn sleep(&mut self, views: &[View], deadline: Deadline, wakeups: &AtomicU64) -> bool {
+        let until = deadline.min(Instant::now() + Duration::from_secs(365 * 24 * 3600));
+        match self.wait(views, until).await {
+            Wake::Deadline => return false,
+            Wake::Ready => {}
+            Wake::Released | Wake::Timer | Wake::Broken => {
+                wakeups.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        deadline.may_wait()
     }
 
     /// Sleep until a quorum of `views` is open (see the module docs), or `until`.

@@ -1,19 +1,23 @@
 //! The Redis harness: clients of the server `DLOCK_REDIS_URL` names (default
 //! `redis://127.0.0.1:6379`), and the raw access the suite's fault hooks need.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unused_imports, unreachable_pub)]
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
-use std::sync::{Arc, OnceLock};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_conformance::Harness;
 use dlock_core::{BoxError, DistributedLock, ErrorKind, Result};
 use dlock_redis::RedisConfig;
-use dlock_redis::protocol::Names;
+use dlock_redis::protocol::{Names, Node};
+use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncCommands, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
+
+#[path = "../support/mod.rs"]
+pub mod support;
+
+pub use support::{not_redis_server, unique_key};
 
 pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 
@@ -60,22 +64,15 @@ impl RedisHarness {
 
 /// A raw connection to the server `config` names.
 pub async fn admin(config: &RedisConfig) -> Result<MultiplexedConnection, BoxError> {
-    let mut redis = RedisConnectionInfo::default().set_db(config.db);
-    if let Some(user) = &config.username {
-        redis = redis.set_username(user);
-    }
-    if let Some(password) = &config.password {
-        redis = redis.set_password(password);
-    }
-    let info = ConnectionAddr::Tcp(config.host.clone(), config.port)
-        .into_connection_info()?
-        .set_redis_settings(redis);
-    let client = redis::Client::open(info)?;
-    Ok(tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        client.get_multiplexed_async_connection(),
-    )
-    .await??)
+    Ok(Node::new(config, "redis")?.raw_connection().await?)
+}
+
+/// Lock keys under `prefix` (see [`RedisHarness::residue`]).
+pub async fn keys_under(config: &RedisConfig, prefix: &str) -> Result<Vec<String>, BoxError> {
+    let node = Node::new(config, "redis")?;
+    Ok(node
+        .keys_with_prefix(&format!("{}{prefix}", config.prefix))
+        .await?)
 }
 
 /// Wait (up to 10 s) until someone listens on `channel`.
@@ -119,62 +116,6 @@ pub async fn forget_fence(admin: &mut MultiplexedConnection, prefix: &str, key: 
         .del(Names::new(prefix, key).fence)
         .await
         .expect("DEL fence");
-}
-
-/// A key no other test uses.
-pub fn unique_key(name: &str) -> String {
-    format!("test-{name}-{:016x}", rand::random::<u64>())
-}
-
-/// Keys under `prefix` (lock keys only: see [`RedisHarness::residue`]).
-pub async fn keys_under(config: &RedisConfig, prefix: &str) -> Result<Vec<String>, BoxError> {
-    let mut conn = admin(config).await?;
-    let pattern = format!("{}*", glob_escape(&format!("{}{prefix}", config.prefix)));
-    let mut keys: Vec<String> = Vec::new();
-    let mut iter = conn.scan_match::<_, String>(&pattern).await?;
-    while let Some(key) = futures_next(&mut iter).await {
-        keys.push(key);
-    }
-    Ok(keys)
-}
-
-async fn futures_next<T>(iter: &mut redis::AsyncIter<'_, T>) -> Option<T>
-where
-    T: redis::FromRedisValue + Unpin + Send,
-{
-    iter.next_item().await.and_then(|r| r.ok())
-}
-
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if "*?[]\\".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// A loopback server that answers every connection with an HTTP error: a server of the
-/// wrong kind on the port.
-pub fn not_redis_server() -> SocketAddr {
-    static ADDR: OnceLock<SocketAddr> = OnceLock::new();
-    *ADDR.get_or_init(|| {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-        let addr = listener.local_addr().expect("local addr");
-        std::thread::spawn(move || {
-            for mut stream in listener.incoming().flatten() {
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 1024];
-                    let _ = stream.read(&mut buf);
-                    let _ =
-                        stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
-                });
-            }
-        });
-        addr
-    })
 }
 
 #[async_trait]

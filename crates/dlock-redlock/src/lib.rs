@@ -1,0 +1,157 @@
+//! A dlock backend for Redlock: one lock over several independent Redis nodes.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_core::Result<()> {
+//! use std::time::Duration;
+//! use dlock_core::{DistributedLock, LockOptions, Wait};
+//!
+//! let lock = dlock_redlock::from_url("redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379").await?;
+//! let opts = LockOptions::new().wait(Wait::For(Duration::from_secs(5)));
+//! let lease = lock.acquire("reports/nightly", &opts).await?;
+//! // ... work; pass lease.fencing_token() to storage that checks it; stop on lease.lost() ...
+//! lease.release().await
+//! # }
+//! ```
+//!
+//! The nodes are independent Redis servers (no replication between them, not a cluster):
+//! a key is held when a majority of them hold it, so the lock survives the loss of a
+//! minority of the nodes. Each node runs the protocol of [`dlock_redis`] (same key names,
+//! same scripts, same connection handling); this crate adds the quorum.
+//!
+//! # Algorithm
+//!
+//! `N` nodes (odd, at least 3), quorum `Q = N/2 + 1`. Each node's answer must arrive within
+//! the per-node timeout, 5 % of the ttl (at least 50 ms, at most the response timeout); a
+//! node that errs or is late is a vote against, never an abort.
+//!
+//! 1. **Round**: note `t1` (monotonic clock), then `SET key token NX PX ttl` on every node
+//!    in parallel (the `dlock-redis` acquire script: it also issues a per-node fencing
+//!    token). The round wins when at least `Q` nodes granted the key and the validity
+//!    `ttl - (now - t1) - (ttl/100 + 2 ms)` (saturating) is still positive.
+//! 2. **Fence write-back**: the fencing token is the highest token the granting nodes
+//!    issued; the nodes whose counter is behind it are raised to it (compare-and-set, only
+//!    where the key is ours) until `Q` nodes hold it. Only then is the lease reported, so
+//!    any later holder's majority shares a node with this one and gets a greater token.
+//!    The lease's `sent_at` is `t1`: the core's watchdog fires `lost()` `ttl/10 + 2 ms`
+//!    before `t1 + ttl`, which is before the validity ends.
+//! 3. **Failed round**: give the key back (compare-and-delete) on every node that granted
+//!    it or did not answer. If fewer than `Q` nodes answered at all, try once more, then
+//!    fail with [`LockError::Unavailable`](dlock_core::LockError::Unavailable) naming each
+//!    node's error.
+//! 4. **Wait** (when the deadline allows): subscribe to the key's release channel on every
+//!    node (confirmed), then run another round, so no release in between is missed. If one
+//!    holder has a majority, sleep until enough of the holders seen on the nodes announce
+//!    their release for a quorum to be free (each message names the released token; the
+//!    same release heard from five nodes wakes a waiter once), or until their ttls run
+//!    out. If nobody has a majority (a **split vote** between contenders, who give their
+//!    nodes back without announcing it), run the next round after a random pause of up to
+//!    four rounds' time (at most 100 ms); after 8 split votes in a row, wait as above.
+//! 5. **Extend** (the watchdog, every ttl/3): compare-and-`PEXPIRE` on every node in
+//!    parallel. With `Q` or more extended, the lease is kept, and nodes that lost the key
+//!    (restarted empty) get it back with `SET NX` and the fence (a node held by someone
+//!    else is left alone). If a majority answered "not ours", the lease is lost (`NotHeld`);
+//!    otherwise the outcome is unknown and the watchdog retries until `lost()` must fire.
+//! 6. **Release**: compare-and-delete with an announcement on every node in parallel;
+//!    `NotHeld` if a majority answered "not ours".
+//! 7. **Cancelled acquire**: if an acquire future is dropped during a round, the key is
+//!    given back on every node in the background.
+//!
+//! Round trips (one round trip = the slowest node of a parallel request to all of them):
+//!
+//! | operation | round trips |
+//! |---|---|
+//! | `try_acquire`, key free | 2: the round, then the fence write-back to the granting nodes whose counter is behind |
+//! | `try_acquire`, key held | 2: the round, then giving back what it got |
+//! | `acquire` that waits | a failed round, subscribing on every node, another round; then a round per wake-up |
+//! | `extend` | 1 (2 when a node lost the key and gets it back) |
+//! | `release` | 1 |
+//! | contended hand-off | the release (1), the announcements, the waiter's round and write-back (2) |
+//!
+//! # What Redlock does not promise
+//!
+//! Redlock's exclusion rests on timing: the nodes expire keys by their own clocks, and a
+//! holder is only safe while its validity lasts. A node clock that jumps forward (an NTP
+//! step, an operator), a holder paused longer than its lease (GC, swap, a stopped VM) or a
+//! node restarted without persistence within a ttl can let two clients hold the key at
+//! once. Use the two signals this crate gives you:
+//!
+//! - [`Lease::lost`](dlock_core::Lease::lost) fires before the validity ends when the
+//!   lease cannot be kept: stop working on it;
+//! - the [fencing token](dlock_core::Lease::fencing_token): a storage that remembers the
+//!   highest token it has seen and refuses older ones rejects a paused holder's late
+//!   writes. Tokens are written back to a majority, so they increase across holders while
+//!   the nodes keep their memory.
+//!
+//! Run the nodes with persistence (`appendfsync always`), or keep a crashed node down for
+//! longer than the largest ttl before restarting it empty.
+//!
+//! # Capabilities
+//!
+//! | capability | value | why |
+//! |---|---|---|
+//! | fair | no | a release wakes every waiting client; the local gate keeps FIFO among one client's tasks only |
+//! | fencing | best effort | tokens are written back to a majority; a node restarted without persistence can break the order (each node's counter is floored by its clock in µs, which keeps it unless node clocks step back or disagree) |
+//! | expiry | ttl | a silent holder's keys expire `ttl` after its last extension |
+//! | releases on disconnect | no | keys are not tied to connections |
+//! | wake-up | notification, not one per release | pub/sub on every node; every waiting client re-checks once per release (split-vote retries are part of that one wake-up) |
+//! | max key length | 1024 bytes | the core's default |
+//!
+//! # URL
+//!
+//! ```text
+//! redlock://[user[:password]@]host:port,host:port,host:port[/db][?option=value&…]
+//! redlocks://…                              (TLS on every node, as rediss://)
+//! ```
+//!
+//! The credentials, database and options apply to every node; the options are those of
+//! [`dlock_redis`]: `prefix` (default `dlock:`, may be empty), `connect_timeout` (default
+//! `5s`), `response_timeout` (default `2s`). An even number of nodes, fewer than 3, a node
+//! named twice, an unknown option or a bad value is
+//! [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig) before any network I/O.
+//! Keys on each node are named as in `dlock-redis`.
+//!
+//! # Failure modes
+//!
+//! - **A minority of nodes down, slow or partitioned away**: locks work on the rest; each
+//!   request to a dead node fails fast (refused) or costs its per-node timeout. Leases
+//!   give the key back to a node when it returns empty.
+//! - **A majority unreachable**: acquire fails with `Unavailable` naming every node's
+//!   error; a held lease's extensions fail and `lost()` fires before its validity ends,
+//!   that is before another client can take the key.
+//! - **Holder crash**: its keys expire after the ttl; waiters wake at that moment.
+//! - **Node restart without persistence**: see above: a majority of restarted nodes within
+//!   a ttl breaks exclusion.
+
+mod config;
+mod error;
+mod lock;
+
+use dlock_core::{LockClient, Result};
+
+pub use config::RedlockConfig;
+pub use lock::RedlockBackend;
+
+/// The Redlock lock: a [`LockClient`] of a [`RedlockBackend`].
+pub type RedlockLock = LockClient<RedlockBackend>;
+
+/// URL schemes this backend serves: `redlock://` and `redlocks://` (TLS).
+pub const SCHEMES: &[&str] = &["redlock", "redlocks"];
+
+pub(crate) const NAME: &str = "redlock";
+
+/// Connect to the nodes a `redlock://` or `redlocks://` URL names (grammar in the crate
+/// docs).
+///
+/// The whole URL is parsed and checked before any network I/O; then every node is
+/// connected in parallel, bounded by the connect timeout, and a quorum must answer.
+///
+/// # Errors
+/// [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig) for a bad URL (an
+/// even number of nodes, fewer than 3, a node named twice),
+/// [`LockError::Unavailable`](dlock_core::LockError::Unavailable) when fewer than a quorum
+/// of nodes can be reached, [`LockError::Backend`](dlock_core::LockError::Backend) when they
+/// refuse (wrong password, not Redis servers).
+pub async fn from_url(url: &str) -> Result<RedlockLock> {
+    let config = RedlockConfig::from_url(url)?;
+    Ok(LockClient::new(RedlockBackend::connect(config).await?))
+}

@@ -1,0 +1,522 @@
+//! The Redlock algorithm over `dlock-redis` nodes: acquire rounds with the fence written
+//! back to a majority, waiting, extension that gives the key back to nodes that lost it,
+//! release. Loss is detected by the core's watchdog from failed extensions.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::{
+    Backend, Capabilities, Deadline, Expiry, Fencing, Grant, Held, LockError, LockStats,
+    LostReason, Result, Wakeup,
+};
+use dlock_redis::protocol::{self, Attempt, InFlight, Names, Node, View, Waiter, new_token};
+use futures::future::join_all;
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::NAME;
+use crate::config::RedlockConfig;
+use crate::error::{Error, Failures};
+
+/// The shortest per-node timeout, however short the ttl.
+const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Split votes in a row that are re-tried after a random pause, before falling back to
+/// waiting for an announcement or a ttl.
+const MAX_BACKOFFS: u32 = 8;
+/// The longest random pause after a split vote.
+const MAX_BACKOFF: Duration = Duration::from_millis(100);
+
+/// How long a grant stays safe after its round started: the ttl, less the time the round
+/// took, less the clock drift between this client and the nodes (1 % of the ttl, plus 2 ms
+/// for Redis' millisecond expiry precision). Saturates at zero.
+///
+/// The core's watchdog fires `lost()` `ttl / 10 + 2 ms` before `sent_at + ttl`, which is
+/// never later than the end of this validity (`sent_at + ttl - ttl / 100 - 2 ms`).
+pub(crate) fn validity(ttl: Duration, elapsed: Duration) -> Duration {
+    ttl.saturating_sub(elapsed).saturating_sub(drift(ttl))
+}
+
+fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// The nodes and what every operation on them shares.
+#[derive(Debug)]
+struct Cluster {
+    nodes: Vec<Node>,
+    quorum: usize,
+    response_timeout: Duration,
+}
+
+impl Cluster {
+    /// Each node's answer must come within 5 % of the ttl (at least 50 ms, at most the
+    /// response timeout): a slow node is a vote against, not a delay for everyone.
+    fn node_timeout(&self, ttl: Duration) -> Duration {
+        let max = self.response_timeout.max(MIN_NODE_TIMEOUT);
+        (ttl / 20).clamp(MIN_NODE_TIMEOUT, max)
+    }
+
+    fn all(&self) -> Vec<usize> {
+        (0..self.nodes.len()).collect()
+    }
+
+    /// Run `op` on the nodes `which`, in parallel, each bounded by `limit`. A node that
+    /// fails or does not answer in time gives an error; nothing aborts the others.
+    async fn on<'a, T, F, Fut>(
+        &'a self,
+        which: &[usize],
+        limit: Duration,
+        name: &'static str,
+        op: F,
+    ) -> Vec<(usize, Result<T, protocol::Error>)>
+    where
+        F: Fn(&'a Node) -> Fut,
+        Fut: Future<Output = Result<T, protocol::Error>> + 'a,
+    {
+        let calls = which.iter().map(|&i| {
+            let node = &self.nodes[i];
+            let call = op(node);
+            async move {
+                let result = tokio::time::timeout(limit, call)
+                    .await
+                    .unwrap_or_else(|_| Err(node.timed_out(name, limit)));
+                (i, result)
+            }
+        });
+        join_all(calls).await
+    }
+
+    fn no_quorum(&self, op: &'static str, failures: Vec<protocol::Error>) -> LockError {
+        Error::NoQuorum {
+            op,
+            nodes: self.nodes.len(),
+            quorum: self.quorum,
+            answered: self.nodes.len() - failures.len(),
+            failures: Failures(failures),
+        }
+        .into()
+    }
+}
+
+/// The Redlock protocol for [`LockClient`](dlock_core::LockClient): see the crate docs.
+#[derive(Debug)]
+pub struct RedlockBackend {
+    cluster: Arc<Cluster>,
+    prefix: String,
+    wakeups: Arc<AtomicU64>,
+}
+
+impl RedlockBackend {
+    /// Connect to the nodes `config` names, in parallel, each bounded by the connect
+    /// timeout. Succeeds when a quorum of them answers; the others are retried by later
+    /// requests.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when fewer than a quorum can be reached,
+    /// [`LockError::Backend`] when nodes refuse (wrong password, not a Redis server).
+    pub async fn connect(config: RedlockConfig) -> Result<Self> {
+        let nodes = config
+            .nodes
+            .iter()
+            .map(|node| Node::new(node, NAME))
+            .collect::<Result<Vec<_>>>()?;
+        let failures: Vec<_> = join_all(nodes.iter().map(Node::connect))
+            .await
+            .into_iter()
+            .filter_map(Result::err)
+            .collect();
+        let cluster = Cluster {
+            quorum: config.quorum(),
+            response_timeout: config.nodes[0].response_timeout,
+            nodes,
+        };
+        if cluster.nodes.len() - failures.len() < cluster.quorum {
+            return Err(cluster.no_quorum("connect", failures));
+        }
+        for e in &failures {
+            tracing::warn!(error = %e, "a Redlock node cannot be reached; going on with a quorum");
+        }
+        Ok(Self {
+            cluster: Arc::new(cluster),
+            prefix: config.prefix().to_owned(),
+            wakeups: Arc::default(),
+        })
+    }
+
+    /// One round: take the key on every node, and if a quorum granted it in time, write the
+    /// highest fence back to a majority. On failure, give back what we may hold.
+    async fn round(&self, names: &Names, token: &str, ttl: Duration) -> Round {
+        let c = &*self.cluster;
+        let limit = c.node_timeout(ttl);
+        let sent_at = Instant::now();
+        let answers = c
+            .on(&c.all(), limit, "acquire", |n| n.acquire(names, token, ttl))
+            .await;
+        let mut views = vec![View::Down; c.nodes.len()];
+        let mut taken = Vec::new();
+        let mut unsure = Vec::new();
+        let mut failures = Vec::new();
+        for (i, answer) in answers {
+            match answer {
+                Ok(Attempt::Taken { fence }) => {
+                    taken.push((i, fence));
+                    views[i] = View::Open;
+                }
+                Ok(busy) => views[i] = View::of(&busy),
+                Err(e) => {
+                    unsure.push(i);
+                    failures.push(e);
+                }
+            }
+        }
+        if taken.len() >= c.quorum
+            && !validity(ttl, sent_at.elapsed()).is_zero()
+            && let Some(fence) = self.write_back(names, token, ttl, limit, &taken).await
+            && !validity(ttl, sent_at.elapsed()).is_zero()
+        {
+            return Round::Won { fence, sent_at };
+        }
+        // Give back what we took, and what a node that did not answer may have granted.
+        // Announce it only if we had a quorum: then others may be waiting on us.
+        let mine: Vec<usize> = taken.iter().map(|(i, _)| *i).chain(unsure).collect();
+        let announce = taken.len() >= c.quorum;
+        c.on(&mine, limit, "release", |n| {
+            n.release(names, token, announce)
+        })
+        .await;
+        Round::Lost {
+            views,
+            failures,
+            took: sent_at.elapsed(),
+        }
+    }
+
+    /// Make the highest fence any granting node issued the fencing token, and store it on a
+    /// majority before the lease is reported: the next holder's majority shares a node
+    /// with this one and issues a greater token.
+    async fn write_back(
+        &self,
+        names: &Names,
+        token: &str,
+        ttl: Duration,
+        limit: Duration,
+        taken: &[(usize, u64)],
+    ) -> Option<u64> {
+        let c = &*self.cluster;
+        let top = taken.iter().map(|(_, fence)| *fence).max()?;
+        let behind: Vec<usize> = taken
+            .iter()
+            .filter(|(_, fence)| *fence < top)
+            .map(|(i, _)| *i)
+            .collect();
+        let at_top = taken.len() - behind.len();
+        let claimed = c
+            .on(&behind, limit, "claim", |n| n.claim(names, token, ttl, top))
+            .await
+            .into_iter()
+            .filter(|(_, r)| matches!(r, Ok(true)))
+            .count();
+        (at_top + claimed >= c.quorum).then_some(top)
+    }
+}
+
+enum Round {
+    Won {
+        fence: u64,
+        sent_at: Instant,
+    },
+    Lost {
+        views: Vec<View>,
+        failures: Vec<protocol::Error>,
+        took: Duration,
+    },
+}
+
+/// Whether one holder has a majority of the nodes (a lease, not a split vote).
+fn majority_holder(views: &[View], quorum: usize) -> bool {
+    views.iter().any(|v| match v {
+        View::Held { holder, .. } => {
+            views
+                .iter()
+                .filter(|w| matches!(w, View::Held { holder: h, .. } if h == holder))
+                .count()
+                >= quorum
+        }
+        _ => false,
+    })
+}
+
+/// A random pause after a split vote, so the contenders do not collide again: up to four
+/// rounds' time (plus 5 ms), at most [`MAX_BACKOFF`].
+fn backoff(round: Duration) -> Duration {
+    let max = (round * 4 + Duration::from_millis(5)).min(MAX_BACKOFF);
+    rand::rng().random_range(Duration::ZERO..=max)
+}
+
+#[async_trait]
+impl Backend for RedlockBackend {
+    const NAME: &'static str = NAME;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fair: false,
+            fencing: Fencing::BestEffort {
+                why: "each grant's token is written back to a majority before the lease is \
+                      reported, so successive holders' majorities share a node and tokens \
+                      increase while the nodes keep their memory; a node restarted without \
+                      persistence can break the order (each node floors its counter by its \
+                      clock, which keeps it unless node clocks step back or disagree)",
+            },
+            expiry: Expiry::Ttl,
+            releases_on_disconnect: false,
+            wakeup: Wakeup::Notification {
+                one_per_release: false,
+            },
+            ..Default::default()
+        }
+    }
+
+    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
+        let c = &*self.cluster;
+        let names = Names::new(&self.prefix, key);
+        let token = new_token();
+        let mut waiter: Option<Waiter> = None;
+        let mut retried = false;
+        let mut backoffs = 0;
+        loop {
+            if let Some(w) = &mut waiter {
+                w.start_attempt();
+            }
+            let round = InFlight::new(&c.nodes, &names, &token)
+                .run(self.round(&names, &token, ttl))
+                .await;
+            let (views, failures, took) = match round {
+                Round::Won { fence, sent_at } => {
+                    let held = RedlockHeld {
+                        cluster: self.cluster.clone(),
+                        key: key.to_owned(),
+                        names,
+                        token,
+                        fence,
+                        ttl,
+                    };
+                    return Ok(Some(Grant::new(fence, Box::new(held), sent_at)));
+                }
+                Round::Lost {
+                    views,
+                    failures,
+                    took,
+                } => (views, failures, took),
+            };
+            if c.nodes.len() - failures.len() < c.quorum {
+                // Too few nodes answered: once more (broken connections reopen), then give up.
+                if retried || !deadline.may_wait() {
+                    return Err(c.no_quorum("acquire", failures));
+                }
+                retried = true;
+                continue;
+            }
+            retried = false;
+            if !deadline.may_wait() {
+                return Ok(None);
+            }
+            // Listen on every node before the next round, so no release in between is missed.
+            let w = waiter.get_or_insert_with(|| {
+                Waiter::new(
+                    c.nodes.clone(),
+                    names.channel.clone(),
+                    c.quorum,
+                    Some(c.node_timeout(ttl)),
+                )
+            });
+            if w.listening() < c.nodes.len() {
+                let subscribed = w.subscribe().await;
+                for (i, e) in &subscribed.failed {
+                    tracing::debug!(node = i, error = %e, "cannot listen for releases on a node");
+                }
+                if subscribed.added > 0 {
+                    continue;
+                }
+            }
+            if !majority_holder(&views, c.quorum) && backoffs < MAX_BACKOFFS {
+                // A split vote: nobody got a majority. The contenders gave their nodes back
+                // without announcing it; try again after a random pause.
+                backoffs += 1;
+                tokio::time::sleep_until(deadline.min(Instant::now() + backoff(took))).await;
+                if !deadline.may_wait() {
+                    return Ok(None);
+                }
+                continue;
+            }
+            backoffs = 0;
+            if !w.sleep(&views, deadline, &self.wakeups).await {
+                return Ok(None);
+            }
+        }
+    }
+
+    fn stats(&self) -> LockStats {
+        LockStats::with_wakeups(self.wakeups.load(Ordering::Relaxed))
+    }
+}
+
+/// The handle on a key this client holds on a majority of the nodes.
+#[derive(Debug)]
+struct RedlockHeld {
+    cluster: Arc<Cluster>,
+    key: String,
+    names: Names,
+    token: String,
+    fence: u64,
+    ttl: Duration,
+}
+
+impl RedlockHeld {
+    fn not_held(&self) -> LockError {
+        LockError::NotHeld {
+            backend: NAME,
+            key: self.key.clone(),
+            reason: LostReason::NotHeld,
+        }
+    }
+}
+
+#[async_trait]
+impl Held for RedlockHeld {
+    async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        let c = &*self.cluster;
+        let limit = c.node_timeout(ttl);
+        let (names, token) = (&self.names, self.token.as_str());
+        let answers = c
+            .on(&c.all(), limit, "extend", |n| n.extend(names, token, ttl))
+            .await;
+        let mut extended = 0;
+        let mut missing = Vec::new();
+        let mut failures = Vec::new();
+        for (i, answer) in answers {
+            match answer {
+                Ok(true) => extended += 1,
+                Ok(false) => missing.push(i),
+                Err(e) => failures.push(e),
+            }
+        }
+        if extended >= c.quorum {
+            self.ttl = ttl;
+            if !missing.is_empty() {
+                // A node that lost the key (restarted empty) gets it back, with the fence;
+                // a node where someone else holds it is left alone.
+                let fence = self.fence;
+                for (i, result) in c
+                    .on(&missing, limit, "claim", |n| {
+                        n.claim(names, token, ttl, fence)
+                    })
+                    .await
+                {
+                    tracing::info!(node = %c.nodes[i].addr(), key = %self.key, ?result, "gave the key back to a node that had lost it");
+                }
+            }
+            return Ok(());
+        }
+        if extended + failures.len() >= c.quorum {
+            // Cannot tell: the watchdog retries until the validity runs out.
+            return Err(c.no_quorum("extend", failures));
+        }
+        Err(self.not_held())
+    }
+
+    async fn release(&mut self) -> Result<()> {
+        let c = &*self.cluster;
+        let (names, token) = (&self.names, self.token.as_str());
+        let answers = c
+            .on(&c.all(), c.node_timeout(self.ttl), "release", |n| {
+                n.release(names, token, true)
+            })
+            .await;
+        let mut released = 0;
+        let mut refused = 0;
+        let mut failures = Vec::new();
+        for (_, answer) in answers {
+            match answer {
+                Ok(true) => released += 1,
+                Ok(false) => refused += 1,
+                Err(e) => failures.push(e),
+            }
+        }
+        if refused >= c.quorum {
+            return Err(self.not_held());
+        }
+        if released + refused < c.quorum {
+            return Err(c.no_quorum("release", failures));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validity_saturates_and_lost_fires_before_it_ends() {
+        let ttl = Duration::from_secs(10);
+        assert_eq!(
+            validity(ttl, Duration::from_millis(500)),
+            Duration::from_millis(10_000 - 500 - 100 - 2)
+        );
+        assert_eq!(validity(ttl, Duration::from_secs(11)), Duration::ZERO);
+        assert_eq!(
+            validity(Duration::from_millis(1), Duration::ZERO),
+            Duration::ZERO
+        );
+        // The core fires lost() ttl/10 + 2 ms before sent_at + ttl: never after the
+        // validity's end, sent_at + ttl - drift.
+        for ms in [100, 101, 999, 2_000, 30_000, 86_400_000] {
+            let ttl = Duration::from_millis(ms);
+            assert!(ttl / 10 + Duration::from_millis(2) >= drift(ttl), "{ttl:?}");
+        }
+    }
+
+    #[test]
+    fn node_timeout_is_five_percent_of_the_ttl_within_bounds() {
+        let cluster = Cluster {
+            nodes: Vec::new(),
+            quorum: 2,
+            response_timeout: Duration::from_secs(2),
+        };
+        assert_eq!(
+            cluster.node_timeout(Duration::from_secs(2)),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            cluster.node_timeout(Duration::from_millis(100)),
+            MIN_NODE_TIMEOUT
+        );
+        assert_eq!(
+            cluster.node_timeout(Duration::from_secs(600)),
+            Duration::from_secs(2)
+        );
+    }
+
+    #[test]
+    fn a_majority_holder_is_told_from_a_split_vote() {
+        let held = |h: &str| View::Held {
+            holder: h.into(),
+            expires: None,
+        };
+        let lease = [held("w"), held("w"), held("w"), held("a"), View::Down];
+        assert!(majority_holder(&lease, 3));
+        let split = [held("a"), held("a"), held("b"), held("b"), View::Open];
+        assert!(!majority_holder(&split, 3));
+    }
+
+    #[test]
+    fn backoff_is_bounded() {
+        for _ in 0..100 {
+            assert!(backoff(Duration::from_secs(1)) <= MAX_BACKOFF);
+            assert!(backoff(Duration::from_millis(1)) <= Duration::from_millis(9));
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! The Redlock harness: clients of the nodes `DLOCK_REDLOCK_URL` names (default the five
+//! nodes on 127.0.0.1:7001-7005), and the raw access the suite's fault hooks need.
+
+#![allow(dead_code, unused_imports, unreachable_pub)]
+
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_conformance::Harness;
+use dlock_core::{BoxError, DistributedLock, ErrorKind, Result};
+use dlock_redis::RedisConfig;
+use dlock_redis::protocol::{Names, Node};
+use dlock_redlock::RedlockConfig;
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+
+#[path = "../../../dlock-redis/tests/support/mod.rs"]
+pub mod support;
+
+pub use support::{must_take, not_redis_server, unique_key};
+
+pub const DEFAULT_URL: &str =
+    "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005";
+
+pub struct RedlockHarness {
+    url: String,
+    config: RedlockConfig,
+}
+
+impl RedlockHarness {
+    pub fn from_env() -> Self {
+        let url = std::env::var("DLOCK_REDLOCK_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+        let config = RedlockConfig::from_url(&url)
+            .unwrap_or_else(|e| panic!("DLOCK_REDLOCK_URL={url:?} is not usable: {e}"));
+        Self { url, config }
+    }
+
+    pub fn config(&self) -> &RedlockConfig {
+        &self.config
+    }
+
+    pub fn prefix(&self) -> &str {
+        self.config.prefix()
+    }
+
+    /// A client of the nodes under test; unreachable nodes fail the test naming them.
+    pub async fn lock(&self) -> dlock_redlock::RedlockLock {
+        self.lock_at(&self.url).await
+    }
+
+    /// A client built from `url`; unreachable nodes fail the test naming them.
+    pub async fn lock_at(&self, url: &str) -> dlock_redlock::RedlockLock {
+        dlock_redlock::from_url(url).await.unwrap_or_else(|e| {
+            panic!("cannot use the Redlock nodes at {url}: {e}\n  start them with: scripts/backends up redlock")
+        })
+    }
+
+    /// The URL with the nodes `dead` replaced by loopback ports with nothing behind them.
+    pub fn url_with_dead_nodes(&self, dead: &[usize]) -> String {
+        let mut addrs = self.server_addrs();
+        for &i in dead {
+            addrs[i] = dead_port();
+        }
+        self.url_with_addrs(&addrs)
+    }
+
+    /// A raw connection to node `i`.
+    pub async fn admin(&self, i: usize) -> Result<MultiplexedConnection, BoxError> {
+        Ok(Node::new(&self.config.nodes[i], "redlock")?
+            .raw_connection()
+            .await?)
+    }
+
+    /// The value of `key`'s lock on every node (`None` where it is not held or the node is
+    /// down).
+    pub async fn values(&self, key: &str) -> Vec<Option<String>> {
+        let names = Names::new(self.prefix(), key);
+        let mut values = Vec::new();
+        for i in 0..self.config.nodes.len() {
+            let value = match self.admin(i).await {
+                Ok(mut conn) => conn.get(&names.key).await.unwrap_or(None),
+                Err(_) => None,
+            };
+            values.push(value);
+        }
+        values
+    }
+
+    /// Delete the fence counters of `key` on every node that is up.
+    pub async fn forget_fence(&self, key: &str) {
+        let names = Names::new(self.prefix(), key);
+        for i in 0..self.config.nodes.len() {
+            if let Ok(mut conn) = self.admin(i).await {
+                let _: Result<(), _> = conn.del(&names.fence).await;
+            }
+        }
+    }
+
+    fn node_addrs(&self) -> Vec<String> {
+        self.config.nodes.iter().map(RedisConfig::addr).collect()
+    }
+}
+
+/// A loopback port with nothing listening behind it.
+pub fn dead_port() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    listener.local_addr().expect("local addr")
+}
+
+/// Wait (up to 10 s) until someone listens on `channel` on every node that is up.
+pub async fn wait_for_subscribers(harness: &RedlockHarness, channel: &str, nodes: &[usize]) {
+    let started = tokio::time::Instant::now();
+    for &i in nodes {
+        let mut admin = harness.admin(i).await.expect("admin connection");
+        loop {
+            let subscribers: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(channel)
+                .query_async(&mut admin)
+                .await
+                .expect("PUBSUB NUMSUB");
+            if subscribers.first().is_some_and(|(_, n)| *n >= 1) {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "nobody subscribed to {channel} on node {i}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl Harness for RedlockHarness {
+    fn name(&self) -> &'static str {
+        "redlock"
+    }
+
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(dlock_redlock::from_url(url).await?))
+    }
+
+    fn server_addrs(&self) -> Vec<SocketAddr> {
+        self.config
+            .nodes
+            .iter()
+            .map(|n| {
+                (n.host.as_str(), n.port)
+                    .to_socket_addrs()
+                    .expect("resolve a Redlock node")
+                    .next()
+                    .expect("an address")
+            })
+            .collect()
+    }
+
+    fn url_with_addrs(&self, addrs: &[SocketAddr]) -> String {
+        let hosts = self.node_addrs().join(",");
+        let new: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+        self.url.replacen(&hosts, &new.join(","), 1)
+    }
+
+    fn bad_urls(&self) -> Vec<(String, ErrorKind)> {
+        let nodes = self.node_addrs();
+        let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+        let invalid = [
+            format!("redis://{a}"),
+            format!("redlock://{a}"),
+            format!("redlock://{a},{b}"),
+            format!("redlock://{a},{b},{c},127.0.0.1:1"),
+            format!("redlock://{a},{b},{a}"),
+            format!("redlock://{a},{b},{c}?nonsense=1"),
+            format!("redlock://user:sekrit-password@{a},{b},{c}?bogus=1"),
+            format!("redlock://{a},{b},{c}/notadb"),
+            "not a url".to_owned(),
+        ];
+        let mut cases: Vec<_> = invalid
+            .into_iter()
+            .map(|u| (u, ErrorKind::InvalidConfig))
+            .collect();
+        cases.push((
+            format!("redlock://nobody:sekrit-password@{a},{b},{c}"),
+            ErrorKind::Backend,
+        ));
+        let wrong: Vec<String> = (0..3).map(|_| not_redis_server().to_string()).collect();
+        cases.push((format!("redlock://{}", wrong.join(",")), ErrorKind::Backend));
+        cases
+    }
+
+    async fn break_lease(&self, key: &str) -> Result<(), BoxError> {
+        let names = Names::new(self.prefix(), key);
+        let mut deleted = 0;
+        for i in 0..self.config.nodes.len() {
+            let n: i64 = self.admin(i).await?.del(&names.key).await?;
+            deleted += n;
+        }
+        assert!(
+            deleted >= 3,
+            "break_lease: {} was held on {deleted} nodes",
+            names.key
+        );
+        Ok(())
+    }
+
+    /// Lock keys under `prefix` on any node. Fence counters (`{<lock key>}:fence`) are not
+    /// residue: they outlive holders by design (tokens must keep increasing) and expire an
+    /// hour after the last grant; their names start with `{`, so the scan does not match.
+    async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError> {
+        let mut left = Vec::new();
+        for node in &self.config.nodes {
+            let keys = Node::new(node, "redlock")?
+                .keys_with_prefix(&format!("{}{prefix}", node.prefix))
+                .await?;
+            left.extend(keys.into_iter().map(|k| format!("{}: {k}", node.addr())));
+        }
+        Ok(left)
+    }
+}
