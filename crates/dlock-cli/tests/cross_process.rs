@@ -152,6 +152,12 @@ backend!(
     std::time::Duration::from_secs(2 + 5)
 );
 backend!(
+    redlock,
+    "DLOCK_REDLOCK_URL",
+    "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005",
+    std::time::Duration::from_secs(2 + 5)
+);
+backend!(
     zookeeper,
     "DLOCK_ZK_CLI_URL",
     "zk://127.0.0.1:2181?session_timeout=2s",

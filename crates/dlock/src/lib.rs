@@ -158,12 +158,16 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
         Scheme::Memory => Ok(Arc::new(dlock_memory::from_url(url)?)),
         #[cfg(feature = "redis")]
         Scheme::Redis => Ok(Arc::new(dlock_redis::from_url(url).await?)),
+        #[cfg(feature = "redlock")]
+        Scheme::Redlock => Ok(Arc::new(dlock_redlock::from_url(url).await?)),
         #[cfg(feature = "zookeeper")]
         Scheme::ZooKeeper => Ok(Arc::new(dlock_zookeeper::from_url(url).await?)),
         #[cfg(feature = "etcd")]
         Scheme::Etcd => Ok(Arc::new(dlock_etcd::from_url(url).await?)),
         #[cfg(feature = "mysql")]
         Scheme::MySql => Ok(Arc::new(dlock_mysql::from_url(url).await?)),
+        // Reached only when a backend's feature is off.
+        #[allow(unreachable_patterns)]
         _ => Err(LockError::invalid_config(
             "dlock",
             format!(
