@@ -34,6 +34,9 @@ pub struct Capabilities {
     /// Longest accepted key, in bytes. Longer keys are rejected with
     /// [`InvalidKey`](crate::LockError::InvalidKey) before any network I/O.
     pub max_key_len: usize,
+    /// What exclusion survives of a paused holder and of server failures. The torture run
+    /// (`crates/dlock-torture`) injects each fault and checks what is declared here.
+    pub faults: Faults,
 }
 
 impl Capabilities {
@@ -62,6 +65,7 @@ impl Default for Capabilities {
             releases_on_disconnect: false,
             wakeup: Wakeup::Polling,
             max_key_len: Self::DEFAULT_MAX_KEY_LEN,
+            faults: Faults::default(),
         }
     }
 }
@@ -113,4 +117,50 @@ pub enum Wakeup {
         /// the key is woken and all but one go back to sleep.
         one_per_release: bool,
     },
+}
+
+/// How held keys fare through faults beyond the core contract.
+///
+/// The contract already covers a crashed holder (the key frees within
+/// [`Capabilities::crash_release_bound`]) and a partitioned holder (`lost()` fires before
+/// another client can take the key). These are the faults where a backend may keep less.
+/// The default promises nothing.
+///
+/// ```
+/// use dlock_core::{FaultSafety, Faults};
+///
+/// // A lease-based lock on a replicated, persistent store (ZooKeeper, etcd).
+/// let faults = Faults {
+///     holder_paused: FaultSafety::Fenced,
+///     server_restart: FaultSafety::Exclusive,
+///     member_down: FaultSafety::Exclusive,
+/// };
+/// assert_eq!(Faults::default().server_restart, FaultSafety::Unspecified);
+/// # let _ = faults;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Faults {
+    /// The holder's process is paused (a GC pause, `SIGSTOP`, a suspended VM) for longer
+    /// than its lease. While paused it cannot hear `lost()`, so no lease-based lock can do
+    /// better than [`FaultSafety::Fenced`] here.
+    pub holder_paused: FaultSafety,
+    /// The server (every member of it) stops and starts again.
+    pub server_restart: FaultSafety,
+    /// A minority of the members stops for longer than the ttl and starts again: a
+    /// ZooKeeper or etcd member, 2 of 5 Redlock nodes, a Redis primary that fails over.
+    pub member_down: FaultSafety,
+}
+
+/// What a fault does to exclusion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FaultSafety {
+    /// No promise.
+    #[default]
+    Unspecified,
+    /// Another client may take a held key before its holder hears that the lease is lost,
+    /// but fencing tokens keep increasing through the fault: a storage that rejects a
+    /// token lower than one it has seen rejects the old holder's late writes.
+    Fenced,
+    /// No other client takes a held key before its holder was told it was lost.
+    Exclusive,
 }

@@ -69,7 +69,7 @@ use std::future::Future;
 use async_trait::async_trait;
 
 pub use backend::{Backend, Grant, Held};
-pub use capabilities::{Capabilities, Expiry, Fencing, Wakeup};
+pub use capabilities::{Capabilities, Expiry, FaultSafety, Faults, Fencing, Wakeup};
 pub use client::LockClient;
 pub use deadline::Deadline;
 pub use error::{BoxError, ErrorKind, LockError, Result};

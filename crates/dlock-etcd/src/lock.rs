@@ -444,19 +444,14 @@ impl LeaseHandle {
         Ok(())
     }
 
-    /// The server no longer has the lease.
-    fn gone(&mut self) {
-        self.live = false;
-        *self.keeper.get() = None;
-        self.conn.shared.leases().remove(&self.id);
-    }
-}
-
-impl Drop for LeaseHandle {
-    fn drop(&mut self) {
-        if !self.live {
+    /// Revoke the lease without waiting for the answer: a spawned request (retried on a
+    /// refused connection), or nothing outside a runtime, where the lease expires with its
+    /// ttl.
+    fn revoke_in_background(&mut self) {
+        if !std::mem::replace(&mut self.live, false) {
             return;
         }
+        *self.keeper.get() = None;
         let (conn, id) = (self.conn.clone(), self.id);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
@@ -470,10 +465,23 @@ impl Drop for LeaseHandle {
                 tracing::debug!(
                     backend = NAME,
                     lease = id,
-                    "dropped outside a runtime; the lease expires with its ttl"
+                    "no runtime to revoke the lease; it expires with its ttl"
                 );
             }
         }
+    }
+
+    /// The server no longer has the lease.
+    fn gone(&mut self) {
+        self.live = false;
+        *self.keeper.get() = None;
+        self.conn.shared.leases().remove(&self.id);
+    }
+}
+
+impl Drop for LeaseHandle {
+    fn drop(&mut self) {
+        self.revoke_in_background();
     }
 }
 
@@ -502,8 +510,8 @@ struct OwnWatch {
 
 /// What a watch response means to a waiter.
 enum Seen {
-    /// The server created the predecessor's watch, under this id.
-    Created(i64),
+    /// The server created the predecessor's watch: its id, and the store revision then.
+    Created(i64, i64),
     OwnDeleted,
     PredecessorDeleted,
     /// The server refused or canceled a watch we rely on.
@@ -517,7 +525,8 @@ impl OwnWatch {
         let id = response.watch_id();
         let ours = id == self.own_id || Some(id) == predecessor;
         if response.created() && !response.canceled() {
-            return Seen::Created(id);
+            let revision = response.header().map_or(i64::MAX, |h| h.revision());
+            return Seen::Created(id, revision);
         }
         if response.canceled() {
             // A refused create carries no usable id; an old predecessor's cancel is ours
@@ -553,6 +562,24 @@ enum Outcome {
     },
     /// The key is held and the deadline does not allow waiting.
     Busy,
+}
+
+/// A waiter's next step.
+enum Next {
+    /// Read who is ahead of us.
+    Check,
+    /// Wait for this predecessor, which existed at this revision.
+    Wait(Vec<u8>, i64),
+    /// Nobody is ahead of us at this revision.
+    Held(i64),
+    /// The watch broke (`true`: the server refused or canceled it).
+    Broken(bool, String),
+}
+
+impl Next {
+    fn broken(refused: bool, why: impl fmt::Display) -> Self {
+        Self::Broken(refused, why.to_string())
+    }
 }
 
 /// One acquisition of `key`: its lock prefix and its own etcd key.
@@ -624,23 +651,34 @@ impl Attempt<'_> {
     /// Wait until no key under the prefix is older than ours: watch the deletion of the
     /// newest older key (only it: one wake-up per release) and of our own key, keep our
     /// lease alive, re-check after each deletion.
+    ///
+    /// The predecessor's watch starts at the current revision, so etcd serves it from its
+    /// synced watcher group at once (a watch starting in the past is caught up by a loop
+    /// that runs every 100 ms, which would delay the hand-off). If the store moved on
+    /// since the read that named the predecessor, a read after the watch exists closes the
+    /// gap: a deletion before it is seen by that read, one after it by the watch.
     async fn wait(
         &self,
         lease: &mut LeaseHandle,
         rev: i64,
-        mut known: Option<(Vec<u8>, i64)>,
+        known: Option<(Vec<u8>, i64)>,
     ) -> Result<Outcome> {
         const OP: &str = "acquire";
         let mut watch: Option<Box<OwnWatch>> = None;
         let mut next_id = OWN_WATCH + 1;
         let mut breaks = 0;
+        let mut next = match known {
+            Some((predecessor, seen)) => Next::Wait(predecessor, seen),
+            None => Next::Check,
+        };
         loop {
-            let (predecessor, seen) = match known.take() {
-                Some(known) => known,
-                None => match self.check(rev).await? {
+            let (predecessor, seen) = match next {
+                Next::Wait(predecessor, seen) => (predecessor, seen),
+                Next::Check | Next::Broken(..) => match self.check(rev).await? {
                     (None, seen) => return Ok(Outcome::Held { rev, seen, watch }),
                     (Some(predecessor), seen) => (predecessor, seen),
                 },
+                Next::Held(seen) => return Ok(Outcome::Held { rev, seen, watch }),
             };
             let stream = match &mut watch {
                 Some(stream) => stream,
@@ -649,44 +687,56 @@ impl Attempt<'_> {
             let mut pred_id = next_id.max(stream.own_id + 1);
             next_id = pred_id + 1;
             let options = WatchOptions::new()
-                .with_start_revision(seen + 1)
                 .with_filters([WatchFilterType::NoPut])
                 .with_watch_id(pred_id);
             self.conn
-                .call_once(OP, stream.stream.watch(predecessor, Some(options)))
+                .call_once(
+                    OP,
+                    stream.stream.watch(predecessor.as_slice(), Some(options)),
+                )
                 .await?;
-            let broken = loop {
+            next = loop {
                 let response = tokio::select! {
                     message = stream.stream.message() => match message {
                         Ok(Some(response)) => response,
-                        Ok(None) => break Some((false, "the watch stream ended".to_owned())),
-                        Err(e) => break Some((false, e.to_string())),
+                        Ok(None) => break Next::broken(false, "the watch stream ended"),
+                        Err(e) => break Next::broken(false, e),
                     },
                     _ = tokio::time::sleep_until(lease.renewal_due()) => {
                         lease.renew_while_waiting(self.key).await?;
                         continue;
                     }
                 };
-                match stream.classify(&response, Some(pred_id)) {
-                    // The id the server gave, should it not honour the one asked for.
-                    Seen::Created(id) => pred_id = id,
+                let deleted = match stream.classify(&response, Some(pred_id)) {
+                    Seen::Created(id, revision) => {
+                        // The id the server gave, should it not honour the one asked for.
+                        pred_id = id;
+                        if revision <= seen {
+                            continue;
+                        }
+                        match self.check(rev).await? {
+                            (Some(still), _) if still == predecessor => continue,
+                            (Some(other), seen) => Next::Wait(other, seen),
+                            (None, seen) => Next::Held(seen),
+                        }
+                    }
+                    Seen::PredecessorDeleted => Next::Check,
                     Seen::OwnDeleted => {
                         return Err(lease_lost(
                             self.key,
                             "our waiting key was deleted (its lease expired or was revoked)",
                         ));
                     }
-                    Seen::PredecessorDeleted => {
-                        self.conn.shared.wakeups.fetch_add(1, Ordering::Relaxed);
-                        breaks = 0;
-                        let _ = stream.stream.cancel(pred_id).await;
-                        break None;
-                    }
-                    Seen::Canceled(why) => break Some((true, why)),
-                    Seen::Nothing => {}
-                }
+                    Seen::Canceled(why) => break Next::broken(true, why),
+                    Seen::Nothing => continue,
+                };
+                // Our predecessor is gone: one wake-up.
+                self.conn.shared.wakeups.fetch_add(1, Ordering::Relaxed);
+                breaks = 0;
+                let _ = stream.stream.cancel(pred_id).await;
+                break deleted;
             };
-            if let Some((refused, why)) = broken {
+            if let Next::Broken(refused, why) = &next {
                 watch = None;
                 breaks += 1;
                 tracing::debug!(
@@ -697,8 +747,8 @@ impl Attempt<'_> {
                 );
                 if breaks > WATCH_BREAKS {
                     return Err(match refused {
-                        true => LockError::backend(NAME, OP, why),
-                        false => LockError::unavailable(NAME, OP, why),
+                        true => LockError::backend(NAME, OP, why.clone()),
+                        false => LockError::unavailable(NAME, OP, why.clone()),
                     });
                 }
             }
@@ -744,6 +794,12 @@ impl Backend for EtcdBackend {
             expiry: Expiry::Ttl,
             wakeup: Wakeup::Notification {
                 one_per_release: true,
+            },
+            // Keys and leases are replicated and persisted; a new leader extends every lease.
+            faults: dlock_core::Faults {
+                holder_paused: dlock_core::FaultSafety::Fenced,
+                server_restart: dlock_core::FaultSafety::Exclusive,
+                member_down: dlock_core::FaultSafety::Exclusive,
             },
             ..Default::default()
         }
@@ -890,10 +946,8 @@ impl EtcdHeld {
         if !self.conn.txn(OP, txn).await?.succeeded() {
             return Err(not_held(&self.key));
         }
-        let mut old = std::mem::replace(&mut self.lease, fresh);
-        if let Err(e) = old.revoke(OP).await {
-            tracing::debug!(backend = NAME, key = self.key, error = %e, "revoking the replaced lease failed; retried in the background");
-        }
+        // The old lease holds no key any more.
+        std::mem::replace(&mut self.lease, fresh).revoke_in_background();
         Ok(())
     }
 }
@@ -935,10 +989,10 @@ impl Held for EtcdHeld {
             )])
             .and_then([TxnOp::delete(self.my_key.as_str(), None)]);
         let deleted = self.conn.txn(OP, txn).await;
-        // The lease is this acquisition's alone: revoking it removes nothing of anyone else.
-        if let Err(e) = self.lease.revoke(OP).await {
-            tracing::debug!(backend = NAME, key = self.key, error = %e, "revoke on release failed; retried in the background");
-        }
+        // The key is gone (or was not ours): the lease only holds server memory now, so its
+        // revoke need not delay the caller. The lease is this acquisition's alone: revoking
+        // it removes nothing of anyone else.
+        self.lease.revoke_in_background();
         if deleted?.succeeded() {
             Ok(())
         } else {

@@ -129,6 +129,13 @@ impl Backend for MysqlBackend {
             wakeup: Wakeup::Notification {
                 one_per_release: true,
             },
+            // A restart frees every lock at once; holders hear it at their next ping (ttl/3),
+            // which a quick restart can beat. The durable counter keeps tokens rising.
+            faults: dlock_core::Faults {
+                holder_paused: dlock_core::FaultSafety::Fenced,
+                server_restart: dlock_core::FaultSafety::Fenced,
+                ..Default::default()
+            },
             ..Default::default()
         }
     }

@@ -63,6 +63,13 @@ impl Backend for RedisBackend {
             wakeup: Wakeup::Notification {
                 one_per_release: false,
             },
+            // A restart without persistence or a failover loses held keys (another client may
+            // take one before its holder's next renewal); the clock floor keeps tokens rising.
+            faults: dlock_core::Faults {
+                holder_paused: dlock_core::FaultSafety::Fenced,
+                server_restart: dlock_core::FaultSafety::Fenced,
+                member_down: dlock_core::FaultSafety::Fenced,
+            },
             ..Default::default()
         }
     }

@@ -275,6 +275,13 @@ impl Backend for RedlockBackend {
             wakeup: Wakeup::Notification {
                 one_per_release: false,
             },
+            // A minority down keeps a majority of each holder's keys; every node restarted
+            // empty at once frees them all (the per-node clock floor keeps tokens rising).
+            faults: dlock_core::Faults {
+                holder_paused: dlock_core::FaultSafety::Fenced,
+                server_restart: dlock_core::FaultSafety::Fenced,
+                member_down: dlock_core::FaultSafety::Exclusive,
+            },
             ..Default::default()
         }
     }

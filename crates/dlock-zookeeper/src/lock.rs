@@ -245,6 +245,13 @@ impl Backend for ZookeeperBackend {
             wakeup: Wakeup::Notification {
                 one_per_release: true,
             },
+            // Nodes and sessions are replicated and persisted: a restart or a lost member
+            // ends no session early.
+            faults: dlock_core::Faults {
+                holder_paused: dlock_core::FaultSafety::Fenced,
+                server_restart: dlock_core::FaultSafety::Exclusive,
+                member_down: dlock_core::FaultSafety::Exclusive,
+            },
             ..Default::default()
         }
     }
