@@ -72,7 +72,7 @@
 //! |---|---|---|
 //! | `try_acquire`, free | lease grant, transaction | 2 |
 //! | `try_acquire`, held | lease grant, transaction, lease revoke | 3 |
-//! | `acquire` with a wake-up | grant, transaction, watch; on the release: one read | 2 |
+//! | `acquire` with a wake-up | grant, transaction, watch (and a read if the store moved meanwhile); on the release: one read | 2 |
 //! | extend (same ttl) | keep-alive ‖ read of `my` (in parallel) | 0 |
 //! | extend (new ttl) | grant, transaction (then a revoke in the background) | 2 (+1) |
 //! | release | transaction (fenced delete) (then a revoke in the background) | 1 (+1) |
