@@ -4,7 +4,13 @@
 use std::path::Path;
 
 /// Crates under `crates/` that are not backends.
-const NOT_BACKENDS: &[&str] = &["dlock-core", "dlock-conformance", "dlock", "dlock-cli"];
+const NOT_BACKENDS: &[&str] = &[
+    "dlock-core",
+    "dlock-conformance",
+    "dlock",
+    "dlock-cli",
+    "dlock-torture",
+];
 
 #[test]
 fn every_backend_crate_calls_the_conformance_macro() {

@@ -1,0 +1,571 @@
+//! The checks at the end of a run: the history of holds, the fenced store's log, and the
+//! faults, against what the backend declares.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use dlock_conformance::{Hold, Violation as ConformanceViolation};
+use dlock_core::{Capabilities, FaultSafety};
+use serde::Serialize;
+
+use crate::clock::ms;
+use crate::faults::{FaultKind, FaultRec};
+use crate::store::{HoldRec, WriteRec};
+
+/// A broken promise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Violation {
+    pub(crate) what: &'static str,
+    pub(crate) detail: String,
+}
+
+impl Violation {
+    pub(crate) fn new(what: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            what,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// What the history checks found.
+#[derive(Debug, Default)]
+pub(crate) struct Analysis {
+    pub(crate) holds: usize,
+    /// Pairs of overlapping holds that a declared fault allowed and the fenced store kept
+    /// apart.
+    pub(crate) fenced_overlaps: BTreeMap<FaultKind, usize>,
+    /// The earlier holds of those pairs: stale holders whose writes the store fenced off.
+    pub(crate) stale_holders: BTreeMap<FaultKind, BTreeSet<u64>>,
+    /// Writes the store rejected during faults that allow it.
+    pub(crate) expected_rejections: usize,
+    pub(crate) violations: Vec<Violation>,
+}
+
+pub(crate) struct Input<'a> {
+    pub(crate) holds: &'a [HoldRec],
+    pub(crate) log: &'a [WriteRec],
+    pub(crate) faults: &'a [FaultRec],
+    pub(crate) caps: Capabilities,
+    /// How long after a fault ended its effects may still show (an old holder hearing of
+    /// its loss, a late write).
+    pub(crate) grace: u64,
+    /// When the run ended (for holds that never ended, which is itself reported).
+    pub(crate) run_end: u64,
+    /// When the run started, for relative times in messages.
+    pub(crate) t0: u64,
+}
+
+impl Input<'_> {
+    fn rel(&self, t: u64) -> String {
+        format!("{:.3}s", ms(t.saturating_sub(self.t0)) / 1000.0)
+    }
+
+    fn describe(&self, h: &HoldRec) -> String {
+        let lost = h
+            .lost_at
+            .map(|t| format!(", told lost at {}", self.rel(t)))
+            .unwrap_or_default();
+        format!(
+            "hold {:x} (process {}, token {}, {}..{}{lost})",
+            h.id,
+            h.process,
+            h.token,
+            self.rel(h.start),
+            h.end
+                .map_or_else(|| "never ended".to_owned(), |t| self.rel(t)),
+        )
+    }
+
+    /// A fault after which `later` started while `earlier` still trusted its lease, that
+    /// the backend declares may cost exclusion (not `Exclusive`).
+    fn excusing_fault(&self, earlier: &HoldRec, later_start: u64) -> Option<&FaultRec> {
+        self.faults.iter().find(|f| {
+            let in_window = later_start >= f.start && later_start <= f.end + self.grace;
+            let applies = match f.kind {
+                FaultKind::Pause => f
+                    .victim
+                    .as_ref()
+                    .is_some_and(|v| v.process == earlier.process),
+                FaultKind::Restart | FaultKind::Member => true,
+                FaultKind::Kill | FaultKind::Partition => false,
+            };
+            in_window && applies && f.kind.declared(&self.caps.faults) != FaultSafety::Exclusive
+        })
+    }
+
+    /// A fault during `hold`'s life that may leave it writing with a stale token.
+    fn fault_allowing_stale_writes(&self, hold: &HoldRec) -> Option<&FaultRec> {
+        let (from, to) = (hold.requested, hold.end.unwrap_or(self.run_end));
+        self.faults.iter().find(|f| {
+            let overlaps = from <= f.end + self.grace && to >= f.start;
+            let applies = match f.kind {
+                FaultKind::Pause => f.victim.as_ref().is_some_and(|v| v.process == hold.process),
+                FaultKind::Restart | FaultKind::Member => true,
+                FaultKind::Kill | FaultKind::Partition => false,
+            };
+            overlaps && applies && f.kind.declared(&self.caps.faults) != FaultSafety::Exclusive
+        })
+    }
+
+    fn fault_at(&self, t: u64) -> Option<&FaultRec> {
+        self.faults
+            .iter()
+            .find(|f| t >= f.start && t <= f.end + self.grace)
+    }
+}
+
+pub(crate) fn analyse(input: &Input<'_>) -> Analysis {
+    let mut out = Analysis {
+        holds: input.holds.len(),
+        ..Analysis::default()
+    };
+    let mut by_key: BTreeMap<&str, Vec<&HoldRec>> = BTreeMap::new();
+    for hold in input.holds {
+        by_key.entry(&hold.key).or_default().push(hold);
+        if hold.end.is_none() {
+            out.violations.push(Violation::new(
+                "unfinished hold",
+                format!(
+                    "{} on {:?} was never released nor ended by its process's death",
+                    input.describe(hold),
+                    hold.key
+                ),
+            ));
+        }
+    }
+    for holds in by_key.values_mut() {
+        holds.sort_by_key(|h| (h.start, h.id));
+    }
+    // Accepted writes of each hold: the first and last store sequence numbers.
+    let mut accepted: HashMap<u64, (u64, u64)> = HashMap::new();
+    for w in input.log.iter().filter(|w| w.accepted) {
+        let e = accepted.entry(w.hold).or_insert((w.seq, w.seq));
+        e.0 = e.0.min(w.seq);
+        e.1 = e.1.max(w.seq);
+    }
+    let pairs = overlaps(&by_key, input.run_end);
+    for (earlier, later) in &pairs {
+        check_overlap(input, &accepted, earlier, later, &mut out);
+    }
+    cross_check(input, &pairs, &mut out);
+    if input.caps.fencing.is_ordered() {
+        token_order(input, &by_key, &mut out);
+    }
+    store_log(input, &mut out);
+    for f in input.faults.iter().filter(|f| f.recovered.is_none()) {
+        out.violations.push(Violation::new(
+            "no recovery",
+            format!(
+                "after the {} at {}, not every key was acquired again within the recovery limit",
+                f.kind,
+                input.rel(f.start)
+            ),
+        ));
+    }
+    out
+}
+
+/// Every pair of holds of a key where the later started while the earlier was still
+/// trusted (not released, not told it was lost).
+fn overlaps<'a>(
+    by_key: &BTreeMap<&str, Vec<&'a HoldRec>>,
+    run_end: u64,
+) -> Vec<(&'a HoldRec, &'a HoldRec)> {
+    let mut pairs = Vec::new();
+    for holds in by_key.values() {
+        let mut active: Vec<&HoldRec> = Vec::new();
+        for &hold in holds {
+            active.retain(|a| a.trusted_until(run_end) > hold.start);
+            pairs.extend(active.iter().map(|&a| (a, hold)));
+            active.push(hold);
+        }
+    }
+    pairs
+}
+
+fn check_overlap(
+    input: &Input<'_>,
+    accepted: &HashMap<u64, (u64, u64)>,
+    earlier: &HoldRec,
+    later: &HoldRec,
+    out: &mut Analysis,
+) {
+    let what = format!(
+        "on {:?}: {} started while {} still held it",
+        later.key,
+        input.describe(later),
+        input.describe(earlier)
+    );
+    if let Some(fault) = input.excusing_fault(earlier, later.start) {
+        // Allowed if the store kept them apart: the older token's accepted writes all came
+        // before the newer one's.
+        let (old, new) = if earlier.token < later.token {
+            (earlier, later)
+        } else {
+            (later, earlier)
+        };
+        let apart = match (accepted.get(&old.id), accepted.get(&new.id)) {
+            (Some(o), Some(n)) => o.1 < n.0,
+            _ => true,
+        };
+        if earlier.token != later.token && apart {
+            *out.fenced_overlaps.entry(fault.kind).or_default() += 1;
+            out.stale_holders
+                .entry(fault.kind)
+                .or_default()
+                .insert(earlier.id);
+        } else {
+            out.violations.push(Violation::new(
+                "unfenced overlap",
+                format!(
+                    "{what}, during the {} at {} (declared {}), and the fenced store accepted writes of both interleaved",
+                    fault.kind,
+                    input.rel(fault.start),
+                    crate::faults::safety_name(fault.kind.declared(&input.caps.faults))
+                ),
+            ));
+        }
+        return;
+    }
+    let during = input.fault_at(later.start).map_or_else(
+        || "in calm weather".to_owned(),
+        |f| {
+            format!(
+                "during the {} at {} (declared {})",
+                f.kind,
+                input.rel(f.start),
+                crate::faults::safety_name(f.kind.declared(&input.caps.faults))
+            )
+        },
+    );
+    out.violations
+        .push(Violation::new("overlap", format!("{what}, {during}")));
+}
+
+/// The suite's own checker must find no overlap that the sweep missed.
+fn cross_check(input: &Input<'_>, pairs: &[(&HoldRec, &HoldRec)], out: &mut Analysis) {
+    let t0 = tokio::time::Instant::now();
+    let at = |t: u64| t0 + Duration::from_nanos(t.saturating_sub(input.t0));
+    let holds: Vec<Hold> = input
+        .holds
+        .iter()
+        .enumerate()
+        .map(|(i, h)| Hold {
+            client: i,
+            key: h.key.clone(),
+            token: h.token,
+            start: at(h.start),
+            end: at(h.end.unwrap_or(input.run_end)),
+            lost_at: h.lost_at.map(at),
+        })
+        .collect();
+    for v in dlock_conformance::history::check(&holds, false) {
+        if let ConformanceViolation::Overlap { first, second } = v {
+            let (a, b) = (&input.holds[first.client], &input.holds[second.client]);
+            if !pairs.iter().any(|(x, y)| x.id == a.id && y.id == b.id) {
+                out.violations.push(Violation::new(
+                    "checker disagreement",
+                    format!(
+                        "dlock_conformance::check found an overlap the sweep missed: {} / {}",
+                        input.describe(a),
+                        input.describe(b)
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// A hold must get a greater token than every hold that had surely been granted before it
+/// was even requested (started before its acquire was called).
+fn token_order(input: &Input<'_>, by_key: &BTreeMap<&str, Vec<&HoldRec>>, out: &mut Analysis) {
+    for holds in by_key.values() {
+        // holds are sorted by start; prefix maxima of tokens.
+        let mut best: Vec<&HoldRec> = Vec::with_capacity(holds.len());
+        for &h in holds {
+            let top = match best.last() {
+                Some(&b) if b.token >= h.token => b,
+                _ => h,
+            };
+            best.push(top);
+        }
+        for &later in holds {
+            let before = holds.partition_point(|h| h.start < later.requested);
+            if before == 0 {
+                continue;
+            }
+            let top = best[before - 1];
+            if top.token >= later.token {
+                out.violations.push(Violation::new(
+                    "token regression",
+                    format!(
+                        "on {:?}: {} got token {} although {} had token {} and started before it was requested",
+                        later.key,
+                        input.describe(later),
+                        later.token,
+                        input.describe(top),
+                        top.token
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// The store never went backwards, gave no two holds the same token, and rejected nothing
+/// outside a fault that allows stale writes.
+fn store_log(input: &Input<'_>, out: &mut Analysis) {
+    let holds: HashMap<u64, &HoldRec> = input.holds.iter().map(|h| (h.id, h)).collect();
+    let mut last: HashMap<&str, &WriteRec> = HashMap::new();
+    for w in input.log {
+        if !w.accepted {
+            let explained = holds
+                .get(&w.hold)
+                .and_then(|h| input.fault_allowing_stale_writes(h));
+            match explained {
+                Some(_) => out.expected_rejections += 1,
+                None => out.violations.push(Violation::new(
+                    "unexpected rejection",
+                    format!(
+                        "the store rejected write #{} on {:?} (hold {:x}, token {}) at {}, outside any fault that allows stale writes: a newer token was already written",
+                        w.seq,
+                        w.key,
+                        w.hold,
+                        w.token,
+                        input.rel(w.at)
+                    ),
+                )),
+            }
+            continue;
+        }
+        if let Some(prev) = last.get(w.key.as_str()) {
+            if w.token < prev.token {
+                out.violations.push(Violation::new(
+                    "store went backwards",
+                    format!(
+                        "on {:?}: write #{} accepted token {} after #{} accepted {}",
+                        w.key, w.seq, w.token, prev.seq, prev.token
+                    ),
+                ));
+            } else if w.token == prev.token && w.hold != prev.hold {
+                out.violations.push(Violation::new(
+                    "shared token",
+                    format!(
+                        "on {:?}: holds {:x} and {:x} both wrote with token {}",
+                        w.key, prev.hold, w.hold, w.token
+                    ),
+                ));
+            }
+        }
+        last.insert(&w.key, w);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faults::Victim;
+    use dlock_core::{Faults, Fencing};
+
+    const S: u64 = 1_000_000_000;
+
+    fn hold(id: u64, process: u32, token: u64, start: u64, end: u64) -> HoldRec {
+        HoldRec {
+            id,
+            process,
+            key: "k".into(),
+            token,
+            requested: start.saturating_sub(10),
+            start,
+            end: Some(end),
+            lost_at: None,
+            lost_reason: None,
+            outcome: Some("ok".into()),
+        }
+    }
+
+    fn write(seq: u64, hold: u64, token: u64, accepted: bool) -> WriteRec {
+        WriteRec {
+            seq,
+            key: "k".into(),
+            hold,
+            token,
+            at: seq,
+            accepted,
+        }
+    }
+
+    fn caps(paused: FaultSafety) -> Capabilities {
+        Capabilities {
+            fencing: Fencing::Strict,
+            faults: Faults {
+                holder_paused: paused,
+                ..Faults::default()
+            },
+            ..Capabilities::default()
+        }
+    }
+
+    fn pause_of(process: u32, start: u64, end: u64) -> FaultRec {
+        FaultRec {
+            kind: FaultKind::Pause,
+            victim: Some(Victim {
+                slot: 0,
+                process,
+                held: vec!["k".into()],
+            }),
+            units: vec![],
+            start,
+            end,
+            recovered: Some(end),
+            takeovers: vec![],
+        }
+    }
+
+    fn run(
+        holds: &[HoldRec],
+        log: &[WriteRec],
+        faults: &[FaultRec],
+        caps: Capabilities,
+    ) -> Analysis {
+        analyse(&Input {
+            holds,
+            log,
+            faults,
+            caps,
+            grace: 2 * S,
+            run_end: 100 * S,
+            t0: 0,
+        })
+    }
+
+    #[test]
+    fn a_calm_history_passes() {
+        let holds = [hold(1, 1, 1, S, 2 * S), hold(2, 2, 2, 3 * S, 4 * S)];
+        let log = [write(0, 1, 1, true), write(1, 2, 2, true)];
+        let a = run(&holds, &log, &[], caps(FaultSafety::Fenced));
+        assert!(a.violations.is_empty(), "{:?}", a.violations);
+        assert_eq!(a.holds, 2);
+    }
+
+    #[test]
+    fn an_overlap_in_calm_weather_is_a_violation_even_if_fenced() {
+        let holds = [hold(1, 1, 1, S, 3 * S), hold(2, 2, 2, 2 * S, 4 * S)];
+        let log = [write(0, 1, 1, true), write(1, 2, 2, true)];
+        let a = run(&holds, &log, &[], caps(FaultSafety::Fenced));
+        assert_eq!(a.violations.len(), 1, "{:?}", a.violations);
+        assert_eq!(a.violations[0].what, "overlap");
+        assert!(a.violations[0].detail.contains("calm weather"));
+    }
+
+    #[test]
+    fn a_paused_holder_overlap_is_allowed_when_fenced_and_declared() {
+        // Process 1 is paused 1..5 s while holding; process 2 takes the key at 4 s.
+        let mut paused = hold(1, 1, 1, S, 6 * S);
+        paused.lost_at = Some(5 * S + 1);
+        let holds = [paused, hold(2, 2, 2, 4 * S, 4 * S + S / 2)];
+        let log = [
+            write(0, 1, 1, true),
+            write(1, 2, 2, true),
+            write(2, 1, 1, false),
+        ];
+        let faults = [pause_of(1, S, 5 * S)];
+        let a = run(&holds, &log, &faults, caps(FaultSafety::Fenced));
+        assert!(a.violations.is_empty(), "{:?}", a.violations);
+        assert_eq!(a.fenced_overlaps.get(&FaultKind::Pause), Some(&1));
+        assert_eq!(a.expected_rejections, 1);
+
+        // Declared exclusive: the same history is a violation.
+        let a = run(&holds, &log, &faults, caps(FaultSafety::Exclusive));
+        assert!(
+            a.violations.iter().any(|v| v.what == "overlap"),
+            "{:?}",
+            a.violations
+        );
+        // The store interleaving the two: a violation even when fenced is declared.
+        let log = [write(0, 2, 2, true), write(1, 1, 2, true)];
+        let mut same = holds.clone();
+        same[0].token = 2;
+        let a = run(&same, &log, &faults, caps(FaultSafety::Fenced));
+        assert!(
+            a.violations.iter().any(|v| v.what == "unfenced overlap"),
+            "{:?}",
+            a.violations
+        );
+    }
+
+    #[test]
+    fn a_pause_of_another_process_excuses_nothing() {
+        let holds = [hold(1, 1, 1, S, 3 * S), hold(2, 2, 2, 2 * S, 4 * S)];
+        let faults = [pause_of(3, S, 5 * S)];
+        let a = run(&holds, &[], &faults, caps(FaultSafety::Fenced));
+        assert!(
+            a.violations.iter().any(|v| v.what == "overlap"),
+            "{:?}",
+            a.violations
+        );
+    }
+
+    #[test]
+    fn tokens_must_grow_across_surely_ordered_holds() {
+        // Hold 2 was requested after hold 1 started, yet got a lower token.
+        let mut h2 = hold(2, 2, 1, 3 * S, 4 * S);
+        h2.requested = 2 * S;
+        let holds = [hold(1, 1, 5, S, 2 * S), h2.clone()];
+        let a = run(&holds, &[], &[], caps(FaultSafety::Fenced));
+        assert!(
+            a.violations.iter().any(|v| v.what == "token regression"),
+            "{:?}",
+            a.violations
+        );
+        // Requested before hold 1 started: the order of the two grants is unknown.
+        h2.requested = S / 2;
+        let a = run(
+            &[hold(1, 1, 5, S, 2 * S), h2],
+            &[],
+            &[],
+            caps(FaultSafety::Fenced),
+        );
+        assert!(a.violations.is_empty(), "{:?}", a.violations);
+    }
+
+    #[test]
+    fn the_store_log_is_checked() {
+        let holds = [hold(1, 1, 1, S, 2 * S), hold(2, 2, 2, 3 * S, 4 * S)];
+        let backwards = [write(0, 2, 2, true), write(1, 1, 1, true)];
+        let a = run(&holds, &backwards, &[], caps(FaultSafety::Fenced));
+        assert!(
+            a.violations
+                .iter()
+                .any(|v| v.what == "store went backwards"),
+            "{:?}",
+            a.violations
+        );
+        let shared = [write(0, 1, 2, true), write(1, 2, 2, true)];
+        let a = run(&holds, &shared, &[], caps(FaultSafety::Fenced));
+        assert!(
+            a.violations.iter().any(|v| v.what == "shared token"),
+            "{:?}",
+            a.violations
+        );
+        let rejected = [write(0, 2, 2, true), write(1, 1, 1, false)];
+        let a = run(&holds, &rejected, &[], caps(FaultSafety::Fenced));
+        assert!(
+            a.violations
+                .iter()
+                .any(|v| v.what == "unexpected rejection"),
+            "{:?}",
+            a.violations
+        );
+    }
+
+    #[test]
+    fn a_hold_told_it_was_lost_before_the_next_acquire_is_fine() {
+        let mut first = hold(1, 1, 1, S, 5 * S);
+        first.lost_at = Some(2 * S);
+        let holds = [first, hold(2, 2, 2, 3 * S, 4 * S)];
+        let a = run(&holds, &[], &[], caps(FaultSafety::Exclusive));
+        assert!(a.violations.is_empty(), "{:?}", a.violations);
+    }
+}

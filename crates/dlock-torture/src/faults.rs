@@ -1,0 +1,160 @@
+//! The faults a run injects, and the record of each.
+
+use std::fmt;
+use std::str::FromStr;
+
+use dlock_core::{FaultSafety, Faults};
+use serde::Serialize;
+
+/// A kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum FaultKind {
+    /// SIGKILL a worker (a holder crash), then spawn a new one.
+    Kill,
+    /// SIGSTOP a worker for longer than a lease, then SIGCONT (a GC pause).
+    Pause,
+    /// Black-hole one worker's connections for longer than a lease.
+    Partition,
+    /// Stop the server (every member) and start it again.
+    Restart,
+    /// Stop a minority of the members for longer than a lease, then start them again.
+    Member,
+}
+
+impl FaultKind {
+    pub(crate) const ALL: [FaultKind; 5] = [
+        FaultKind::Kill,
+        FaultKind::Pause,
+        FaultKind::Partition,
+        FaultKind::Restart,
+        FaultKind::Member,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            FaultKind::Kill => "kill",
+            FaultKind::Pause => "pause",
+            FaultKind::Partition => "partition",
+            FaultKind::Restart => "restart",
+            FaultKind::Member => "member",
+        }
+    }
+
+    /// What the backend declares about exclusion through this fault. A crash and a
+    /// partition are part of the core contract: always exclusive.
+    pub(crate) fn declared(self, faults: &Faults) -> FaultSafety {
+        match self {
+            FaultKind::Kill | FaultKind::Partition => FaultSafety::Exclusive,
+            FaultKind::Pause => faults.holder_paused,
+            FaultKind::Restart => faults.server_restart,
+            FaultKind::Member => faults.member_down,
+        }
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The `--faults` option: `all`, `none`, or a comma-separated list of kinds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FaultSet {
+    /// Every kind the backend's topology allows; the others are reported as not injected.
+    All,
+    /// Exactly these (an impossible one is an error).
+    Only(Vec<FaultKind>),
+}
+
+impl FromStr for FaultSet {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "all" => return Ok(FaultSet::All),
+            "none" | "" => return Ok(FaultSet::Only(Vec::new())),
+            _ => {}
+        }
+        let mut kinds = Vec::new();
+        for name in s.split(',').map(str::trim) {
+            let kind = FaultKind::ALL
+                .into_iter()
+                .find(|k| k.name() == name)
+                .ok_or_else(|| {
+                    format!("unknown fault {name:?} (all, none, or a list of kill, pause, partition, restart, member)")
+                })?;
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        Ok(FaultSet::Only(kinds))
+    }
+}
+
+pub(crate) fn safety_name(s: FaultSafety) -> &'static str {
+    match s {
+        FaultSafety::Unspecified => "unspecified",
+        FaultSafety::Fenced => "fenced",
+        FaultSafety::Exclusive => "exclusive",
+    }
+}
+
+/// One injected fault. Times are [`now_ns`](crate::clock::now_ns) readings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FaultRec {
+    pub(crate) kind: FaultKind,
+    /// The worker slot, process and keys it held, for a fault that hits a worker.
+    pub(crate) victim: Option<Victim>,
+    /// The units stopped, for a server fault.
+    pub(crate) units: Vec<String>,
+    /// When the fault began (the signal sent, the network cut, the first unit stopping).
+    pub(crate) start: u64,
+    /// When it ended (the process reaped, SIGCONT, the network healed, the units answering
+    /// again).
+    pub(crate) end: u64,
+    /// When every key had been acquired again after `end`.
+    pub(crate) recovered: Option<u64>,
+    /// For a fault on a holder: when each key it held was first acquired by another
+    /// process after `start`.
+    pub(crate) takeovers: Vec<(String, Option<u64>)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Victim {
+    pub(crate) slot: usize,
+    pub(crate) process: u32,
+    pub(crate) held: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_lists_parse() {
+        assert_eq!("all".parse::<FaultSet>().unwrap(), FaultSet::All);
+        assert_eq!("none".parse::<FaultSet>().unwrap(), FaultSet::Only(vec![]));
+        assert_eq!(
+            "kill, pause,kill".parse::<FaultSet>().unwrap(),
+            FaultSet::Only(vec![FaultKind::Kill, FaultKind::Pause])
+        );
+        let err = "kill,reboot".parse::<FaultSet>().unwrap_err();
+        assert!(err.contains("reboot"), "{err}");
+    }
+
+    #[test]
+    fn crash_and_partition_are_always_checked_as_exclusive() {
+        let nothing = Faults::default();
+        assert_eq!(FaultKind::Kill.declared(&nothing), FaultSafety::Exclusive);
+        assert_eq!(
+            FaultKind::Partition.declared(&nothing),
+            FaultSafety::Exclusive
+        );
+        assert_eq!(
+            FaultKind::Pause.declared(&nothing),
+            FaultSafety::Unspecified
+        );
+    }
+}

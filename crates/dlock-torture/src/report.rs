@@ -1,0 +1,330 @@
+//! The report: Markdown for people (stdout), JSON for tools (`--report FILE`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use dlock_core::{Capabilities, Expiry, Fencing};
+use serde::Serialize;
+
+use crate::check::{Analysis, Violation};
+use crate::clock::ms;
+use crate::coordinator::{Config, Timings};
+use crate::faults::{FaultKind, FaultRec, safety_name};
+use crate::store::{HoldRec, State};
+
+/// The final check: keys free for a fresh client once every worker is gone.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct FinalCheck {
+    pub(crate) keys: usize,
+    pub(crate) free_at_once: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Declared {
+    pub(crate) fencing: String,
+    pub(crate) expiry: String,
+    pub(crate) holder_paused: &'static str,
+    pub(crate) server_restart: &'static str,
+    pub(crate) member_down: &'static str,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct FaultOut {
+    pub(crate) kind: FaultKind,
+    /// Seconds since the run started.
+    pub(crate) at_s: f64,
+    pub(crate) duration_ms: f64,
+    /// The worker process hit, for kill, pause and partition.
+    pub(crate) victim: Option<u32>,
+    /// Keys the victim held when hit.
+    pub(crate) held: Vec<String>,
+    /// Units stopped, for restart and member.
+    pub(crate) units: Vec<String>,
+    /// From the fault's start until another process held each key the victim held (the
+    /// slowest key).
+    pub(crate) takeover_ms: Option<f64>,
+    /// From the fault's end until every key had been acquired again.
+    pub(crate) recovery_ms: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct KindOut {
+    pub(crate) injected: usize,
+    pub(crate) declared: &'static str,
+    /// Pairs of overlapping holds the fenced store kept apart.
+    pub(crate) fenced_overlaps: usize,
+    /// Holders that overlapped a later one and were fenced off.
+    pub(crate) stale_holders: usize,
+    pub(crate) takeover_ms_max: Option<f64>,
+    pub(crate) recovery_ms_median: Option<f64>,
+    pub(crate) recovery_ms_max: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Report {
+    pub(crate) backend: &'static str,
+    pub(crate) url: String,
+    pub(crate) seed: u64,
+    pub(crate) duration_s: f64,
+    pub(crate) workers: usize,
+    pub(crate) tasks: usize,
+    pub(crate) clients: usize,
+    pub(crate) keys: usize,
+    pub(crate) ttl_ms: f64,
+    pub(crate) pause_and_partition_ms: f64,
+    pub(crate) declared: Declared,
+    pub(crate) holds: usize,
+    pub(crate) holds_per_key: BTreeMap<String, usize>,
+    pub(crate) leases_lost: usize,
+    pub(crate) writes_accepted: usize,
+    pub(crate) writes_rejected: usize,
+    pub(crate) acquire_errors: BTreeMap<String, u64>,
+    pub(crate) acquire_error_samples: BTreeMap<String, String>,
+    pub(crate) release_outcomes: BTreeMap<String, u64>,
+    pub(crate) by_kind: BTreeMap<FaultKind, KindOut>,
+    pub(crate) not_injected: BTreeMap<FaultKind, String>,
+    pub(crate) faults: Vec<FaultOut>,
+    pub(crate) final_check: FinalCheck,
+    pub(crate) violations: Vec<Violation>,
+    pub(crate) passed: bool,
+}
+
+pub(crate) struct Inputs<'a> {
+    pub(crate) backend: &'static str,
+    pub(crate) url: String,
+    pub(crate) cfg: &'a Config,
+    pub(crate) caps: &'a Capabilities,
+    pub(crate) timings: &'a Timings,
+    pub(crate) state: &'a State,
+    pub(crate) holds: &'a [HoldRec],
+    pub(crate) faults: &'a [FaultRec],
+    pub(crate) analysis: &'a Analysis,
+    pub(crate) not_injected: &'a [(FaultKind, String)],
+    pub(crate) final_check: FinalCheck,
+    pub(crate) violations: Vec<Violation>,
+    pub(crate) t0: u64,
+    pub(crate) run_end: u64,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[v.len() / 2])
+}
+
+fn max(v: impl IntoIterator<Item = f64>) -> Option<f64> {
+    v.into_iter().reduce(f64::max)
+}
+
+impl Report {
+    pub(crate) fn build(i: Inputs<'_>) -> Self {
+        let caps = i.caps;
+        let faults: Vec<FaultOut> = i
+            .faults
+            .iter()
+            .map(|f| {
+                let takeovers: Vec<f64> = f
+                    .takeovers
+                    .iter()
+                    .filter_map(|(_, t)| t.map(|t| ms(t.saturating_sub(f.start))))
+                    .collect();
+                FaultOut {
+                    kind: f.kind,
+                    at_s: ms(f.start.saturating_sub(i.t0)) / 1000.0,
+                    duration_ms: ms(f.end - f.start),
+                    victim: f.victim.as_ref().map(|v| v.process),
+                    held: f
+                        .victim
+                        .as_ref()
+                        .map(|v| v.held.clone())
+                        .unwrap_or_default(),
+                    units: f.units.clone(),
+                    takeover_ms: max(takeovers),
+                    recovery_ms: f.recovered.map(|t| ms(t.saturating_sub(f.end))),
+                }
+            })
+            .collect();
+        let mut by_kind = BTreeMap::new();
+        for kind in FaultKind::ALL {
+            let of: Vec<&FaultOut> = faults.iter().filter(|f| f.kind == kind).collect();
+            if of.is_empty() {
+                continue;
+            }
+            by_kind.insert(
+                kind,
+                KindOut {
+                    injected: of.len(),
+                    declared: safety_name(kind.declared(&caps.faults)),
+                    fenced_overlaps: i.analysis.fenced_overlaps.get(&kind).copied().unwrap_or(0),
+                    stale_holders: i.analysis.stale_holders.get(&kind).map_or(0, BTreeSet::len),
+                    takeover_ms_max: max(of.iter().filter_map(|f| f.takeover_ms)),
+                    recovery_ms_median: median(of.iter().filter_map(|f| f.recovery_ms).collect()),
+                    recovery_ms_max: max(of.iter().filter_map(|f| f.recovery_ms)),
+                },
+            );
+        }
+        let mut holds_per_key = BTreeMap::new();
+        for h in i.holds {
+            *holds_per_key.entry(h.key.clone()).or_default() += 1;
+        }
+        let accepted = i.state.log.iter().filter(|w| w.accepted).count();
+        Report {
+            backend: i.backend,
+            url: i.url,
+            seed: i.cfg.seed,
+            duration_s: ms(i.run_end - i.t0) / 1000.0,
+            workers: i.cfg.workers,
+            tasks: i.cfg.tasks,
+            clients: i.cfg.clients,
+            keys: i.cfg.keys,
+            ttl_ms: i.cfg.ttl.as_secs_f64() * 1000.0,
+            pause_and_partition_ms: i.timings.fault_hold.as_secs_f64() * 1000.0,
+            declared: Declared {
+                fencing: match caps.fencing {
+                    Fencing::None => "none".to_owned(),
+                    Fencing::BestEffort { .. } => "best effort".to_owned(),
+                    Fencing::Strict => "strict".to_owned(),
+                },
+                expiry: match caps.expiry {
+                    Expiry::Ttl => "ttl".to_owned(),
+                    Expiry::Session { timeout } => format!("session ({timeout:?})"),
+                },
+                holder_paused: safety_name(caps.faults.holder_paused),
+                server_restart: safety_name(caps.faults.server_restart),
+                member_down: safety_name(caps.faults.member_down),
+            },
+            holds: i.analysis.holds,
+            holds_per_key,
+            leases_lost: i.holds.iter().filter(|h| h.lost_at.is_some()).count(),
+            writes_accepted: accepted,
+            writes_rejected: i.state.log.len() - accepted,
+            acquire_errors: i.state.acquire_errors.clone(),
+            acquire_error_samples: i.state.error_samples.clone(),
+            release_outcomes: i.state.release_outcomes.clone(),
+            by_kind,
+            not_injected: i.not_injected.iter().cloned().collect(),
+            faults,
+            final_check: i.final_check,
+            passed: i.violations.is_empty(),
+            violations: i.violations,
+        }
+    }
+
+    pub(crate) fn markdown(&self) -> String {
+        let mut md = String::new();
+        let _ = writeln!(md, "## torture: {} at `{}`\n", self.backend, self.url);
+        let _ = writeln!(
+            md,
+            "{} · seed {} · {:.1} s · {} workers × {} tasks ({} clients each) · {} keys · ttl {:.0} ms · pauses and partitions {:.1} s\n",
+            if self.passed {
+                "**passed**"
+            } else {
+                "**FAILED**"
+            },
+            self.seed,
+            self.duration_s,
+            self.workers,
+            self.tasks,
+            self.clients,
+            self.keys,
+            self.ttl_ms,
+            self.pause_and_partition_ms / 1000.0,
+        );
+        let d = &self.declared;
+        let _ = writeln!(
+            md,
+            "Declared: fencing {}, expiry {}; holder paused: {}, server restart: {}, member down: {}.\n",
+            d.fencing, d.expiry, d.holder_paused, d.server_restart, d.member_down
+        );
+        let errors = if self.acquire_errors.is_empty() {
+            "none".to_owned()
+        } else {
+            self.acquire_errors
+                .iter()
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        md.push_str("| holds checked | writes accepted | writes rejected | leases lost | acquire errors | violations |\n|---|---|---|---|---|---|\n");
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | **{}** |\n",
+            self.holds,
+            self.writes_accepted,
+            self.writes_rejected,
+            self.leases_lost,
+            errors,
+            self.violations.len()
+        );
+        if !self.by_kind.is_empty() {
+            md.push_str("| fault | injected | declared | stale holders fenced (overlapping holds) | takeover (max) | recovery (median / max) |\n|---|---|---|---|---|---|\n");
+            for (kind, k) in &self.by_kind {
+                let _ = writeln!(
+                    md,
+                    "| {kind} | {} | {} | {} ({}) | {} | {} / {} |",
+                    k.injected,
+                    k.declared,
+                    k.stale_holders,
+                    k.fenced_overlaps,
+                    fmt_ms(k.takeover_ms_max),
+                    fmt_ms(k.recovery_ms_median),
+                    fmt_ms(k.recovery_ms_max)
+                );
+            }
+            md.push('\n');
+        }
+        for (kind, why) in &self.not_injected {
+            let _ = writeln!(md, "Not injected: {kind} ({why}).");
+        }
+        if !self.not_injected.is_empty() {
+            md.push('\n');
+        }
+        let _ = writeln!(
+            md,
+            "Final check: {}/{} keys free at once for a fresh client after the workers stopped.\n",
+            self.final_check.free_at_once, self.final_check.keys
+        );
+        if !self.faults.is_empty() {
+            md.push_str("<details><summary>faults</summary>\n\n| at | fault | target | lasted | takeover | recovery |\n|---|---|---|---|---|---|\n");
+            for f in &self.faults {
+                let target = match f.victim {
+                    Some(p) if f.held.is_empty() => format!("worker {p} (holding nothing)"),
+                    Some(p) => format!("worker {p} holding {}", f.held.join(", ")),
+                    None => f.units.join(", "),
+                };
+                let _ = writeln!(
+                    md,
+                    "| {:.2} s | {} | {target} | {} | {} | {} |",
+                    f.at_s,
+                    f.kind,
+                    fmt_ms(Some(f.duration_ms)),
+                    fmt_ms(f.takeover_ms),
+                    fmt_ms(f.recovery_ms)
+                );
+            }
+            md.push_str("\n</details>\n\n");
+        }
+        if self.violations.is_empty() {
+            md.push_str("Violations: none.\n");
+        } else {
+            md.push_str("Violations:\n\n");
+            for v in self.violations.iter().take(50) {
+                let _ = writeln!(md, "- **{}**: {}", v.what, v.detail);
+            }
+            if self.violations.len() > 50 {
+                let _ = writeln!(md, "- … and {} more", self.violations.len() - 50);
+            }
+        }
+        md
+    }
+}
+
+fn fmt_ms(v: Option<f64>) -> String {
+    match v {
+        None => "—".to_owned(),
+        Some(v) if v >= 1000.0 => format!("{:.2} s", v / 1000.0),
+        Some(v) => format!("{v:.0} ms"),
+    }
+}

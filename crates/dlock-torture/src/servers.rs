@@ -1,0 +1,292 @@
+//! The servers behind a lock URL: their addresses (to put a proxy per worker in front of
+//! them), and the `scripts/backends` units that run them (to stop and start them).
+
+use std::collections::BTreeSet;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Units that other tests use all the time: never stopped by a torture run.
+pub(crate) const SHARED_UNITS: &[&str] = &["redis", "zookeeper", "etcd", "mariadb"];
+
+/// A lock URL split around its host list: `scheme://[userinfo@]h1:p1,h2:p2[/path][?query]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Target {
+    scheme: String,
+    userinfo: Option<String>,
+    hosts: Vec<String>,
+    rest: String,
+}
+
+impl Target {
+    pub(crate) fn parse(url: &str) -> Result<Self, String> {
+        let (scheme, after) = url
+            .split_once("://")
+            .ok_or_else(|| "not a lock URL (expected scheme://host:port…)".to_owned())?;
+        let scheme = scheme.to_ascii_lowercase();
+        let end = after.find(['/', '?', '#']).unwrap_or(after.len());
+        let (authority, rest) = after.split_at(end);
+        let (userinfo, hostlist) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u.to_owned()), h),
+            None => (None, authority),
+        };
+        let hosts: Vec<String> = hostlist.split(',').map(str::to_owned).collect();
+        if hosts.iter().any(String::is_empty) {
+            return Err(format!("{scheme}:// URL without a host"));
+        }
+        Ok(Self {
+            scheme,
+            userinfo,
+            hosts,
+            rest: rest.to_owned(),
+        })
+    }
+
+    pub(crate) fn scheme(&self) -> &str {
+        &self.scheme
+    }
+
+    fn default_port(&self) -> Option<u16> {
+        match self.scheme.as_str() {
+            "redis" | "rediss" | "redlock" | "redlocks" => Some(6379),
+            "zk" | "zookeeper" => Some(2181),
+            "etcd" | "etcds" => Some(2379),
+            "mysql" | "mariadb" => Some(3306),
+            _ => None,
+        }
+    }
+
+    /// The server addresses, in URL order.
+    pub(crate) fn addrs(&self) -> Result<Vec<SocketAddr>, String> {
+        self.hosts
+            .iter()
+            .map(|host| {
+                let with_port = if host
+                    .rsplit_once(':')
+                    .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+                {
+                    host.clone()
+                } else {
+                    let port = self.default_port().ok_or_else(|| {
+                        format!("{host}: no port and no default port for {}://", self.scheme)
+                    })?;
+                    format!("{host}:{port}")
+                };
+                with_port
+                    .to_socket_addrs()
+                    .map_err(|e| format!("cannot resolve {with_port}: {e}"))?
+                    .next()
+                    .ok_or_else(|| format!("{with_port} resolves to no address"))
+            })
+            .collect()
+    }
+
+    /// The URL with its hosts replaced by `addrs` (same order; the rest kept).
+    pub(crate) fn with_addrs(&self, addrs: &[SocketAddr]) -> String {
+        let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+        self.render(&hosts.join(","), self.userinfo.as_deref())
+    }
+
+    /// The URL without its password, for reports.
+    pub(crate) fn redacted(&self) -> String {
+        let userinfo = self.userinfo.as_deref().map(|u| match u.split_once(':') {
+            Some((user, _)) => format!("{user}:***"),
+            None => u.to_owned(),
+        });
+        self.render(&self.hosts.join(","), userinfo.as_deref())
+    }
+
+    fn render(&self, hosts: &str, userinfo: Option<&str>) -> String {
+        let userinfo = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+        format!("{}://{userinfo}{hosts}{}", self.scheme, self.rest)
+    }
+}
+
+/// The `[unit]=PORT` table between the `# BEGIN CLIENT PORTS` / `# END CLIENT PORTS` lines of
+/// `scripts/backends`.
+pub(crate) fn port_table(script: &str) -> Vec<(String, u16)> {
+    let Some(start) = script.find("# BEGIN CLIENT PORTS") else {
+        return Vec::new();
+    };
+    let rest = &script[start..];
+    let end = rest.find("# END CLIENT PORTS").unwrap_or(rest.len());
+    rest[..end]
+        .lines()
+        .filter_map(|line| {
+            let (unit, port) = line.trim().strip_prefix('[')?.split_once("]=")?;
+            Some((unit.to_owned(), port.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// `scripts/backends`: from `explicit`, else the first found walking up from the current
+/// directory, else the one of the checkout this binary was built from.
+pub(crate) fn find_script(explicit: Option<&Path>) -> Option<PathBuf> {
+    if let Some(path) = explicit {
+        return Some(path.to_owned());
+    }
+    let mut dir = std::env::current_dir().ok();
+    while let Some(d) = dir {
+        let candidate = d.join("scripts/backends");
+        if candidate.is_file() {
+            return Some(candidate);
+        }
+        dir = d.parent().map(Path::to_owned);
+    }
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/backends");
+    built.is_file().then_some(built)
+}
+
+/// Starts and stops `scripts/backends` units, and remembers which are down so that they
+/// are always brought back ([`ServerCtl::restore`], also on drop).
+#[derive(Debug)]
+pub(crate) struct ServerCtl {
+    script: PathBuf,
+    down: Mutex<BTreeSet<String>>,
+}
+
+impl ServerCtl {
+    pub(crate) fn new(script: PathBuf) -> Self {
+        Self {
+            script,
+            down: Mutex::default(),
+        }
+    }
+
+    fn down_set(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.down.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stop `units` (refusing the shared ones).
+    pub(crate) async fn stop(&self, units: &[String]) -> Result<(), String> {
+        if let Some(shared) = units.iter().find(|u| SHARED_UNITS.contains(&u.as_str())) {
+            return Err(format!("refusing to stop the shared server {shared}"));
+        }
+        self.down_set().extend(units.iter().cloned());
+        self.run("down", units).await
+    }
+
+    /// Start `units` and wait until they answer.
+    pub(crate) async fn start(&self, units: &[String]) -> Result<(), String> {
+        self.run("up", units).await?;
+        let mut down = self.down_set();
+        for unit in units {
+            down.remove(unit);
+        }
+        Ok(())
+    }
+
+    async fn run(&self, op: &str, units: &[String]) -> Result<(), String> {
+        let out = tokio::process::Command::new(&self.script)
+            .arg(op)
+            .args(units)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .map_err(|e| format!("{} {op}: {e}", self.script.display()))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} {op} {}: {}\n{}",
+                self.script.display(),
+                units.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// Start whatever this run stopped and has not started again (blocking).
+    pub(crate) fn restore(&self) {
+        let units: Vec<String> = std::mem::take(&mut *self.down_set()).into_iter().collect();
+        if units.is_empty() {
+            return;
+        }
+        eprintln!("torture: bringing back {}", units.join(" "));
+        match std::process::Command::new(&self.script)
+            .arg("up")
+            .args(&units)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .status()
+        {
+            Ok(status) if status.success() => {}
+            Ok(status) => eprintln!(
+                "torture: {} up {} failed ({status}); run it by hand",
+                self.script.display(),
+                units.join(" ")
+            ),
+            Err(e) => eprintln!("torture: cannot run {}: {e}", self.script.display()),
+        }
+    }
+}
+
+impl Drop for ServerCtl {
+    fn drop(&mut self) {
+        self.restore();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_split_around_their_hosts() {
+        let cases = [
+            (
+                "redis://127.0.0.1:6380",
+                vec!["127.0.0.1:6380"],
+                "redis://127.0.0.1:6380",
+            ),
+            (
+                "zk://127.0.0.1:2182,127.0.0.1:2183/app?session_timeout=3s",
+                vec!["127.0.0.1:2182", "127.0.0.1:2183"],
+                "zk://127.0.0.1:2182,127.0.0.1:2183/app?session_timeout=3s",
+            ),
+            (
+                "mysql://dlock:secret@127.0.0.1:3307/dlock",
+                vec!["127.0.0.1:3307"],
+                "mysql://dlock:***@127.0.0.1:3307/dlock",
+            ),
+            (
+                "etcd://127.0.0.1",
+                vec!["127.0.0.1:2379"],
+                "etcd://127.0.0.1",
+            ),
+        ];
+        for (url, addrs, redacted) in cases {
+            let t = Target::parse(url).unwrap();
+            let got: Vec<String> = t.addrs().unwrap().iter().map(ToString::to_string).collect();
+            assert_eq!(got, addrs, "{url}");
+            assert_eq!(t.redacted(), redacted);
+        }
+        assert!(Target::parse("redis://").is_err());
+        assert!(Target::parse("127.0.0.1:6379").is_err());
+    }
+
+    #[test]
+    fn hosts_are_replaced_and_the_rest_kept() {
+        let t = Target::parse("mysql://dlock:pw@127.0.0.1:3307/dlock?response_timeout=2s").unwrap();
+        let proxy: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        assert_eq!(
+            t.with_addrs(&[proxy]),
+            "mysql://dlock:pw@127.0.0.1:40000/dlock?response_timeout=2s"
+        );
+    }
+
+    #[test]
+    fn the_port_table_of_the_script_is_read() {
+        let script = std::fs::read_to_string(find_script(None).expect("scripts/backends")).unwrap();
+        let table = port_table(&script);
+        assert!(
+            table.contains(&("torture-redis".to_owned(), 6380)),
+            "{table:?}"
+        );
+        assert!(
+            table.contains(&("zk-ensemble-2".to_owned(), 2183)),
+            "{table:?}"
+        );
+    }
+}

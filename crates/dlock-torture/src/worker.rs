@@ -1,0 +1,244 @@
+//! A worker process: tasks that contend for a few keys through `dlock::connect`, write to
+//! the coordinator's fenced store under each lease, and report every hold.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use clap::Args;
+use dlock::{DistributedLock, LockOptions, Wait};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{Mutex, watch};
+
+use crate::clock::now_ns;
+use crate::wire::{Msg, WriteReply};
+
+/// Arguments the coordinator passes to each worker process.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct WorkerArgs {
+    /// Lock URL (through this worker's proxies).
+    #[arg(long)]
+    pub(crate) url: String,
+    /// The coordinator's store address.
+    #[arg(long)]
+    pub(crate) store: SocketAddr,
+    /// This process's number in the run.
+    #[arg(long)]
+    pub(crate) process: u32,
+    /// Contending tasks.
+    #[arg(long)]
+    pub(crate) tasks: usize,
+    /// Lock clients (connections) the tasks share.
+    #[arg(long)]
+    pub(crate) clients: usize,
+    /// The keys, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) keys: Vec<String>,
+    /// Lease ttl.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub(crate) ttl: Duration,
+    /// How long an acquire may wait.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub(crate) wait: Duration,
+    #[arg(long)]
+    pub(crate) seed: u64,
+}
+
+/// How long a worker keeps trying to connect (the server may be down when it is spawned).
+const CONNECT_FOR: Duration = Duration::from_secs(120);
+
+pub(crate) async fn run(args: WorkerArgs) -> Result<(), String> {
+    // Die with the coordinator, whatever happens to it.
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| format!("prctl(PR_SET_PDEATHSIG): {e}"))?;
+    let (stop_tx, stop) = watch::channel(false);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("SIGTERM handler: {e}"))?;
+    tokio::spawn(async move {
+        term.recv().await;
+        stop_tx.send_replace(true);
+    });
+
+    let mut clients = Vec::new();
+    for _ in 0..args.clients.max(1) {
+        clients.push(connect(&args.url).await?);
+    }
+    let args = Arc::new(args);
+    let ids = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for task in 0..args.tasks {
+        let client = clients[task % clients.len()].clone();
+        let rng =
+            StdRng::seed_from_u64(args.seed ^ ((u64::from(args.process) << 32) | task as u64));
+        tasks.push(tokio::spawn(contend(
+            args.clone(),
+            client,
+            rng,
+            ids.clone(),
+            stop.clone(),
+        )));
+    }
+    for task in tasks {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(e) => return Err(format!("a task panicked: {e}")),
+        }
+    }
+    Ok(())
+}
+
+async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, String> {
+    let until = tokio::time::Instant::now() + CONNECT_FOR;
+    loop {
+        match dlock::connect(url).await {
+            Ok(client) => return Ok(client),
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(format!("connect: {e}")),
+        }
+    }
+}
+
+/// One task's connection to the coordinator; the task and its lost-watcher share it.
+struct Store {
+    lines: Mutex<(Lines<BufReader<OwnedReadHalf>>, OwnedWriteHalf)>,
+}
+
+impl Store {
+    async fn connect(addr: SocketAddr, process: u32) -> Result<Arc<Self>, String> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect to the coordinator at {addr}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        let (read, mut write) = stream.into_split();
+        write
+            .write_all(format!("{process}\n").as_bytes())
+            .await
+            .map_err(|e| format!("coordinator: {e}"))?;
+        Ok(Arc::new(Self {
+            lines: Mutex::new((BufReader::new(read).lines(), write)),
+        }))
+    }
+
+    async fn send(&self, msg: &Msg) -> Result<(), String> {
+        let mut line = serde_json::to_vec(msg).expect("a message serializes");
+        line.push(b'\n');
+        let mut conn = self.lines.lock().await;
+        conn.1
+            .write_all(&line)
+            .await
+            .map_err(|e| format!("coordinator gone: {e}"))
+    }
+
+    /// A write to the fenced store: whether it was accepted.
+    async fn write(&self, hold: u64, key: &str, token: u64) -> Result<bool, String> {
+        let msg = Msg::Write {
+            hold,
+            key: key.to_owned(),
+            token,
+        };
+        let mut line = serde_json::to_vec(&msg).expect("a message serializes");
+        line.push(b'\n');
+        let mut conn = self.lines.lock().await;
+        conn.1
+            .write_all(&line)
+            .await
+            .map_err(|e| format!("coordinator gone: {e}"))?;
+        let reply = conn
+            .0
+            .next_line()
+            .await
+            .map_err(|e| format!("coordinator gone: {e}"))?
+            .ok_or("coordinator gone")?;
+        let reply: WriteReply =
+            serde_json::from_str(&reply).map_err(|e| format!("bad reply {reply:?}: {e}"))?;
+        Ok(reply.accepted)
+    }
+}
+
+/// Acquire a random key, write under it, release; until told to stop.
+async fn contend(
+    args: Arc<WorkerArgs>,
+    client: Arc<dyn DistributedLock>,
+    mut rng: StdRng,
+    ids: Arc<AtomicU64>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), String> {
+    let store = Store::connect(args.store, args.process).await?;
+    let opts = LockOptions::new().ttl(args.ttl).wait(Wait::For(args.wait));
+    while !*stop.borrow() {
+        let key = &args.keys[rng.random_range(0..args.keys.len())];
+        let requested = now_ns();
+        let lease = match client.acquire(key, &opts).await {
+            Ok(lease) => lease,
+            Err(e) => {
+                store
+                    .send(&Msg::AcquireFailed {
+                        kind: format!("{:?}", e.kind()),
+                        error: e.to_string(),
+                    })
+                    .await?;
+                tokio::time::sleep(Duration::from_millis(rng.random_range(50..250))).await;
+                continue;
+            }
+        };
+        let at = now_ns();
+        let hold = (u64::from(args.process) << 32) | ids.fetch_add(1, Ordering::Relaxed);
+        let token = lease.fencing_token();
+        store
+            .send(&Msg::Acquired {
+                hold,
+                key: key.clone(),
+                token,
+                requested,
+                at,
+            })
+            .await?;
+        let watcher = tokio::spawn({
+            let mut signal = lease.lost_signal();
+            let store = store.clone();
+            async move {
+                if let Some(reason) = signal.lost().await {
+                    let at = now_ns();
+                    let _ = store
+                        .send(&Msg::Lost {
+                            hold,
+                            at,
+                            reason: reason.to_string(),
+                        })
+                        .await;
+                }
+            }
+        });
+        // The critical section: a few writes, a little apart; one hold in eight is long
+        // (half a ttl to two ttls), so that faults find holders that renew.
+        let (writes, gap) = if rng.random_ratio(1, 8) {
+            let span = args.ttl.mul_f64(rng.random_range(0.5..2.0));
+            (5, span / 5)
+        } else {
+            (rng.random_range(1..=3), Duration::from_millis(40))
+        };
+        for _ in 0..writes {
+            tokio::time::sleep(gap.mul_f64(rng.random_range(0.0..1.0))).await;
+            if lease.is_lost() || !store.write(hold, key, token).await? {
+                break;
+            }
+        }
+        store.send(&Msg::Releasing { hold, at: now_ns() }).await?;
+        let outcome = match lease.release().await {
+            Ok(()) => "ok".to_owned(),
+            Err(e) => format!("{:?}", e.kind()),
+        };
+        let _ = watcher.await;
+        store.send(&Msg::Released { hold, outcome }).await?;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..=20))).await;
+    }
+    Ok(())
+}
