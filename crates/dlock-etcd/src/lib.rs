@@ -126,6 +126,8 @@
 //! | expiry | ttl | the lease ends ⌈ttl⌉ s after the last keep-alive (see above) |
 //! | releases on disconnect | no | the key lives until its lease expires; a closed connection does not end a lease |
 //! | wake-up | notification, one per release | each waiter watches only its predecessor's key |
+//! | faults: holder paused | fenced | a paused holder cannot hear `lost()`; the next holder's token is higher |
+//! | faults: server restart, member down | exclusive | keys, leases and revisions are persisted and replicated; a new leader extends every lease, so no key frees early |
 //! | max key length | 1024 bytes | the default; encoded names are at most 3 KiB, far below etcd's 1.5 MiB request limit |
 //!
 //! # URL
