@@ -77,20 +77,26 @@ impl Input<'_> {
         )
     }
 
-    /// A fault after which `later` started while `earlier` still trusted its lease, that
-    /// the backend declares may cost exclusion (not `Exclusive`).
-    fn excusing_fault(&self, earlier: &HoldRec, later_start: u64) -> Option<&FaultRec> {
+    /// Whether fault `f` may leave a holder in `process` believing in a lease that another
+    /// client was given: the backend does not declare it exclusive through `f`, and `f` hit
+    /// that holder (a pause of its process; a restart or a lost member hits everyone).
+    fn may_stale(&self, f: &FaultRec, process: u32) -> bool {
+        let hit = match f.kind {
+            FaultKind::Pause => f.victim.as_ref().is_some_and(|v| v.process == process),
+            FaultKind::Restart | FaultKind::Member => true,
+            FaultKind::Kill | FaultKind::Partition => false,
+        };
+        hit && f.kind.declared(&self.caps.faults) != FaultSafety::Exclusive
+    }
+
+    /// A fault after which `later` started while `earlier` still trusted its lease, and
+    /// which may cost exclusion. A paused process may hold either side: its grant may have
+    /// come just before the pause and been noted just after it.
+    fn excusing_fault(&self, earlier: &HoldRec, later: &HoldRec) -> Option<&FaultRec> {
         self.faults.iter().find(|f| {
-            let in_window = later_start >= f.start && later_start <= f.end + self.grace;
-            let applies = match f.kind {
-                FaultKind::Pause => f
-                    .victim
-                    .as_ref()
-                    .is_some_and(|v| v.process == earlier.process),
-                FaultKind::Restart | FaultKind::Member => true,
-                FaultKind::Kill | FaultKind::Partition => false,
-            };
-            in_window && applies && f.kind.declared(&self.caps.faults) != FaultSafety::Exclusive
+            later.start >= f.start
+                && later.start <= f.end + self.grace
+                && (self.may_stale(f, earlier.process) || self.may_stale(f, later.process))
         })
     }
 
@@ -98,13 +104,7 @@ impl Input<'_> {
     fn fault_allowing_stale_writes(&self, hold: &HoldRec) -> Option<&FaultRec> {
         let (from, to) = (hold.requested, hold.end.unwrap_or(self.run_end));
         self.faults.iter().find(|f| {
-            let overlaps = from <= f.end + self.grace && to >= f.start;
-            let applies = match f.kind {
-                FaultKind::Pause => f.victim.as_ref().is_some_and(|v| v.process == hold.process),
-                FaultKind::Restart | FaultKind::Member => true,
-                FaultKind::Kill | FaultKind::Partition => false,
-            };
-            overlaps && applies && f.kind.declared(&self.caps.faults) != FaultSafety::Exclusive
+            from <= f.end + self.grace && to >= f.start && self.may_stale(f, hold.process)
         })
     }
 
@@ -197,7 +197,7 @@ fn check_overlap(
         input.describe(later),
         input.describe(earlier)
     );
-    if let Some(fault) = input.excusing_fault(earlier, later.start) {
+    if let Some(fault) = input.excusing_fault(earlier, later) {
         // Allowed if the store kept them apart: the older token's accepted writes all came
         // before the newer one's.
         let (old, new) = if earlier.token < later.token {
@@ -493,6 +493,21 @@ mod tests {
             "{:?}",
             a.violations
         );
+    }
+
+    #[test]
+    fn a_grant_noted_after_the_pause_is_the_later_hold_and_is_excused_when_fenced() {
+        // Process 1 was granted token 1 just before its pause (1..5 s) and noted it at 5 s,
+        // while process 2 (token 2, taken at 4 s) still held the key.
+        let mut noted_late = hold(1, 1, 1, 5 * S, 6 * S);
+        noted_late.requested = S - 10;
+        noted_late.lost_at = Some(5 * S + 5);
+        let holds = [hold(2, 2, 2, 4 * S, 7 * S), noted_late];
+        let log = [write(0, 2, 2, true), write(1, 1, 1, false)];
+        let faults = [pause_of(1, S, 5 * S)];
+        let a = run(&holds, &log, &faults, caps(FaultSafety::Fenced));
+        assert!(a.violations.is_empty(), "{:?}", a.violations);
+        assert_eq!(a.fenced_overlaps.get(&FaultKind::Pause), Some(&1));
     }
 
     #[test]

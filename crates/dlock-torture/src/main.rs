@@ -81,6 +81,10 @@ struct Cli {
     /// directory up, or in the checkout this was built from).
     #[arg(long)]
     backends_script: Option<PathBuf>,
+    /// Accept memory://, where each worker has a lock of its own: a run that must fail
+    /// (the self-test of the checks).
+    #[arg(long, hide = true)]
+    allow_memory: bool,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -135,6 +139,7 @@ fn main() -> ExitCode {
         seed,
         units: cli.units,
         backends_script: cli.backends_script,
+        allow_memory: cli.allow_memory,
     };
     let report = match runtime.block_on(coordinator::run(cfg)) {
         Ok(report) => report,

@@ -1,0 +1,211 @@
+//! A short torture run per backend, as CI runs it (`scripts/test` → `cargo test
+//! --workspace`); `README.md` describes the longer run.
+//!
+//! Each test runs the `torture` binary against the backend's fault-test servers with every
+//! fault its topology allows, and fails on any violation, any missing recovery, or a fault
+//! kind that was not injected. The tests stop and start servers, so they run one at a time.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Mutex;
+
+use serde_json::Value;
+
+/// Server faults must not overlap: one torture run at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+struct Case {
+    /// Environment variable with the URL, and its default.
+    env: &'static str,
+    default: &'static str,
+    /// Options appended to the URL (shorter timeouts for a short run).
+    options: &'static str,
+    /// The `scripts/backends` setup that runs the servers.
+    setup: &'static str,
+    duration: &'static str,
+    seed: u64,
+    faults: &'static [&'static str],
+}
+
+fn torture(name: &str, case: &Case) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut url = std::env::var(case.env).unwrap_or_else(|_| case.default.to_owned());
+    if !case.options.is_empty() {
+        url.push(if url.contains('?') { '&' } else { '?' });
+        url.push_str(case.options);
+    }
+    let seed = std::env::var("DLOCK_TORTURE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(case.seed);
+    let report = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("torture-{name}.json"));
+    let _ = std::fs::remove_file(&report);
+    let out = Command::new(env!("CARGO_BIN_EXE_torture"))
+        .args(["--backend", &url, "--duration", case.duration])
+        .args(["--seed", &seed.to_string(), "--report"])
+        .arg(&report)
+        .output()
+        .expect("run the torture binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    assert!(
+        out.status.success(),
+        "torture on {name} failed ({}); if a server is down: scripts/backends up {}\n{stdout}\n{stderr}",
+        out.status,
+        case.setup
+    );
+    let json: Value = serde_json::from_str(
+        &std::fs::read_to_string(&report).expect("the torture run writes its JSON report"),
+    )
+    .expect("the report is JSON");
+    assert_eq!(json["passed"], true, "{json:#}");
+    assert_eq!(
+        json["violations"].as_array().map(Vec::len),
+        Some(0),
+        "{json:#}"
+    );
+    assert!(
+        json["holds"].as_u64().unwrap_or(0) > 50,
+        "too few holds checked: {json:#}"
+    );
+    for kind in case.faults {
+        let injected = json["by_kind"][kind]["injected"].as_u64().unwrap_or(0);
+        assert!(
+            injected >= 1,
+            "{name}: no {kind} fault was injected: {json:#}"
+        );
+        assert!(
+            json["by_kind"][kind]["recovery_ms_max"].is_number(),
+            "{name}: no recovery time after {kind}: {json:#}"
+        );
+    }
+    assert_eq!(
+        json["final_check"]["free_at_once"], json["final_check"]["keys"],
+        "{json:#}"
+    );
+}
+
+const ONE_SERVER_FAULTS: &[&str] = &["kill", "pause", "partition", "restart"];
+const ALL_FAULTS: &[&str] = &["kill", "pause", "partition", "restart", "member"];
+
+#[test]
+fn redis() {
+    torture(
+        "redis",
+        &Case {
+            env: "DLOCK_TORTURE_REDIS_URL",
+            default: "redis://127.0.0.1:6380",
+            options: "",
+            setup: "torture-redis",
+            duration: "25s",
+            seed: 11,
+            faults: ONE_SERVER_FAULTS,
+        },
+    );
+}
+
+#[test]
+fn redlock() {
+    torture(
+        "redlock",
+        &Case {
+            env: "DLOCK_REDLOCK_URL",
+            default: "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005",
+            options: "",
+            setup: "redlock",
+            duration: "30s",
+            seed: 12,
+            faults: ALL_FAULTS,
+        },
+    );
+}
+
+#[test]
+fn zookeeper() {
+    torture(
+        "zookeeper",
+        &Case {
+            env: "DLOCK_ZK_ENSEMBLE_URL",
+            default: "zk://127.0.0.1:2182,127.0.0.1:2183,127.0.0.1:2184",
+            options: "session_timeout=3s",
+            setup: "zk-ensemble",
+            duration: "40s",
+            seed: 13,
+            faults: ALL_FAULTS,
+        },
+    );
+}
+
+#[test]
+fn etcd() {
+    torture(
+        "etcd",
+        &Case {
+            env: "DLOCK_ETCD_CLUSTER_URL",
+            default: "etcd://127.0.0.1:23791,127.0.0.1:23792,127.0.0.1:23793",
+            options: "",
+            setup: "etcd-cluster",
+            duration: "40s",
+            seed: 14,
+            faults: ALL_FAULTS,
+        },
+    );
+}
+
+#[test]
+fn mysql() {
+    torture(
+        "mysql",
+        &Case {
+            env: "DLOCK_TORTURE_MYSQL_URL",
+            default: "mysql://dlock:dlock@127.0.0.1:3307/dlock",
+            options: "",
+            setup: "torture-mariadb",
+            duration: "25s",
+            seed: 15,
+            faults: ONE_SERVER_FAULTS,
+        },
+    );
+}
+
+/// The checks catch a lock that does not exclude: with memory://, each worker process has
+/// a lock of its own, so holds overlap across processes and stale writes reach the store.
+#[test]
+fn a_lock_that_does_not_exclude_across_processes_fails_the_run() {
+    let report = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("torture-memory.json");
+    let _ = std::fs::remove_file(&report);
+    let out = Command::new(env!("CARGO_BIN_EXE_torture"))
+        .args(["--backend", "memory://torture-self-test", "--allow-memory"])
+        .args([
+            "--duration",
+            "3s",
+            "--faults",
+            "kill,pause",
+            "--seed",
+            "1",
+            "--report",
+        ])
+        .arg(&report)
+        .output()
+        .expect("run the torture binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("a report")).expect("JSON");
+    let whats: Vec<&str> = json["violations"]
+        .as_array()
+        .expect("violations")
+        .iter()
+        .filter_map(|v| v["what"].as_str())
+        .collect();
+    assert!(whats.contains(&"overlap"), "{whats:?}");
+    assert!(whats.contains(&"unexpected rejection"), "{whats:?}");
+    assert!(stdout.contains("**FAILED**"), "{stdout}");
+}
