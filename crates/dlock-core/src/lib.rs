@@ -56,6 +56,7 @@
 mod backend;
 mod capabilities;
 mod client;
+pub mod config;
 mod deadline;
 mod error;
 mod gate;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use dlock_core::config::parse_duration;
 use dlock_core::{LockError, Result};
 use percent_encoding::percent_decode_str;
 use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
@@ -164,8 +165,22 @@ impl MysqlConfig {
                 check_table(value)?;
                 value.clone_into(&mut self.table);
             }
-            ConfigKey::ConnectTimeout => self.connect_timeout = parse_duration(key, value)?,
-            ConfigKey::ResponseTimeout => self.response_timeout = parse_duration(key, value)?,
+            ConfigKey::ConnectTimeout => {
+                self.connect_timeout = parse_duration(
+                    NAME,
+                    key,
+                    value,
+                    Duration::from_millis(1)..=Duration::from_secs(3600),
+                )?
+            }
+            ConfigKey::ResponseTimeout => {
+                self.response_timeout = parse_duration(
+                    NAME,
+                    key,
+                    value,
+                    Duration::from_millis(1)..=Duration::from_secs(3600),
+                )?
+            }
             ConfigKey::MaxConnections => {
                 self.max_connections = value
                     .parse()
@@ -363,31 +378,6 @@ fn non_empty_path(key: &str, value: &str) -> Result<PathBuf> {
     Ok(PathBuf::from(value))
 }
 
-fn parse_duration(key: &str, value: &str) -> Result<Duration> {
-    let bad = || {
-        LockError::invalid_config(
-            NAME,
-            format!("option {key}={value:?} is not a duration (e.g. 5s, 500ms, 1500)"),
-        )
-    };
-    let (digits, scale) = if let Some(ms) = value.strip_suffix("ms") {
-        (ms, 1)
-    } else if let Some(s) = value.strip_suffix('s') {
-        (s, 1000)
-    } else {
-        (value, 1)
-    };
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let ms = n.checked_mul(scale).ok_or_else(bad)?;
-    if ms == 0 || ms > 3_600_000 {
-        return Err(LockError::invalid_config(
-            NAME,
-            format!("option {key}={value:?} is out of range (1 ms to 1 h)"),
-        ));
-    }
-    Ok(Duration::from_millis(ms))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,7 +417,7 @@ mod tests {
                         && c.response_timeout == Duration::from_secs(2)
                 },
             ),
-            ("mysql://u@h/d?response_timeout=1500", |c| {
+            ("mysql://u@h/d?response_timeout=1500ms", |c| {
                 c.response_timeout == Duration::from_millis(1500)
             }),
             ("mysql://u@h/d?max_connections=7", |c| {

@@ -9,6 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use dlock_core::config::parse_duration;
 use dlock_core::{LockError, Result};
 use percent_encoding::percent_decode_str;
 
@@ -105,8 +106,22 @@ impl RedisConfig {
     pub fn with_option(mut self, key: &str, value: &str) -> Result<Self> {
         match key.parse::<ConfigKey>()? {
             ConfigKey::Prefix => self.prefix = value.to_owned(),
-            ConfigKey::ConnectTimeout => self.connect_timeout = parse_duration(key, value)?,
-            ConfigKey::ResponseTimeout => self.response_timeout = parse_duration(key, value)?,
+            ConfigKey::ConnectTimeout => {
+                self.connect_timeout = parse_duration(
+                    NAME,
+                    key,
+                    value,
+                    Duration::from_millis(1)..=Duration::from_secs(3600),
+                )?
+            }
+            ConfigKey::ResponseTimeout => {
+                self.response_timeout = parse_duration(
+                    NAME,
+                    key,
+                    value,
+                    Duration::from_millis(1)..=Duration::from_secs(3600),
+                )?
+            }
         }
         Ok(self)
     }
@@ -175,31 +190,6 @@ impl FromStr for ConfigKey {
             )),
         }
     }
-}
-
-fn parse_duration(key: &str, value: &str) -> Result<Duration> {
-    let bad = || {
-        LockError::invalid_config(
-            NAME,
-            format!("option {key}={value:?} is not a duration (e.g. 5s, 500ms, 1500)"),
-        )
-    };
-    let (digits, scale) = if let Some(ms) = value.strip_suffix("ms") {
-        (ms, 1)
-    } else if let Some(s) = value.strip_suffix('s') {
-        (s, 1000)
-    } else {
-        (value, 1)
-    };
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let ms = n.checked_mul(scale).ok_or_else(bad)?;
-    if ms == 0 || ms > 3_600_000 {
-        return Err(LockError::invalid_config(
-            NAME,
-            format!("option {key}={value:?} is out of range (1 ms to 1 h)"),
-        ));
-    }
-    Ok(Duration::from_millis(ms))
 }
 
 /// A Redis-style URL taken apart, before its options are applied.
@@ -412,7 +402,7 @@ mod tests {
                 },
             ),
             (
-                "redis://127.0.0.1:6379?response_timeout=1500",
+                "redis://127.0.0.1:6379?response_timeout=1500ms",
                 RedisConfig {
                     response_timeout: Duration::from_millis(1500),
                     ..base.clone()
@@ -450,7 +440,14 @@ mod tests {
                 "redis://127.0.0.1:6379?connect_timeout=forever",
                 "connect_timeout",
             ),
-            ("redis://127.0.0.1:6379?response_timeout=0", "out of range"),
+            (
+                "redis://127.0.0.1:6379?response_timeout=0ms",
+                "out of range",
+            ),
+            (
+                "redis://127.0.0.1:6379?response_timeout=1500",
+                "not a duration",
+            ),
             ("redis://127.0.0.1:6379#frag", "fragment"),
             ("redis://ho st:6379", "valid host"),
             ("redis://u:sekrit-pw@bad host:1", "valid host"),

@@ -4,6 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use dlock_core::config::parse_duration;
 use dlock_core::{LockError, Result, key};
 
 use crate::NAME;
@@ -181,10 +182,20 @@ impl ZookeeperConfig {
                 self.base = value.to_owned();
             }
             ConfigKey::SessionTimeout => {
-                self.session_timeout = parse_duration(key, value, Duration::from_millis(500))?;
+                self.session_timeout = parse_duration(
+                    NAME,
+                    &key.to_string(),
+                    value,
+                    Duration::from_millis(500)..=Duration::from_secs(600),
+                )?;
             }
             ConfigKey::ConnectTimeout => {
-                self.connect_timeout = parse_duration(key, value, Duration::from_millis(1))?;
+                self.connect_timeout = parse_duration(
+                    NAME,
+                    &key.to_string(),
+                    value,
+                    Duration::from_millis(1)..=Duration::from_secs(600),
+                )?;
             }
         }
         Ok(self)
@@ -313,29 +324,6 @@ fn check_path(path: &str, what: &str) -> Result<()> {
         return Err(bad("/zookeeper is reserved for the server"));
     }
     Ok(())
-}
-
-/// `1500ms`, `2s`, `1.5s`, `1m`; between `min` and ten minutes.
-fn parse_duration(key: ConfigKey, value: &str, min: Duration) -> Result<Duration> {
-    const MAX: Duration = Duration::from_secs(600);
-    let bad = |why: &str| LockError::invalid_config(NAME, format!("{key} {value:?} {why}"));
-    let not_a_duration = || bad("is not a duration (write e.g. 1500ms, 2s, 1.5s or 1m)");
-    let split = value
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(not_a_duration)?;
-    let (number, unit) = value.split_at(split);
-    let number: f64 = number.parse().map_err(|_| not_a_duration())?;
-    let seconds = match unit {
-        "ms" => number / 1000.0,
-        "s" => number,
-        "m" => number * 60.0,
-        _ => return Err(not_a_duration()),
-    };
-    let duration = Duration::try_from_secs_f64(seconds).map_err(|_| not_a_duration())?;
-    if !(min..=MAX).contains(&duration) {
-        return Err(bad(&format!("is out of range {min:?}..={MAX:?}")));
-    }
-    Ok(duration)
 }
 
 #[cfg(test)]
