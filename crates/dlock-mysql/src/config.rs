@@ -12,6 +12,10 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
 
 use crate::NAME;
 
+/// The range every timeout option accepts.
+const TIMEOUTS: std::ops::RangeInclusive<Duration> =
+    Duration::from_millis(1)..=Duration::from_secs(3600);
+
 /// How to reach one MySQL or MariaDB server, and which table holds the locks.
 ///
 /// Built from a URL with [`MysqlConfig::from_url`], or from [`MysqlConfig::new`] and
@@ -166,20 +170,10 @@ impl MysqlConfig {
                 value.clone_into(&mut self.table);
             }
             ConfigKey::ConnectTimeout => {
-                self.connect_timeout = parse_duration(
-                    NAME,
-                    key,
-                    value,
-                    Duration::from_millis(1)..=Duration::from_secs(3600),
-                )?
+                self.connect_timeout = parse_duration(NAME, key, value, TIMEOUTS)?
             }
             ConfigKey::ResponseTimeout => {
-                self.response_timeout = parse_duration(
-                    NAME,
-                    key,
-                    value,
-                    Duration::from_millis(1)..=Duration::from_secs(3600),
-                )?
+                self.response_timeout = parse_duration(NAME, key, value, TIMEOUTS)?
             }
             ConfigKey::MaxConnections => {
                 self.max_connections = value

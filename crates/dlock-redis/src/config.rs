@@ -15,6 +15,10 @@ use percent_encoding::percent_decode_str;
 
 use crate::NAME;
 
+/// The range every timeout option accepts.
+const TIMEOUTS: std::ops::RangeInclusive<Duration> =
+    Duration::from_millis(1)..=Duration::from_secs(3600);
+
 /// How to reach one Redis server and how lock keys are named on it.
 ///
 /// Built from a URL with [`RedisConfig::from_url`], or from [`RedisConfig::new`] and
@@ -107,20 +111,10 @@ impl RedisConfig {
         match key.parse::<ConfigKey>()? {
             ConfigKey::Prefix => self.prefix = value.to_owned(),
             ConfigKey::ConnectTimeout => {
-                self.connect_timeout = parse_duration(
-                    NAME,
-                    key,
-                    value,
-                    Duration::from_millis(1)..=Duration::from_secs(3600),
-                )?
+                self.connect_timeout = parse_duration(NAME, key, value, TIMEOUTS)?
             }
             ConfigKey::ResponseTimeout => {
-                self.response_timeout = parse_duration(
-                    NAME,
-                    key,
-                    value,
-                    Duration::from_millis(1)..=Duration::from_secs(3600),
-                )?
+                self.response_timeout = parse_duration(NAME, key, value, TIMEOUTS)?
             }
         }
         Ok(self)
