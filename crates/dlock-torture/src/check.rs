@@ -419,6 +419,7 @@ mod tests {
             start,
             end,
             recovered: Some(end),
+            first_acquire: Some(end),
             takeovers: vec![],
         }
     }

@@ -175,8 +175,10 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
         .map(ServerCtl::new);
 
     let run_id = uuid::Uuid::new_v4().simple().to_string();
+    // Characters no backend escapes, so the residue check finds the keys by this stem.
+    let stem = format!("torture-{}-", &run_id[..10]);
     let keys: Vec<String> = (0..cfg.keys.max(1))
-        .map(|i| format!("torture-{}/k{i}", &run_id[..10]))
+        .map(|i| format!("{stem}k{i}"))
         .collect();
     let recorder = Arc::new(Recorder::default());
     let store_addr = store::serve(recorder.clone())
@@ -272,9 +274,30 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
             .unwrap_or_else(|e| e.into_inner())
             .drain(..),
     );
-    let final_check = final_check(&cfg.url, &keys, &timings, cfg.ttl, &mut violations).await;
+    let mut final_check = final_check(&cfg.url, &keys, &timings, cfg.ttl, &mut violations).await;
+    match crate::residue::residue(&cfg.url, &stem).await {
+        Ok(left) => {
+            final_check.residue_checked = true;
+            for item in &left {
+                violations.push(Violation::new(
+                    "residue",
+                    format!("left on the server: {item}"),
+                ));
+            }
+            final_check.residue = left;
+        }
+        Err(e) => violations.push(Violation::new(
+            "residue check",
+            format!("could not read the servers' lock state: {e}"),
+        )),
+    }
 
     for fault in &mut faults {
+        fault.first_acquire = recorder
+            .first_acquired_since(&keys, fault.end)
+            .into_iter()
+            .flatten()
+            .min();
         if let Some(victim) = &fault.victim {
             fault.takeovers = victim
                 .held
@@ -547,7 +570,7 @@ impl Injector<'_> {
                 .wait_all_acquired(fault.end, fault.end + ns(self.timings.recovery_limit))
                 .await;
             eprintln!(
-                "torture: {:>7.2}s {:<9} {:<28} lasted {:>6.0} ms, recovered {}",
+                "torture: {:>7.2}s {:<9} {:<28} lasted {:>6.0} ms, every key acquired again {}",
                 self.rel(fault.start),
                 kind.name(),
                 describe_target(&fault),
@@ -611,6 +634,7 @@ impl Injector<'_> {
             start: 0,
             end: 0,
             recovered: None,
+            first_acquire: None,
             takeovers: Vec::new(),
         };
         match kind {

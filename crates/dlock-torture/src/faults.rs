@@ -116,6 +116,8 @@ pub(crate) struct FaultRec {
     pub(crate) end: u64,
     /// When every key had been acquired again after `end`.
     pub(crate) recovered: Option<u64>,
+    /// The first acquisition of any key after `end`.
+    pub(crate) first_acquire: Option<u64>,
     /// For a fault on a holder: when each key it held was first acquired by another
     /// process after `start`.
     pub(crate) takeovers: Vec<(String, Option<u64>)>,

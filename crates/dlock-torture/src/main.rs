@@ -14,6 +14,7 @@ mod clock;
 mod coordinator;
 mod faults;
 mod report;
+mod residue;
 mod servers;
 mod store;
 mod wire;

@@ -17,6 +17,10 @@ use crate::store::{HoldRec, State};
 pub(crate) struct FinalCheck {
     pub(crate) keys: usize,
     pub(crate) free_at_once: usize,
+    /// Whether the servers' own lock state was read (keys, nodes, rows under the run's stem).
+    pub(crate) residue_checked: bool,
+    /// What was left there.
+    pub(crate) residue: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -43,8 +47,11 @@ pub(crate) struct FaultOut {
     /// From the fault's start until another process held each key the victim held (the
     /// slowest key).
     pub(crate) takeover_ms: Option<f64>,
-    /// From the fault's end until every key had been acquired again.
+    /// From the fault's end until a lock was acquired again.
     pub(crate) recovery_ms: Option<f64>,
+    /// From the fault's end until every key had been acquired again (includes the rest of
+    /// the holds that were running).
+    pub(crate) all_keys_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -58,6 +65,7 @@ pub(crate) struct KindOut {
     pub(crate) takeover_ms_max: Option<f64>,
     pub(crate) recovery_ms_median: Option<f64>,
     pub(crate) recovery_ms_max: Option<f64>,
+    pub(crate) all_keys_ms_max: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -142,7 +150,8 @@ impl Report {
                         .unwrap_or_default(),
                     units: f.units.clone(),
                     takeover_ms: max(takeovers),
-                    recovery_ms: f.recovered.map(|t| ms(t.saturating_sub(f.end))),
+                    recovery_ms: f.first_acquire.map(|t| ms(t.saturating_sub(f.end))),
+                    all_keys_ms: f.recovered.map(|t| ms(t.saturating_sub(f.end))),
                 }
             })
             .collect();
@@ -162,6 +171,7 @@ impl Report {
                     takeover_ms_max: max(of.iter().filter_map(|f| f.takeover_ms)),
                     recovery_ms_median: median(of.iter().filter_map(|f| f.recovery_ms).collect()),
                     recovery_ms_max: max(of.iter().filter_map(|f| f.recovery_ms)),
+                    all_keys_ms_max: max(of.iter().filter_map(|f| f.all_keys_ms)),
                 },
             );
         }
@@ -259,21 +269,29 @@ impl Report {
             self.violations.len()
         );
         if !self.by_kind.is_empty() {
-            md.push_str("| fault | injected | declared | stale holders fenced (overlapping holds) | takeover (max) | recovery (median / max) |\n|---|---|---|---|---|---|\n");
+            md.push_str(
+                "| fault | injected | declared | stale holders fenced (overlapping holds) | takeover of the victim's keys (max) | first acquire after the fault (median / max) | every key acquired again (max) |\n\
+                 |---|---|---|---|---|---|---|\n",
+            );
             for (kind, k) in &self.by_kind {
                 let _ = writeln!(
                     md,
-                    "| {kind} | {} | {} | {} ({}) | {} | {} / {} |",
+                    "| {kind} | {} | {} | {} ({}) | {} | {} / {} | {} |",
                     k.injected,
                     k.declared,
                     k.stale_holders,
                     k.fenced_overlaps,
                     fmt_ms(k.takeover_ms_max),
                     fmt_ms(k.recovery_ms_median),
-                    fmt_ms(k.recovery_ms_max)
+                    fmt_ms(k.recovery_ms_max),
+                    fmt_ms(k.all_keys_ms_max)
                 );
             }
-            md.push('\n');
+            md.push_str(
+                "\nTakeover: from the fault's start until another process held each key the victim held. \
+                 The other two: from the fault's end (the process reaped, SIGCONT, the network healed, \
+                 the servers answering again).\n\n",
+            );
         }
         for (kind, why) in &self.not_injected {
             let _ = writeln!(md, "Not injected: {kind} ({why}).");
@@ -283,11 +301,24 @@ impl Report {
         }
         let _ = writeln!(
             md,
-            "Final check: {}/{} keys free at once for a fresh client after the workers stopped.\n",
-            self.final_check.free_at_once, self.final_check.keys
+            "Final check: {}/{} keys free at once for a fresh client after the workers stopped; {}.\n",
+            self.final_check.free_at_once,
+            self.final_check.keys,
+            match (
+                self.final_check.residue_checked,
+                self.final_check.residue.len()
+            ) {
+                (false, _) => "server state not read".to_owned(),
+                (true, 0) => "nothing left on the servers".to_owned(),
+                (true, n) => format!("{n} leftovers on the servers"),
+            }
         );
         if !self.faults.is_empty() {
-            md.push_str("<details><summary>faults</summary>\n\n| at | fault | target | lasted | takeover | recovery |\n|---|---|---|---|---|---|\n");
+            md.push_str(
+                "<details><summary>faults</summary>\n\n\
+                 | at | fault | target | lasted | takeover | first acquire after | every key after |\n\
+                 |---|---|---|---|---|---|---|\n",
+            );
             for f in &self.faults {
                 let target = match f.victim {
                     Some(p) if f.held.is_empty() => format!("worker {p} (holding nothing)"),
@@ -296,12 +327,13 @@ impl Report {
                 };
                 let _ = writeln!(
                     md,
-                    "| {:.2} s | {} | {target} | {} | {} | {} |",
+                    "| {:.2} s | {} | {target} | {} | {} | {} | {} |",
                     f.at_s,
                     f.kind,
                     fmt_ms(Some(f.duration_ms)),
                     fmt_ms(f.takeover_ms),
-                    fmt_ms(f.recovery_ms)
+                    fmt_ms(f.recovery_ms),
+                    fmt_ms(f.all_keys_ms)
                 );
             }
             md.push_str("\n</details>\n\n");
