@@ -75,20 +75,6 @@ fn parse_acquired(line: &str, key: &str) -> Option<u64> {
     (k == key).then(|| token.trim().parse().ok()).flatten()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::parse_acquired;
-
-    #[test]
-    fn the_acquired_line_is_found_after_libtest_output() {
-        let line = "test redis::crash_release ... acquired key=conf-1/k token=42";
-        assert_eq!(parse_acquired(line, "conf-1/k"), Some(42));
-        assert_eq!(parse_acquired("acquired key=a token=7", "a"), Some(7));
-        assert_eq!(parse_acquired("acquired key=a token=7", "b"), None);
-        assert_eq!(parse_acquired("running 1 test", "a"), None);
-    }
-}
-
 #[async_trait]
 impl Holder for ChildHolder {
     fn token(&self) -> u64 {
@@ -124,4 +110,18 @@ pub(crate) async fn serve_if_child(harness: &dyn Harness) -> bool {
     }
     .await;
     panic!("holder could not acquire {key}: {result:?}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_acquired;
+
+    #[test]
+    fn the_acquired_line_is_found_after_libtest_output() {
+        let line = "test redis::crash_release ... acquired key=conf-1/k token=42";
+        assert_eq!(parse_acquired(line, "conf-1/k"), Some(42));
+        assert_eq!(parse_acquired("acquired key=a token=7", "a"), Some(7));
+        assert_eq!(parse_acquired("acquired key=a token=7", "b"), None);
+        assert_eq!(parse_acquired("running 1 test", "a"), None);
+    }
 }
