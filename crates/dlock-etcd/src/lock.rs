@@ -856,39 +856,6 @@ impl Backend for EtcdBackend {
     }
 }
 
-/// Resolves when our key is deleted while we hold it (an operator, `break_lease`, or the
-/// lease expiring on the server). Lease expiry without a deletion seen here is caught by
-/// the keep-alives in [`Held::extend`].
-fn lost_signal(
-    conn: Conn,
-    my_key: String,
-    seen: i64,
-    watch: Option<Box<OwnWatch>>,
-) -> BoxFuture<'static, LostReason> {
-    Box::pin(async move {
-        let mut watch = match watch {
-            Some(watch) => watch,
-            None => match conn.watch_own("watch", &my_key, seen).await {
-                Ok(watch) => watch,
-                Err(e) => {
-                    tracing::debug!(backend = NAME, key = my_key, error = %e, "cannot watch our key; loss is detected by renewal");
-                    return std::future::pending().await;
-                }
-            },
-        };
-        loop {
-            match watch.stream.message().await {
-                Ok(Some(response)) => match watch.classify(&response, None) {
-                    Seen::OwnDeleted => return LostReason::NotHeld,
-                    Seen::Canceled(_) => return std::future::pending().await,
-                    _ => {}
-                },
-                Ok(None) | Err(_) => return std::future::pending().await,
-            }
-        }
-    })
-}
-
 /// A held key: our etcd key, its create revision (the fencing token) and its lease.
 struct EtcdHeld {
     conn: Conn,
@@ -954,6 +921,27 @@ impl EtcdHeld {
 
 #[async_trait]
 impl Held for EtcdHeld {
+    async fn release(&mut self) -> Result<()> {
+        const OP: &str = "release";
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.my_key.as_str(),
+                CompareOp::Equal,
+                self.rev,
+            )])
+            .and_then([TxnOp::delete(self.my_key.as_str(), None)]);
+        let deleted = self.conn.txn(OP, txn).await;
+        // The key is gone (or was not ours): the lease only holds server memory now, so its
+        // revoke need not delay the caller. The lease is this acquisition's alone: revoking
+        // it removes nothing of anyone else.
+        self.lease.revoke_in_background();
+        if deleted?.succeeded() {
+            Ok(())
+        } else {
+            Err(not_held(&self.key))
+        }
+    }
+
     async fn extend(&mut self, ttl: Duration) -> Result<()> {
         let asked = whole_seconds(ttl);
         if asked != self.lease.asked {
@@ -978,25 +966,37 @@ impl Held for EtcdHeld {
         }
         Ok(())
     }
+}
 
-    async fn release(&mut self) -> Result<()> {
-        const OP: &str = "release";
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.my_key.as_str(),
-                CompareOp::Equal,
-                self.rev,
-            )])
-            .and_then([TxnOp::delete(self.my_key.as_str(), None)]);
-        let deleted = self.conn.txn(OP, txn).await;
-        // The key is gone (or was not ours): the lease only holds server memory now, so its
-        // revoke need not delay the caller. The lease is this acquisition's alone: revoking
-        // it removes nothing of anyone else.
-        self.lease.revoke_in_background();
-        if deleted?.succeeded() {
-            Ok(())
-        } else {
-            Err(not_held(&self.key))
+/// Resolves when our key is deleted while we hold it (an operator, `break_lease`, or the
+/// lease expiring on the server). Lease expiry without a deletion seen here is caught by
+/// the keep-alives in [`Held::extend`].
+fn lost_signal(
+    conn: Conn,
+    my_key: String,
+    seen: i64,
+    watch: Option<Box<OwnWatch>>,
+) -> BoxFuture<'static, LostReason> {
+    Box::pin(async move {
+        let mut watch = match watch {
+            Some(watch) => watch,
+            None => match conn.watch_own("watch", &my_key, seen).await {
+                Ok(watch) => watch,
+                Err(e) => {
+                    tracing::debug!(backend = NAME, key = my_key, error = %e, "cannot watch our key; loss is detected by renewal");
+                    return std::future::pending().await;
+                }
+            },
+        };
+        loop {
+            match watch.stream.message().await {
+                Ok(Some(response)) => match watch.classify(&response, None) {
+                    Seen::OwnDeleted => return LostReason::NotHeld,
+                    Seen::Canceled(_) => return std::future::pending().await,
+                    _ => {}
+                },
+                Ok(None) | Err(_) => return std::future::pending().await,
+            }
         }
-    }
+    })
 }
