@@ -5,11 +5,16 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use dlock_core::config::parse_duration;
 use dlock_core::{LockError, Result, key};
 use etcd_client::{Certificate, Identity, TlsOptions};
 use percent_encoding::percent_decode_str;
 
 use crate::lock::NAME;
+
+/// The range every timeout option accepts.
+const TIMEOUTS: std::ops::RangeInclusive<Duration> =
+    Duration::from_millis(1)..=Duration::from_secs(3600);
 
 /// The port used when a host names none.
 const DEFAULT_PORT: u16 = 2379;
@@ -183,8 +188,12 @@ impl EtcdConfig {
     pub fn with_option(mut self, name: &str, value: &str) -> Result<Self> {
         match name.parse::<ConfigKey>()? {
             ConfigKey::Prefix => self.prefix = value.to_owned(),
-            ConfigKey::ConnectTimeout => self.connect_timeout = parse_duration(name, value)?,
-            ConfigKey::RequestTimeout => self.request_timeout = parse_duration(name, value)?,
+            ConfigKey::ConnectTimeout => {
+                self.connect_timeout = parse_duration(NAME, name, value, TIMEOUTS)?
+            }
+            ConfigKey::RequestTimeout => {
+                self.request_timeout = parse_duration(NAME, name, value, TIMEOUTS)?
+            }
             ConfigKey::Ca => self.ca = Some(non_empty(name, value)?.into()),
             ConfigKey::Cert => self.cert = Some(non_empty(name, value)?.into()),
             ConfigKey::Key => self.key = Some(non_empty(name, value)?.into()),
@@ -399,36 +408,6 @@ fn non_empty<'a>(name: &str, value: &'a str) -> Result<&'a str> {
     Ok(value)
 }
 
-/// `250ms`, `5s`, `1.5s`, `2m`; between 1 ms and 1 h.
-fn parse_duration(name: &str, value: &str) -> Result<Duration> {
-    let parsed = if let Some(ms) = value.strip_suffix("ms") {
-        ms.parse::<u64>().ok().map(Duration::from_millis)
-    } else if let Some(s) = value.strip_suffix('s') {
-        s.parse::<f64>()
-            .ok()
-            .filter(|s| s.is_finite() && *s >= 0.0 && *s <= 3600.0)
-            .map(Duration::from_secs_f64)
-    } else if let Some(m) = value.strip_suffix('m') {
-        m.parse::<u64>()
-            .ok()
-            .and_then(|m| m.checked_mul(60))
-            .map(Duration::from_secs)
-    } else {
-        None
-    };
-    parsed
-        .filter(|d| *d >= Duration::from_millis(1) && *d <= Duration::from_secs(3600))
-        .ok_or_else(|| {
-            LockError::invalid_config(
-                NAME,
-                format!(
-                    "option {name}: {value:?} is not a duration from 1ms to 1h \
-                     (write 250ms, 5s, 1.5s or 2m)"
-                ),
-            )
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -544,7 +523,7 @@ mod tests {
             ("etcd://h?nope=1", "unknown option \"nope\""),
             ("etcd://h?prefix", "no value"),
             ("etcd://h?connect_timeout=5", "duration"),
-            ("etcd://h?connect_timeout=0ms", "duration"),
+            ("etcd://h?connect_timeout=0ms", "out of range"),
             ("etcd://h?request_timeout=2h", "duration"),
             ("etcd://h?request_timeout=-1s", "duration"),
             ("etcd://h?ca=/ca.pem", "etcds://"),
