@@ -20,7 +20,7 @@ use crate::check::{self, Violation};
 use crate::clock::{ms, now_ns, ns};
 use crate::faults::{FaultKind, FaultRec, FaultSet, Victim};
 use crate::report::{FinalCheck, Report};
-use crate::servers::{self, SHARED_UNITS, ServerCtl, Target};
+use crate::servers::{self, SHARED_UNITS, ServerCtl, Target, UnitLocks};
 use crate::store::{self, Recorder};
 
 /// What the command line asked for.
@@ -169,6 +169,13 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
             not_injected.clear();
             kinds.clone()
         }
+    };
+    // Hold the units for the whole run (even with no server fault selected: another run's
+    // restart would break this one's history).
+    let _locks = if server_control.is_ok() {
+        Some(UnitLocks::take(&units, Duration::from_secs(30 * 60)).await?)
+    } else {
+        None
     };
     let ctl = script
         .filter(|_| server_control.is_ok())

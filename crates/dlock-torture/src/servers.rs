@@ -2,6 +2,11 @@
 //! them), and the `scripts/backends` units that run them (to stop and start them).
 
 use std::collections::BTreeSet;
+use std::fs::File;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -135,6 +140,61 @@ pub(crate) fn find_script(explicit: Option<&Path>) -> Option<PathBuf> {
     }
     let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/backends");
     built.is_file().then_some(built)
+}
+
+/// Exclusive locks on units, held for a whole run, so two torture runs never stop each
+/// other's servers (a restart the other run did not inject would look like an overlap in
+/// calm weather). The lock files live beside the units' state, in `scripts/backends`' folder.
+#[derive(Debug)]
+pub(crate) struct UnitLocks {
+    _held: Vec<Flock<File>>,
+}
+
+impl UnitLocks {
+    /// Lock every unit (in name order, so two runs cannot deadlock), waiting up to `limit`.
+    pub(crate) async fn take(units: &[String], limit: Duration) -> Result<Self, String> {
+        let base = std::env::var_os("DLOCK_BACKENDS_DIR")
+            .map_or_else(|| PathBuf::from("/var/tmp/dlock-backends"), PathBuf::from);
+        let mut sorted = units.to_vec();
+        sorted.sort();
+        sorted.dedup();
+        let until = tokio::time::Instant::now() + limit;
+        let mut held = Vec::new();
+        for unit in sorted {
+            let dir = base.join(&unit);
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let path = dir.join("torture.lock");
+            let mut said = false;
+            loop {
+                let file = File::options()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                    Ok(lock) => {
+                        held.push(lock);
+                        break;
+                    }
+                    Err((_, Errno::EWOULDBLOCK)) if tokio::time::Instant::now() < until => {
+                        if !said {
+                            eprintln!("torture: waiting for another torture run on {unit} to end");
+                            said = true;
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err((_, Errno::EWOULDBLOCK)) => {
+                        return Err(format!(
+                            "another torture run has been using {unit} for over {limit:?}"
+                        ));
+                    }
+                    Err((_, e)) => return Err(format!("lock {}: {e}", path.display())),
+                }
+            }
+        }
+        Ok(Self { _held: held })
+    }
 }
 
 /// Starts and stops `scripts/backends` units, and remembers which are down so that they
