@@ -1,7 +1,7 @@
 //! The lease a caller holds, and the signal that says it was lost.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -57,7 +57,8 @@ pub(crate) struct LeaseState {
     /// `None` once released. Locked for each server call, so calls never overlap.
     pub(crate) held: tokio::sync::Mutex<Option<Box<dyn Held>>>,
     status: watch::Sender<Status>,
-    timing: Mutex<Timing>,
+    /// Changes wake the watchdog, so a manual extend re-plans renewal and expiry at once.
+    pub(crate) timing: watch::Sender<Timing>,
 }
 
 /// The current ttl and the last instant the server may still consider the lease alive.
@@ -69,14 +70,76 @@ pub(crate) struct Timing {
 
 impl LeaseState {
     pub(crate) fn timing(&self) -> Timing {
-        *self.timing.lock().unwrap_or_else(|e| e.into_inner())
+        *self.timing.borrow()
     }
 
+    /// The server answered an extend sent at `sent_at`: the lease runs `ttl` from then.
     pub(crate) fn renewed(&self, ttl: Duration, sent_at: Instant) {
-        *self.timing.lock().unwrap_or_else(|e| e.into_inner()) = Timing {
+        self.timing.send_replace(Timing {
             ttl,
             valid_until: sent_at + ttl,
+        });
+    }
+
+    /// An extend to `ttl` goes out at `sent_at`. Until the server answers, the lease may end
+    /// at the earlier of the old deadline and the new one (a shorter ttl may already apply).
+    /// A session lease has no server-side ttl to shorten, so only ttl leases adjust.
+    fn extending(&self, ttl: Duration, sent_at: Instant) {
+        if self.expiry == Expiry::Ttl {
+            self.timing
+                .send_modify(|t| t.valid_until = t.valid_until.min(sent_at + ttl));
+        }
+    }
+
+    /// When the lost signal must fire at the latest if nothing is heard from the server:
+    /// a safety margin before the server may let the lease go. `None` when only the
+    /// backend's own signal can tell (a session that is not failing).
+    pub(crate) fn fire_at(&self, timing: Timing, failing: bool) -> Option<Instant> {
+        match self.expiry {
+            Expiry::Ttl => Some(timing.valid_until - watchdog::safety_margin(timing.ttl)),
+            // The last successful renewal proves the session was alive when it was sent.
+            Expiry::Session { timeout } => failing.then(|| {
+                timing.valid_until - timing.ttl + timeout - watchdog::safety_margin(timeout)
+            }),
+        }
+    }
+
+    /// Send one extend on `held` (whose lock the caller holds), bounded by the lease's last
+    /// safe instant, keeping the timing pessimistic until the server answers.
+    pub(crate) async fn extend_held(&self, held: &mut Box<dyn Held>, ttl: Duration) -> Result<()> {
+        let sent_at = Instant::now();
+        self.extending(ttl, sent_at);
+        let budget = self
+            .fire_at(self.timing(), true)
+            .map(|f| f.saturating_duration_since(sent_at));
+        let outcome = match budget {
+            Some(budget) => tokio::time::timeout(budget, held.extend(ttl))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(LockError::unavailable(
+                        self.backend,
+                        "extend",
+                        "the extend was not answered in time",
+                    ))
+                }),
+            None => held.extend(ttl).await,
         };
+        match &outcome {
+            Ok(()) => self.renewed(ttl, sent_at),
+            Err(e) if e.kind() == ErrorKind::NotHeld => self.lose(LostReason::NotHeld),
+            Err(_) => {}
+        }
+        outcome
+    }
+
+    fn mark_released(&self) {
+        self.status.send_if_modified(|s| {
+            let was_held = *s == Status::Held;
+            if was_held {
+                *s = Status::Released;
+            }
+            was_held
+        });
     }
 
     /// Mark the lease lost (once; later reasons are ignored).
@@ -150,7 +213,7 @@ impl Lease {
             expiry,
             held: tokio::sync::Mutex::new(Some(grant.held)),
             status: watch::Sender::new(Status::Held),
-            timing: Mutex::new(Timing {
+            timing: watch::Sender::new(Timing {
                 ttl: opts.ttl,
                 valid_until: grant.sent_at + opts.ttl,
             }),
@@ -214,30 +277,23 @@ impl Lease {
     ///
     /// # Errors
     /// [`LockError::NotHeld`] if the lease is lost or the server says the key is not ours;
-    /// [`LockError::Unavailable`] if the server could not be reached (the lease may still
-    /// be valid; the watchdog keeps trying); [`LockError::InvalidConfig`] for a ttl out of
-    /// range.
+    /// [`LockError::Unavailable`] if the server could not be reached in time (the lease may
+    /// still be valid; the watchdog keeps trying); [`LockError::InvalidConfig`] for a ttl out
+    /// of range.
+    ///
+    /// # Cancel safety
+    /// Dropping the future before it completes is safe: until the server answers, the lease
+    /// is treated as ending at the earlier of its old deadline and `ttl` from the call.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         crate::options::check_ttl(self.state.backend, ttl)?;
-        let mut held = self.state.held.lock().await;
+        let mut slot = self.state.held.lock().await;
         if let Some(reason) = self.state.lost_reason() {
             return Err(self.state.not_held(reason));
         }
-        let held = held
-            .as_mut()
-            .expect("a lease that is not released has its handle");
-        let sent_at = Instant::now();
-        match held.extend(ttl).await {
-            Ok(()) => {
-                self.state.renewed(ttl, sent_at);
-                Ok(())
-            }
-            Err(e) if e.kind() == ErrorKind::NotHeld => {
-                self.state.lose(LostReason::NotHeld);
-                Err(e)
-            }
-            Err(e) => Err(e),
-        }
+        let Some(held) = slot.as_mut() else {
+            return Err(self.state.not_held(LostReason::NotHeld));
+        };
+        self.state.extend_held(held, ttl).await
     }
 
     /// Give the key back.
@@ -253,23 +309,22 @@ impl Lease {
     /// server could not be reached (the key frees itself when the ttl runs out).
     ///
     /// # Cancel safety
-    /// Dropping the returned future before it completes leaves the key to expire with its
-    /// ttl (or session).
+    /// Dropping the returned future before the server answered sends the release again in
+    /// the background, as dropping the lease does.
     pub async fn release(mut self) -> Result<()> {
         self.watchdog.abort();
-        let held = self.state.held.lock().await.take();
-        let Some(mut held) = held else {
+        let mut slot = self.state.held.lock().await;
+        let Some(held) = slot.as_mut() else {
             return Err(self.state.not_held(LostReason::NotHeld));
         };
+        // The handle stays in place until the server answers: if this future is dropped
+        // meanwhile, Drop sends the release again (it is owner-checked, so repeating it is
+        // harmless).
         let result = held.release().await;
+        *slot = None;
+        drop(slot);
         let lost_before = self.state.lost_reason();
-        self.state.status.send_if_modified(|s| {
-            let was_held = *s == Status::Held;
-            if was_held {
-                *s = Status::Released;
-            }
-            was_held
-        });
+        self.state.mark_released();
         drop(self.permit.take());
         tracing::debug!(backend = self.state.backend, key = %self.state.key, ok = result.is_ok(), "released");
         match (result, lost_before) {
@@ -287,24 +342,27 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.watchdog.abort();
-        let Ok(mut slot) = self.state.held.try_lock() else {
-            // A release or extend is in flight; it owns the handle.
-            return;
-        };
-        let Some(mut held) = slot.take() else { return };
-        drop(slot);
         let permit = self.permit.take();
+        if self.state.held.try_lock().is_ok_and(|slot| slot.is_none()) {
+            return; // released
+        }
         let state = self.state.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
+                // Waits for a renewal in flight (its task was just aborted) instead of
+                // skipping the release; local waiters go when the release is done.
                 runtime.spawn(async move {
-                    let result = held.release().await;
-                    tracing::debug!(backend = state.backend, key = %state.key, ?result, "released on drop");
+                    let taken = state.held.lock().await.take();
+                    if let Some(mut held) = taken {
+                        let result = held.release().await;
+                        tracing::debug!(backend = state.backend, key = %state.key, ?result, "released on drop");
+                    }
+                    state.mark_released();
                     drop(permit);
                 });
             }
             Err(_) => {
-                tracing::warn!(backend = state.backend, key = %state.key, "lease dropped outside a tokio runtime: the key frees when its ttl runs out");
+                tracing::warn!(backend = state.backend, key = %state.key, "lease dropped outside a tokio runtime: the key frees when its ttl (or session) runs out");
             }
         }
     }

@@ -14,8 +14,8 @@ use futures::future::BoxFuture;
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::lease::{LeaseState, Timing};
-use crate::{ErrorKind, Expiry, LostReason};
+use crate::lease::LeaseState;
+use crate::{ErrorKind, LostReason};
 
 /// How long before the server-side expiry the lost signal fires: covers clock-rate drift
 /// between client and server (1 %, as Redlock) and a late timer wake-up.
@@ -29,16 +29,23 @@ pub(crate) async fn run(
     backend_lost: Option<BoxFuture<'static, LostReason>>,
 ) {
     let mut backend_lost = backend_lost.unwrap_or_else(|| std::future::pending().boxed());
+    let mut timing = state.timing.subscribe();
+    // Drawn once, so re-planning after a wake-up does not move the renewal.
+    let jitter: f64 = rand::rng().random_range(0.0..0.05);
     let mut last_error: Option<String> = None;
     let mut retry_at: Option<Instant> = None;
+    let lose = |state: &LeaseState, last_error: &mut Option<String>| {
+        state.lose(match last_error.take() {
+            Some(e) => LostReason::Unreachable(e),
+            None => LostReason::Expired,
+        })
+    };
     loop {
-        let Timing { ttl, valid_until } = state.timing();
-        let fire_at = match state.expiry {
-            Expiry::Ttl => Some(valid_until - safety_margin(ttl)),
-            Expiry::Session { .. } => None,
-        };
-        let renew_at =
-            auto_renew.then(|| retry_at.unwrap_or_else(|| next_renewal(valid_until, ttl)));
+        let now_timing = *timing.borrow_and_update();
+        let fire_at = state.fire_at(now_timing, last_error.is_some());
+        let renew_at = auto_renew.then(|| {
+            retry_at.unwrap_or_else(|| next_renewal(now_timing.valid_until, now_timing.ttl, jitter))
+        });
         let wake = match (fire_at, renew_at) {
             (Some(f), Some(r)) => Some(f.min(r)),
             (f, r) => f.or(r),
@@ -48,67 +55,56 @@ pub(crate) async fn run(
                 state.lose(reason);
                 return;
             }
+            changed = timing.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                continue; // a manual extend moved the deadline: plan again
+            }
             _ = sleep_until(wake) => {}
         }
-        // A manual extend may have moved the deadline while we slept.
-        let Timing { ttl, valid_until } = state.timing();
         let now = Instant::now();
-        let fire_at = match state.expiry {
-            Expiry::Ttl => Some(valid_until - safety_margin(ttl)),
-            Expiry::Session { .. } => None,
-        };
         if fire_at.is_some_and(|f| now >= f) {
-            state.lose(match last_error.take() {
-                Some(e) => LostReason::Unreachable(e),
-                None => LostReason::Expired,
-            });
+            lose(&state, &mut last_error);
             return;
         }
-        if !auto_renew || now < retry_at.unwrap_or_else(|| next_renewal(valid_until, ttl)) {
+        if renew_at.is_none_or(|r| now < r) {
             continue;
         }
-        let mut slot = state.held.lock().await;
-        let Some(held) = slot.as_mut() else { return };
-        let sent_at = Instant::now();
-        let budget = fire_at.map(|f| f.saturating_duration_since(sent_at));
-        let renewal = async {
-            match budget {
-                Some(budget) => tokio::time::timeout(budget, held.extend(ttl))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(crate::LockError::unavailable(
-                            state.backend,
-                            "extend",
-                            "renewal timed out",
-                        ))
-                    }),
-                None => held.extend(ttl).await,
-            }
-        };
-        // A renewal stuck on a dead connection must not hold back the backend's own loss
-        // signal (a session-based lease has no budget to bound the renewal).
-        let outcome = tokio::select! {
-            reason = &mut backend_lost => Err(reason),
-            outcome = renewal => Ok(outcome),
-        };
-        drop(slot);
-        let outcome = match outcome {
-            Ok(outcome) => outcome,
-            Err(reason) => {
+        // Waiting for the handle (a manual extend may hold it) must not hold back the lost
+        // signal.
+        let mut slot = tokio::select! {
+            slot = state.held.lock() => slot,
+            reason = &mut backend_lost => {
                 state.lose(reason);
                 return;
             }
+            _ = timing.changed() => continue,
+            _ = sleep_until(fire_at) => {
+                lose(&state, &mut last_error);
+                return;
+            }
         };
+        let Some(held) = slot.as_mut() else { return };
+        // Read under the lock: a manual extend may have changed the ttl.
+        let ttl = state.timing().ttl;
+        // A renewal stuck on a dead connection must not hold back the backend's own loss
+        // signal (a session-based lease has no budget to bound the renewal).
+        let outcome = tokio::select! {
+            reason = &mut backend_lost => {
+                drop(slot);
+                state.lose(reason);
+                return;
+            }
+            outcome = state.extend_held(held, ttl) => outcome,
+        };
+        drop(slot);
         match outcome {
             Ok(()) => {
-                state.renewed(ttl, sent_at);
                 last_error = None;
                 retry_at = None;
             }
-            Err(e) if e.kind() == ErrorKind::NotHeld => {
-                state.lose(LostReason::NotHeld);
-                return;
-            }
+            Err(e) if e.kind() == ErrorKind::NotHeld => return, // extend_held marked it lost
             Err(e) => {
                 tracing::warn!(backend = state.backend, key = %state.key, error = %e, "renewal failed; retrying");
                 last_error = Some(e.to_string());
@@ -118,11 +114,10 @@ pub(crate) async fn run(
     }
 }
 
-/// A third of the ttl after the last renewal was sent, less up to 5 % jitter so that many
-/// leases taken together do not renew together.
-fn next_renewal(valid_until: Instant, ttl: Duration) -> Instant {
-    let jitter = ttl.mul_f64(rand::rng().random_range(0.0..0.05));
-    valid_until - ttl + ttl / 3 - jitter
+/// A third of the ttl after the last renewal was sent, less up to 5 % jitter (`jitter` is a
+/// fraction of the ttl) so that many leases taken together do not renew together.
+fn next_renewal(valid_until: Instant, ttl: Duration, jitter: f64) -> Instant {
+    valid_until - ttl + ttl / 3 - ttl.mul_f64(jitter)
 }
 
 fn retry_interval(ttl: Duration) -> Duration {
@@ -166,7 +161,7 @@ mod tests {
         };
         let grant = Grant::new(1, Box::new(Stuck), Instant::now()).with_lost(Box::pin(lost));
         let opts = LockOptions::new().ttl(Duration::from_millis(300));
-        let expiry = Expiry::Session {
+        let expiry = crate::Expiry::Session {
             timeout: Duration::from_secs(1),
         };
         let lease = crate::Lease::start("test", "k", grant, &opts, expiry, permit);
@@ -176,12 +171,141 @@ mod tests {
         assert_eq!(reason, LostReason::SessionEnded("expired".into()));
     }
 
+    /// A handle that records every extend's ttl and counts releases; each extend takes
+    /// `delay` (forever when `None`).
+    #[derive(Debug, Clone)]
+    struct Scripted {
+        delay: Option<Duration>,
+        extends: Arc<std::sync::Mutex<Vec<Duration>>>,
+        releases: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Scripted {
+        fn new(delay: Option<Duration>) -> Self {
+            Self {
+                delay,
+                extends: Arc::default(),
+                releases: Arc::default(),
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Held for Scripted {
+        async fn extend(&mut self, ttl: Duration) -> Result<()> {
+            self.extends.lock().unwrap().push(ttl);
+            match self.delay {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+            Ok(())
+        }
+        async fn release(&mut self) -> Result<()> {
+            self.releases
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    async fn lease_with(held: Scripted, ttl: Duration, auto_renew: bool) -> crate::Lease {
+        let gate = Arc::new(crate::gate::Gate::default());
+        let permit = gate.enter("k", crate::Deadline::TryOnce).await.unwrap();
+        let grant = Grant::new(1, Box::new(held), Instant::now());
+        let opts = LockOptions::new().ttl(ttl).auto_renew(auto_renew);
+        crate::Lease::start("test", "k", grant, &opts, crate::Expiry::Ttl, permit)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shorter_manual_extend_moves_the_lost_deadline() {
+        let lease = lease_with(
+            Scripted::new(Some(Duration::ZERO)),
+            Duration::from_secs(3),
+            false,
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        lease.extend(Duration::from_millis(300)).await.unwrap();
+        let fired = tokio::time::timeout(Duration::from_millis(300), lease.lost()).await;
+        assert_eq!(
+            fired.ok(),
+            Some(LostReason::Expired),
+            "lost() must fire by the new, shorter deadline"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_manual_extend_does_not_hold_back_lost() {
+        let lease =
+            Arc::new(lease_with(Scripted::new(None), Duration::from_millis(600), true).await);
+        let extending = {
+            let lease = lease.clone();
+            tokio::spawn(async move { lease.extend(Duration::from_millis(600)).await })
+        };
+        let fired = tokio::time::timeout(Duration::from_millis(600), lease.lost()).await;
+        assert!(
+            fired.is_ok(),
+            "lost() must fire before the server-side expiry"
+        );
+        assert!(
+            extending.await.unwrap().is_err(),
+            "the hung extend gives up in time"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropping_a_lease_during_a_renewal_still_releases() {
+        let held = Scripted::new(Some(Duration::from_millis(200)));
+        let releases = held.releases.clone();
+        let lease = lease_with(held, Duration::from_millis(300), true).await;
+        tokio::time::sleep(Duration::from_millis(150)).await; // the renewal at ~100 ms is in flight
+        drop(lease);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(releases.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_manual_extend_of_a_session_lease_is_not_cut_short() {
+        let gate = Arc::new(crate::gate::Gate::default());
+        let permit = gate.enter("k", crate::Deadline::TryOnce).await.unwrap();
+        let grant = Grant::new(
+            1,
+            Box::new(Scripted::new(Some(Duration::from_millis(500)))),
+            Instant::now(),
+        );
+        let opts = LockOptions::new().ttl(Duration::from_secs(30));
+        let expiry = crate::Expiry::Session {
+            timeout: Duration::from_secs(10),
+        };
+        let lease = crate::Lease::start("test", "k", grant, &opts, expiry, permit);
+        lease
+            .extend(Duration::from_secs(10))
+            .await
+            .expect("a slow but answered extend succeeds");
+        assert!(!lease.is_lost());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_use_the_ttl_of_the_last_manual_extend() {
+        let held = Scripted::new(Some(Duration::ZERO));
+        let extends = held.extends.clone();
+        let lease = lease_with(held, Duration::from_millis(300), true).await;
+        lease.extend(Duration::from_secs(3)).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let sent = extends.lock().unwrap().clone();
+        assert!(sent.len() >= 3, "{sent:?}");
+        assert!(
+            sent.iter().all(|t| *t == Duration::from_secs(3)),
+            "{sent:?}"
+        );
+        assert!(!lease.is_lost());
+    }
+
     #[test]
     fn lost_fires_well_before_expiry_and_renewal_comes_first() {
         let ttl = Duration::from_secs(3);
         assert!(safety_margin(ttl) >= Duration::from_millis(300));
         let now = Instant::now();
-        let renew = next_renewal(now + ttl, ttl);
+        let renew = next_renewal(now + ttl, ttl, 0.049);
         assert!(renew <= now + Duration::from_secs(1));
         assert!(renew >= now + Duration::from_millis(850));
     }
