@@ -32,6 +32,7 @@ pub trait Holder: Send {
 #[derive(Debug)]
 pub struct ChildHolder {
     child: Child,
+    _stdin: Option<tokio::process::ChildStdin>,
     token: u64,
 }
 
@@ -43,11 +44,13 @@ impl ChildHolder {
         let mut child = Command::new(exe)
             .args(["--exact", test, "--nocapture", "--test-threads=1"])
             .env(HOLD_VAR, format!("{} {key}", ttl.as_millis()))
-            .stdin(Stdio::null())
+            // The child exits when this pipe closes: a killed test run leaves no holder.
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()?;
+        let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut lines = BufReader::new(stdout).lines();
         let token = tokio::time::timeout(Duration::from_secs(60), async {
@@ -62,7 +65,11 @@ impl ChildHolder {
         })
         .await
         .map_err(|_| std::io::Error::other("holder did not acquire the key within 60 s"))??;
-        Ok(Self { child, token })
+        Ok(Self {
+            child,
+            _stdin: stdin,
+            token,
+        })
     }
 }
 
