@@ -182,7 +182,8 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
     let mut lost_reported = false;
     let status = loop {
         tokio::select! {
-            status = child.wait() => break status,
+            // Loss first: a loss that comes with the child's exit must not be missed.
+            biased;
             reason = lease.lost(), if !lost_reported => {
                 lost_reported = true;
                 eprintln!("dlock: lease on {:?} lost: {reason}", lease.key());
@@ -197,10 +198,18 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
                     }
                 }
             }
+            status = child.wait() => break status,
             Some(_) = recv(&mut int) => signal_child(pid, Signal::SIGINT),
             Some(_) = recv(&mut term) => signal_child(pid, Signal::SIGTERM),
         }
     };
+    if !lost_reported && lease.is_lost() {
+        lost_reported = true;
+        eprintln!(
+            "dlock: lease on {:?} was lost while the command ran",
+            lease.key()
+        );
+    }
     let code = match status {
         Ok(status) => status
             .code()
@@ -215,7 +224,12 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
         }
     };
     let released = lease.release().await;
-    if lost_reported && args.on_lost != OnLost::Ignore {
+    let lost = lost_reported
+        || matches!(
+            released.as_ref().map_err(LockError::kind),
+            Err(ErrorKind::NotHeld | ErrorKind::LeaseLost)
+        );
+    if lost && args.on_lost != OnLost::Ignore {
         return Ok(exit::SOFTWARE);
     }
     if let Err(e) = released {

@@ -99,10 +99,21 @@ impl Scheme {
             .find(|(name, _)| *name == lower)
             .map(|(_, s)| *s)
             .ok_or_else(|| {
-                let shown: String = scheme.chars().take(32).collect();
+                // Echo the scheme only if it looks like one: text before a later "://" may
+                // be credentials.
+                let looks_like_a_scheme = scheme.len() <= 32
+                    && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                    && scheme
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c));
+                let shown = if looks_like_a_scheme {
+                    format!("{scheme:?}")
+                } else {
+                    "in this URL".to_owned()
+                };
                 LockError::invalid_config(
                     "dlock",
-                    format!("unknown scheme {shown:?}:// (supported: {})", Self::names()),
+                    format!("unknown scheme {shown} (supported: {})", Self::names()),
                 )
             })
     }
@@ -198,6 +209,8 @@ mod tests {
         assert!(text.contains("postgres"), "{text}");
         assert!(!text.contains("hunter22"), "{text}");
         assert!(Scheme::parse("just-a-host:6379").is_err());
+        let err = Scheme::parse("admin:hunter22@redis.local/0?cb=http://x").unwrap_err();
+        assert!(!err.to_string().contains("hunter22"), "{err}");
     }
 
     #[tokio::test]
