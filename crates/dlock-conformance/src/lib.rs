@@ -286,6 +286,7 @@ macro_rules! conformance {
                 fencing_monotonic_after_crash,
                 renewal_keeps_lease,
                 key_frees_after_ttl_without_renewal,
+                manual_extend_moves_the_deadline,
                 lost_fires_when_lease_broken,
                 lost_fires_before_partitioned_lease_is_taken,
                 fencing_tokens_increase,

@@ -387,6 +387,52 @@ pub async fn key_frees_after_ttl_without_renewal(cx: Ctx) {
     cx.finish().await;
 }
 
+/// Promise 6c: a manual extend moves the lease's deadline both ways: a longer ttl keeps the
+/// key past its first ttl; a shorter one makes `lost()` fire by the new deadline, before
+/// another client takes the key. On session backends the ttl is not used, as declared.
+pub async fn manual_extend_moves_the_deadline(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let ttl = cx.harness().ttl();
+    let once = opts(&cx).auto_renew(false);
+    let longer = must_take(&*a, &cx.key("longer"), &once).await;
+    sleep(ttl / 2).await;
+    longer
+        .extend(ttl * 3)
+        .await
+        .expect("extend to a longer ttl");
+    sleep(ttl).await; // past the first ttl
+    must_be_held(&*b, &cx.key("longer"), &once, "extended past its first ttl").await;
+    assert!(
+        !longer.is_lost(),
+        "an extended lease was reported lost: {longer:?}"
+    );
+    longer.release().await.expect("release an extended lease");
+    if a.capabilities().expiry == Expiry::Ttl {
+        let key = cx.key("shorter");
+        let shorter = must_take(&*a, &key, &once.ttl(ttl * 5)).await;
+        let mut signal = shorter.lost_signal();
+        shorter.extend(ttl).await.expect("extend to a shorter ttl");
+        let extended = Instant::now();
+        let fired = timeout(ttl + Duration::from_secs(1), signal.lost()).await;
+        assert!(
+            fired.is_ok(),
+            "lost() did not fire by the shorter deadline ({ttl:?} after the extend)"
+        );
+        let lost_after = extended.elapsed();
+        let newer = b
+            .acquire(&key, &waiting(&cx, ttl * 5 + SLACK))
+            .await
+            .expect("the key frees");
+        assert!(
+            extended.elapsed() >= lost_after,
+            "another client took the key before lost() fired"
+        );
+        newer.release().await.expect("release");
+        drop(shorter);
+    }
+    cx.finish().await;
+}
+
 /// Promise 7a: When the lease is broken on the server, `lost()` fires (at the latest at the next
 /// renewal).
 pub async fn lost_fires_when_lease_broken(cx: Ctx) {
@@ -656,6 +702,11 @@ pub async fn bad_keys_are_rejected_before_io(cx: Ctx) {
         let err = a.acquire(&key, &opts(&cx)).await.expect_err("bad key");
         assert_eq!(err.kind(), ErrorKind::InvalidKey, "{err}");
         assert!(started.elapsed() < Duration::from_secs(1));
+    }
+    // Checked before any network I/O: a client of a dead server still says InvalidKey.
+    if let Ok(dead) = cx.harness().unreachable_client().await {
+        let err = dead.try_acquire("", &opts(&cx)).await.expect_err("bad key");
+        assert_eq!(err.kind(), ErrorKind::InvalidKey, "{err}");
     }
     cx.finish().await;
 }
