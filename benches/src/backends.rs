@@ -302,11 +302,8 @@ fn classify(kind: Kind, e: &LockError, skipped: &dyn Fn(SkipReason, String) -> S
     let text = e.to_string();
     let in_facade = dlock::Scheme::parse(kind.default_url()).is_ok_and(|s| s.is_enabled());
     match e.kind() {
-        // `dlock::connect` names the missing feature when the backend is not compiled into
-        // the facade (its features are empty placeholders until a backend crate is wired in).
-        ErrorKind::InvalidConfig if !in_facade || text.contains("feature of the dlock crate") => {
-            skipped(SkipReason::CompiledOut, text)
-        }
+        // `dlock::connect` names the missing feature when the backend is not compiled in.
+        ErrorKind::InvalidConfig if !in_facade => skipped(SkipReason::CompiledOut, text),
         ErrorKind::InvalidConfig => skipped(SkipReason::InvalidConfig, text),
         _ => skipped(SkipReason::Unreachable, text),
     }
