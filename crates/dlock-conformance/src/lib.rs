@@ -20,6 +20,8 @@
 //! An unreachable server fails the test with a message naming the server and the command
 //! that starts it (`scripts/backends up <setup>`).
 
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
+
 pub mod history;
 pub mod holder;
 pub mod proxy;

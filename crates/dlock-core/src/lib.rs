@@ -53,6 +53,8 @@
 //! 15. **Hygiene**: nothing a finished lock created is left on the server.
 //! 16. **Sharing**: one client value serves hundreds of tasks.
 
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
+
 mod backend;
 mod capabilities;
 mod client;

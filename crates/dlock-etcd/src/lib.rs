@@ -179,6 +179,8 @@
 //! [`LeaseLost`]: dlock_core::LockError::LeaseLost
 //! [`NotHeld`]: dlock_core::LockError::NotHeld
 
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
+
 mod config;
 mod error;
 mod lock;

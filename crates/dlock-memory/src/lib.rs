@@ -35,6 +35,8 @@
 //! would, [`MemoryBackend::set_partitioned`] cuts a client off, [`MemoryBackend::crash`]
 //! makes it vanish without releasing.
 
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
+
 mod server;
 
 use std::collections::HashMap;

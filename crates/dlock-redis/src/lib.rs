@@ -112,6 +112,8 @@
 //!   lock acquired just before the failover can be granted again. Use the fencing token, or
 //!   Redlock over independent servers.
 
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
+
 mod config;
 mod error;
 mod lock;

@@ -122,6 +122,8 @@
 //! - **Node restart without persistence**: see above: a majority of restarted nodes within
 //!   a ttl breaks exclusion.
 
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
+
 mod config;
 mod error;
 mod lock;

@@ -161,6 +161,8 @@
 //!   implementation's order breaks then; dlock deletes empty directories, which resets the
 //!   counter.
 
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
+
 mod config;
 mod error;
 mod lock;

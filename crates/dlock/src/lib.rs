@@ -37,6 +37,8 @@
 //! it against each real server. Where backends differ (fair waiters, fencing strength, how a
 //! silent holder loses the key), [`DistributedLock::capabilities`] says so.
 
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
+
 use std::sync::Arc;
 
 pub use dlock_core::{
