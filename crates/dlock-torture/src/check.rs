@@ -62,15 +62,21 @@ impl Input<'_> {
     }
 
     fn describe(&self, h: &HoldRec) -> String {
-        let lost = h
-            .lost_at
-            .map(|t| format!(", told lost at {}", self.rel(t)))
+        let lost = match (h.lost_at, &h.lost_reason) {
+            (Some(t), Some(why)) => format!(", told lost at {} ({why})", self.rel(t)),
+            _ => String::new(),
+        };
+        let outcome = h
+            .outcome
+            .as_deref()
+            .map(|o| format!(", release: {o}"))
             .unwrap_or_default();
         format!(
-            "hold {:x} (process {}, token {}, {}..{}{lost})",
+            "hold {:x} (process {}, token {}, requested {}, held {}..{}{lost}{outcome})",
             h.id,
             h.process,
             h.token,
+            self.rel(h.requested),
             self.rel(h.start),
             h.end
                 .map_or_else(|| "never ended".to_owned(), |t| self.rel(t)),

@@ -163,15 +163,12 @@ mod tests {
     use dlock::LockOptions;
 
     /// A held key shows as residue on each backend's server, and nothing once released.
+    /// (Redlock reads its nodes as Redis does; it is left out here because fault tests stop
+    /// its nodes at any time. The torture runs read it.)
     #[tokio::test]
     async fn a_held_key_is_found_and_a_released_one_is_not() {
         let servers = [
             ("DLOCK_REDIS_URL", "redis://127.0.0.1:6379", "redis"),
-            (
-                "DLOCK_REDLOCK_URL",
-                "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005",
-                "redlock",
-            ),
             ("DLOCK_ZK_URL", "zk://127.0.0.1:2181", "zookeeper"),
             ("DLOCK_ETCD_URL", "etcd://127.0.0.1:2379", "etcd"),
             (
