@@ -42,8 +42,9 @@
 use std::sync::Arc;
 
 pub use dlock_core::{
-    BoxError, Capabilities, DistributedLock, ErrorKind, Expiry, Fencing, Lease, LockError, LockExt,
-    LockOptions, LockStats, LostReason, LostSignal, Result, Wait, Wakeup,
+    BoxError, Capabilities, DistributedLock, ErrorKind, Expiry, FaultSafety, Faults, Fencing,
+    Lease, LockError, LockExt, LockOptions, LockStats, LostReason, LostSignal, Result, Wait,
+    Wakeup,
 };
 
 /// A backend, chosen by the URL scheme.
