@@ -1,7 +1,6 @@
 //! One deadline per acquire, covering every phase.
 
 use std::future::Future;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -40,15 +39,6 @@ impl Deadline {
         }
     }
 
-    /// Time left, `None` when unbounded. `TryOnce` has none left.
-    pub fn remaining(&self) -> Option<Duration> {
-        match self {
-            Deadline::TryOnce => Some(Duration::ZERO),
-            Deadline::At(at) => Some(at.saturating_duration_since(Instant::now())),
-            Deadline::Never => None,
-        }
-    }
-
     /// The earlier of the deadline and `at`.
     pub fn min(&self, at: Instant) -> Instant {
         match self {
@@ -81,6 +71,7 @@ impl Deadline {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[tokio::test(start_paused = true)]
     async fn run_gives_up_at_the_deadline() {
@@ -96,6 +87,5 @@ mod tests {
     fn try_once_may_not_wait() {
         assert!(!Deadline::after(Wait::No).may_wait());
         assert!(Deadline::after(Wait::Forever).may_wait());
-        assert_eq!(Deadline::Never.remaining(), None);
     }
 }

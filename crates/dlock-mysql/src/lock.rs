@@ -21,7 +21,7 @@ use futures::{Future, StreamExt};
 use sqlx::mysql::MySqlRow;
 use sqlx::{Connection, Either, Executor, Row};
 use tokio::sync::oneshot;
-use tokio::time::{Instant, sleep_until, timeout, timeout_at};
+use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::NAME;
 use crate::config::MysqlConfig;
@@ -508,13 +508,10 @@ impl Attempt {
     /// over when the row vanished under us.
     async fn take(&mut self) -> Answer {
         // The deadline covers getting a connection too; past it, the wait ran out.
-        let mut lent = match self.deadline {
-            Deadline::At(at) => match timeout_at(at, self.inner.locks.get()).await {
-                Ok(lent) => lent?,
-                Err(_) => return Ok(None),
-            },
-            Deadline::TryOnce | Deadline::Never => self.inner.locks.get().await?,
+        let Some(lent) = self.deadline.run(self.inner.locks.get()).await else {
+            return Ok(None);
         };
+        let mut lent = lent?;
         for _ in 0..MAX_RESTARTS {
             let step = match self.try_take(&mut lent).await {
                 Step::Busy if self.deadline.may_wait() => self.wait_take(&mut lent).await,

@@ -97,12 +97,10 @@ impl ZookeeperBackend {
         let mut current = self.session.lock().await;
         if current.state().is_terminated() {
             tracing::info!(backend = NAME, state = %current.state(), "session ended; opening a new one");
-            let fresh = match deadline {
-                Deadline::At(at) => tokio::time::timeout_at(at, open_session(&self.config))
-                    .await
-                    .unwrap_or_else(|_| Err(Error::zk("connect", zk::Error::Timeout).into()))?,
-                _ => open_session(&self.config).await?,
-            };
+            let fresh = deadline
+                .run(open_session(&self.config))
+                .await
+                .unwrap_or_else(|| Err(Error::zk("connect", zk::Error::Timeout).into()))?;
             self.note_session(&fresh);
             *current = fresh;
         }
