@@ -2,14 +2,17 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::Capabilities;
-use crate::backend::Backend;
+use crate::backend::{Backend, Grant, Held};
 use crate::gate::Gate;
-use crate::{Deadline, DistributedLock, Lease, LockError, LockOptions, LockStats, Result, key};
+use crate::{
+    Capabilities, Deadline, DistributedLock, ErrorKind, Expiry, Lease, LockError, LockOptions,
+    LockStats, LostReason, Result, key, watchdog,
+};
 
 /// A [`DistributedLock`] made from a [`Backend`].
 ///
@@ -18,6 +21,13 @@ use crate::{Deadline, DistributedLock, Lease, LockError, LockOptions, LockStats,
 /// queues the tasks of this client per key (the local gate), so only one of them talks to
 /// the server at a time and they are served in arrival order; it gives every acquire one
 /// deadline; and it runs each lease's watchdog.
+///
+/// A ttl grant that arrives after its first renewal was due (a slow answer, or a wait in
+/// which the backend's renewals failed) may already have expired on the server, whose key
+/// can linger a moment before the server deletes it. Such a grant is confirmed with one
+/// extend before it is handed out; if the server says the key is no longer ours, the
+/// acquire tries again while its deadline allows and otherwise fails with
+/// [`LockError::LeaseLost`].
 ///
 /// Cloning is cheap and shares the connection(s) and the local gate.
 pub struct LockClient<B: Backend> {
@@ -51,23 +61,96 @@ impl<B: Backend> LockClient<B> {
         let Some(permit) = self.gate.enter(key, deadline).await else {
             return Ok(None);
         };
-        let Some(grant) = self.backend.acquire(key, opts.ttl, deadline).await? else {
-            return Ok(None);
-        };
-        tracing::debug!(
-            backend = B::NAME,
-            key,
-            token = grant.fencing_token,
-            "acquired"
-        );
-        Ok(Some(Lease::start(
-            B::NAME,
-            key,
-            grant,
-            opts,
-            caps.expiry,
-            permit,
-        )))
+        loop {
+            let Some(mut grant) = self.backend.acquire(key, opts.ttl, deadline).await? else {
+                return Ok(None);
+            };
+            if caps.expiry == Expiry::Ttl && is_late(&grant, opts.ttl) {
+                tracing::debug!(
+                    backend = B::NAME,
+                    key,
+                    late_ms = grant.sent_at.elapsed().as_millis(),
+                    "a late grant; confirming it with one extend"
+                );
+                if let Err(e) = confirm(B::NAME, &mut grant, opts.ttl).await {
+                    give_back(B::NAME, key, grant.held);
+                    if e.kind() == ErrorKind::NotHeld && deadline.may_wait() {
+                        tracing::debug!(
+                            backend = B::NAME,
+                            key,
+                            "a late grant had expired on the server; acquiring again"
+                        );
+                        continue;
+                    }
+                    return Err(match e.kind() {
+                        ErrorKind::NotHeld => LockError::LeaseLost {
+                            backend: B::NAME,
+                            key: key.to_owned(),
+                            reason: LostReason::NotHeld,
+                        },
+                        _ => e,
+                    });
+                }
+            }
+            tracing::debug!(
+                backend = B::NAME,
+                key,
+                token = grant.fencing_token,
+                "acquired"
+            );
+            return Ok(Some(Lease::start(
+                B::NAME,
+                key,
+                grant,
+                opts,
+                caps.expiry,
+                permit,
+            )));
+        }
+    }
+}
+
+/// Whether a ttl grant arrived after its first renewal was due: the answer was slow, or the
+/// backend waited while its renewals failed. Such a lease may be close to, or past, its
+/// server-side expiry (and a server may still show the key for a moment after it expired,
+/// until it deletes it), so it is confirmed before anyone relies on it.
+fn is_late(grant: &Grant, ttl: Duration) -> bool {
+    Instant::now() >= grant.sent_at + ttl / 3
+}
+
+/// Confirm a late grant with one extend, bounded so that its answer arrives while the
+/// renewed lease is still safe. On success the lease runs `ttl` from the extend.
+async fn confirm(backend: &'static str, grant: &mut Grant, ttl: Duration) -> Result<()> {
+    let sent_at = Instant::now();
+    let budget = ttl.saturating_sub(watchdog::safety_margin(ttl));
+    match tokio::time::timeout(budget, grant.held.extend(ttl)).await {
+        Ok(Ok(())) => {
+            grant.sent_at = sent_at;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(LockError::unavailable(
+            backend,
+            "acquire",
+            "confirming a late grant was not answered in time",
+        )),
+    }
+}
+
+/// Release a grant that is not handed out, in the background: the release is owner-checked,
+/// so it never frees a key someone else holds.
+fn give_back(backend: &'static str, key: &str, mut held: Box<dyn Held>) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let key = key.to_owned();
+        runtime.spawn(async move {
+            let result = held.release().await;
+            tracing::debug!(
+                backend,
+                key,
+                ?result,
+                "released a grant that was not handed out"
+            );
+        });
     }
 }
 
@@ -117,5 +200,127 @@ impl<B: Backend> DistributedLock for LockClient<B> {
                 waited: started.elapsed(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::{Wait, backend::Held};
+
+    /// A backend whose grants arrive `late` after their request was sent, and whose
+    /// extends answer with the next of `extends` (`true`: still ours).
+    #[derive(Debug, Default)]
+    struct Late {
+        late: Duration,
+        extends: Mutex<Vec<bool>>,
+        acquires: AtomicUsize,
+        releases: Arc<AtomicUsize>,
+    }
+
+    #[derive(Debug)]
+    struct Handle {
+        ours: bool,
+        releases: Arc<AtomicUsize>,
+    }
+
+    #[async_trait]
+    impl Held for Handle {
+        async fn extend(&mut self, _ttl: Duration) -> Result<()> {
+            match self.ours {
+                true => Ok(()),
+                false => Err(LockError::NotHeld {
+                    backend: "late",
+                    key: "k".into(),
+                    reason: LostReason::NotHeld,
+                }),
+            }
+        }
+        async fn release(&mut self) -> Result<()> {
+            self.releases.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    #[async_trait]
+    impl Backend for Late {
+        const NAME: &'static str = "late";
+
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::default()
+        }
+
+        async fn acquire(
+            &self,
+            _key: &str,
+            _ttl: Duration,
+            _deadline: Deadline,
+        ) -> Result<Option<Grant>> {
+            self.acquires.fetch_add(1, Ordering::SeqCst);
+            let sent_at = Instant::now();
+            tokio::time::sleep(self.late).await;
+            let ours = self.extends.lock().unwrap().pop().unwrap_or(true);
+            let handle = Handle {
+                ours,
+                releases: self.releases.clone(),
+            };
+            Ok(Some(Grant::new(1, Box::new(handle), sent_at)))
+        }
+    }
+
+    fn client(late: Duration, extends: &[bool]) -> LockClient<Late> {
+        let mut extends = extends.to_vec();
+        extends.reverse();
+        LockClient::new(Late {
+            late,
+            extends: Mutex::new(extends),
+            ..Late::default()
+        })
+    }
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_grant_that_expired_on_the_server_is_not_handed_out() {
+        let lock = client(TTL * 2, &[false]);
+        let opts = LockOptions::new().ttl(TTL).wait(Wait::No);
+        let err = lock.try_acquire("k", &opts).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::LeaseLost, "{err}");
+        tokio::task::yield_now().await;
+        assert_eq!(lock.backend().releases.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_acquire_tries_again_after_a_late_grant_expired() {
+        let lock = client(TTL * 2, &[false, true]);
+        let opts = LockOptions::new()
+            .ttl(TTL)
+            .wait(Wait::For(Duration::from_secs(60)));
+        let lease = lock.acquire("k", &opts).await.unwrap();
+        assert_eq!(lock.backend().acquires.load(Ordering::SeqCst), 2);
+        assert!(!lease.is_lost());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_confirmed_late_grant_runs_a_full_ttl_from_the_confirmation() {
+        let lock = client(TTL, &[true]);
+        let opts = LockOptions::new().ttl(TTL).auto_renew(false);
+        let lease = lock.try_acquire("k", &opts).await.unwrap().unwrap();
+        // Measured from the request, the lease would be lost at once; from the confirming
+        // extend it lasts until just before another ttl.
+        tokio::time::sleep(TTL - TTL / 5).await;
+        assert!(!lease.is_lost());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_prompt_grant_is_not_confirmed() {
+        // An extend would say "not ours": a prompt grant must not send one.
+        let lock = client(Duration::from_millis(10), &[false]);
+        let opts = LockOptions::new().ttl(TTL).auto_renew(false);
+        let lease = lock.try_acquire("k", &opts).await.unwrap();
+        assert!(lease.is_some_and(|l| !l.is_lost()));
     }
 }

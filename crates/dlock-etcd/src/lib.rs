@@ -46,6 +46,10 @@
 //!    reads the newest key with `create_revision < rev` and `my`: `my` gone means the lease
 //!    expired or was revoked, and the acquire fails with [`LeaseLost`]; no older key means
 //!    the lock is ours; otherwise wait for that key, as in step 5.
+//!    A lease can expire on the server a moment before its key is deleted, so a grant
+//!    whose keep-alive fell due while waiting (keep-alives failed, or a read was slow) is
+//!    confirmed with one extend (below) before it is handed out; [`dlock_core::LockClient`]
+//!    does this for every ttl backend.
 //! 7. If `my` is deleted while waiting, the acquire fails with [`LeaseLost`] at once. At the
 //!    deadline, on cancellation (the future dropped) or an error, the lease is revoked in
 //!    the background, which deletes `my`: nobody queues behind an abandoned key.

@@ -308,6 +308,9 @@ struct LeaseHandle {
     /// While waiting: when to retry a keep-alive that failed.
     retry_at: Option<Instant>,
     keeper: Exclusive<Option<(LeaseKeeper, LeaseKeepAliveStream)>>,
+    /// A keep-alive went out on `keeper` and its answer was not read (the call was dropped
+    /// or timed out): that stale answer would come first, so the stream is not reused.
+    unread: bool,
     /// Whether the lease may still exist on the server.
     live: bool,
 }
@@ -325,6 +328,7 @@ impl LeaseHandle {
             renewed_at: Instant::now(),
             retry_at: None,
             keeper: Exclusive::default(),
+            unread: false,
             live: true,
         }
     }
@@ -360,8 +364,12 @@ impl LeaseHandle {
     async fn keep_alive(&mut self, op: &'static str) -> Result<(), Error> {
         let sent = Instant::now();
         let id = self.id;
+        if std::mem::take(&mut self.unread) {
+            *self.keeper.get() = None;
+        }
         let answer = match self.keeper.get() {
             Some((keeper, stream)) => {
+                self.unread = true;
                 let keep_alive = async {
                     keeper.keep_alive().await?;
                     match stream.message().await? {
@@ -371,7 +379,9 @@ impl LeaseHandle {
                         )),
                     }
                 };
-                self.conn.call_once(op, keep_alive).await
+                let answer = self.conn.call_once(op, keep_alive).await;
+                self.unread = false;
+                answer
             }
             None => {
                 // Opening the stream sends a keep-alive, and fails unless the lease lives.
