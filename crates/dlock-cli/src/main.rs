@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use dlock::{ErrorKind, Lease, LockError, LockOptions, Wait};
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::process::Command;
 use tokio::signal::unix::{SignalKind, signal};
@@ -25,8 +25,8 @@ mod exit {
 
 const AFTER_HELP: &str = "\
 Exit codes: 64 usage or configuration error, 69 lock server unavailable, 70 lease lost or server
-refused, 75 wait timed out (the lock is busy); `run` otherwise exits with the command's code
-(128 + N when it was killed by signal N).
+refused, 75 wait timed out (the lock is busy); 130 or 143 when SIGINT or SIGTERM ended the wait;
+`run` otherwise exits with the command's code (128 + N when it was killed by signal N).
 
 Examples:
   dlock run --url redis://127.0.0.1:6379 --key nightly-backup --no-wait -- /usr/local/bin/backup
@@ -44,8 +44,9 @@ struct Cli {
 enum Cmd {
     /// Acquire KEY, run CMD while keeping the lease renewed, release when it exits.
     ///
-    /// The command sees DLOCK_KEY and DLOCK_FENCING_TOKEN in its environment. SIGINT and
-    /// SIGTERM sent to dlock are passed on to the command.
+    /// The command sees DLOCK_KEY and DLOCK_FENCING_TOKEN in its environment. It runs in a
+    /// process group of its own (unless --foreground), so SIGINT and SIGTERM sent to dlock,
+    /// and the signals of --on-lost, reach every process it started.
     #[command(
         after_help = "Example (cron: run the backup on one host only, skip if another runs it):\n  \
         dlock run --url redis://127.0.0.1:6379 --key nightly-backup --no-wait -- /usr/local/bin/backup"
@@ -102,6 +103,10 @@ struct RunArgs {
     /// Time between SIGTERM and SIGKILL with --on-lost term.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     grace: Duration,
+    /// Run the command in dlock's process group, so that it can read from the terminal;
+    /// signals then reach only the command itself, not the processes it started.
+    #[arg(long)]
+    foreground: bool,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
     command: Vec<String>,
@@ -152,20 +157,43 @@ fn exit_code(e: &LockError) -> u8 {
     }
 }
 
-async fn take(args: &LockArgs) -> Result<Lease, LockError> {
-    let lock = dlock::connect(&args.url).await?;
-    lock.acquire(&args.key, &args.options()).await
+/// How long a wait given up on a signal has to clean up after itself (a queued node, a
+/// lease) before dlock exits; whatever is left expires with the ttl or session.
+const CANCEL_CLEANUP: Duration = Duration::from_millis(300);
+
+/// Acquire the lock, unless SIGINT or SIGTERM comes first: then give the wait up and
+/// answer `Err(exit code)` (128 + the signal's number).
+async fn take(args: &LockArgs, signals: &mut Signals) -> Result<Result<Lease, u8>, LockError> {
+    let acquire = async {
+        let lock = dlock::connect(&args.url).await?;
+        lock.acquire(&args.key, &args.options()).await
+    };
+    tokio::select! {
+        lease = acquire => Ok(Ok(lease?)),
+        sig = signals.next() => {
+            eprintln!("dlock: {sig} while waiting for {:?}: gave up the wait", args.key);
+            tokio::time::sleep(CANCEL_CLEANUP).await;
+            Ok(Err(128 + sig as u8))
+        }
+    }
 }
 
 async fn run(args: RunArgs) -> Result<u8, LockError> {
-    let lease = take(&args.lock).await?;
+    let mut signals = Signals::install();
+    let lease = match take(&args.lock, &mut signals).await? {
+        Ok(lease) => lease,
+        Err(code) => return Ok(code),
+    };
     let (program, rest) = args.command.split_first().expect("clap requires a command");
-    let mut child = match Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(rest)
         .env("DLOCK_KEY", lease.key())
-        .env("DLOCK_FENCING_TOKEN", lease.fencing_token().to_string())
-        .spawn()
-    {
+        .env("DLOCK_FENCING_TOKEN", lease.fencing_token().to_string());
+    if !args.foreground {
+        command.process_group(0);
+    }
+    let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
             eprintln!("dlock: cannot run {program:?}: {e}");
@@ -173,12 +201,10 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
             return Ok(127);
         }
     };
-    let pid = child.id().map(|id| Pid::from_raw(id as i32));
-    let (mut int, mut term) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    );
-    let (mut int, mut term) = (int.as_mut().ok(), term.as_mut().ok());
+    let target = child.id().map(|id| Target {
+        pid: Pid::from_raw(id as i32),
+        group: !args.foreground,
+    });
     let mut lost_reported = false;
     let status = loop {
         tokio::select! {
@@ -189,18 +215,12 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
                 eprintln!("dlock: lease on {:?} lost: {reason}", lease.key());
                 match args.on_lost {
                     OnLost::Ignore => eprintln!("dlock: --on-lost ignore: the command keeps running without the lock"),
-                    OnLost::Kill => signal_child(pid, Signal::SIGKILL),
-                    OnLost::Term => {
-                        signal_child(pid, Signal::SIGTERM);
-                        if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
-                            signal_child(pid, Signal::SIGKILL);
-                        }
-                    }
+                    OnLost::Kill => signal_command(target, Signal::SIGKILL),
+                    OnLost::Term => break terminate(target, &mut child, args.grace).await,
                 }
             }
             status = child.wait() => break status,
-            Some(_) = recv(&mut int) => signal_child(pid, Signal::SIGINT),
-            Some(_) = recv(&mut term) => signal_child(pid, Signal::SIGTERM),
+            sig = signals.next() => signal_command(target, sig),
         }
     };
     if !lost_reported && lease.is_lost() {
@@ -238,21 +258,88 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
     Ok(code)
 }
 
-async fn recv(stream: &mut Option<&mut tokio::signal::unix::Signal>) -> Option<()> {
-    match stream {
-        Some(s) => s.recv().await,
-        None => std::future::pending().await,
+/// SIGINT and SIGTERM, caught from before the acquire to the end.
+struct Signals {
+    int: Option<tokio::signal::unix::Signal>,
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn install() -> Self {
+        Self {
+            int: signal(SignalKind::interrupt()).ok(),
+            term: signal(SignalKind::terminate()).ok(),
+        }
+    }
+
+    /// The next SIGINT or SIGTERM.
+    async fn next(&mut self) -> Signal {
+        async fn recv(stream: &mut Option<tokio::signal::unix::Signal>) {
+            let received = match stream {
+                Some(s) => s.recv().await.is_some(),
+                None => false,
+            };
+            if !received {
+                std::future::pending::<()>().await;
+            }
+        }
+        tokio::select! {
+            () = recv(&mut self.int) => Signal::SIGINT,
+            () = recv(&mut self.term) => Signal::SIGTERM,
+        }
     }
 }
 
-fn signal_child(pid: Option<Pid>, sig: Signal) {
-    if let Some(pid) = pid {
-        let _ = kill(pid, sig);
+/// Where signals for the command go: its process group (everything it started), or the
+/// command alone with --foreground.
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    pid: Pid,
+    group: bool,
+}
+
+fn signal_command(target: Option<Target>, sig: Signal) {
+    if let Some(t) = target {
+        // ESRCH (nothing left to signal) is not an error here.
+        let _ = match t.group {
+            true => killpg(t.pid, sig),
+            false => kill(t.pid, sig),
+        };
     }
+}
+
+/// SIGTERM the command, then SIGKILL whatever of it is still running after `grace`: the
+/// command itself, or with a process group anything it started, even once it has exited.
+async fn terminate(
+    target: Option<Target>,
+    child: &mut tokio::process::Child,
+    grace: Duration,
+) -> std::io::Result<std::process::ExitStatus> {
+    signal_command(target, Signal::SIGTERM);
+    let deadline = tokio::time::Instant::now() + grace;
+    let status = match tokio::time::timeout_at(deadline, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            signal_command(target, Signal::SIGKILL);
+            return child.wait().await;
+        }
+    };
+    if let Some(t) = target.filter(|t| t.group) {
+        // The command exited; give the rest of its group the same grace.
+        while killpg(t.pid, None).is_ok() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = killpg(t.pid, Signal::SIGKILL);
+    }
+    status
 }
 
 async fn hold(args: HoldArgs) -> Result<u8, LockError> {
-    let lease = take(&args.lock).await?;
+    let mut signals = Signals::install();
+    let lease = match take(&args.lock, &mut signals).await? {
+        Ok(lease) => lease,
+        Err(code) => return Ok(code),
+    };
     {
         use std::io::Write as _;
         let mut out = std::io::stdout().lock();
@@ -264,11 +351,6 @@ async fn hold(args: HoldArgs) -> Result<u8, LockError> {
         );
         let _ = out.flush();
     }
-    let (mut int, mut term) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    );
-    let (mut int, mut term) = (int.as_mut().ok(), term.as_mut().ok());
     let elapsed = async {
         match args.hold_for {
             Some(d) => tokio::time::sleep(d).await,
@@ -281,8 +363,7 @@ async fn hold(args: HoldArgs) -> Result<u8, LockError> {
             return Ok(exit::SOFTWARE);
         }
         _ = elapsed => {}
-        Some(_) = recv(&mut int) => {}
-        Some(_) = recv(&mut term) => {}
+        _ = signals.next() => {}
     }
     lease.release().await?;
     println!("released");

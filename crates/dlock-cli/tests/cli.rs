@@ -1,11 +1,22 @@
 //! The real `dlock` binary: help, output format, exit codes, on the in-process backend.
 
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+mod common;
 
 const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
 
 fn dlock(args: &[&str]) -> Output {
     Command::new(DLOCK).args(args).output().expect("run dlock")
+}
+
+/// `dlock run` on the in-process backend, key `k`.
+fn run_in_memory(command: &[&str]) -> std::process::Command {
+    let mut run = Command::new(DLOCK);
+    run.args(["run", "--url", "memory://", "--key", "k", "--"])
+        .args(command);
+    run
 }
 
 #[test]
@@ -72,4 +83,38 @@ fn an_unreachable_server_exits_69_within_the_connect_timeout() {
     ]);
     assert_eq!(out.status.code(), Some(69), "{out:?}");
     assert!(started.elapsed() < std::time::Duration::from_secs(15));
+}
+
+#[test]
+fn a_command_that_cannot_run_exits_127() {
+    let out = run_in_memory(&["/nonexistent/cmd"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+}
+
+#[test]
+fn a_command_killed_by_signal_n_exits_128_plus_n() {
+    let out = run_in_memory(&["sh", "-c", "kill -KILL $$"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(128 + 9), "{out:?}");
+}
+
+/// SIGTERM to `dlock run` reaches the command's whole process group, background jobs too.
+#[test]
+fn sigterm_reaches_everything_the_command_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
+    let runner = run_in_memory(&["sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dlock run");
+    let grandchild = common::wait_for_pid(&pidfile);
+    common::sigterm(&runner);
+    let out = runner.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + 15), "{out:?}");
+    assert!(
+        common::gone_within(grandchild, Duration::from_secs(5)),
+        "the background job {grandchild} did not get the SIGTERM"
+    );
 }

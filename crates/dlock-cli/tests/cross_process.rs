@@ -4,10 +4,22 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
 
 fn dlock(args: &[&str]) -> Output {
     Command::new(DLOCK).args(args).output().expect("run dlock")
+}
+
+/// `dlock run --url URL --key KEY FLAGS… -- true`, to completion.
+fn run_true(url: &str, key: &str, flags: &[&str]) -> Output {
+    Command::new(DLOCK)
+        .args(["run", "--url", url, "--key", key])
+        .args(flags)
+        .args(["--", "true"])
+        .output()
+        .expect("run dlock")
 }
 
 /// Start `dlock hold` and wait for its `acquired` line; returns the child and the token.
@@ -73,16 +85,7 @@ fn no_wait_on_a_held_key_exits_75(url: &str) {
     let key = unique("busy");
     let (mut holder, _) = hold(url, &key, &[]);
     let started = Instant::now();
-    let out = dlock(&[
-        "run",
-        "--url",
-        url,
-        "--key",
-        &key,
-        "--no-wait",
-        "--",
-        "true",
-    ]);
+    let out = run_true(url, &key, &["--no-wait"]);
     let took = started.elapsed();
     let _ = holder.kill();
     let _ = holder.wait();
@@ -117,7 +120,47 @@ fn killed_hold_frees_the_key(url: &str, bound: Duration) {
         "the key freed {took:?} after the crash (bound {bound:?})"
     );
     let next: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
-    assert_ne!(next, token);
+    assert!(
+        next > token,
+        "the next holder's token {next} is not above the killed one's {token}"
+    );
+}
+
+/// SIGTERM to a `dlock run` still waiting for the key gives the wait up (exit 143), and
+/// leaves nothing queued: once the holder releases, the key is free at once.
+fn a_signal_while_waiting_gives_up_the_wait(url: &str) {
+    let key = unique("interrupted");
+    let (mut holder, _) = hold(url, &key, &[]);
+    let mut waiter = Command::new(DLOCK)
+        .args([
+            "run", "--url", url, "--key", &key, "--wait", "60s", "--", "true",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dlock run");
+    // Long enough to be queued on the server (connect, then the first attempt).
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        waiter.try_wait().unwrap().is_none(),
+        "the waiter did not wait"
+    );
+    let sent = Instant::now();
+    common::sigterm(&waiter);
+    let out = waiter.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(143), "{out:?}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        sent.elapsed()
+    );
+    common::sigterm(&holder);
+    assert!(holder.wait().unwrap().success());
+    let after = run_true(url, &key, &["--no-wait"]);
+    assert_eq!(
+        after.status.code(),
+        Some(0),
+        "the key is not free after the holder released: {after:?}"
+    );
 }
 
 /// Stamp the cross-process tests for one backend.
@@ -138,6 +181,10 @@ macro_rules! backend {
             #[test]
             fn killed_hold_frees_the_key() {
                 super::killed_hold_frees_the_key(&url(), $crash_bound);
+            }
+            #[test]
+            fn a_signal_while_waiting_gives_up_the_wait() {
+                super::a_signal_while_waiting_gives_up_the_wait(&url());
             }
         }
     };
@@ -175,3 +222,44 @@ backend!(
     "mysql://dlock:dlock@127.0.0.1:3306/dlock",
     std::time::Duration::from_secs(5)
 );
+
+/// A lost lease stops the command and everything it started (its process group): here the
+/// key is deleted behind the holder's back on the Redis server.
+#[test]
+fn a_lost_lease_stops_everything_the_command_started() {
+    let url = std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let key = unique("lost");
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
+    let runner = Command::new(DLOCK)
+        .args([
+            "run", "--url", &url, "--key", &key, "--ttl", "1s", "--grace", "2s",
+        ])
+        .args(["--", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dlock run");
+    let grandchild = common::wait_for_pid(&pidfile);
+    let deleted = Command::new("redis-cli")
+        .args(["-u", &url, "DEL", &format!("dlock:{key}")])
+        .output()
+        .expect(
+            "run redis-cli (Debian package redis-tools; scripts/backends up redis installs it)",
+        );
+    assert_eq!(
+        String::from_utf8_lossy(&deleted.stdout).trim(),
+        "1",
+        "{deleted:?}"
+    );
+    let out = runner.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(70), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("lost"),
+        "{out:?}"
+    );
+    assert!(
+        common::gone_within(grandchild, Duration::from_secs(5)),
+        "the command's background process {grandchild} survived the loss"
+    );
+}

@@ -102,6 +102,13 @@ impl Error {
             Self::Etcd { source, .. } => match **source {
                 // Made by the client from a transport error: the network failed.
                 etcd_client::Error::GRpcStatus(_) if local_status(source).is_some() => false,
+                // Raft dropped the proposal (a leader change under way); etcd 3.4 sends it
+                // with code Unknown, but sending it again later succeeds.
+                etcd_client::Error::GRpcStatus(ref status)
+                    if status.message().contains("raft proposal dropped") =>
+                {
+                    false
+                }
                 etcd_client::Error::GRpcStatus(_) => !matches!(
                     self.code(),
                     Some(
@@ -186,4 +193,39 @@ pub(crate) mod grpc {
     pub(crate) const RESOURCE_EXHAUSTED: i32 = 8;
     pub(crate) const ABORTED: i32 = 10;
     pub(crate) const UNAVAILABLE: i32 = 14;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(code: tonic::Code, message: &str) -> LockError {
+        Error::etcd(
+            "acquire",
+            etcd_client::Error::GRpcStatus(tonic::Status::new(code, message)),
+        )
+        .into()
+    }
+
+    #[test]
+    fn a_dropped_raft_proposal_is_retryable() {
+        let e = answered(tonic::Code::Unknown, "raft proposal dropped");
+        assert!(e.is_retryable(), "{e}");
+    }
+
+    #[test]
+    fn a_leader_change_is_retryable() {
+        let e = answered(tonic::Code::Unavailable, "etcdserver: leader changed");
+        assert!(e.is_retryable(), "{e}");
+    }
+
+    #[test]
+    fn a_refused_permission_is_a_backend_error() {
+        let e = answered(
+            tonic::Code::PermissionDenied,
+            "etcdserver: permission denied",
+        );
+        assert_eq!(e.kind(), dlock_core::ErrorKind::Backend, "{e}");
+        assert!(!e.is_retryable());
+    }
 }
