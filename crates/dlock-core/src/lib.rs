@@ -43,7 +43,8 @@
 //!    another client can acquire the key.
 //! 8. **Fencing tokens** increase across successive holders, as far as
 //!    [`Capabilities::fencing`] promises.
-//! 9. **Independence**: different keys never block each other.
+//! 9. **Independence**: different keys never block each other, however close (a key and its
+//!    children, case, trailing spaces, percent-encodings).
 //! 10. **Fairness** where [`Capabilities::fair`]: waiters acquire in arrival order.
 //! 11. **No herd** where [`Wakeup::Notification`] says one wake-up per release.
 //! 12. **Cancellation safety**: dropping an acquire future leaves nothing behind.

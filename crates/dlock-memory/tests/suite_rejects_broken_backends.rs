@@ -25,6 +25,10 @@ struct ReleasesAnyone(MemoryBackend);
 #[derive(Debug)]
 struct ConstantToken(MemoryBackend);
 
+/// Folds case and trailing spaces, as a case-insensitive, space-padding collation would.
+#[derive(Debug)]
+struct FoldsKeys(MemoryBackend);
+
 #[derive(Debug)]
 struct Fake;
 
@@ -115,6 +119,11 @@ wrapper!(ConstantToken, |me, key, ttl, deadline| {
     }))
 });
 
+wrapper!(FoldsKeys, |me, key, ttl, deadline| {
+    let folded = key.trim_end().to_lowercase();
+    me.0.acquire(&folded, ttl, deadline).await
+});
+
 /// Run `scenario` against `B` and return whether it failed.
 async fn rejects<B, F, Fut>(scenario: F) -> bool
 where
@@ -154,7 +163,13 @@ async fn fencing_rejects_a_backend_with_a_constant_token() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn independent_keys_rejects_a_backend_that_folds_keys() {
+    assert!(rejects::<FoldsKeys, _, _>(scenarios::independent_keys).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_scenarios_pass_on_the_real_memory_backend() {
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::mutual_exclusion).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::fencing_tokens_increase).await);
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::independent_keys).await);
 }
