@@ -24,7 +24,8 @@ pub struct MemoryServer {
 #[derive(Debug, Default)]
 struct State {
     keys: HashMap<String, Slot>,
-    fences: HashMap<String, u64>,
+    /// The last grant's id, which is also its fencing token: one counter for every key (as
+    /// etcd's revision), so tokens increase per key without remembering keys nobody holds.
     next_id: u64,
 }
 
@@ -115,9 +116,7 @@ impl State {
     fn grant(&mut self, key: &str, ttl: Duration) -> Granted {
         self.next_id += 1;
         let id = self.next_id;
-        let fence = self.fences.entry(key.to_owned()).or_default();
-        *fence += 1;
-        let token = *fence;
+        let token = id;
         let (lost_tx, lost) = oneshot::channel();
         let at = Instant::now();
         self.keys.entry(key.to_owned()).or_default().holder = Some(Holder {
