@@ -25,9 +25,15 @@ fn every_backend_crate_calls_the_conformance_macro() {
         let suite = dir.join("tests/conformance.rs");
         let text = std::fs::read_to_string(&suite)
             .unwrap_or_else(|_| panic!("{name} is a backend crate without tests/conformance.rs"));
+        let module = name.strip_prefix("dlock-").unwrap_or(&name);
+        let call = format!("dlock_conformance::conformance!({module},");
+        let called = text
+            .lines()
+            .map(str::trim_start)
+            .any(|line| !line.starts_with("//") && line.starts_with(&call));
         assert!(
-            text.contains("dlock_conformance::conformance!("),
-            "{} does not call dlock_conformance::conformance!",
+            called,
+            "{} does not call {call} …) (outside a comment)",
             suite.display()
         );
         backends.push(name);
@@ -36,4 +42,34 @@ fn every_backend_crate_calls_the_conformance_macro() {
         backends.contains(&"dlock-memory".to_owned()),
         "found {backends:?}"
     );
+}
+
+/// Every scenario written in `scenarios.rs` is one the `conformance!` macro stamps, so a new
+/// scenario cannot be forgotten by every backend at once.
+#[test]
+fn the_macro_runs_every_scenario() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let scenarios = std::fs::read_to_string(src.join("scenarios.rs")).expect("read scenarios.rs");
+    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("read lib.rs");
+    let start = lib
+        .find("macro_rules! conformance")
+        .expect("the conformance macro");
+    let list = &lib[start..];
+    let list = &list[..list.find("\n}").unwrap_or(list.len())];
+    let stamped: Vec<&str> = list
+        .lines()
+        .map(|l| l.trim().trim_end_matches(','))
+        .collect();
+    let written: Vec<&str> = scenarios
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub async fn "))
+        .filter_map(|l| l.split_once("(cx: Ctx)").map(|(name, _)| name))
+        .collect();
+    assert!(written.len() >= 20, "found only {written:?}");
+    for name in &written {
+        assert!(
+            stamped.contains(name),
+            "scenario {name} is not in the conformance! macro's list"
+        );
+    }
 }
