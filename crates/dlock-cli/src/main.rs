@@ -1,6 +1,7 @@
 //! `dlock`: run a command under a distributed lock, or hold one, from a shell — as
 //! `flock(1)`, `etcdctl lock` or `consul lock` do, on any dlock backend.
 
+use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ mod exit {
 
 const AFTER_HELP: &str = "\
 Exit codes: 64 usage or configuration error, 69 lock server unavailable, 70 lease lost or server
-refused, 75 wait timed out (the lock is busy); 130 or 143 when SIGINT or SIGTERM ended the wait;
+refused, 75 wait timed out (the lock is busy); 128 + N when signal N ended the wait (130, 143…);
 `run` otherwise exits with the command's code (128 + N when it was killed by signal N).
 
 Examples:
@@ -44,9 +45,11 @@ struct Cli {
 enum Cmd {
     /// Acquire KEY, run CMD while keeping the lease renewed, release when it exits.
     ///
-    /// The command sees DLOCK_KEY and DLOCK_FENCING_TOKEN in its environment. It runs in a
-    /// process group of its own (unless --foreground), so SIGINT and SIGTERM sent to dlock,
-    /// and the signals of --on-lost, reach every process it started.
+    /// The command sees DLOCK_KEY and DLOCK_FENCING_TOKEN in its environment. Unless stdin
+    /// is a terminal or --foreground is given, it runs in a process group of its own: SIGINT,
+    /// SIGTERM, SIGHUP and SIGQUIT sent to dlock, and the signals of --on-lost, reach every
+    /// process it started, and background jobs it leaves keep the lock until they end (at
+    /// most --grace).
     #[command(
         after_help = "Example (cron: run the backup on one host only, skip if another runs it):\n  \
         dlock run --url redis://127.0.0.1:6379 --key nightly-backup --no-wait -- /usr/local/bin/backup"
@@ -100,11 +103,12 @@ struct RunArgs {
     /// after --grace; `kill` sends SIGKILL; `ignore` lets it run (and warns).
     #[arg(long, value_enum, default_value = "term")]
     on_lost: OnLost,
-    /// Time between SIGTERM and SIGKILL with --on-lost term.
+    /// Time between SIGTERM and SIGKILL with --on-lost term, and how long background jobs
+    /// the command left may keep the lock after it exits.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     grace: Duration,
-    /// Run the command in dlock's process group, so that it can read from the terminal;
-    /// signals then reach only the command itself, not the processes it started.
+    /// Keep the command in dlock's process group (the default when stdin is a terminal), so
+    /// that it can read from the terminal; signals then reach the command alone.
     #[arg(long)]
     foreground: bool,
     /// The command and its arguments.
@@ -157,25 +161,29 @@ fn exit_code(e: &LockError) -> u8 {
     }
 }
 
-/// How long a wait given up on a signal has to clean up after itself (a queued node, a
-/// lease) before dlock exits; whatever is left expires with the ttl or session.
-const CANCEL_CLEANUP: Duration = Duration::from_millis(300);
+/// How long dlock waits, before it exits, for the clean-up of a wait it gave up (a queued
+/// node, a lease, a waiting statement); whatever is left expires with its ttl or session.
+const CLEANUP_LIMIT: Duration = Duration::from_secs(5);
 
-/// Acquire the lock, unless SIGINT or SIGTERM comes first: then give the wait up and
-/// answer `Err(exit code)` (128 + the signal's number).
+/// Acquire the lock, unless SIGINT, SIGTERM, SIGHUP or SIGQUIT comes first: then give the
+/// wait up and answer `Err(exit code)` (128 + the signal's number).
 async fn take(args: &LockArgs, signals: &mut Signals) -> Result<Result<Lease, u8>, LockError> {
     let acquire = async {
         let lock = dlock::connect(&args.url).await?;
         lock.acquire(&args.key, &args.options()).await
     };
-    tokio::select! {
-        lease = acquire => Ok(Ok(lease?)),
-        sig = signals.next() => {
-            eprintln!("dlock: {sig} while waiting for {:?}: gave up the wait", args.key);
-            tokio::time::sleep(CANCEL_CLEANUP).await;
-            Ok(Err(128 + sig as u8))
-        }
+    let sig = tokio::select! {
+        lease = acquire => return Ok(Ok(lease?)),
+        sig = signals.next() => sig,
+    };
+    eprintln!(
+        "dlock: {sig} while waiting for {:?}: gave up the wait",
+        args.key
+    );
+    if !dlock::settle(CLEANUP_LIMIT).await {
+        eprintln!("dlock: the abandoned wait is cleaned up by its ttl or session instead");
     }
+    Ok(Err(128 + sig as u8))
 }
 
 async fn run(args: RunArgs) -> Result<u8, LockError> {
@@ -185,12 +193,15 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
         Err(code) => return Ok(code),
     };
     let (program, rest) = args.command.split_first().expect("clap requires a command");
+    // From a terminal the command stays in the terminal's foreground group, where it may
+    // read input and gets Ctrl-C from the terminal itself.
+    let group = !args.foreground && !std::io::stdin().is_terminal();
     let mut command = Command::new(program);
     command
         .args(rest)
         .env("DLOCK_KEY", lease.key())
         .env("DLOCK_FENCING_TOKEN", lease.fencing_token().to_string());
-    if !args.foreground {
+    if group {
         command.process_group(0);
     }
     let mut child = match command.spawn() {
@@ -203,7 +214,7 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
     };
     let target = child.id().map(|id| Target {
         pid: Pid::from_raw(id as i32),
-        group: !args.foreground,
+        group,
     });
     let mut lost_reported = false;
     let status = loop {
@@ -223,6 +234,16 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
             sig = signals.next() => signal_command(target, sig),
         }
     };
+    // What the command started in the background still works under the lock: wait for it
+    // (as flock(1) holds its lock while any process has the file open), up to --grace.
+    if let Some(t) = target.filter(|t| t.group)
+        && !group_ends_by(t.pid, tokio::time::Instant::now() + args.grace).await
+    {
+        eprintln!(
+            "dlock: processes the command started are still running {:?} after it exited; releasing the lock anyway",
+            args.grace
+        );
+    }
     if !lost_reported && lease.is_lost() {
         lost_reported = true;
         eprintln!(
@@ -258,40 +279,45 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
     Ok(code)
 }
 
-/// SIGINT and SIGTERM, caught from before the acquire to the end.
-struct Signals {
-    int: Option<tokio::signal::unix::Signal>,
-    term: Option<tokio::signal::unix::Signal>,
-}
+/// The signals dlock catches from before the acquire to the end: SIGINT, SIGTERM, SIGHUP
+/// (the terminal went away) and SIGQUIT.
+struct Signals([(Signal, Option<tokio::signal::unix::Signal>); 4]);
 
 impl Signals {
     fn install() -> Self {
-        Self {
-            int: signal(SignalKind::interrupt()).ok(),
-            term: signal(SignalKind::terminate()).ok(),
-        }
+        let catch = |sig, kind| (sig, signal(kind).ok());
+        Self([
+            catch(Signal::SIGINT, SignalKind::interrupt()),
+            catch(Signal::SIGTERM, SignalKind::terminate()),
+            catch(Signal::SIGHUP, SignalKind::hangup()),
+            catch(Signal::SIGQUIT, SignalKind::quit()),
+        ])
     }
 
-    /// The next SIGINT or SIGTERM.
+    /// The next of these signals.
     async fn next(&mut self) -> Signal {
-        async fn recv(stream: &mut Option<tokio::signal::unix::Signal>) {
-            let received = match stream {
-                Some(s) => s.recv().await.is_some(),
+        async fn recv(caught: &mut (Signal, Option<tokio::signal::unix::Signal>)) -> Signal {
+            let received = match &mut caught.1 {
+                Some(stream) => stream.recv().await.is_some(),
                 None => false,
             };
             if !received {
                 std::future::pending::<()>().await;
             }
+            caught.0
         }
+        let [int, term, hup, quit] = &mut self.0;
         tokio::select! {
-            () = recv(&mut self.int) => Signal::SIGINT,
-            () = recv(&mut self.term) => Signal::SIGTERM,
+            sig = recv(int) => sig,
+            sig = recv(term) => sig,
+            sig = recv(hup) => sig,
+            sig = recv(quit) => sig,
         }
     }
 }
 
 /// Where signals for the command go: its process group (everything it started), or the
-/// command alone with --foreground.
+/// command alone (--foreground, or a terminal).
 #[derive(Debug, Clone, Copy)]
 struct Target {
     pid: Pid,
@@ -324,14 +350,45 @@ async fn terminate(
             return child.wait().await;
         }
     };
-    if let Some(t) = target.filter(|t| t.group) {
-        // The command exited; give the rest of its group the same grace.
-        while killpg(t.pid, None).is_ok() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    if let Some(t) = target.filter(|t| t.group)
+        && !group_ends_by(t.pid, deadline).await
+    {
         let _ = killpg(t.pid, Signal::SIGKILL);
     }
     status
+}
+
+/// Wait until no process of group `pgid` is left (zombies nobody reaped do not count), or
+/// `deadline`; whether the group ended.
+async fn group_ends_by(pgid: Pid, deadline: tokio::time::Instant) -> bool {
+    loop {
+        if !group_alive(pgid) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether any live process is in group `pgid`: read from /proc, where zombies can be told
+/// apart; elsewhere, whether the group can still be signalled.
+fn group_alive(pgid: Pid) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return killpg(pgid, None).is_ok();
+    };
+    entries.flatten().any(|entry| {
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // "pid (comm) state ppid pgrp …": the command name may hold spaces and parentheses.
+        let mut fields = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace();
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
+        pgrp == Some(pgid.as_raw()) && !matches!(state, Some("Z" | "X"))
+    })
 }
 
 async fn hold(args: HoldArgs) -> Result<u8, LockError> {

@@ -11,11 +11,13 @@ fn dlock(args: &[&str]) -> Output {
     Command::new(DLOCK).args(args).output().expect("run dlock")
 }
 
-/// `dlock run` on the in-process backend, key `k`.
+/// `dlock run` on the in-process backend, key `k`, with stdin not a terminal (so the
+/// command gets a process group of its own whatever runs the tests).
 fn run_in_memory(command: &[&str]) -> std::process::Command {
     let mut run = Command::new(DLOCK);
     run.args(["run", "--url", "memory://", "--key", "k", "--"])
-        .args(command);
+        .args(command)
+        .stdin(Stdio::null());
     run
 }
 
@@ -116,5 +118,19 @@ fn sigterm_reaches_everything_the_command_started() {
     assert!(
         common::gone_within(grandchild, Duration::from_secs(5)),
         "the background job {grandchild} did not get the SIGTERM"
+    );
+}
+
+/// A background job the command leaves behind still works under the lock: `dlock run`
+/// waits for it (up to --grace) before releasing.
+#[test]
+fn the_lock_is_held_until_the_commands_background_jobs_end() {
+    let started = std::time::Instant::now();
+    let out = run_in_memory(&["sh", "-c", "sleep 1 &"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "released after {:?}, before the background job ended",
+        started.elapsed()
     );
 }

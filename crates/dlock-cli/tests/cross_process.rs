@@ -227,7 +227,9 @@ backend!(
 /// key is deleted behind the holder's back on the Redis server.
 #[test]
 fn a_lost_lease_stops_everything_the_command_started() {
+    // Without options: redis-cli takes the same URL, and the key prefix is the default.
     let url = std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = url.split('?').next().unwrap_or_default().to_owned();
     let key = unique("lost");
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pid");
@@ -237,6 +239,7 @@ fn a_lost_lease_stops_everything_the_command_started() {
             "run", "--url", &url, "--key", &key, "--ttl", "1s", "--grace", "2s",
         ])
         .args(["--", "sh", "-c", &script])
+        .stdin(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn dlock run");

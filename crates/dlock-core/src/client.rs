@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::backend::{Backend, Grant, Held};
+use crate::backend::{Backend, Grant};
 use crate::gate::Gate;
 use crate::{
     Capabilities, Deadline, DistributedLock, ErrorKind, Expiry, Lease, LockError, LockOptions,
@@ -25,9 +25,9 @@ use crate::{
 /// A ttl grant that arrives after its first renewal was due (a slow answer, or a wait in
 /// which the backend's renewals failed) may already have expired on the server, whose key
 /// can linger a moment before the server deletes it. Such a grant is confirmed with one
-/// extend before it is handed out; if the server says the key is no longer ours, the
-/// acquire tries again while its deadline allows and otherwise fails with
-/// [`LockError::LeaseLost`].
+/// extend (bounded by the acquire's deadline) before it is handed out; if the server says
+/// the key is no longer ours, the grant is given back and the acquire tries again while its
+/// deadline allows, and otherwise answers as for a busy key.
 ///
 /// Cloning is cheap and shares the connection(s) and the local gate.
 pub struct LockClient<B: Backend> {
@@ -62,19 +62,19 @@ impl<B: Backend> LockClient<B> {
             return Ok(None);
         };
         loop {
-            let Some(mut grant) = self.backend.acquire(key, opts.ttl, deadline).await? else {
+            let Some(grant) = self.backend.acquire(key, opts.ttl, deadline).await? else {
                 return Ok(None);
             };
-            if caps.expiry == Expiry::Ttl && is_late(&grant, opts.ttl) {
-                tracing::debug!(
-                    backend = B::NAME,
-                    key,
-                    late_ms = grant.sent_at.elapsed().as_millis(),
-                    "a late grant; confirming it with one extend"
-                );
-                if let Err(e) = confirm(B::NAME, &mut grant, opts.ttl).await {
-                    give_back(B::NAME, key, grant.held);
-                    if e.kind() == ErrorKind::NotHeld && deadline.may_wait() {
+            let mut grant = Unclaimed {
+                backend: B::NAME,
+                key,
+                grant: Some(grant),
+            };
+            if caps.expiry == Expiry::Ttl && grant.is_late(opts.ttl) {
+                match grant.confirm(opts.ttl, deadline).await {
+                    Ok(()) => {}
+                    // Given back on drop.
+                    Err(e) if e.kind() == ErrorKind::NotHeld && deadline.may_wait() => {
                         tracing::debug!(
                             backend = B::NAME,
                             key,
@@ -82,16 +82,11 @@ impl<B: Backend> LockClient<B> {
                         );
                         continue;
                     }
-                    return Err(match e.kind() {
-                        ErrorKind::NotHeld => LockError::LeaseLost {
-                            backend: B::NAME,
-                            key: key.to_owned(),
-                            reason: LostReason::NotHeld,
-                        },
-                        _ => e,
-                    });
+                    Err(e) if e.kind() == ErrorKind::NotHeld => return Ok(None),
+                    Err(e) => return Err(e),
                 }
             }
+            let grant = grant.claim();
             tracing::debug!(
                 backend = B::NAME,
                 key,
@@ -110,39 +105,77 @@ impl<B: Backend> LockClient<B> {
     }
 }
 
-/// Whether a ttl grant arrived after its first renewal was due: the answer was slow, or the
-/// backend waited while its renewals failed. Such a lease may be close to, or past, its
-/// server-side expiry (and a server may still show the key for a moment after it expired,
-/// until it deletes it), so it is confirmed before anyone relies on it.
-fn is_late(grant: &Grant, ttl: Duration) -> bool {
-    Instant::now() >= grant.sent_at + ttl / 3
+/// A grant not yet handed out as a [`Lease`]. Dropped unclaimed (not confirmed, or the
+/// acquire future dropped meanwhile), it is released in the background: the release is
+/// owner-checked, so it never frees a key someone else holds.
+struct Unclaimed<'a> {
+    backend: &'static str,
+    key: &'a str,
+    grant: Option<Grant>,
 }
 
-/// Confirm a late grant with one extend, bounded so that its answer arrives while the
-/// renewed lease is still safe. On success the lease runs `ttl` from the extend.
-async fn confirm(backend: &'static str, grant: &mut Grant, ttl: Duration) -> Result<()> {
-    let sent_at = Instant::now();
-    let budget = ttl.saturating_sub(watchdog::safety_margin(ttl));
-    match tokio::time::timeout(budget, grant.held.extend(ttl)).await {
-        Ok(Ok(())) => {
-            grant.sent_at = sent_at;
-            Ok(())
-        }
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(LockError::unavailable(
+impl Unclaimed<'_> {
+    fn grant(&mut self) -> &mut Grant {
+        self.grant.as_mut().expect("claimed only once, at the end")
+    }
+
+    /// Whether the grant arrived after its first renewal was due: the answer was slow, or
+    /// the backend waited while its renewals failed. Such a lease may be close to, or past,
+    /// its server-side expiry (and a server may still show the key for a moment after it
+    /// expired, until it deletes it), so it is confirmed before anyone relies on it.
+    fn is_late(&mut self, ttl: Duration) -> bool {
+        Instant::now() >= self.grant().sent_at + ttl / 3
+    }
+
+    /// Confirm a late grant with one extend, bounded by the acquire's deadline and so that
+    /// its answer arrives while the renewed lease is still safe. On success the lease runs
+    /// `ttl` from the extend.
+    async fn confirm(&mut self, ttl: Duration, deadline: Deadline) -> Result<()> {
+        let (backend, key) = (self.backend, self.key);
+        let grant = self.grant();
+        let sent_at = Instant::now();
+        tracing::debug!(
             backend,
-            "acquire",
-            "confirming a late grant was not answered in time",
-        )),
+            key,
+            late_ms = sent_at.duration_since(grant.sent_at).as_millis(),
+            "a late grant; confirming it with one extend"
+        );
+        let safe = sent_at + ttl.saturating_sub(watchdog::safety_margin(ttl));
+        let until = match deadline {
+            Deadline::At(at) if at > sent_at => at.min(safe),
+            _ => safe,
+        };
+        match tokio::time::timeout_at(until, grant.held.extend(ttl)).await {
+            Ok(Ok(())) => {
+                grant.sent_at = sent_at;
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) if until < safe => Err(LockError::NotHeld {
+                backend,
+                key: key.to_owned(),
+                reason: LostReason::Expired,
+            }),
+            Err(_) => Err(LockError::unavailable(
+                backend,
+                "acquire",
+                "confirming a late grant was not answered in time",
+            )),
+        }
+    }
+
+    fn claim(mut self) -> Grant {
+        self.grant.take().expect("claimed only once")
     }
 }
 
-/// Release a grant that is not handed out, in the background: the release is owner-checked,
-/// so it never frees a key someone else holds.
-fn give_back(backend: &'static str, key: &str, mut held: Box<dyn Held>) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        let key = key.to_owned();
-        runtime.spawn(async move {
+impl Drop for Unclaimed<'_> {
+    fn drop(&mut self) {
+        let Some(grant) = self.grant.take() else {
+            return;
+        };
+        let (backend, key, mut held) = (self.backend, self.key.to_owned(), grant.held);
+        crate::spawn_cleanup(async move {
             let result = held.release().await;
             tracing::debug!(
                 backend,
@@ -216,6 +249,8 @@ mod tests {
     #[derive(Debug, Default)]
     struct Late {
         late: Duration,
+        /// How long each extend takes to answer.
+        confirm_takes: Duration,
         extends: Mutex<Vec<bool>>,
         acquires: AtomicUsize,
         releases: Arc<AtomicUsize>,
@@ -224,12 +259,14 @@ mod tests {
     #[derive(Debug)]
     struct Handle {
         ours: bool,
+        takes: Duration,
         releases: Arc<AtomicUsize>,
     }
 
     #[async_trait]
     impl Held for Handle {
         async fn extend(&mut self, _ttl: Duration) -> Result<()> {
+            tokio::time::sleep(self.takes).await;
             match self.ours {
                 true => Ok(()),
                 false => Err(LockError::NotHeld {
@@ -265,6 +302,7 @@ mod tests {
             let ours = self.extends.lock().unwrap().pop().unwrap_or(true);
             let handle = Handle {
                 ours,
+                takes: self.confirm_takes,
                 releases: self.releases.clone(),
             };
             Ok(Some(Grant::new(1, Box::new(handle), sent_at)))
@@ -272,10 +310,15 @@ mod tests {
     }
 
     fn client(late: Duration, extends: &[bool]) -> LockClient<Late> {
+        slow_client(late, Duration::ZERO, extends)
+    }
+
+    fn slow_client(late: Duration, confirm_takes: Duration, extends: &[bool]) -> LockClient<Late> {
         let mut extends = extends.to_vec();
         extends.reverse();
         LockClient::new(Late {
             late,
+            confirm_takes,
             extends: Mutex::new(extends),
             ..Late::default()
         })
@@ -287,8 +330,18 @@ mod tests {
     async fn a_late_grant_that_expired_on_the_server_is_not_handed_out() {
         let lock = client(TTL * 2, &[false]);
         let opts = LockOptions::new().ttl(TTL).wait(Wait::No);
-        let err = lock.try_acquire("k", &opts).await.unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::LeaseLost, "{err}");
+        let lease = lock.try_acquire("k", &opts).await.unwrap();
+        assert!(lease.is_none(), "an expired grant was handed out");
+        tokio::task::yield_now().await;
+        assert_eq!(lock.backend().releases.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_dropped_while_confirming_gives_the_grant_back() {
+        let lock = slow_client(TTL, TTL / 2, &[true]);
+        let opts = LockOptions::new().ttl(TTL).wait(Wait::No);
+        let dropped = tokio::time::timeout(TTL + TTL / 4, lock.try_acquire("k", &opts)).await;
+        assert!(dropped.is_err(), "the confirm should still be running");
         tokio::task::yield_now().await;
         assert_eq!(lock.backend().releases.load(Ordering::SeqCst), 1);
     }
@@ -313,6 +366,17 @@ mod tests {
         // extend it lasts until just before another ttl.
         tokio::time::sleep(TTL - TTL / 5).await;
         assert!(!lease.is_lost());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn confirming_a_late_grant_stops_at_the_acquire_deadline() {
+        let lock = slow_client(TTL / 2, TTL, &[true]);
+        let wait = TTL / 2 + TTL / 10;
+        let opts = LockOptions::new().ttl(TTL).wait(Wait::For(wait));
+        let started = Instant::now();
+        let err = lock.acquire("k", &opts).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+        assert!(started.elapsed() <= wait + Duration::from_millis(1));
     }
 
     #[tokio::test(start_paused = true)]

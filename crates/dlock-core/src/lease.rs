@@ -185,7 +185,8 @@ impl LeaseState {
 ///
 /// Dropping a lease without `release` schedules a best-effort release on the current tokio
 /// runtime and never blocks; without a runtime the key is freed by the server when the ttl
-/// (or session) runs out.
+/// (or session) runs out. A process about to exit waits for such releases with
+/// [`settle`](crate::settle).
 ///
 /// Protect the work done under the lock with [`lost`](Lease::lost): it resolves before
 /// another client can take the key, when the lease could not be kept. For storage that can
@@ -347,23 +348,19 @@ impl Drop for Lease {
             return; // released
         }
         let state = self.state.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                // Waits for a renewal in flight (its task was just aborted) instead of
-                // skipping the release; local waiters go when the release is done.
-                runtime.spawn(async move {
-                    let taken = state.held.lock().await.take();
-                    if let Some(mut held) = taken {
-                        let result = held.release().await;
-                        tracing::debug!(backend = state.backend, key = %state.key, ?result, "released on drop");
-                    }
-                    state.mark_released();
-                    drop(permit);
-                });
+        // Waits for a renewal in flight (its task was just aborted) instead of skipping the
+        // release; local waiters go when the release is done.
+        let spawned = crate::spawn_cleanup(async move {
+            let taken = state.held.lock().await.take();
+            if let Some(mut held) = taken {
+                let result = held.release().await;
+                tracing::debug!(backend = state.backend, key = %state.key, ?result, "released on drop");
             }
-            Err(_) => {
-                tracing::warn!(backend = state.backend, key = %state.key, "lease dropped outside a tokio runtime: the key frees when its ttl (or session) runs out");
-            }
+            state.mark_released();
+            drop(permit);
+        });
+        if !spawned {
+            tracing::warn!(backend = self.state.backend, key = %self.state.key, "lease dropped outside a tokio runtime: the key frees when its ttl (or session) runs out");
         }
     }
 }

@@ -57,6 +57,7 @@
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 mod backend;
+mod background;
 mod capabilities;
 mod client;
 pub mod config;
@@ -73,6 +74,7 @@ use std::future::Future;
 use async_trait::async_trait;
 
 pub use backend::{Backend, Grant, Held};
+pub use background::{settle, spawn_cleanup};
 pub use capabilities::{Capabilities, Expiry, FaultSafety, Faults, Fencing, Wakeup};
 pub use client::LockClient;
 pub use deadline::Deadline;

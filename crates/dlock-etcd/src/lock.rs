@@ -463,21 +463,17 @@ impl LeaseHandle {
         }
         *self.keeper.get() = None;
         let (conn, id) = (self.conn.clone(), self.id);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    if let Err(e) = conn.revoke("release", id).await {
-                        tracing::debug!(backend = NAME, lease = id, error = %e, "background revoke failed; the lease expires with its ttl");
-                    }
-                });
+        let spawned = dlock_core::spawn_cleanup(async move {
+            if let Err(e) = conn.revoke("release", id).await {
+                tracing::debug!(backend = NAME, lease = id, error = %e, "background revoke failed; the lease expires with its ttl");
             }
-            Err(_) => {
-                tracing::debug!(
-                    backend = NAME,
-                    lease = id,
-                    "no runtime to revoke the lease; it expires with its ttl"
-                );
-            }
+        });
+        if !spawned {
+            tracing::debug!(
+                backend = NAME,
+                lease = id,
+                "no runtime to revoke the lease; it expires with its ttl"
+            );
         }
     }
 

@@ -150,7 +150,11 @@ impl Backend for MysqlBackend {
             deadline,
             reply: Reply(Some(tx)),
         };
-        tokio::spawn(attempt.run());
+        // Counted as clean-up: once the caller gives up, the task still stops the waiting
+        // statement and tidies the connection.
+        if !dlock_core::spawn_cleanup(attempt.run()) {
+            return Err(LockError::backend(NAME, "acquire", "no tokio runtime"));
+        }
         rx.await.unwrap_or_else(|_| {
             Err(LockError::backend(
                 NAME,
@@ -329,7 +333,9 @@ impl Inner {
             // background (the caller's answer does not depend on it).
             Some(e) if ended && e.is_lock_busy() => {
                 let inner = self.clone();
-                tokio::spawn(async move { inner.give_back_clean(lent, "ROLLBACK").await });
+                dlock_core::spawn_cleanup(async move {
+                    inner.give_back_clean(lent, "ROLLBACK").await;
+                });
                 Finished::Ended
             }
             Some(e) if ended => {
@@ -800,11 +806,9 @@ impl Drop for MysqlHeld {
         };
         // Not released: roll back in the background if there is a runtime; otherwise the
         // closed connection makes the server roll back.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (inner, name) = (self.inner.clone(), std::mem::take(&mut self.name));
-            runtime.spawn(async move {
-                let _ = inner.finish(lent, End::Rollback, &name).await;
-            });
-        }
+        let (inner, name) = (self.inner.clone(), std::mem::take(&mut self.name));
+        dlock_core::spawn_cleanup(async move {
+            let _ = inner.finish(lent, End::Rollback, &name).await;
+        });
     }
 }

@@ -174,12 +174,9 @@ impl Drop for InFlight<'_> {
         if !self.armed {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         for node in self.nodes {
             let (node, names, token) = (node.clone(), self.names.clone(), self.token.to_owned());
-            runtime.spawn(async move {
+            dlock_core::spawn_cleanup(async move {
                 let result = node.release(&names, &token, true).await;
                 tracing::debug!(key = %names.key, ?result, "released after a cancelled acquire");
             });

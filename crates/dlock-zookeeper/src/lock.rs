@@ -568,20 +568,23 @@ impl Drop for Contender {
         if self.node.is_none() && !self.unsure {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             tracing::warn!(backend = NAME, dir = %self.dir, "acquire dropped outside a tokio runtime: its node goes when the session ends");
             return;
-        };
+        }
         let client = self.client.clone();
         let dir = std::mem::take(&mut self.dir);
         let name = self.node.take().map(|n| n.name);
         let prefix = nodes::protected_prefix(&self.uuid);
-        runtime.spawn(async move {
+        dlock_core::spawn_cleanup(async move {
             let until = Instant::now() + client.session_timeout() * 2;
             let names = match name {
                 Some(name) => vec![name],
                 None => match retry(&client, until, || client.list_children(&dir)).await {
-                    Ok(children) => children.into_iter().filter(|c| c.starts_with(&prefix)).collect(),
+                    Ok(children) => children
+                        .into_iter()
+                        .filter(|c| c.starts_with(&prefix))
+                        .collect(),
                     Err(_) => Vec::new(),
                 },
             };
@@ -657,7 +660,7 @@ impl Held for ZookeeperHeld {
             Err(e) => {
                 let (client, path, dir) =
                     (self.client.clone(), self.path.clone(), self.dir.clone());
-                tokio::spawn(async move {
+                dlock_core::spawn_cleanup(async move {
                     let until = Instant::now() + client.session_timeout() * 2;
                     let _ = delete_node_and_dir(&client, &path, &dir, until).await;
                 });

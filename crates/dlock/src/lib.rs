@@ -44,7 +44,7 @@ use std::sync::Arc;
 pub use dlock_core::{
     BoxError, Capabilities, DistributedLock, ErrorKind, Expiry, FaultSafety, Faults, Fencing,
     Lease, LockError, LockExt, LockOptions, LockStats, LostReason, LostSignal, Result, Wait,
-    Wakeup,
+    Wakeup, settle,
 };
 
 /// A backend, chosen by the URL scheme.

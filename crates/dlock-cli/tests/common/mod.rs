@@ -34,8 +34,13 @@ pub(crate) fn wait_for_pid(path: &Path) -> i32 {
     }
 }
 
-/// Whether process `pid` ended (or is a zombie nobody reaped) within `limit`.
+/// Whether process `pid` ended (or is a zombie nobody reaped) within `limit`. Reads /proc
+/// (these tests run on Linux).
 pub(crate) fn gone_within(pid: i32, limit: Duration) -> bool {
+    assert!(
+        Path::new("/proc/self/stat").exists(),
+        "these tests need /proc (Linux)"
+    );
     let until = Instant::now() + limit;
     loop {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
