@@ -558,9 +558,35 @@ pub async fn independent_keys(cx: Ctx) {
             Err(e) => panic!("try_acquire({key:?}): {e}"),
         }
     }
+    // A waiter parked on a held key does not hold up its own client on other keys.
+    let parked = tokio::spawn({
+        let (b, key, opts) = (
+            b.clone(),
+            base.clone(),
+            waiting(&cx, Duration::from_secs(60)),
+        );
+        async move { b.acquire(&key, &opts).await }
+    });
+    sleep(Duration::from_millis(200)).await;
+    let other = tokio::time::timeout(
+        Duration::from_secs(5),
+        b.try_acquire(&cx.key("other"), &opts(&cx)),
+    )
+    .await
+    .expect("a parked waiter held up its client's try_acquire of another key")
+    .expect("try_acquire")
+    .expect("another key is free while a waiter is parked");
+    other.release().await.expect("release");
     for lease in leases {
         lease.release().await.expect("release");
     }
+    parked
+        .await
+        .expect("the parked waiter's task")
+        .expect("the parked waiter gets the key once it is released")
+        .release()
+        .await
+        .expect("release");
     cx.finish().await;
 }
 
