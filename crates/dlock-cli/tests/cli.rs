@@ -122,15 +122,36 @@ fn sigterm_reaches_everything_the_command_started() {
 }
 
 /// A background job the command leaves behind still works under the lock: `dlock run`
-/// waits for it (up to --grace) before releasing.
+/// waits for it (up to --grace) before releasing; with --foreground it cannot see it.
 #[test]
 fn the_lock_is_held_until_the_commands_background_jobs_end() {
+    // The job's output goes elsewhere, so only dlock's own exit ends `output()`.
+    let job = "sleep 1 >/dev/null 2>&1 &";
     let started = std::time::Instant::now();
-    let out = run_in_memory(&["sh", "-c", "sleep 1 &"]).output().unwrap();
+    let out = run_in_memory(&["sh", "-c", job]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(
         started.elapsed() >= Duration::from_millis(900),
         "released after {:?}, before the background job ended",
+        started.elapsed()
+    );
+    let started = std::time::Instant::now();
+    let out = dlock(&[
+        "run",
+        "--url",
+        "memory://",
+        "--key",
+        "k",
+        "--foreground",
+        "--",
+        "sh",
+        "-c",
+        job,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "--foreground waited {:?} for a job outside its reach",
         started.elapsed()
     );
 }

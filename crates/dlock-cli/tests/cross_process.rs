@@ -149,7 +149,7 @@ fn a_signal_while_waiting_gives_up_the_wait(url: &str) {
     let out = waiter.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(143), "{out:?}");
     assert!(
-        sent.elapsed() < Duration::from_secs(5),
+        sent.elapsed() < Duration::from_secs(10),
         "took {:?}",
         sent.elapsed()
     );
