@@ -1,7 +1,6 @@
 //! `dlock`: run a command under a distributed lock, or hold one, from a shell — as
 //! `flock(1)`, `etcdctl lock` or `consul lock` do, on any dlock backend.
 
-use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -132,6 +131,25 @@ struct HoldArgs {
     hold_for: Option<Duration>,
 }
 
+/// Print a line to stderr. A terminal that hung up (SIGHUP) makes writes fail; that must
+/// not stop the release.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// Print a line to stdout and flush it, ignoring a closed terminal or pipe.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, $($arg)*);
+        let _ = out.flush();
+    }};
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -143,10 +161,15 @@ async fn main() -> ExitCode {
         Cmd::Run(args) => run(args).await,
         Cmd::Hold(args) => hold(args).await,
     };
+    // Whatever was left to background clean-up (a cancelled wait's node or lease, a lease
+    // dropped on an error path) finishes before the runtime goes.
+    if !dlock::settle(CLEANUP_LIMIT).await {
+        say!("dlock: some clean-up on the server is left to its ttl or session");
+    }
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("dlock: {e}");
+            say!("dlock: {e}");
             ExitCode::from(exit_code(&e))
         }
     }
@@ -161,8 +184,9 @@ fn exit_code(e: &LockError) -> u8 {
     }
 }
 
-/// How long dlock waits, before it exits, for the clean-up of a wait it gave up (a queued
-/// node, a lease, a waiting statement); whatever is left expires with its ttl or session.
+/// How long dlock waits, before it exits, for server-side clean-up left to the background
+/// (a wait it gave up: a queued node, a lease, a waiting statement); whatever is left
+/// expires with its ttl or session.
 const CLEANUP_LIMIT: Duration = Duration::from_secs(5);
 
 /// Acquire the lock, unless SIGINT, SIGTERM, SIGHUP or SIGQUIT comes first: then give the
@@ -176,13 +200,10 @@ async fn take(args: &LockArgs, signals: &mut Signals) -> Result<Result<Lease, u8
         lease = acquire => return Ok(Ok(lease?)),
         sig = signals.next() => sig,
     };
-    eprintln!(
+    say!(
         "dlock: {sig} while waiting for {:?}: gave up the wait",
         args.key
     );
-    if !dlock::settle(CLEANUP_LIMIT).await {
-        eprintln!("dlock: the abandoned wait is cleaned up by its ttl or session instead");
-    }
     Ok(Err(128 + sig as u8))
 }
 
@@ -193,9 +214,9 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
         Err(code) => return Ok(code),
     };
     let (program, rest) = args.command.split_first().expect("clap requires a command");
-    // From a terminal the command stays in the terminal's foreground group, where it may
-    // read input and gets Ctrl-C from the terminal itself.
-    let group = !args.foreground && !std::io::stdin().is_terminal();
+    // An interactive foreground job keeps the command in the terminal's foreground group,
+    // where it may prompt and gets the terminal's signals itself.
+    let group = !args.foreground && !in_terminal_foreground();
     let mut command = Command::new(program);
     command
         .args(rest)
@@ -207,7 +228,7 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
-            eprintln!("dlock: cannot run {program:?}: {e}");
+            say!("dlock: cannot run {program:?}: {e}");
             let _ = lease.release().await;
             return Ok(127);
         }
@@ -217,36 +238,60 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
         group,
     });
     let mut lost_reported = false;
+    let mut exited = None;
+    // Once the command exited: when the background jobs it left must be done.
+    let mut jobs_until = None;
     let status = loop {
         tokio::select! {
             // Loss first: a loss that comes with the child's exit must not be missed.
             biased;
             reason = lease.lost(), if !lost_reported => {
                 lost_reported = true;
-                eprintln!("dlock: lease on {:?} lost: {reason}", lease.key());
+                say!("dlock: lease on {:?} lost: {reason}", lease.key());
                 match args.on_lost {
-                    OnLost::Ignore => eprintln!("dlock: --on-lost ignore: the command keeps running without the lock"),
+                    OnLost::Ignore => say!("dlock: --on-lost ignore: the command keeps running without the lock"),
                     OnLost::Kill => signal_command(target, Signal::SIGKILL),
                     OnLost::Term => break terminate(target, &mut child, args.grace).await,
                 }
             }
-            status = child.wait() => break status,
-            sig = signals.next() => signal_command(target, sig),
+            status = child.wait(), if exited.is_none() => {
+                match target.filter(|t| t.group && group_alive(t.pid)) {
+                    // What the command started in the background still works under the
+                    // lock: it keeps the lock (as flock(1)'s does while it has the file
+                    // open) for up to --grace.
+                    Some(_) => {
+                        exited = Some(status);
+                        jobs_until = Some(tokio::time::Instant::now() + args.grace);
+                    }
+                    None => break status,
+                }
+            }
+            () = tokio::time::sleep(Duration::from_millis(50)), if exited.is_some() => {
+                let t = target.expect("a group was waited for");
+                if !group_alive(t.pid) {
+                    break exited.take().expect("the command exited");
+                }
+                if jobs_until.is_some_and(|until| tokio::time::Instant::now() >= until) {
+                    say!(
+                        "dlock: processes the command started still run {:?} after it exited; stopping them before the release",
+                        args.grace
+                    );
+                    let _ = terminate(target, &mut child, args.grace).await;
+                    break exited.take().expect("the command exited");
+                }
+            }
+            sig = signals.next() => match group {
+                true => signal_command(target, sig),
+                // The terminal already signalled its whole foreground group, command
+                // included; passing INT, QUIT or HUP on again would make it twice.
+                false if sig == Signal::SIGTERM => signal_command(target, sig),
+                false => {}
+            },
         }
     };
-    // What the command started in the background still works under the lock: wait for it
-    // (as flock(1) holds its lock while any process has the file open), up to --grace.
-    if let Some(t) = target.filter(|t| t.group)
-        && !group_ends_by(t.pid, tokio::time::Instant::now() + args.grace).await
-    {
-        eprintln!(
-            "dlock: processes the command started are still running {:?} after it exited; releasing the lock anyway",
-            args.grace
-        );
-    }
     if !lost_reported && lease.is_lost() {
         lost_reported = true;
-        eprintln!(
+        say!(
             "dlock: lease on {:?} was lost while the command ran",
             lease.key()
         );
@@ -260,7 +305,7 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
             })
             .unwrap_or(exit::SOFTWARE),
         Err(e) => {
-            eprintln!("dlock: waiting for the command failed: {e}");
+            say!("dlock: waiting for the command failed: {e}");
             exit::SOFTWARE
         }
     };
@@ -274,9 +319,19 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
         return Ok(exit::SOFTWARE);
     }
     if let Err(e) = released {
-        eprintln!("dlock: release: {e}");
+        say!("dlock: release: {e}");
     }
     Ok(code)
+}
+
+/// Whether dlock runs as the foreground job of a terminal (an interactive shell): it has a
+/// controlling terminal whose foreground group is dlock's own. Not under cron, systemd or a
+/// background job.
+fn in_terminal_foreground() -> bool {
+    std::fs::File::open("/dev/tty")
+        .ok()
+        .and_then(|tty| nix::unistd::tcgetpgrp(&tty).ok())
+        .is_some_and(|foreground| foreground == nix::unistd::getpgrp())
 }
 
 /// The signals dlock catches from before the acquire to the end: SIGINT, SIGTERM, SIGHUP
@@ -317,7 +372,7 @@ impl Signals {
 }
 
 /// Where signals for the command go: its process group (everything it started), or the
-/// command alone (--foreground, or a terminal).
+/// command alone (--foreground, or an interactive terminal).
 #[derive(Debug, Clone, Copy)]
 struct Target {
     pid: Pid,
@@ -358,8 +413,7 @@ async fn terminate(
     status
 }
 
-/// Wait until no process of group `pgid` is left (zombies nobody reaped do not count), or
-/// `deadline`; whether the group ended.
+/// Wait until no process of group `pgid` is left, or `deadline`; whether the group ended.
 async fn group_ends_by(pgid: Pid, deadline: tokio::time::Instant) -> bool {
     loop {
         if !group_alive(pgid) {
@@ -372,11 +426,14 @@ async fn group_ends_by(pgid: Pid, deadline: tokio::time::Instant) -> bool {
     }
 }
 
-/// Whether any live process is in group `pgid`: read from /proc, where zombies can be told
-/// apart; elsewhere, whether the group can still be signalled.
+/// Whether a live process is in group `pgid`. Zombies nobody reaped (in a container
+/// without an init) still count for `killpg`, so /proc tells them apart.
 fn group_alive(pgid: Pid) -> bool {
+    if killpg(pgid, None).is_err() {
+        return false;
+    }
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return killpg(pgid, None).is_ok();
+        return true;
     };
     entries.flatten().any(|entry| {
         let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
@@ -397,17 +454,11 @@ async fn hold(args: HoldArgs) -> Result<u8, LockError> {
         Ok(lease) => lease,
         Err(code) => return Ok(code),
     };
-    {
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(
-            out,
-            "acquired key={} token={}",
-            lease.key(),
-            lease.fencing_token()
-        );
-        let _ = out.flush();
-    }
+    out!(
+        "acquired key={} token={}",
+        lease.key(),
+        lease.fencing_token()
+    );
     let elapsed = async {
         match args.hold_for {
             Some(d) => tokio::time::sleep(d).await,
@@ -416,13 +467,14 @@ async fn hold(args: HoldArgs) -> Result<u8, LockError> {
     };
     tokio::select! {
         reason = lease.lost() => {
-            println!("lost: {reason}");
+            out!("lost: {reason}");
+            let _ = lease.release().await;
             return Ok(exit::SOFTWARE);
         }
         _ = elapsed => {}
         _ = signals.next() => {}
     }
     lease.release().await?;
-    println!("released");
+    out!("released");
     Ok(0)
 }

@@ -149,6 +149,10 @@ fn a_signal_while_waiting_gives_up_the_wait(url: &str) {
     let out = waiter.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(143), "{out:?}");
     assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("left to its ttl"),
+        "the abandoned wait was not cleaned up: {out:?}"
+    );
+    assert!(
         sent.elapsed() < Duration::from_secs(10),
         "took {:?}",
         sent.elapsed()

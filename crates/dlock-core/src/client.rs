@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Grant};
-use crate::gate::Gate;
+use crate::gate::{Gate, GatePermit};
 use crate::{
     Capabilities, Deadline, DistributedLock, ErrorKind, Expiry, Lease, LockError, LockOptions,
     LockStats, LostReason, Result, key, watchdog,
@@ -58,7 +58,7 @@ impl<B: Backend> LockClient<B> {
         let caps = self.backend.capabilities();
         key::validate(key, caps.max_key_len)?;
         opts.validate(B::NAME)?;
-        let Some(permit) = self.gate.enter(key, deadline).await else {
+        let Some(mut permit) = self.gate.enter(key, deadline).await else {
             return Ok(None);
         };
         loop {
@@ -69,24 +69,30 @@ impl<B: Backend> LockClient<B> {
                 backend: B::NAME,
                 key,
                 grant: Some(grant),
+                permit: Some(permit),
             };
             if caps.expiry == Expiry::Ttl && grant.is_late(opts.ttl) {
+                // Past the deadline, a grant that needs confirming is answered as late.
+                if !deadline.may_wait() && deadline != Deadline::TryOnce {
+                    return Ok(None);
+                }
                 match grant.confirm(opts.ttl, deadline).await {
                     Ok(()) => {}
-                    // Given back on drop.
                     Err(e) if e.kind() == ErrorKind::NotHeld && deadline.may_wait() => {
                         tracing::debug!(
                             backend = B::NAME,
                             key,
                             "a late grant had expired on the server; acquiring again"
                         );
+                        permit = grant.give_back();
                         continue;
                     }
+                    // The grant is given back when dropped.
                     Err(e) if e.kind() == ErrorKind::NotHeld => return Ok(None),
                     Err(e) => return Err(e),
                 }
             }
-            let grant = grant.claim();
+            let (grant, permit) = grant.claim();
             tracing::debug!(
                 backend = B::NAME,
                 key,
@@ -105,13 +111,15 @@ impl<B: Backend> LockClient<B> {
     }
 }
 
-/// A grant not yet handed out as a [`Lease`]. Dropped unclaimed (not confirmed, or the
-/// acquire future dropped meanwhile), it is released in the background: the release is
-/// owner-checked, so it never frees a key someone else holds.
+/// A grant not yet handed out as a [`Lease`], with this task's turn on the key. Dropped
+/// unclaimed (not confirmed, or the acquire future dropped meanwhile), the grant is released
+/// in the background, and the next local task's turn comes once that release is done. The
+/// release is owner-checked, so it never frees a key someone else holds.
 struct Unclaimed<'a> {
     backend: &'static str,
     key: &'a str,
     grant: Option<Grant>,
+    permit: Option<GatePermit>,
 }
 
 impl Unclaimed<'_> {
@@ -142,7 +150,7 @@ impl Unclaimed<'_> {
         );
         let safe = sent_at + ttl.saturating_sub(watchdog::safety_margin(ttl));
         let until = match deadline {
-            Deadline::At(at) if at > sent_at => at.min(safe),
+            Deadline::At(at) => at.min(safe),
             _ => safe,
         };
         match tokio::time::timeout_at(until, grant.held.extend(ttl)).await {
@@ -151,6 +159,7 @@ impl Unclaimed<'_> {
                 Ok(())
             }
             Ok(Err(e)) => Err(e),
+            // The deadline came first: answered as late, like a busy key.
             Err(_) if until < safe => Err(LockError::NotHeld {
                 backend,
                 key: key.to_owned(),
@@ -164,13 +173,21 @@ impl Unclaimed<'_> {
         }
     }
 
-    fn claim(mut self) -> Grant {
-        self.grant.take().expect("claimed only once")
+    /// Release the grant in the background and keep this task's turn, to try again.
+    fn give_back(mut self) -> GatePermit {
+        self.release_in_background(None);
+        self.permit.take().expect("the permit is taken only once")
     }
-}
 
-impl Drop for Unclaimed<'_> {
-    fn drop(&mut self) {
+    /// The grant and the turn, to start the lease.
+    fn claim(mut self) -> (Grant, GatePermit) {
+        let grant = self.grant.take().expect("claimed only once");
+        let permit = self.permit.take().expect("the permit is taken only once");
+        (grant, permit)
+    }
+
+    /// Release the grant in the background; `permit` goes when the release is done.
+    fn release_in_background(&mut self, permit: Option<GatePermit>) {
         let Some(grant) = self.grant.take() else {
             return;
         };
@@ -183,7 +200,15 @@ impl Drop for Unclaimed<'_> {
                 ?result,
                 "released a grant that was not handed out"
             );
+            drop(permit);
         });
+    }
+}
+
+impl Drop for Unclaimed<'_> {
+    fn drop(&mut self) {
+        let permit = self.permit.take();
+        self.release_in_background(permit);
     }
 }
 
