@@ -44,11 +44,11 @@ struct Cli {
 enum Cmd {
     /// Acquire KEY, run CMD while keeping the lease renewed, release when it exits.
     ///
-    /// The command sees DLOCK_KEY and DLOCK_FENCING_TOKEN in its environment. Unless stdin
-    /// is a terminal or --foreground is given, it runs in a process group of its own: SIGINT,
-    /// SIGTERM, SIGHUP and SIGQUIT sent to dlock, and the signals of --on-lost, reach every
-    /// process it started, and background jobs it leaves keep the lock until they end (at
-    /// most --grace).
+    /// The command sees DLOCK_KEY and DLOCK_FENCING_TOKEN in its environment. Unless dlock
+    /// is an interactive terminal's foreground job or --foreground is given, it runs in a
+    /// process group of its own: SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to dlock, and the
+    /// signals of --on-lost, reach every process it started, and background jobs it leaves
+    /// keep the lock until they end (at most --grace, then they are stopped).
     #[command(
         after_help = "Example (cron: run the backup on one host only, skip if another runs it):\n  \
         dlock run --url redis://127.0.0.1:6379 --key nightly-backup --no-wait -- /usr/local/bin/backup"
@@ -106,8 +106,9 @@ struct RunArgs {
     /// the command left may keep the lock after it exits.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     grace: Duration,
-    /// Keep the command in dlock's process group (the default when stdin is a terminal), so
-    /// that it can read from the terminal; signals then reach the command alone.
+    /// Keep the command in dlock's process group (the default for an interactive terminal's
+    /// foreground job), so that it can read from the terminal; the terminal's signals reach
+    /// it directly, and --on-lost reaches the command alone.
     #[arg(long)]
     foreground: bool,
     /// The command and its arguments.
