@@ -68,10 +68,10 @@
 //!
 //! **Loss**: each lease watches its own node (`exists` with a watch) and the session's
 //! state. [`Lease::lost`](dlock_core::Lease::lost) fires when the node is deleted, when the
-//! session expires or is closed, or when the client stays disconnected for `3/10` of the
+//! session expires or is closed, or when the client stays disconnected for `1/4` of the
 //! session timeout `T`. The client reports a disconnection after `2T/5` without a byte from
 //! the server and pings after `3T/20` idle, so by then the server may have last heard from
-//! us `9T/10` ago: the holder hears of the loss `T/10` before the server can expire the
+//! us `17T/20` ago: the holder hears of the loss `3T/20` before the server can expire the
 //! session and hand the key on. (Curator reports LOST a whole `T` after SUSPENDED, which
 //! can be after another client took the key.)
 //!
@@ -124,13 +124,13 @@
 //! - **Holder crash**: its session stops heartbeating; the server expires it one session
 //!   timeout later, deletes its node, and the next waiter's watch fires.
 //! - **Partition of the holder**: the holder's client reports `Disconnected` after `2/5` of
-//!   the session timeout and `lost()` fires `3/10` of it later, before the server expires
+//!   the session timeout and `lost()` fires `1/4` of it later, before the server expires
 //!   the session (at one session timeout) and the next waiter takes the key. If the holder
 //!   reconnects in time the node is still there, but the lease was already reported lost.
 //! - **A member stops**: the client moves its session to another member; the node, the
-//!   watches and the lease stay valid, provided it reconnects within `3/10` of the session
+//!   watches and the lease stay valid, provided it reconnects within `1/4` of the session
 //!   timeout (measured in `tests/ensemble.rs`: disconnected for 0.4 s, with a 10 s session
-//!   that allows 3 s; choose a session timeout that leaves room for a leader election).
+//!   that allows 2.5 s; choose a session timeout that leaves room for a leader election).
 //! - **The ensemble loses its majority or restarts**: no session can be kept; `lost()`
 //!   fires as for a partition (measured: 3.4 s after a majority stopped, 10 s session).
 //!   Sessions that the new leader still knows are restored on reconnect with their nodes;

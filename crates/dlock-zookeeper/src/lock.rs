@@ -678,13 +678,14 @@ impl Held for ZookeeperHeld {
 /// client. The client reports `Disconnected` after `2T/5` without a byte from the server
 /// (the connection timeout [`open_session`] sets; checked every eighth of it, `T/20`), and
 /// pings after `3T/20` idle (three checks); so when the disconnection is seen,
-/// the server may have last heard from us up to `3T/5` earlier. Of the `2T/5` left, `T/10`
-/// is kept as a margin for scheduling and clock-rate drift: the lease is reported lost
-/// `3T/10` after the disconnection, before the server can give the key to anyone else.
+/// the server may have last heard from us up to `3T/5` earlier. Of the `2T/5` left, `3T/20`
+/// is kept as a margin for scheduling delays on a busy machine and clock-rate drift: the
+/// lease is reported lost `T/4` after the disconnection, before the server can give the key
+/// to anyone else (the server rounds expiries up to its next tick, which only adds room).
 /// (Curator's LOST comes a whole `T` after SUSPENDED, which can be after the server expired
 /// the session.)
 fn lost_after_disconnect(session_timeout: Duration) -> Duration {
-    session_timeout * 3 / 10
+    session_timeout / 4
 }
 
 /// Resolves when the lease on `path` is lost: the session ended, the client stayed
@@ -774,7 +775,7 @@ mod tests {
         let t = Duration::from_secs(10);
         // Last heard up to 3T/5 before the disconnection was seen; the server expires at T.
         let server_expiry_after_disconnect = t - t * 3 / 5;
-        assert!(lost_after_disconnect(t) + t / 10 <= server_expiry_after_disconnect);
+        assert!(lost_after_disconnect(t) + t * 3 / 20 <= server_expiry_after_disconnect);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use dlock_core::{DistributedLock, LockOptions, LostReason, Wait};
 use tokio::time::{Instant, sleep, timeout};
 
 /// Long enough that a leader election (when the stopped member led) ends well within the
-/// 3/10 of it the client may stay disconnected before the lease is reported lost.
+/// 1/4 of it the client may stay disconnected before the lease is reported lost.
 const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 const MEMBERS: [(&str, u16); 3] = [
     ("zk-ensemble-1", 2182),
