@@ -267,7 +267,7 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
                     None => break status,
                 }
             }
-            () = tokio::time::sleep(Duration::from_millis(50)), if exited.is_some() => {
+            () = tokio::time::sleep(GROUP_POLL), if exited.is_some() => {
                 let t = target.expect("a group was waited for");
                 if !group_alive(t.pid) {
                     break exited.take().expect("the command exited");
@@ -414,6 +414,10 @@ async fn terminate(
     status
 }
 
+/// How often a process group is checked for live members: the kernel sends no event when
+/// a group empties (only a child's own exit is reported).
+const GROUP_POLL: Duration = Duration::from_millis(50);
+
 /// Wait until no process of group `pgid` is left, or `deadline`; whether the group ended.
 async fn group_ends_by(pgid: Pid, deadline: tokio::time::Instant) -> bool {
     loop {
@@ -423,7 +427,7 @@ async fn group_ends_by(pgid: Pid, deadline: tokio::time::Instant) -> bool {
         if tokio::time::Instant::now() >= deadline {
             return false;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(GROUP_POLL).await;
     }
 }
 

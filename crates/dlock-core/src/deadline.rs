@@ -59,10 +59,10 @@ impl Deadline {
     }
 
     /// Sleep until the deadline; never returns for `Never`, at once for `TryOnce`.
-    pub async fn reached(&self) {
+    pub async fn reached(self) {
         match self {
             Deadline::TryOnce => {}
-            Deadline::At(at) => tokio::time::sleep_until(*at).await,
+            Deadline::At(at) => tokio::time::sleep_until(at).await,
             Deadline::Never => std::future::pending().await,
         }
     }

@@ -14,6 +14,7 @@ use futures::future::BoxFuture;
 use rand::Rng;
 use tokio::time::Instant;
 
+use crate::Deadline;
 use crate::lease::LeaseState;
 use crate::{ErrorKind, LostReason};
 
@@ -61,7 +62,7 @@ pub(crate) async fn run(
                 }
                 continue; // a manual extend moved the deadline: plan again
             }
-            _ = sleep_until(wake) => {}
+            _ = until(wake).reached() => {}
         }
         let now = Instant::now();
         if fire_at.is_some_and(|f| now >= f) {
@@ -80,7 +81,7 @@ pub(crate) async fn run(
                 return;
             }
             _ = timing.changed() => continue,
-            _ = sleep_until(fire_at) => {
+            _ = until(fire_at).reached() => {
                 lose(&state, &mut last_error);
                 return;
             }
@@ -124,11 +125,9 @@ fn retry_interval(ttl: Duration) -> Duration {
     (ttl / 10).max(Duration::from_millis(20))
 }
 
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
+/// A deadline at `at`, or none.
+fn until(at: Option<Instant>) -> Deadline {
+    at.map_or(Deadline::Never, Deadline::At)
 }
 
 #[cfg(test)]

@@ -718,7 +718,7 @@ async fn watch_lease(client: zk::Client, path: String, session_timeout: Duration
         state = tokio::select! {
             reason = &mut node => return reason,
             state = states.changed() => state,
-            () = sleep_until(lost_at) => {
+            () = lost_at.map_or(Deadline::Never, Deadline::At).reached() => {
                 return LostReason::SessionEnded(format!(
                     "disconnected for {:?}; the server may expire the session ({session_timeout:?}) before we reconnect",
                     lost_after_disconnect(session_timeout)
@@ -756,13 +756,6 @@ async fn watch_node(client: &zk::Client, path: &str) -> LostReason {
                 }
             }
         }
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 
