@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use dlock_core::key;
+use dlock_core::raw::key;
 use dlock_core::{DistributedLock, LockOptions, Wait};
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -425,7 +425,7 @@ mod tests {
     struct Nothing;
 
     #[async_trait::async_trait]
-    impl dlock_core::Held for Nothing {
+    impl dlock_core::raw::Held for Nothing {
         async fn extend(&mut self, _ttl: Duration) -> dlock::Result<()> {
             Ok(())
         }
@@ -435,7 +435,7 @@ mod tests {
     }
 
     #[async_trait::async_trait]
-    impl dlock_core::Backend for AlwaysGrants {
+    impl dlock_core::raw::Backend for AlwaysGrants {
         const NAME: &'static str = "broken";
         fn capabilities(&self) -> dlock::Capabilities {
             dlock::Capabilities::default()
@@ -444,10 +444,10 @@ mod tests {
             &self,
             _key: &str,
             _ttl: Duration,
-            _deadline: dlock_core::Deadline,
-        ) -> dlock::Result<Option<dlock_core::Grant>> {
+            _deadline: dlock_core::raw::Deadline,
+        ) -> dlock::Result<Option<dlock_core::raw::Grant>> {
             let token = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            Ok(Some(dlock_core::Grant::new(
+            Ok(Some(dlock_core::raw::Grant::new(
                 token,
                 Box::new(Nothing),
                 Instant::now(),
@@ -463,7 +463,7 @@ mod tests {
         };
         let clients: Vec<Arc<dyn DistributedLock>> = (0..3)
             .map(|_| {
-                Arc::new(dlock_core::LockClient::new(AlwaysGrants::default()))
+                Arc::new(dlock_core::raw::LockClient::new(AlwaysGrants::default()))
                     as Arc<dyn DistributedLock>
             })
             .collect();

@@ -8,9 +8,10 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::backend::{Grant, Held};
-use crate::gate::GatePermit;
-use crate::{ErrorKind, Expiry, LockError, LockOptions, Result, watchdog};
+use crate::raw::backend::{Grant, Held};
+use crate::raw::gate::GatePermit;
+use crate::raw::watchdog;
+use crate::{ErrorKind, Expiry, LockError, LockOptions, Result};
 
 /// Why a lease was lost.
 #[derive(Debug, Clone, PartialEq, Eq)]

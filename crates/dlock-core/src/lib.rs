@@ -56,31 +56,26 @@
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
-mod backend;
 mod background;
 mod capabilities;
-mod client;
-pub mod config;
-mod deadline;
 mod error;
-mod gate;
-pub mod key;
 mod lease;
 mod options;
-mod watchdog;
+pub mod raw;
 
 use std::future::Future;
 
 use async_trait::async_trait;
 
-pub use backend::{Backend, Grant, Held};
-pub use background::{settle, spawn_cleanup};
+pub use background::settle;
 pub use capabilities::{Capabilities, Expiry, FaultSafety, Faults, Fencing, Wakeup};
-pub use client::LockClient;
-pub use deadline::Deadline;
 pub use error::{BoxError, ErrorKind, LockError, Result};
 pub use lease::{Lease, LostReason, LostSignal};
 pub use options::{LockOptions, Wait};
+pub use raw::url::Secret;
+
+// Crate-internal short paths to the implementor items.
+pub(crate) use raw::{Deadline, spawn_cleanup};
 
 /// A lock service: take a key, exclusively, for a while.
 ///

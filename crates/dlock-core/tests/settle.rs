@@ -8,7 +8,7 @@ async fn settle_waits_for_cleanup_and_gives_up_at_its_limit() {
         dlock_core::settle(Duration::ZERO).await,
         "nothing pending yet"
     );
-    assert!(dlock_core::spawn_cleanup(tokio::time::sleep(
+    assert!(dlock_core::raw::spawn_cleanup(tokio::time::sleep(
         Duration::from_millis(300)
     )));
     assert!(
@@ -23,5 +23,5 @@ async fn settle_waits_for_cleanup_and_gives_up_at_its_limit() {
 
 #[test]
 fn outside_a_runtime_nothing_is_spawned() {
-    assert!(!dlock_core::spawn_cleanup(async {}));
+    assert!(!dlock_core::raw::spawn_cleanup(async {}));
 }

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use dlock_core::config::parse_duration;
-use dlock_core::{LockError, Result, key};
+use dlock_core::raw::key;
+use dlock_core::raw::parse_duration;
+use dlock_core::{LockError, Result};
 use etcd_client::{Certificate, Identity, TlsOptions};
 use percent_encoding::percent_decode_str;
 

@@ -13,7 +13,7 @@
 //! # }
 //! ```
 //!
-//! [`EtcdLock`] is a [`dlock_core::LockClient`]: it adds key checks, the process-local
+//! [`EtcdLock`] is a [`dlock_core::raw::LockClient`]: it adds key checks, the process-local
 //! queue per key, one deadline per acquire and the renewal watchdog to the etcd protocol
 //! below. Clones share one gRPC channel, balanced over the endpoints.
 //!
@@ -48,7 +48,7 @@
 //!    the lock is ours; otherwise wait for that key, as in step 5.
 //!    A lease can expire on the server a moment before its key is deleted, so a grant
 //!    whose keep-alive fell due while waiting (keep-alives failed, or a read was slow) is
-//!    confirmed with one extend (below) before it is handed out; [`dlock_core::LockClient`]
+//!    confirmed with one extend (below) before it is handed out; [`dlock_core::raw::LockClient`]
 //!    does this for every ttl backend.
 //! 7. If `my` is deleted while waiting, the acquire fails with [`LeaseLost`] at once. At the
 //!    deadline, on cancellation (the future dropped) or an error, the lease is revoked in
@@ -92,7 +92,7 @@
 //!   conformance suite checks), and release or cancellation revokes exactly what that
 //!   acquisition made. It costs a grant and a revoke per acquisition (the table above).
 //!   Re-entrance through a shared session (`Lock` twice on one session) does not exist:
-//!   the process-local queue of [`dlock_core::LockClient`] serialises tasks of one client.
+//!   the process-local queue of [`dlock_core::raw::LockClient`] serialises tasks of one client.
 //! - **Our key is checked after every wait**, and watched while waiting: a waiter whose key
 //!   vanished (its lease expired or was revoked) fails with [`LeaseLost`] instead of
 //!   believing it holds the lock (the 3.4 client lacks the check, etcd #11429; no released
@@ -192,8 +192,8 @@ mod lock;
 pub use config::EtcdConfig;
 pub use lock::{EtcdBackend, from_url};
 
-/// The etcd lock: a [`dlock_core::LockClient`] of an [`EtcdBackend`].
-pub type EtcdLock = dlock_core::LockClient<EtcdBackend>;
+/// The etcd lock: a [`dlock_core::raw::LockClient`] of an [`EtcdBackend`].
+pub type EtcdLock = dlock_core::raw::LockClient<EtcdBackend>;
 
 /// URL schemes this backend serves: `etcd://` (plain text) and `etcds://` (TLS).
 pub const SCHEMES: &[&str] = &["etcd", "etcds"];

@@ -9,10 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Backend, Capabilities, Deadline, Expiry, Fencing, Grant, Held, LockClient, LockError,
-    LockStats, LostReason, Result, Wakeup,
-};
+use dlock_core::raw::{Backend, Deadline, Grant, Held, LockClient};
+use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, LostReason, Result, Wakeup};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, LeaseGrantOptions,
     LeaseKeepAliveStream, LeaseKeeper, PutOptions, ResponseHeader, SortOrder, SortTarget, Txn,
@@ -463,7 +461,7 @@ impl LeaseHandle {
         }
         *self.keeper.get() = None;
         let (conn, id) = (self.conn.clone(), self.id);
-        let spawned = dlock_core::spawn_cleanup(async move {
+        let spawned = dlock_core::raw::spawn_cleanup(async move {
             if let Err(e) = conn.revoke("release", id).await {
                 tracing::debug!(backend = NAME, lease = id, error = %e, "background revoke failed; the lease expires with its ttl");
             }

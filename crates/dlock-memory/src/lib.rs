@@ -42,7 +42,8 @@ mod server;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use dlock_core::{LockClient, LockError, Result};
+use dlock_core::raw::LockClient;
+use dlock_core::{LockError, Result};
 
 pub use server::{MemoryBackend, MemoryServer};
 

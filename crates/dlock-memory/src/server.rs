@@ -6,10 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Backend, Capabilities, Deadline, Fencing, Grant, Held, LockError, LockStats, LostReason,
-    Result, Wakeup,
-};
+use dlock_core::raw::{Backend, Deadline, Grant, Held};
+use dlock_core::{Capabilities, Fencing, LockError, LockStats, LostReason, Result, Wakeup};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -65,7 +63,7 @@ impl MemoryServer {
 
     /// A new independent client of this server.
     pub fn client(&self) -> crate::MemoryLock {
-        dlock_core::LockClient::new(self.backend())
+        dlock_core::raw::LockClient::new(self.backend())
     }
 
     /// A new independent client of this server, as a bare [`Backend`] (to wrap it).

@@ -9,7 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::{FromMemory, InProcess};
 use dlock_conformance::{Ctx, scenarios};
-use dlock_core::{Backend, Capabilities, Deadline, Grant, Held, LockStats, Result};
+use dlock_core::raw::{Backend, Deadline, Grant, Held};
+use dlock_core::{Capabilities, LockStats, Result};
 use dlock_memory::MemoryBackend;
 use tokio::time::Instant;
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use dlock_core::config::parse_duration;
+use dlock_core::raw::parse_duration;
 use dlock_core::{LockError, Result};
 use percent_encoding::percent_decode_str;
 use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};

@@ -21,8 +21,8 @@
 //!
 //! Two tables, created if missing: `{table}` (default `dlock_locks`) with one row per key
 //! that is held or waited for, and `{table}_fence` with one fencing counter per key. Row
-//! names are the key [escaped](dlock_core::key::escape) to readable ASCII, long ones
-//! [shortened](dlock_core::key::shorten) to 255 bytes with a SHA-256 digest, in a
+//! names are the key [escaped](dlock_core::raw::key::escape) to readable ASCII, long ones
+//! [shortened](dlock_core::raw::key::shorten) to 255 bytes with a SHA-256 digest, in a
 //! `VARBINARY(255)` primary key: compared as bytes, so `A` and `a` are two keys. Every
 //! statement is sent as a text batch (several statements, one round trip) with names as
 //! `X'…'` literals. Lock connections run at `READ COMMITTED` with
@@ -178,7 +178,8 @@ mod lock;
 mod pool;
 mod sql;
 
-use dlock_core::{LockClient, Result};
+use dlock_core::Result;
+use dlock_core::raw::LockClient;
 
 pub use config::MysqlConfig;
 pub use lock::MysqlBackend;

@@ -13,10 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Backend, Capabilities, Deadline, Expiry, Fencing, Grant, Held, LockError, LockStats,
-    LostReason, Result, Wakeup,
-};
+use dlock_core::raw::{Backend, Deadline, Grant, Held};
+use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, LostReason, Result, Wakeup};
 use futures::{Future, StreamExt};
 use sqlx::mysql::MySqlRow;
 use sqlx::{Connection, Either, Executor, Row};
@@ -40,7 +38,7 @@ const MAX_RESTARTS: u32 = 100;
 
 /// The MySQL / MariaDB backend: a row lock held in an open transaction.
 ///
-/// Use it through [`MysqlLock`](crate::MysqlLock) (a [`LockClient`](dlock_core::LockClient)
+/// Use it through [`MysqlLock`](crate::MysqlLock) (a [`LockClient`](dlock_core::raw::LockClient)
 /// of this backend), made by [`from_url`](crate::from_url) or
 /// [`MysqlBackend::connect`]. Cloning is cheap and shares the connections.
 #[derive(Clone)]
@@ -152,7 +150,7 @@ impl Backend for MysqlBackend {
         };
         // Counted as clean-up: once the caller gives up, the task still stops the waiting
         // statement and tidies the connection.
-        if !dlock_core::spawn_cleanup(attempt.run()) {
+        if !dlock_core::raw::spawn_cleanup(attempt.run()) {
             return Err(LockError::backend(NAME, "acquire", "no tokio runtime"));
         }
         rx.await.unwrap_or_else(|_| {
@@ -333,7 +331,7 @@ impl Inner {
             // background (the caller's answer does not depend on it).
             Some(e) if ended && e.is_lock_busy() => {
                 let inner = self.clone();
-                dlock_core::spawn_cleanup(async move {
+                dlock_core::raw::spawn_cleanup(async move {
                     inner.give_back_clean(lent, "ROLLBACK").await;
                 });
                 Finished::Ended
@@ -807,7 +805,7 @@ impl Drop for MysqlHeld {
         // Not released: roll back in the background if there is a runtime; otherwise the
         // closed connection makes the server roll back.
         let (inner, name) = (self.inner.clone(), std::mem::take(&mut self.name));
-        dlock_core::spawn_cleanup(async move {
+        dlock_core::raw::spawn_cleanup(async move {
             let _ = inner.finish(lent, End::Rollback, &name).await;
         });
     }

@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use dlock_core::key;
+use dlock_core::raw::key;
 
 /// Width of the `name` column, in bytes.
 pub(crate) const NAME_WIDTH: usize = 255;

@@ -9,7 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use dlock_core::config::parse_duration;
+use dlock_core::raw::parse_duration;
 use dlock_core::{LockError, Result};
 use percent_encoding::percent_decode_str;
 

@@ -13,7 +13,7 @@
 //! # }
 //! ```
 //!
-//! [`RedisLock`] is a [`dlock_core::LockClient`]: it adds key checks, the per-process FIFO
+//! [`RedisLock`] is a [`dlock_core::raw::LockClient`]: it adds key checks, the per-process FIFO
 //! gate, the deadline and the renewal watchdog to the protocol below. A client keeps two
 //! connections to the server: one multiplexed connection for every request of every task,
 //! and one subscriber connection (opened when an acquire first has to wait) that listens
@@ -125,7 +125,8 @@ mod wait;
 #[doc(hidden)]
 pub mod protocol;
 
-use dlock_core::{LockClient, Result};
+use dlock_core::Result;
+use dlock_core::raw::LockClient;
 
 pub use config::RedisConfig;
 pub use lock::RedisBackend;

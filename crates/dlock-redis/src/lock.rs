@@ -6,10 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Backend, Capabilities, Deadline, Expiry, Fencing, Grant, Held, LockError, LockStats,
-    LostReason, Result, Wakeup,
-};
+use dlock_core::raw::{Backend, Deadline, Grant, Held};
+use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, LostReason, Result, Wakeup};
 use tokio::time::Instant;
 
 use crate::NAME;
@@ -18,7 +16,7 @@ use crate::node::{Attempt, Node};
 use crate::scripts::{self, Names};
 use crate::wait::{View, Waiter};
 
-/// The Redis protocol for [`LockClient`](dlock_core::LockClient): see the crate docs.
+/// The Redis protocol for [`LockClient`](dlock_core::raw::LockClient): see the crate docs.
 #[derive(Debug)]
 pub struct RedisBackend {
     node: Node,
@@ -176,7 +174,7 @@ impl Drop for InFlight<'_> {
         }
         for node in self.nodes {
             let (node, names, token) = (node.clone(), self.names.clone(), self.token.to_owned());
-            dlock_core::spawn_cleanup(async move {
+            dlock_core::raw::spawn_cleanup(async move {
                 let result = node.release(&names, &token, true).await;
                 tracing::debug!(key = %names.key, ?result, "released after a cancelled acquire");
             });

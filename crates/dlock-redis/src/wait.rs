@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock_core::Deadline;
+use dlock_core::raw::Deadline;
 use futures::future::join_all;
 use tokio::sync::mpsc;
 use tokio::time::Instant;

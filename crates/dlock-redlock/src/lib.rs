@@ -128,7 +128,8 @@ mod config;
 mod error;
 mod lock;
 
-use dlock_core::{LockClient, Result};
+use dlock_core::Result;
+use dlock_core::raw::LockClient;
 
 pub use config::RedlockConfig;
 pub use lock::RedlockBackend;

@@ -8,10 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Backend, Capabilities, Deadline, Expiry, Fencing, Grant, Held, LockError, LockStats,
-    LostReason, Result, Wakeup,
-};
+use dlock_core::raw::{Backend, Deadline, Grant, Held};
+use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, LostReason, Result, Wakeup};
 use dlock_redis::protocol::{self, Attempt, InFlight, Names, Node, View, Waiter, new_token};
 use futures::future::join_all;
 use rand::Rng;
@@ -101,7 +99,7 @@ impl Cluster {
     }
 }
 
-/// The Redlock protocol for [`LockClient`](dlock_core::LockClient): see the crate docs.
+/// The Redlock protocol for [`LockClient`](dlock_core::raw::LockClient): see the crate docs.
 #[derive(Debug)]
 pub struct RedlockBackend {
     cluster: Arc<Cluster>,

@@ -4,8 +4,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use dlock_core::config::parse_duration;
-use dlock_core::{LockError, Result, key};
+use dlock_core::raw::key;
+use dlock_core::raw::parse_duration;
+use dlock_core::{LockError, Result};
 
 use crate::NAME;
 

@@ -171,7 +171,8 @@ mod nodes;
 pub use config::ZookeeperConfig;
 pub use lock::ZookeeperBackend;
 
-use dlock_core::{LockClient, Result};
+use dlock_core::Result;
+use dlock_core::raw::LockClient;
 
 /// The backend's name in errors and logs.
 const NAME: &str = "zookeeper";

@@ -6,10 +6,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{
-    Backend, Capabilities, Deadline, Expiry, Fencing, Grant, Held, LockError, LockStats,
-    LostReason, Result, Wakeup,
-};
+use dlock_core::raw::{Backend, Deadline, Grant, Held};
+use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, LostReason, Result, Wakeup};
 use tokio::time::Instant;
 use zookeeper_client::{self as zk, Acls, CreateMode, EventType, SessionState};
 
@@ -576,7 +574,7 @@ impl Drop for Contender {
         let dir = std::mem::take(&mut self.dir);
         let name = self.node.take().map(|n| n.name);
         let prefix = nodes::protected_prefix(&self.uuid);
-        dlock_core::spawn_cleanup(async move {
+        dlock_core::raw::spawn_cleanup(async move {
             let until = Instant::now() + client.session_timeout() * 2;
             let names = match name {
                 Some(name) => vec![name],
@@ -660,7 +658,7 @@ impl Held for ZookeeperHeld {
             Err(e) => {
                 let (client, path, dir) =
                     (self.client.clone(), self.path.clone(), self.dir.clone());
-                dlock_core::spawn_cleanup(async move {
+                dlock_core::raw::spawn_cleanup(async move {
                     let until = Instant::now() + client.session_timeout() * 2;
                     let _ = delete_node_and_dir(&client, &path, &dir, until).await;
                 });

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_conformance::{Harness, Holder, Partition};
-use dlock_core::{Backend, BoxError, DistributedLock, ErrorKind, LockClient, LockOptions, Result};
+use dlock_core::raw::{Backend, LockClient};
+use dlock_core::{BoxError, DistributedLock, ErrorKind, LockOptions, Result};
 use dlock_memory::{MemoryBackend, MemoryServer};
 
 /// A backend made from a memory client: the memory backend itself, or a broken wrapper.

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_conformance::Harness;
-use dlock_core::{BoxError, DistributedLock, ErrorKind, Result, key};
+use dlock_core::raw::key;
+use dlock_core::{BoxError, DistributedLock, ErrorKind, Result};
 use dlock_mysql::MysqlConfig;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{ConnectOptions, Executor, Row};

@@ -133,7 +133,8 @@ fn until(at: Option<Instant>) -> Deadline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Grant, Held, LockOptions, Result};
+    use crate::raw::{Grant, Held};
+    use crate::{LockOptions, Result};
 
     /// A handle whose renewals never answer (a dead connection without a timeout).
     #[derive(Debug)]
@@ -151,7 +152,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn backend_loss_is_heard_while_a_renewal_hangs() {
-        let gate = Arc::new(crate::gate::Gate::default());
+        let gate = Arc::new(crate::raw::gate::Gate::default());
         let permit = gate.enter("k", crate::Deadline::TryOnce).await.unwrap();
         let lost = async {
             // After the first renewal (at ttl / 3) went out and hung.
@@ -207,7 +208,7 @@ mod tests {
     }
 
     async fn lease_with(held: Scripted, ttl: Duration, auto_renew: bool) -> crate::Lease {
-        let gate = Arc::new(crate::gate::Gate::default());
+        let gate = Arc::new(crate::raw::gate::Gate::default());
         let permit = gate.enter("k", crate::Deadline::TryOnce).await.unwrap();
         let grant = Grant::new(1, Box::new(held), Instant::now());
         let opts = LockOptions::new().ttl(ttl).auto_renew(auto_renew);
@@ -264,7 +265,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_manual_extend_of_a_session_lease_is_not_cut_short() {
-        let gate = Arc::new(crate::gate::Gate::default());
+        let gate = Arc::new(crate::raw::gate::Gate::default());
         let permit = gate.enter("k", crate::Deadline::TryOnce).await.unwrap();
         let grant = Grant::new(
             1,

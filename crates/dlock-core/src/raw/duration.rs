@@ -12,7 +12,7 @@ use crate::{LockError, Result};
 ///
 /// ```
 /// use std::time::Duration;
-/// use dlock_core::config::parse_duration;
+/// use dlock_core::raw::parse_duration;
 ///
 /// let range = Duration::from_millis(1)..=Duration::from_secs(3600);
 /// assert_eq!(parse_duration("redis", "connect_timeout", "1.5s", range.clone()).unwrap(), Duration::from_millis(1500));

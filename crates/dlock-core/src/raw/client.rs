@@ -7,11 +7,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::backend::{Backend, Grant};
-use crate::gate::{Gate, GatePermit};
+use crate::raw::backend::{Backend, Grant};
+use crate::raw::gate::{Gate, GatePermit};
+use crate::raw::{key, watchdog};
 use crate::{
     Capabilities, Deadline, DistributedLock, ErrorKind, Expiry, Lease, LockError, LockOptions,
-    LockStats, LostReason, Result, key, watchdog,
+    LockStats, LostReason, Result,
 };
 
 /// A [`DistributedLock`] made from a [`Backend`].
@@ -267,7 +268,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::{Wait, backend::Held};
+    use crate::{Wait, raw::backend::Held};
 
     /// A backend whose grants arrive `late` after their request was sent, and whose
     /// extends answer with the next of `extends` (`true`: still ours).

@@ -1,0 +1,27 @@
+//! What a backend crate needs and an application does not: the implementor API.
+//!
+//! A backend implements the server protocol only ([`Backend`] for acquire, [`Held`] for
+//! what a grant keeps: extend, release, loss). [`LockClient`] turns it into a
+//! [`DistributedLock`](crate::DistributedLock) and adds, once for every backend: key checks
+//! ([`key`]), the process-local gate, one [`Deadline`] per acquire, late-grant
+//! confirmation, the renewal watchdog and the lost signal. [`url`] is the one URL parser
+//! every backend's `from_url` uses, and [`parse_duration`] the one spelling of durations in
+//! it. [`spawn_cleanup`] runs the background clean-up that [`settle`](crate::settle) waits
+//! for.
+//!
+//! Applications use the crate root; nothing here is needed to take a lock.
+
+pub(crate) mod backend;
+pub(crate) mod client;
+pub(crate) mod deadline;
+mod duration;
+pub(crate) mod gate;
+pub mod key;
+pub mod url;
+pub(crate) mod watchdog;
+
+pub use crate::background::spawn_cleanup;
+pub use backend::{Backend, Grant, Held};
+pub use client::LockClient;
+pub use deadline::Deadline;
+pub use duration::parse_duration;
