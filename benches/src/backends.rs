@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock::{DistributedLock, ErrorKind, LockError, LockOptions};
+use dlock_core::raw::url::{self as raw_url, Host, LockUrl};
 use serde::Serialize;
 
 /// A backend, as named on the command line and in the output.
@@ -126,84 +127,46 @@ impl FromStr for Kind {
     }
 }
 
-/// A lock URL split into the parts the raw clients need. Hosts may be a comma-separated
-/// list (`redlock://a:1,b:2`), which `url::Url` does not accept.
-#[derive(Clone)]
+/// A lock URL split (by dlock-core's URL layer) into the parts the raw clients need.
+#[derive(Debug, Clone)]
 pub(crate) struct Parts {
     pub(crate) scheme: String,
-    /// `user:password`, when present.
-    pub(crate) userinfo: Option<String>,
+    /// `host:port` each, the port defaulted per scheme.
     pub(crate) hosts: Vec<String>,
-    /// Everything from the first `/` after the hosts, without the query.
-    pub(crate) path: String,
-}
-
-impl fmt::Debug for Parts {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Parts")
-            .field("scheme", &self.scheme)
-            .field("userinfo", &self.userinfo.as_ref().map(|_| "***"))
-            .field("hosts", &self.hosts)
-            .field("path", &self.path)
-            .finish()
-    }
+    url: LockUrl,
 }
 
 impl Parts {
     pub(crate) fn parse(url: &str) -> Result<Parts, String> {
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| "not a URL (expected scheme://…)".to_owned())?;
-        let rest = rest.split(['?', '#']).next().unwrap_or_default();
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], rest[i..].to_owned()),
-            None => (rest, String::new()),
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u.to_owned()), h),
-            None => (None, authority),
-        };
-        let hosts: Vec<String> = hosts
-            .split(',')
-            .map(str::trim)
-            .filter(|h| !h.is_empty())
-            .map(str::to_owned)
-            .collect();
+        let scheme = url.split_once("://").map_or("", |(s, _)| s);
+        let default_port = raw_url::default_port(&scheme.to_ascii_lowercase()).unwrap_or(0);
+        let url = LockUrl::parse("lockbench", url, &[], default_port).map_err(|e| e.to_string())?;
         Ok(Parts {
-            scheme: scheme.to_ascii_lowercase(),
-            userinfo,
-            hosts,
-            path,
+            scheme: url.scheme().to_owned(),
+            hosts: url.hosts().iter().map(ToString::to_string).collect(),
+            url,
         })
     }
 
-    /// `scheme://[userinfo@]host{path}` for one host.
+    /// `scheme://[userinfo@]host[path and query]` for one host (`host:port`).
     #[allow(dead_code)] // unused when every networked backend is compiled out
     pub(crate) fn single(&self, scheme: &str, host: &str, with_path: bool) -> String {
-        let user = self
-            .userinfo
-            .as_ref()
-            .map(|u| format!("{u}@"))
-            .unwrap_or_default();
-        let path = if with_path { self.path.as_str() } else { "" };
-        format!("{scheme}://{user}{host}{path}")
+        let host = Host::parse("lockbench", host, 0).expect("a host of this URL");
+        let whole = self.url.with_hosts(vec![host]).expose();
+        let after = whole.split_once("://").map_or("", |(_, rest)| rest);
+        // The user information cannot hold '/' or '?' (the URL layer refuses such URLs).
+        let end = if with_path {
+            after.len()
+        } else {
+            after.find(['/', '?']).unwrap_or(after.len())
+        };
+        format!("{scheme}://{}", &after[..end])
     }
 }
 
 /// A URL with any password replaced by `***`, for output.
 pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "<not a URL>".into();
-    };
-    let end = rest.find('/').unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((user, hosts)) => {
-            let user = user.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{hosts}{tail}")
-        }
-        None => url.to_owned(),
-    }
+    raw_url::redact(url)
 }
 
 /// Why a backend is not measured.
@@ -332,9 +295,7 @@ mod tests {
     fn parts_split_multi_host_urls() {
         let p = Parts::parse("redlock://:pw@a:1,b:2,c:3/x?timeout=5").unwrap();
         assert_eq!(p.scheme, "redlock");
-        assert_eq!(p.userinfo.as_deref(), Some(":pw"));
         assert_eq!(p.hosts, ["a:1", "b:2", "c:3"]);
-        assert_eq!(p.path, "/x");
         assert_eq!(p.single("redis", "b:2", false), "redis://:pw@b:2");
         let m = Parts::parse("mysql://u:p@h:3306/db").unwrap();
         assert_eq!(m.single("mysql", "h:3306", true), "mysql://u:p@h:3306/db");

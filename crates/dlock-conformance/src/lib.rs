@@ -26,6 +26,7 @@ pub mod history;
 pub mod holder;
 pub mod proxy;
 pub mod scenarios;
+pub mod urls;
 
 use std::future::Future;
 use std::net::SocketAddr;

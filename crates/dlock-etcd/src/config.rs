@@ -1,15 +1,14 @@
 //! [`EtcdConfig`]: endpoints, key prefix, timeouts, TLS and credentials, parsed from a URL.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
 use dlock_core::raw::key;
 use dlock_core::raw::parse_duration;
-use dlock_core::{LockError, Result};
+use dlock_core::raw::url::{Host, LockUrl};
+use dlock_core::{LockError, Result, Secret};
 use etcd_client::{Certificate, Identity, TlsOptions};
-use percent_encoding::percent_decode_str;
 
 use crate::lock::NAME;
 
@@ -37,7 +36,7 @@ const DEFAULT_PORT: u16 = 2379;
 /// | `user`, `password` | none | etcd user (also from the URL's `user:password@`) |
 ///
 /// Durations are written `250ms`, `5s`, `1.5s` or `2m`.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdConfig {
     endpoints: Vec<String>,
     tls: bool,
@@ -46,7 +45,7 @@ pub struct EtcdConfig {
     key: Option<PathBuf>,
     domain: Option<String>,
     user: Option<String>,
-    password: Option<String>,
+    password: Option<Secret>,
     prefix: String,
     connect_timeout: Duration,
     request_timeout: Duration,
@@ -104,7 +103,7 @@ impl EtcdConfig {
         }
         let endpoints = endpoints
             .iter()
-            .map(|e| parse_host(e.as_ref()))
+            .map(|e| Host::parse(NAME, e.as_ref(), DEFAULT_PORT).map(|h| h.to_string()))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             endpoints,
@@ -128,55 +127,23 @@ impl EtcdConfig {
     /// [`LockError::InvalidConfig`] naming what is wrong; the message never contains the
     /// password.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-            LockError::invalid_config(NAME, "not a URL: expected etcd://host:port")
-        })?;
-        let tls = match scheme {
-            "etcd" => false,
-            "etcds" => true,
-            other => {
-                return Err(LockError::invalid_config(
-                    NAME,
-                    format!("scheme {other:?} is not etcd:// or etcds://"),
-                ));
-            }
-        };
-        if rest.contains('#') {
+        let url = LockUrl::parse(NAME, url, crate::SCHEMES, DEFAULT_PORT)?;
+        if !matches!(url.path(), "" | "/") {
             return Err(LockError::invalid_config(
                 NAME,
-                "a URL fragment (#…) is not allowed",
+                format!(
+                    "a path ({:?}) is not allowed: use ?prefix= for a key prefix",
+                    url.path()
+                ),
             ));
         }
-        let (location, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = location.split_once('/').unwrap_or((location, ""));
-        if !path.is_empty() {
-            return Err(LockError::invalid_config(
-                NAME,
-                format!("a path ({path:?}) is not allowed: use ?prefix= for a key prefix"),
-            ));
-        }
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
-        };
-        let hosts: Vec<&str> = hosts.split(',').collect();
+        let hosts: Vec<String> = url.hosts().iter().map(Host::to_string).collect();
         let mut config = Self::new(&hosts)?;
-        config.tls = tls;
-        if let Some(userinfo) = userinfo {
-            let (user, password) = match userinfo.split_once(':') {
-                Some((user, password)) => (user, Some(password)),
-                None => (userinfo, None),
-            };
-            config.user = Some(decode(user, "the user name")?).filter(|u| !u.is_empty());
-            config.password = password.map(|p| decode(p, "the password")).transpose()?;
-        }
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').ok_or_else(|| {
-                LockError::invalid_config(NAME, format!("option {pair:?} has no value"))
-            })?;
-            let name = decode(name, "an option name")?;
-            let value = decode(value, "an option value")?;
-            config = config.with_option(&name, &value)?;
+        config.tls = url.scheme() == "etcds";
+        config.user = url.username().map(str::to_owned);
+        config.password = url.password().cloned();
+        for (name, value) in url.options() {
+            config = config.with_option(name, value)?;
         }
         config.validate()?;
         Ok(config)
@@ -200,7 +167,7 @@ impl EtcdConfig {
             ConfigKey::Key => self.key = Some(non_empty(name, value)?.into()),
             ConfigKey::Domain => self.domain = Some(non_empty(name, value)?.to_owned()),
             ConfigKey::User => self.user = Some(non_empty(name, value)?.to_owned()),
-            ConfigKey::Password => self.password = Some(value.to_owned()),
+            ConfigKey::Password => self.password = Some(Secret::new(value)),
         }
         Ok(self)
     }
@@ -293,9 +260,10 @@ impl EtcdConfig {
     }
 
     pub(crate) fn credentials(&self) -> Option<(String, String)> {
-        self.user
-            .clone()
-            .map(|user| (user, self.password.clone().unwrap_or_default()))
+        self.user.clone().map(|user| {
+            let password = self.password.as_ref().map_or("", Secret::expose);
+            (user, password.to_owned())
+        })
     }
 
     /// The TLS settings, reading the PEM files (local I/O only).
@@ -320,83 +288,12 @@ impl EtcdConfig {
     }
 }
 
-impl fmt::Debug for EtcdConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdConfig")
-            .field("endpoints", &self.endpoints())
-            .field("prefix", &self.prefix)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("request_timeout", &self.request_timeout)
-            .field("ca", &self.ca)
-            .field("cert", &self.cert)
-            .field("key", &self.key)
-            .field("domain", &self.domain)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .finish()
-    }
-}
-
 fn read_pem(option: &str, path: &PathBuf) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| LockError::InvalidConfig {
         backend: NAME,
         message: format!("cannot read the {option} file {}", path.display()),
         source: Some(Box::new(e)),
     })
-}
-
-/// `host[:port]` or `[v6]:port`, checked, rendered back as `host:port`.
-fn parse_host(hp: &str) -> Result<String> {
-    let bad = |why: &str| LockError::invalid_config(NAME, format!("endpoint {hp:?}: {why}"));
-    let (host, port) = if let Some(v6) = hp.strip_prefix('[') {
-        let (host, rest) = v6
-            .split_once(']')
-            .ok_or_else(|| bad("an IPv6 address needs its closing ]"))?;
-        if host.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(bad("not an IPv6 address"));
-        }
-        let port = match rest {
-            "" => None,
-            _ => Some(
-                rest.strip_prefix(':')
-                    .ok_or_else(|| bad("expected :port after ]"))?,
-            ),
-        };
-        (format!("[{host}]"), port)
-    } else {
-        let (host, port) = match hp.split_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (hp, None),
-        };
-        if host.is_empty() {
-            return Err(bad("no host"));
-        }
-        if !host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
-        {
-            return Err(bad(
-                "a host name has letters, digits, '-', '.' and '_' only",
-            ));
-        }
-        (host.to_owned(), port)
-    };
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| bad("the port is not a number from 1 to 65535"))?,
-    };
-    Ok(format!("{host}:{port}"))
-}
-
-fn decode(s: &str, what: &str) -> Result<String> {
-    percent_decode_str(s)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|_| LockError::invalid_config(NAME, format!("{what} is not UTF-8 once decoded")))
 }
 
 fn non_empty<'a>(name: &str, value: &'a str) -> Result<&'a str> {
@@ -514,7 +411,7 @@ mod tests {
             ("", "not a URL"),
             ("127.0.0.1:2379", "not a URL"),
             ("redis://h", "scheme"),
-            ("etcd://", "no host"),
+            ("etcd://", "no endpoint"),
             ("etcd://h,", "no host"),
             ("etcd://h:0", "port"),
             ("etcd://h:99999", "port"),
@@ -522,7 +419,6 @@ mod tests {
             ("etcd://h/path", "path"),
             ("etcd://h#frag", "fragment"),
             ("etcd://h?nope=1", "unknown option \"nope\""),
-            ("etcd://h?prefix", "no value"),
             ("etcd://h?connect_timeout=5", "duration"),
             ("etcd://h?connect_timeout=0ms", "out of range"),
             ("etcd://h?request_timeout=2h", "duration"),
@@ -532,10 +428,11 @@ mod tests {
             ("etcds://h?ca=/a&cert=/c", "cert and key"),
             ("etcd://:pw@h", "user"),
             ("etcd://h?password=pw", "user"),
-            ("etcd://[::1", "closing ]"),
+            ("etcd://[::1", "closing"),
             ("etcd://[zz]:1", "IPv6"),
             ("etcd://h%20x", "host name"),
             ("etcd://u:%FF@h", "UTF-8"),
+            ("ETCD://u:pa/ss@h", "percent-encode"),
         ];
         for (url, word) in cases {
             let err = EtcdConfig::from_url(url).expect_err(url);
@@ -575,6 +472,14 @@ mod tests {
                 .tls_options()
                 .unwrap()
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn the_shared_url_table_passes() {
+        dlock_conformance::urls::check_parser(
+            |password, host| format!("etcd://app:{password}@{host}:2379?prefix=p"),
+            |url| EtcdConfig::from_url(url).map(|c| format!("{c:?}")),
         );
     }
 }

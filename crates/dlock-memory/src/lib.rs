@@ -43,6 +43,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use dlock_core::raw::LockClient;
+use dlock_core::raw::url::LockUrl;
 use dlock_core::{LockError, Result};
 
 pub use server::{MemoryBackend, MemoryServer};
@@ -59,29 +60,27 @@ pub const SCHEMES: &[&str] = &["memory"];
 /// [`LockError::InvalidConfig`] for another scheme, or a URL with a port, credentials, a
 /// path or a query.
 pub fn from_url(url: &str) -> Result<MemoryLock> {
-    let parsed = url::Url::parse(url).map_err(|e| LockError::InvalidConfig {
-        backend: "memory",
-        message: "not a valid URL (expected memory:// or memory://NAME)".into(),
-        source: Some(Box::new(e)),
-    })?;
-    if parsed.scheme() != "memory" {
-        return Err(LockError::invalid_config(
-            "memory",
-            format!("scheme {:?} is not memory://", parsed.scheme()),
-        ));
-    }
-    if parsed.port().is_some()
-        || !parsed.username().is_empty()
+    let parsed = LockUrl::parse("memory", url, SCHEMES, 0)?;
+    let name = match parsed.hosts() {
+        [] => String::new(),
+        [host] if host.port == 0 => host.name.clone(),
+        _ => {
+            return Err(LockError::invalid_config(
+                "memory",
+                "memory:// takes only a server name: memory:// or memory://NAME",
+            ));
+        }
+    };
+    if parsed.username().is_some()
         || parsed.password().is_some()
         || !matches!(parsed.path(), "" | "/")
-        || parsed.query().is_some()
+        || !parsed.options().is_empty()
     {
         return Err(LockError::invalid_config(
             "memory",
             "memory:// takes only a server name: memory:// or memory://NAME",
         ));
     }
-    let name = parsed.host_str().unwrap_or_default().to_owned();
     static SERVERS: OnceLock<Mutex<HashMap<String, MemoryServer>>> = OnceLock::new();
     let mut servers = SERVERS
         .get_or_init(Default::default)
@@ -114,5 +113,13 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn the_shared_url_table_passes() {
+        dlock_conformance::urls::check_parser(
+            |password, host| format!("memory://app:{password}@{host}"),
+            |url| from_url(url).map(|c| format!("{c:?}")),
+        );
     }
 }

@@ -1,13 +1,12 @@
 //! [`MysqlConfig`]: where the server is, how to talk to it, and which table holds the locks.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
 use dlock_core::raw::parse_duration;
-use dlock_core::{LockError, Result};
-use percent_encoding::percent_decode_str;
+use dlock_core::raw::url::{Host, LockUrl};
+use dlock_core::{LockError, Result, Secret};
 use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
 
 use crate::NAME;
@@ -20,7 +19,7 @@ const TIMEOUTS: std::ops::RangeInclusive<Duration> =
 ///
 /// Built from a URL with [`MysqlConfig::from_url`], or from [`MysqlConfig::new`] and
 /// [`with_option`](MysqlConfig::with_option). `Debug` never shows the password.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct MysqlConfig {
     /// Server host name or IP address.
     pub host: String,
@@ -29,7 +28,7 @@ pub struct MysqlConfig {
     /// User name.
     pub user: String,
     /// Password, if any. Never shown by `Debug` or in errors.
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Database (schema) holding the lock tables.
     pub database: String,
     /// The lock table; the fence counters live in `{table}_fence`. Created if missing.
@@ -102,58 +101,39 @@ impl MysqlConfig {
     /// database, an unknown option or a bad option value. The message never shows the
     /// password.
     pub fn from_url(url: &str) -> Result<Self> {
-        let parsed = url::Url::parse(url).map_err(|e| LockError::InvalidConfig {
-            backend: NAME,
-            message: "not a valid URL (expected mysql://user:password@host:port/database)".into(),
-            source: Some(Box::new(e)),
-        })?;
-        if !crate::SCHEMES.contains(&parsed.scheme()) {
-            return Err(LockError::invalid_config(
-                NAME,
-                format!(
-                    "scheme {:?} is not one of {:?}",
-                    parsed.scheme(),
-                    crate::SCHEMES
-                ),
-            ));
-        }
-        let host = match parsed.host_str() {
-            Some(h) if !h.is_empty() => h.trim_start_matches('[').trim_end_matches(']'),
-            _ => return Err(LockError::invalid_config(NAME, "the URL names no host")),
+        let url = LockUrl::parse(NAME, url, crate::SCHEMES, Self::DEFAULT_PORT)?;
+        let host = match url.hosts() {
+            [host] => host,
+            [] => return Err(LockError::invalid_config(NAME, "the URL names no host")),
+            _ => {
+                return Err(LockError::invalid_config(
+                    NAME,
+                    "the URL names several hosts; a mysql:// URL names one server",
+                ));
+            }
         };
-        let user = decode("user name", parsed.username())?;
-        if user.is_empty() {
+        let Some(user) = url.username() else {
             return Err(LockError::invalid_config(
                 NAME,
                 "the URL names no user (mysql://user:password@host/database)",
             ));
-        }
-        let password = parsed
-            .password()
-            .map(|p| decode("password", p))
-            .transpose()?;
-        let database = decode("database", parsed.path().trim_start_matches('/'))?;
+        };
+        let database = url.path().strip_prefix('/').unwrap_or_default();
         if database.is_empty() || database.contains('/') {
             return Err(LockError::invalid_config(
                 NAME,
                 "the URL path must name one database (mysql://user:password@host/database)",
             ));
         }
-        if parsed.fragment().is_some() {
-            return Err(LockError::invalid_config(
-                NAME,
-                "the URL must not have a #fragment",
-            ));
-        }
         let config = Self {
-            port: parsed.port().unwrap_or(Self::DEFAULT_PORT),
-            password,
-            ..Self::new(host, user, database)
+            port: host.port,
+            password: url.password().cloned(),
+            ..Self::new(host.name.clone(), user, database)
         };
-        parsed
-            .query_pairs()
+        url.options()
+            .iter()
             .try_fold(config, |config, (key, value)| {
-                config.with_option(&key, &value)
+                config.with_option(key, value)
             })
     }
 
@@ -206,11 +186,7 @@ impl MysqlConfig {
 
     /// `host:port`, as errors and logs show the server (never with credentials).
     pub fn addr(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
+        Host::new(self.host.clone(), self.port).to_string()
     }
 
     /// The table holding the fence counters: `{table}_fence`.
@@ -252,7 +228,7 @@ impl MysqlConfig {
             // The lock statements are text batches; nothing to cache.
             .statement_cache_capacity(0);
         if let Some(password) = &self.password {
-            opts = opts.password(password);
+            opts = opts.password(password.expose());
         }
         if let Some(mode) = self.tls.mode {
             opts = opts.ssl_mode(mode);
@@ -270,31 +246,13 @@ impl MysqlConfig {
     }
 }
 
-impl fmt::Debug for MysqlConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MysqlConfig")
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("database", &self.database)
-            .field("table", &self.table)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("response_timeout", &self.response_timeout)
-            .field("max_connections", &self.max_connections)
-            .field("tls", &self.tls)
-            .finish()
-    }
-}
-
 /// The options a URL query may set, with their one spelling (sqlx's TLS options keep
 /// sqlx's spellings, with and without the dash).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ConfigKey {
     /// `table`: [`MysqlConfig::table`].
     Table,
-    /// `connect_timeout`: [`MysqlConfig::connect_timeout`], e.g. `5s`, `500ms`, `1500`
-    /// (bare numbers are milliseconds).
+    /// `connect_timeout`: [`MysqlConfig::connect_timeout`], e.g. `5s`, `500ms`.
     ConnectTimeout,
     /// `response_timeout`: [`MysqlConfig::response_timeout`], same format.
     ResponseTimeout,
@@ -332,13 +290,6 @@ impl FromStr for ConfigKey {
             )),
         }
     }
-}
-
-fn decode(what: &str, raw: &str) -> Result<String> {
-    percent_decode_str(raw)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|_| LockError::invalid_config(NAME, format!("the {what} in the URL is not UTF-8")))
 }
 
 fn check_table(name: &str) -> Result<()> {
@@ -386,7 +337,7 @@ mod tests {
                 c.host == "127.0.0.1"
                     && c.port == 3306
                     && c.user == "dlock"
-                    && c.password.as_deref() == Some("dlock")
+                    && c.password.as_ref().map(Secret::expose) == Some("dlock")
                     && c.database == "dlock"
                     && c.table == "dlock_locks"
                     && c.connect_timeout == Duration::from_secs(5)
@@ -396,7 +347,7 @@ mod tests {
                 c.port == 3306 && c.password.is_none()
             }),
             ("mysql://u:p%40ss@h/d%2Dx", |c| {
-                c.password.as_deref() == Some("p@ss") && c.database == "d-x"
+                c.password.as_ref().map(Secret::expose) == Some("p@ss") && c.database == "d-x"
             }),
             ("mysql://u@[::1]:3307/d", |c| {
                 c.host == "::1" && c.port == 3307 && c.addr() == "[::1]:3307"
@@ -436,15 +387,16 @@ mod tests {
     #[test]
     fn bad_urls_name_the_problem() {
         let cases = [
-            ("not a url", "valid URL"),
+            ("not a url", "not a URL"),
             ("redis://u@h/d", "scheme"),
             ("mysql:///d", "host"),
+            ("MySQL://u:sekrit/x@h/d", "percent-encode"),
             ("mysql://h/d", "user"),
             ("mysql://u@h", "database"),
             ("mysql://u@h/", "database"),
             ("mysql://u@h/a/b", "database"),
             ("mysql://u@h/d#frag", "fragment"),
-            ("mysql://u@h:99999/d", "valid URL"),
+            ("mysql://u@h:99999/d", "port"),
             ("mysql://u@h/d?colour=blue", "colour"),
             ("mysql://u@h/d?table=", "table"),
             ("mysql://u@h/d?table=a-b", "table"),
@@ -489,6 +441,14 @@ mod tests {
         assert_eq!(
             config.validate().unwrap_err().kind(),
             ErrorKind::InvalidConfig
+        );
+    }
+
+    #[test]
+    fn the_shared_url_table_passes() {
+        dlock_conformance::urls::check_parser(
+            |password, host| format!("mysql://app:{password}@{host}:3306/dlock?table=t"),
+            |url| MysqlConfig::from_url(url).map(|c| format!("{c:?}")),
         );
     }
 }

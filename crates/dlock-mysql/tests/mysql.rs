@@ -291,7 +291,7 @@ async fn the_table_option_names_the_tables_and_unsafe_tables_are_refused() {
         format!(
             "mysql://{}:{}@{}/{}?table={table}",
             base.user,
-            base.password.clone().unwrap_or_default(),
+            base.password.as_ref().map_or("", |p| p.expose()),
             base.addr(),
             base.database
         )
@@ -355,7 +355,7 @@ async fn an_unknown_database_is_refused_by_the_server() {
     let url = format!(
         "mysql://{}:{}@{}/no_such_database_here",
         c.user,
-        c.password.clone().unwrap_or_default(),
+        c.password.as_ref().map_or("", |p| p.expose()),
         c.addr()
     );
     let err = dlock_mysql::from_url(&url)
@@ -371,7 +371,7 @@ async fn a_full_pool_is_bounded_by_the_deadline_and_named_in_the_error() {
     let url = format!(
         "mysql://{}:{}@{}/{}?max_connections=1&connect_timeout=500ms",
         c.user,
-        c.password.clone().unwrap_or_default(),
+        c.password.as_ref().map_or("", |p| p.expose()),
         c.addr(),
         c.database
     );

@@ -1,17 +1,16 @@
 //! [`RedisConfig`]: where the server is, how to talk to it, and how keys are named.
 //!
-//! The URL grammar is shared with `dlock-redlock`, which names several servers in one URL:
-//! [`split_url`] takes a URL apart (scheme, credentials, one or more `host:port`, database,
-//! query) and [`RedisConfig::with_option`] applies each query option through one
+//! The URL is taken apart by dlock-core's one URL layer ([`LockUrl`]);
+//! [`RedisConfig::for_host`] turns it into the settings of one server (`dlock-redlock` calls
+//! it once per node) and [`RedisConfig::with_option`] applies each query option through one
 //! [`ConfigKey`] spelling.
 
-use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
 use dlock_core::raw::parse_duration;
-use dlock_core::{LockError, Result};
-use percent_encoding::percent_decode_str;
+use dlock_core::raw::url::{Host, LockUrl};
+use dlock_core::{LockError, Result, Secret};
 
 use crate::NAME;
 
@@ -23,7 +22,7 @@ const TIMEOUTS: std::ops::RangeInclusive<Duration> =
 ///
 /// Built from a URL with [`RedisConfig::from_url`], or from [`RedisConfig::new`] and
 /// [`with_option`](RedisConfig::with_option). `Debug` never shows the password.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     /// Server host name or IP address.
     pub host: String,
@@ -34,7 +33,7 @@ pub struct RedisConfig {
     /// ACL user name (`AUTH user pass`), if any.
     pub username: Option<String>,
     /// Password, if any. Never shown by `Debug` or in errors.
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Database number (`SELECT`). Default 0.
     pub db: i64,
     /// Prepended to every lock key. Default `dlock:`; may be empty, so that a lock shares its
@@ -80,30 +79,58 @@ impl RedisConfig {
     /// [`LockError::InvalidConfig`] naming what is wrong: the scheme, the port, the
     /// database, an unknown option or a bad option value.
     pub fn from_url(url: &str) -> Result<Self> {
-        let parts = split_url(NAME, url, crate::SCHEMES)?;
-        let [(host, port)] = <[_; 1]>::try_from(parts.hosts).map_err(|hosts| {
-            LockError::invalid_config(
+        let url = LockUrl::parse(NAME, url, crate::SCHEMES, Self::DEFAULT_PORT)?;
+        match url.hosts() {
+            [host] => Self::for_host(NAME, &url, host),
+            [] => Err(LockError::invalid_config(
+                NAME,
+                "the URL names no server (expected redis://host:port)",
+            )),
+            hosts => Err(LockError::invalid_config(
                 NAME,
                 format!(
                     "a redis:// URL names one server, this one names {} (use redlock:// for several)",
                     hosts.len()
                 ),
-            )
-        })?;
-        parts.options.iter().try_fold(
-            Self {
-                tls: parts.tls,
-                username: parts.username,
-                password: parts.password,
-                db: parts.db,
-                ..Self::new(host, port)
-            },
-            |config, (key, value)| config.with_option(key, value),
-        )
+            )),
+        }
+    }
+
+    /// The settings a parsed `redis://` or `redlock://` URL gives the server `host`: TLS
+    /// from the scheme (`rediss`, `redlocks`), credentials, the database from the path, and
+    /// every query option. Errors name `backend`.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for a path that is not a database number, an unknown
+    /// option or a bad value.
+    pub fn for_host(backend: &'static str, url: &LockUrl, host: &Host) -> Result<Self> {
+        let path = url.path().strip_prefix('/').unwrap_or(url.path());
+        let db = match path.trim_end_matches('/') {
+            "" => 0,
+            db => db.parse::<i64>().ok().filter(|d| *d >= 0).ok_or_else(|| {
+                LockError::invalid_config(
+                    backend,
+                    format!("the path {db:?} is not a database number (expected /0, /1, …)"),
+                )
+            })?,
+        };
+        let config = Self {
+            tls: matches!(url.scheme(), "rediss" | "redlocks"),
+            username: url.username().map(str::to_owned),
+            password: url.password().cloned(),
+            db,
+            ..Self::new(host.name.clone(), host.port)
+        };
+        url.options()
+            .iter()
+            .try_fold(config, |config, (key, value)| {
+                config.with_option(key, value)
+            })
+            .map_err(|e| named(backend, e))
     }
 
     /// Set one option by its URL query name: `prefix`, `connect_timeout` or
-    /// `response_timeout` (durations as `5s`, `500ms`, or bare milliseconds `1500`).
+    /// `response_timeout` (durations as `250ms`, `5s`, `1.5s` or `2m`).
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] for an unknown key or a bad value, naming it.
@@ -131,27 +158,7 @@ impl RedisConfig {
 
     /// `host:port`, as errors and logs show the server (never with credentials).
     pub fn addr(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
-    }
-}
-
-impl fmt::Debug for RedisConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisConfig")
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("tls", &self.tls)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("db", &self.db)
-            .field("prefix", &self.prefix)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("response_timeout", &self.response_timeout)
-            .finish()
+        Host::new(self.host.clone(), self.port).to_string()
     }
 }
 
@@ -161,8 +168,7 @@ impl fmt::Debug for RedisConfig {
 pub(crate) enum ConfigKey {
     /// `prefix`: [`RedisConfig::prefix`].
     Prefix,
-    /// `connect_timeout`: [`RedisConfig::connect_timeout`], e.g. `5s`, `500ms`, `1500`
-    /// (bare numbers are milliseconds).
+    /// `connect_timeout`: [`RedisConfig::connect_timeout`], e.g. `5s`, `500ms`.
     ConnectTimeout,
     /// `response_timeout`: [`RedisConfig::response_timeout`], same format.
     ResponseTimeout,
@@ -186,161 +192,18 @@ impl FromStr for ConfigKey {
     }
 }
 
-/// A Redis-style URL taken apart, before its options are applied.
-#[derive(Clone, PartialEq, Eq)]
-pub struct UrlParts {
-    /// Whether the scheme was the TLS one.
-    pub tls: bool,
-    /// Every `host:port` of the authority, in order (the port defaults to 6379).
-    pub hosts: Vec<(String, u16)>,
-    /// Percent-decoded user name.
-    pub username: Option<String>,
-    /// Percent-decoded password.
-    pub password: Option<String>,
-    /// Database number from the path, default 0.
-    pub db: i64,
-    /// Percent-decoded query options, in order.
-    pub options: Vec<(String, String)>,
-}
-
-impl fmt::Debug for UrlParts {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("UrlParts")
-            .field("tls", &self.tls)
-            .field("hosts", &self.hosts)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("db", &self.db)
-            .field("options", &self.options)
-            .finish()
+/// Option errors come from [`RedisConfig::with_option`]: name the backend the URL is for.
+fn named(backend: &'static str, e: LockError) -> LockError {
+    match e {
+        LockError::InvalidConfig {
+            message, source, ..
+        } => LockError::InvalidConfig {
+            backend,
+            message,
+            source,
+        },
+        other => other,
     }
-}
-
-/// Take apart `scheme://[user[:pass]@]host[:port][,host[:port]…][/db][?k=v&…]`.
-///
-/// `schemes` is `[plain, tls]`. Errors name `backend` and never contain the password.
-pub fn split_url(backend: &'static str, url: &str, schemes: &[&str]) -> Result<UrlParts> {
-    let bad = |message: String| LockError::invalid_config(backend, message);
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| bad(format!("not a URL (expected {}://host:port)", schemes[0])))?;
-    let tls = match schemes.iter().position(|s| s.eq_ignore_ascii_case(scheme)) {
-        Some(i) => i == 1,
-        None => {
-            return Err(bad(format!(
-                "scheme {scheme:?} is not {}",
-                schemes
-                    .iter()
-                    .map(|s| format!("{s}://"))
-                    .collect::<Vec<_>>()
-                    .join(" or ")
-            )));
-        }
-    };
-    if rest.contains('#') {
-        return Err(bad("a URL fragment (#…) is not allowed".into()));
-    }
-    let (rest, query) = match rest.split_once('?') {
-        Some((r, q)) => (r, Some(q)),
-        None => (rest, None),
-    };
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i + 1..]),
-        None => (rest, ""),
-    };
-    let (userinfo, hostlist) = match authority.rfind('@') {
-        Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
-        None => (None, authority),
-    };
-    let decode = |what: &str, s: &str| -> Result<String> {
-        percent_decode_str(s)
-            .decode_utf8()
-            .map(|c| c.into_owned())
-            .map_err(|_| bad(format!("the {what} is not valid percent-encoded UTF-8")))
-    };
-    let (username, password) = match userinfo {
-        None => (None, None),
-        Some(info) => {
-            let (user, pass) = match info.split_once(':') {
-                Some((u, p)) => (u, Some(p)),
-                None => (info, None),
-            };
-            let user = (!user.is_empty())
-                .then(|| decode("user name", user))
-                .transpose()?;
-            let pass = pass.map(|p| decode("password", p)).transpose()?;
-            (user, pass)
-        }
-    };
-    if hostlist.is_empty() {
-        return Err(bad("the URL names no server (expected host:port)".into()));
-    }
-    let hosts = hostlist
-        .split(',')
-        .map(|h| parse_host(backend, h))
-        .collect::<Result<Vec<_>>>()?;
-    let db = match path.trim_end_matches('/') {
-        "" => 0,
-        db => db.parse::<i64>().ok().filter(|d| *d >= 0).ok_or_else(|| {
-            bad(format!(
-                "the path {db:?} is not a database number (expected /0, /1, …)"
-            ))
-        })?,
-    };
-    let mut options = Vec::new();
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        options.push((decode("option name", k)?, decode("option value", v)?));
-    }
-    Ok(UrlParts {
-        tls,
-        hosts,
-        username,
-        password,
-        db,
-        options,
-    })
-}
-
-fn parse_host(backend: &'static str, hostport: &str) -> Result<(String, u16)> {
-    let bad = |message: String| LockError::invalid_config(backend, message);
-    let bracketed = hostport.starts_with('[');
-    let (host, port) = if let Some(rest) = hostport.strip_prefix('[') {
-        // [IPv6]:port
-        let (host, after) = rest
-            .split_once(']')
-            .ok_or_else(|| bad(format!("unclosed '[' in host {hostport:?}")))?;
-        match after {
-            "" => (host, None),
-            p => (
-                host,
-                Some(p.strip_prefix(':').ok_or_else(|| {
-                    bad(format!(
-                        "expected :port after the IPv6 address in {hostport:?}"
-                    ))
-                })?),
-            ),
-        }
-    } else {
-        match hostport.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (hostport, None),
-        }
-    };
-    let allowed =
-        |c: char| c.is_ascii_alphanumeric() || ".-_".contains(c) || (bracketed && c == ':');
-    if host.is_empty() || !host.chars().all(allowed) {
-        return Err(bad(format!("{hostport:?} is not a valid host[:port]")));
-    }
-    let port = match port {
-        None => RedisConfig::DEFAULT_PORT,
-        Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
-            bad(format!(
-                "port {p:?} of {host:?} is not a number from 1 to 65535"
-            ))
-        })?,
-    };
-    Ok((host.to_owned(), port))
 }
 
 #[cfg(test)]
@@ -443,8 +306,8 @@ mod tests {
                 "not a duration",
             ),
             ("redis://127.0.0.1:6379#frag", "fragment"),
-            ("redis://ho st:6379", "valid host"),
-            ("redis://u:sekrit-pw@bad host:1", "valid host"),
+            ("redis://ho st:6379", "host name"),
+            ("redis://u:sekrit-pw@bad host:1", "host name"),
             ("redis://u:sekrit-pw@127.0.0.1:6379?bogus=1", "bogus"),
         ];
         for (url, needle) in cases {
@@ -462,28 +325,13 @@ mod tests {
         let text = format!("{config:?}");
         assert!(!text.contains("sekrit"), "{text}");
         assert!(text.contains("redacted"), "{text}");
-        let parts = split_url("redis", "redis://u:sekrit-pw@h:1", crate::SCHEMES).unwrap();
-        assert!(!format!("{parts:?}").contains("sekrit"));
     }
 
     #[test]
-    fn several_hosts_split_in_order() {
-        let parts = split_url(
-            "redlock",
-            "redlocks://a:7001,b,[::1]:7003/2?prefix=x",
-            &["redlock", "redlocks"],
-        )
-        .unwrap();
-        assert!(parts.tls);
-        assert_eq!(
-            parts.hosts,
-            vec![
-                ("a".to_owned(), 7001),
-                ("b".to_owned(), 6379),
-                ("::1".to_owned(), 7003)
-            ]
+    fn the_shared_url_table_passes() {
+        dlock_conformance::urls::check_parser(
+            |password, host| format!("redis://app:{password}@{host}:6379/0?prefix=p"),
+            |url| RedisConfig::from_url(url).map(|c| format!("{c:?}")),
         );
-        assert_eq!(parts.db, 2);
-        assert_eq!(parts.options, vec![("prefix".to_owned(), "x".to_owned())]);
     }
 }

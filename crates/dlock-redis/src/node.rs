@@ -94,7 +94,7 @@ impl Node {
             redis_info = redis_info.set_username(user);
         }
         if let Some(password) = &config.password {
-            redis_info = redis_info.set_password(password);
+            redis_info = redis_info.set_password(password.expose());
         }
         let info: ConnectionInfo = addr
             .into_connection_info()

@@ -5,10 +5,8 @@
 //! - [`Names`] and [`new_token`]: key naming and holder tokens;
 //! - [`Error`]: a failed request, with [`Error::into_lock_error`];
 //! - [`Waiter`]: waiting on one or several nodes for a quorum of releases;
-//! - [`InFlight`]: releases what a cancelled acquire may have taken;
-//! - [`split_url`]: the URL grammar, several `host:port` allowed.
+//! - [`InFlight`]: releases what a cancelled acquire may have taken.
 
-pub use crate::config::{UrlParts, split_url};
 pub use crate::error::Error;
 pub use crate::lock::InFlight;
 pub use crate::node::{Attempt, Node};

@@ -2,9 +2,9 @@
 
 use std::collections::HashSet;
 
+use dlock_core::raw::url::LockUrl;
 use dlock_core::{LockError, Result};
 use dlock_redis::RedisConfig;
-use dlock_redis::protocol::split_url;
 
 use crate::NAME;
 
@@ -39,24 +39,18 @@ impl RedlockConfig {
     /// [`LockError::InvalidConfig`] naming what is wrong: the scheme, a host or port, the
     /// number of nodes, an unknown option or a bad value.
     pub fn from_url(url: &str) -> Result<Self> {
-        let parts = split_url(NAME, url, crate::SCHEMES)?;
-        let (first_host, first_port) = parts.hosts[0].clone();
-        let mut template = RedisConfig {
-            tls: parts.tls,
-            username: parts.username,
-            password: parts.password,
-            db: parts.db,
-            ..RedisConfig::new(first_host, first_port)
-        };
-        for (key, value) in &parts.options {
-            template = template.with_option(key, value).map_err(renamed)?;
+        let url = LockUrl::parse(NAME, url, crate::SCHEMES, RedisConfig::DEFAULT_PORT)?;
+        if url.hosts().is_empty() {
+            return Err(LockError::invalid_config(
+                NAME,
+                "the URL names no server (expected redlock://host:port,host:port,host:port)",
+            ));
         }
         Self::new(
-            parts
-                .hosts
+            url.hosts()
                 .iter()
-                .map(|(host, port)| template.at(host.clone(), *port))
-                .collect(),
+                .map(|host| RedisConfig::for_host(NAME, &url, host))
+                .collect::<Result<_>>()?,
         )
     }
 
@@ -100,20 +94,6 @@ impl RedlockConfig {
     }
 }
 
-/// Option errors come from `dlock-redis`: name this backend instead.
-fn renamed(e: LockError) -> LockError {
-    match e {
-        LockError::InvalidConfig {
-            message, source, ..
-        } => LockError::InvalidConfig {
-            backend: NAME,
-            message,
-            source,
-        },
-        other => other,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -141,7 +121,7 @@ mod tests {
             assert_eq!((node.host.as_str(), node.port), (host, port));
             assert!(node.tls);
             assert_eq!(node.username.as_deref(), Some("u"));
-            assert_eq!(node.password.as_deref(), Some("p@ss"));
+            assert_eq!(node.password.as_ref().map(|p| p.expose()), Some("p@ss"));
             assert_eq!(node.db, 2);
             assert_eq!(node.prefix, "");
             assert_eq!(node.connect_timeout, Duration::from_secs(1));
@@ -193,5 +173,15 @@ mod tests {
     fn debug_hides_the_password() {
         let config = RedlockConfig::from_url("redlock://u:sekrit-pw@a:1,b:2,c:3").unwrap();
         assert!(!format!("{config:?}").contains("sekrit"));
+    }
+
+    #[test]
+    fn the_shared_url_table_passes() {
+        dlock_conformance::urls::check_parser(
+            |password, host| {
+                format!("redlock://app:{password}@{host}:7001,{host}:7002,{host}:7003")
+            },
+            |url| RedlockConfig::from_url(url).map(|c| format!("{c:?}")),
+        );
     }
 }

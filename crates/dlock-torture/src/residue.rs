@@ -48,7 +48,7 @@ async fn redis_keys(nodes: &[RedisConfig], stem: &str) -> Result<Vec<String>, St
             let _ = url.set_username(user);
         }
         if let Some(password) = &node.password {
-            let _ = url.set_password(Some(password));
+            let _ = url.set_password(Some(password.expose()));
         }
         let client =
             redis::Client::open(url.as_str()).map_err(|e| format!("{}: {e}", node.addr()))?;
@@ -139,7 +139,7 @@ async fn mysql_rows(url: &str, stem: &str) -> Result<Vec<String>, String> {
         .username(&config.user)
         .database(&config.database);
     if let Some(password) = &config.password {
-        options = options.password(password);
+        options = options.password(password.expose());
     }
     let mut conn = sqlx::mysql::MySqlConnection::connect_with(&options)
         .await

@@ -2,6 +2,8 @@
 //! them), and the `scripts/backends` units that run them (to stop and start them).
 
 use std::collections::BTreeSet;
+
+use dlock_core::raw::url::{self, Host, LockUrl};
 use std::fs::File;
 use std::time::Duration;
 
@@ -14,96 +16,63 @@ use std::sync::Mutex;
 /// Units that other tests use all the time: never stopped by a torture run.
 pub(crate) const SHARED_UNITS: &[&str] = &["redis", "zookeeper", "etcd", "mariadb"];
 
-/// A lock URL split around its host list: `scheme://[userinfo@]h1:p1,h2:p2[/path][?query]`.
+/// A lock URL taken apart by dlock-core's URL layer, to find its servers and to point it at
+/// proxies in front of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Target {
-    scheme: String,
-    userinfo: Option<String>,
-    hosts: Vec<String>,
-    rest: String,
+    url: LockUrl,
 }
 
 impl Target {
     pub(crate) fn parse(url: &str) -> Result<Self, String> {
-        let (scheme, after) = url
-            .split_once("://")
-            .ok_or_else(|| "not a lock URL (expected scheme://host:port…)".to_owned())?;
-        let scheme = scheme.to_ascii_lowercase();
-        let end = after.find(['/', '?', '#']).unwrap_or(after.len());
-        let (authority, rest) = after.split_at(end);
-        let (userinfo, hostlist) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u.to_owned()), h),
-            None => (None, authority),
-        };
-        let hosts: Vec<String> = hostlist.split(',').map(str::to_owned).collect();
-        if hosts.iter().any(String::is_empty) {
-            return Err(format!("{scheme}:// URL without a host"));
+        let scheme = url.split_once("://").map_or("", |(s, _)| s);
+        let default_port = url::default_port(&scheme.to_ascii_lowercase()).unwrap_or(0);
+        let url =
+            LockUrl::parse("dlock-torture", url, &[], default_port).map_err(|e| e.to_string())?;
+        if url.hosts().is_empty() {
+            return Err(format!("{}:// URL without a host", url.scheme()));
         }
-        Ok(Self {
-            scheme,
-            userinfo,
-            hosts,
-            rest: rest.to_owned(),
-        })
+        Ok(Self { url })
     }
 
     pub(crate) fn scheme(&self) -> &str {
-        &self.scheme
-    }
-
-    fn default_port(&self) -> Option<u16> {
-        match self.scheme.as_str() {
-            "redis" | "rediss" | "redlock" | "redlocks" => Some(6379),
-            "zk" | "zookeeper" => Some(2181),
-            "etcd" | "etcds" => Some(2379),
-            "mysql" | "mariadb" => Some(3306),
-            _ => None,
-        }
+        self.url.scheme()
     }
 
     /// The server addresses, in URL order.
     pub(crate) fn addrs(&self) -> Result<Vec<SocketAddr>, String> {
-        self.hosts
+        self.url
+            .hosts()
             .iter()
             .map(|host| {
-                let with_port = if host
-                    .rsplit_once(':')
-                    .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-                {
-                    host.clone()
-                } else {
-                    let port = self.default_port().ok_or_else(|| {
-                        format!("{host}: no port and no default port for {}://", self.scheme)
-                    })?;
-                    format!("{host}:{port}")
-                };
-                with_port
+                if host.port == 0 {
+                    return Err(format!(
+                        "{}: no port and no default port for {}://",
+                        host.name,
+                        self.scheme()
+                    ));
+                }
+                (host.name.as_str(), host.port)
                     .to_socket_addrs()
-                    .map_err(|e| format!("cannot resolve {with_port}: {e}"))?
+                    .map_err(|e| format!("cannot resolve {host}: {e}"))?
                     .next()
-                    .ok_or_else(|| format!("{with_port} resolves to no address"))
+                    .ok_or_else(|| format!("{host} resolves to no address"))
             })
             .collect()
     }
 
     /// The URL with its hosts replaced by `addrs` (same order; the rest kept).
     pub(crate) fn with_addrs(&self, addrs: &[SocketAddr]) -> String {
-        let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
-        self.render(&hosts.join(","), self.userinfo.as_deref())
+        let hosts = addrs
+            .iter()
+            .map(|a| Host::new(a.ip().to_string(), a.port()))
+            .collect();
+        self.url.with_hosts(hosts).expose()
     }
 
     /// The URL without its password, for reports.
     pub(crate) fn redacted(&self) -> String {
-        let userinfo = self.userinfo.as_deref().map(|u| match u.split_once(':') {
-            Some((user, _)) => format!("{user}:***"),
-            None => u.to_owned(),
-        });
-        self.render(&self.hosts.join(","), userinfo.as_deref())
-    }
-
-    fn render(&self, hosts: &str, userinfo: Option<&str>) -> String {
-        let userinfo = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
-        format!("{}://{userinfo}{hosts}{}", self.scheme, self.rest)
+        self.url.to_string()
     }
 }
 
@@ -313,7 +282,7 @@ mod tests {
             (
                 "etcd://127.0.0.1",
                 vec!["127.0.0.1:2379"],
-                "etcd://127.0.0.1",
+                "etcd://127.0.0.1:2379",
             ),
         ];
         for (url, addrs, redacted) in cases {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use dlock_core::raw::key;
 use dlock_core::raw::parse_duration;
+use dlock_core::raw::url::{Host, LockUrl};
 use dlock_core::{LockError, Result};
 
 use crate::NAME;
@@ -93,7 +94,7 @@ impl ZookeeperConfig {
     pub fn new(hosts: impl IntoIterator<Item = impl Into<String>>) -> Result<Self> {
         let hosts = hosts
             .into_iter()
-            .map(|h| parse_host(&h.into()))
+            .map(|h| Host::parse(NAME, &h.into(), DEFAULT_PORT).map(|h| h.to_string()))
             .collect::<Result<Vec<_>>>()?;
         if hosts.is_empty() {
             return Err(LockError::invalid_config(NAME, "no host given"));
@@ -113,52 +114,31 @@ impl ZookeeperConfig {
     /// [`LockError::InvalidConfig`] naming what is wrong: another scheme, no host, a bad port,
     /// credentials (not supported), a bad path, an unknown option or a bad value.
     pub fn from_url(url: &str) -> Result<Self> {
-        let rest = crate::SCHEMES
-            .iter()
-            .find_map(|s| url.strip_prefix(s).and_then(|r| r.strip_prefix("://")))
-            .ok_or_else(|| {
-                LockError::invalid_config(
-                    NAME,
-                    "expected a URL like zk://host1:2181,host2:2181[/chroot][?root=/dlock]",
-                )
-            })?;
-        if rest.contains('#') {
-            return Err(LockError::invalid_config(
-                NAME,
-                "a URL fragment (#) is not allowed",
-            ));
-        }
-        let (rest, query) = match rest.split_once('?') {
-            Some((rest, query)) => (rest, Some(query)),
-            None => (rest, None),
-        };
-        let (authority, chroot) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        if authority.contains('@') {
+        let url = LockUrl::parse(NAME, url, crate::SCHEMES, DEFAULT_PORT)?;
+        if url.username().is_some() || url.password().is_some() {
             return Err(LockError::invalid_config(
                 NAME,
                 "credentials in the URL are not supported (digest/SASL auth is not implemented)",
             ));
         }
-        let mut config = Self::new(authority.split(','))?;
-        let chroot = match chroot {
-            "" | "/" => String::new(),
-            path => decode(path, "chroot")?,
+        let hosts: Vec<String> = url.hosts().iter().map(Host::to_string).collect();
+        let mut config = Self::new(hosts)?;
+        let chroot = match url.path() {
+            "" | "/" => "",
+            path => {
+                check_path(path, "chroot")?;
+                path
+            }
         };
-        if !chroot.is_empty() {
-            check_path(&chroot, "chroot")?;
-        }
         let mut root = Self::DEFAULT_ROOT.to_owned();
-        for (k, v) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        for (k, v) in url.options() {
             match k.parse::<ConfigKey>()? {
                 ConfigKey::Root => {
-                    check_path(&v, "root")?;
-                    root = v.into_owned();
+                    check_path(v, "root")?;
+                    root.clone_from(v);
                 }
                 key => {
-                    config = config.set(key, &v)?;
+                    config = config.set(key, v)?;
                 }
             }
         }
@@ -227,77 +207,6 @@ pub(crate) fn key_segment(key: &str) -> String {
     key::shorten(&escaped, MAX_SEGMENT)
 }
 
-fn parse_host(host: &str) -> Result<String> {
-    let bad = |why: &str| LockError::invalid_config(NAME, format!("host {host:?}: {why}"));
-    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
-        let (name, after) = rest.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| bad("expected ':' after ']'"))?,
-            ),
-        };
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
-        {
-            return Err(bad("not an IPv6 address"));
-        }
-        (format!("[{name}]"), port)
-    } else {
-        let (name, port) = match host.rsplit_once(':') {
-            Some((n, p)) => (n, Some(p)),
-            None => (host, None),
-        };
-        if name.is_empty() {
-            return Err(bad("empty host name"));
-        }
-        if !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
-        {
-            return Err(bad("not a host name"));
-        }
-        (name.to_owned(), port)
-    };
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => match p.parse::<u16>() {
-            Ok(0) | Err(_) => return Err(bad("bad port")),
-            Ok(p) => p,
-        },
-    };
-    Ok(format!("{name}:{port}"))
-}
-
-fn decode(path: &str, what: &str) -> Result<String> {
-    percent_decode(path).ok_or_else(|| {
-        LockError::invalid_config(
-            NAME,
-            format!("{what} {path:?} is not valid percent-encoded UTF-8"),
-        )
-    })
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 /// A ZooKeeper path: absolute, not `/`, no empty, `.` or `..` segment, no trailing `/`, and
 /// no character ZooKeeper refuses.
 fn check_path(path: &str, what: &str) -> Result<()> {
@@ -345,6 +254,7 @@ mod tests {
                 s(5),
             ),
             ("zk://localhost", &["localhost:2181"], "/dlock", s(10), s(5)),
+            ("ZK://a:1", &["a:1"], "/dlock", s(10), s(5)),
             (
                 "zookeeper://a:1,b:2,c:3",
                 &["a:1", "b:2", "c:3"],
@@ -396,14 +306,14 @@ mod tests {
     #[test]
     fn bad_urls() {
         let cases: &[(&str, &str)] = &[
-            ("redis://a:1", "expected a URL"),
-            ("zk:/a", "expected a URL"),
-            ("zk://", "empty host"),
-            ("zk://a:1,", "empty host"),
-            ("zk://a:0", "bad port"),
-            ("zk://a:99999", "bad port"),
-            ("zk://a:x", "bad port"),
-            ("zk://a b:1", "not a host name"),
+            ("redis://a:1", "is not one of zk://, zookeeper://"),
+            ("zk:/a", "not a URL"),
+            ("zk://", "no host given"),
+            ("zk://a:1,", "no host name"),
+            ("zk://a:0", "port"),
+            ("zk://a:99999", "port"),
+            ("zk://a:x", "port"),
+            ("zk://a b:1", "host name"),
             ("zk://[zz]:1", "IPv6"),
             ("zk://user:sekrit-password@a:1", "credentials"),
             ("zk://a:1?bogus=1", "unknown option \"bogus\""),
@@ -421,6 +331,7 @@ mod tests {
             ("zk://a:1?session_timeout=1h", "not a duration"),
             ("zk://a:1?connect_timeout=0ms", "out of range"),
             ("zk://a:1#frag", "fragment"),
+            ("ZK://user:sekrit/x@a:1", "percent-encode"),
         ];
         for (url, why) in cases {
             let err = ZookeeperConfig::from_url(url).expect_err(url);
@@ -519,5 +430,13 @@ mod tests {
         assert!(key_segment(&long).len() <= MAX_SEGMENT);
         let four_byte = "\u{1F512}".repeat(300);
         assert!(key_segment(&four_byte).len() <= MAX_SEGMENT);
+    }
+
+    #[test]
+    fn the_shared_url_table_passes() {
+        dlock_conformance::urls::check_parser(
+            |password, host| format!("zk://app:{password}@{host}:2181/chroot"),
+            |url| ZookeeperConfig::from_url(url).map(|c| format!("{c:?}")),
+        );
     }
 }

@@ -41,10 +41,12 @@
 
 use std::sync::Arc;
 
+use dlock_core::raw::url as raw_url;
+
 pub use dlock_core::{
     BoxError, Capabilities, DistributedLock, ErrorKind, Expiry, FaultSafety, Faults, Fencing,
-    Lease, LockError, LockExt, LockOptions, LockStats, LostReason, LostSignal, Result, Wait,
-    Wakeup, settle,
+    Lease, LockError, LockExt, LockOptions, LockStats, LostReason, LostSignal, Result, Secret,
+    Wait, Wakeup, settle,
 };
 
 /// A backend, chosen by the URL scheme.
@@ -87,7 +89,7 @@ impl Scheme {
     /// # Errors
     /// [`LockError::InvalidConfig`] when the URL has no `scheme://` or the scheme is unknown.
     pub fn parse(url: &str) -> Result<Scheme> {
-        let Some((scheme, _)) = url.split_once("://") else {
+        let Some(scheme) = url.split_once("://").map(|(s, _)| s) else {
             return Err(LockError::invalid_config(
                 "dlock",
                 format!(
@@ -96,24 +98,18 @@ impl Scheme {
                 ),
             ));
         };
-        let lower = scheme.to_ascii_lowercase();
+        // Echo the scheme only if it looks like one: text before a later "://" may be
+        // credentials.
+        let lower = raw_url::scheme(url);
+        let shown = match &lower {
+            Some(_) => format!("{scheme:?}"),
+            None => "in this URL".to_owned(),
+        };
         Self::ALL
             .iter()
-            .find(|(name, _)| *name == lower)
+            .find(|(name, _)| Some(*name) == lower.as_deref())
             .map(|(_, s)| *s)
             .ok_or_else(|| {
-                // Echo the scheme only if it looks like one: text before a later "://" may
-                // be credentials.
-                let looks_like_a_scheme = scheme.len() <= 32
-                    && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-                    && scheme
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c));
-                let shown = if looks_like_a_scheme {
-                    format!("{scheme:?}")
-                } else {
-                    "in this URL".to_owned()
-                };
                 LockError::invalid_config(
                     "dlock",
                     format!("unknown scheme {shown} (supported: {})", Self::names()),

@@ -343,10 +343,7 @@ impl fmt::Display for LockUrl {
 /// assert_eq!(redact("redis://u:pa/ss@h"), "redis://…");
 /// ```
 pub fn redact(url: &str) -> String {
-    let default_port = url
-        .split_once("://")
-        .and_then(|(scheme, _)| default_port(&scheme.to_ascii_lowercase()))
-        .unwrap_or(0);
+    let default_port = scheme(url).and_then(|s| default_port(&s)).unwrap_or(0);
     match LockUrl::parse("dlock", url, &[], default_port) {
         Ok(parsed) if default_port != 0 || parsed.hosts.iter().all(|h| h.port != 0) => {
             parsed.to_string()
@@ -369,6 +366,19 @@ pub fn default_port(scheme: &str) -> Option<u16> {
         "postgres" | "postgresql" => 5432,
         _ => return None,
     })
+}
+
+/// The scheme of `url` in lower case, if it has one (`scheme://…`, the scheme made of a
+/// letter then letters, digits, `+`, `-` or `.`). Safe to show: a scheme holds no password.
+///
+/// ```
+/// use dlock_core::raw::url::scheme;
+/// assert_eq!(scheme("ZK://h").as_deref(), Some("zk"));
+/// assert_eq!(scheme("u:pw@h/?next=a://b"), None);
+/// ```
+pub fn scheme(url: &str) -> Option<String> {
+    let (scheme, _) = url.split_once("://")?;
+    looks_like_a_scheme(scheme).then(|| scheme.to_ascii_lowercase())
 }
 
 /// Whether `text` (the part before `://`) may be shown: a scheme cannot hold a password.

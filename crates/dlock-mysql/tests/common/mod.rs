@@ -11,6 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_conformance::Harness;
 use dlock_core::raw::key;
+use dlock_core::raw::url::{Host, LockUrl};
 use dlock_core::{BoxError, DistributedLock, ErrorKind, Result};
 use dlock_mysql::MysqlConfig;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
@@ -48,7 +49,7 @@ impl MysqlHarness {
             .database(&self.config.database)
             .disable_statement_logging();
         if let Some(password) = &self.config.password {
-            options = options.password(password);
+            options = options.password(password.expose());
         }
         Ok(tokio::time::timeout(Duration::from_secs(5), options.connect()).await??)
     }
@@ -167,12 +168,12 @@ impl Harness for MysqlHarness {
     }
 
     fn url_with_addrs(&self, addrs: &[SocketAddr]) -> String {
-        let mut url = url::Url::parse(&self.url).expect("the harness URL parses");
-        if let Some(addr) = addrs.first() {
-            url.set_ip_host(addr.ip()).expect("an IP host");
-            url.set_port(Some(addr.port())).expect("a port");
-        }
-        url.to_string()
+        let url = LockUrl::parse("mysql", &self.url, &[], 3306).expect("the harness URL parses");
+        let hosts = addrs
+            .iter()
+            .map(|a| Host::new(a.ip().to_string(), a.port()))
+            .collect();
+        url.with_hosts(hosts).expose()
     }
 
     fn bad_urls(&self) -> Vec<(String, ErrorKind)> {
