@@ -13,17 +13,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::raw::{Backend, Deadline, Grant, Held};
-use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, LostReason, Result, Wakeup};
+use dlock_core::raw::{Backend, Deadline, Grant};
+use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, Result, Wakeup};
 use futures::{Future, StreamExt};
 use sqlx::mysql::MySqlRow;
-use sqlx::{Connection, Either, Executor, Row};
+use sqlx::{Either, Executor, Row};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::NAME;
 use crate::config::MysqlConfig;
 use crate::error::Error;
+use crate::held::MysqlHeld;
 use crate::pool::{Lent, Pool};
 use crate::sql::{self, End, LOCK_WAIT_ROUND, Sql};
 
@@ -46,14 +47,14 @@ pub struct MysqlBackend {
     inner: Arc<Inner>,
 }
 
-struct Inner {
-    config: MysqlConfig,
-    sql: Sql,
+pub(crate) struct Inner {
+    pub(crate) config: MysqlConfig,
+    pub(crate) sql: Sql,
     /// Connections that hold or wait for a row lock.
-    locks: Arc<Pool>,
+    pub(crate) locks: Arc<Pool>,
     /// Connections for side statements.
-    side: Arc<Pool>,
-    wakeups: AtomicU64,
+    pub(crate) side: Arc<Pool>,
+    pub(crate) wakeups: AtomicU64,
 }
 
 impl MysqlBackend {
@@ -169,11 +170,11 @@ impl Backend for MysqlBackend {
 
 /// What a batch of statements did before it stopped.
 #[derive(Debug, Default)]
-struct Batch {
+pub(crate) struct Batch {
     /// Statements that completed.
-    done: usize,
-    rows: Vec<MySqlRow>,
-    error: Option<Error>,
+    pub(crate) done: usize,
+    pub(crate) rows: Vec<MySqlRow>,
+    pub(crate) error: Option<Error>,
 }
 
 impl Batch {
@@ -200,18 +201,8 @@ async fn run_into(lent: &mut Lent, sql: &str, op: &'static str, out: &mut Batch)
     }
 }
 
-/// How an ending transaction went.
-enum Finished {
-    /// The `COMMIT` / `ROLLBACK` went through.
-    Ended,
-    /// It failed: the session is gone, or refused it.
-    Failed(Error),
-    /// No answer: whether it went through is unknown.
-    Unknown(Error),
-}
-
 impl Inner {
-    fn no_answer(&self, op: &'static str) -> Error {
+    pub(crate) fn no_answer(&self, op: &'static str) -> Error {
         Error::NoAnswer {
             op,
             addr: self.config.addr(),
@@ -220,7 +211,7 @@ impl Inner {
     }
 
     /// Run `sql` on `lent` within the response timeout.
-    async fn run(&self, lent: &mut Lent, sql: &str, op: &'static str) -> Batch {
+    pub(crate) async fn run(&self, lent: &mut Lent, sql: &str, op: &'static str) -> Batch {
         let mut batch = Batch::default();
         if timeout(
             self.config.response_timeout,
@@ -236,7 +227,7 @@ impl Inner {
 
     /// Run a short batch on a side connection. An idle connection found dead is replaced
     /// once; a failed batch is rolled back before its connection goes back to the pool.
-    async fn side(&self, op: &'static str, sql: &str) -> Result<Vec<MySqlRow>, Error> {
+    pub(crate) async fn side(&self, op: &'static str, sql: &str) -> Result<Vec<MySqlRow>, Error> {
         let mut replaced = false;
         loop {
             let mut lent = self.side.get().await?;
@@ -264,7 +255,7 @@ impl Inner {
 
     /// Run `sql` (which ends any transaction) and return the connection to the pool if it
     /// went through; close it otherwise.
-    async fn give_back_clean(&self, mut lent: Lent, sql: &str) {
+    pub(crate) async fn give_back_clean(&self, mut lent: Lent, sql: &str) {
         let batch = self.run(&mut lent, sql, "clean up").await;
         match batch.error {
             None => lent.give_back(),
@@ -310,49 +301,6 @@ impl Inner {
             source: sqlx::Error::RowNotFound,
         })?;
         row.try_get::<u64, _>(0).map_err(Error::sql("fence"))
-    }
-
-    /// End the lock transaction on `lent` and tidy up: restore the session, delete the row
-    /// unless a waiter has it now, and return the connection to the pool.
-    async fn finish(self: &Arc<Self>, mut lent: Lent, end: End, name: &str) -> Finished {
-        let op = match end {
-            End::Commit => "release",
-            End::Rollback => "abandon",
-        };
-        let batch = self.run(&mut lent, &self.sql.finish(end, name), op).await;
-        let ended = batch.done >= 1;
-        tracing::debug!(id = lent.id(), name, ?end, done = batch.done, error = ?batch.error, "finish");
-        match batch.error {
-            None => {
-                lent.give_back();
-                Finished::Ended
-            }
-            // A waiter got the row at our COMMIT: end the clean-up's own transaction, in the
-            // background (the caller's answer does not depend on it).
-            Some(e) if ended && e.is_lock_busy() => {
-                let inner = self.clone();
-                dlock_core::raw::spawn_cleanup(async move {
-                    inner.give_back_clean(lent, "ROLLBACK").await;
-                });
-                Finished::Ended
-            }
-            Some(e) if ended => {
-                tracing::warn!(error = %e, "the key was released but its row was not cleaned up");
-                Finished::Ended
-            }
-            Some(e @ Error::NoAnswer { .. }) => Finished::Unknown(e),
-            Some(e) => Finished::Failed(e),
-        }
-    }
-
-    /// Delete `name`'s row from a side connection unless someone holds it: after the session
-    /// that held it ended without a release.
-    async fn clean(&self, name: &str) {
-        match self.side("clean up", &self.sql.clean(name)).await {
-            Ok(_) => {}
-            Err(e) if e.is_lock_busy() => {}
-            Err(e) => tracing::debug!(error = %e, "could not clean up a lock row"),
-        }
     }
 
     /// Stop the statement running on connection `id` so that it can never take the lock
@@ -681,14 +629,13 @@ impl Attempt {
             self.inner.clean(&self.name).await;
             return Err(e.into());
         }
-        let held = MysqlHeld {
-            inner: self.inner.clone(),
-            key: self.key.clone(),
-            name: self.name.clone(),
-            conn: Some(lent),
-            idle: self.idle,
-            in_flight: false,
-        };
+        let held = MysqlHeld::new(
+            self.inner.clone(),
+            self.key.clone(),
+            self.name.clone(),
+            lent,
+            self.idle,
+        );
         Ok(Some(Grant::new(token, Box::new(held), sent_at)))
     }
 }
@@ -697,116 +644,5 @@ async fn sleep_until_some(at: Option<Instant>) {
     match at {
         Some(at) => sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// A held row lock: the connection whose open transaction holds it.
-struct MysqlHeld {
-    inner: Arc<Inner>,
-    key: String,
-    name: String,
-    /// `None` once released, or once the connection failed.
-    conn: Option<Lent>,
-    /// The session's idle timeout, in seconds.
-    idle: u32,
-    /// A call was in flight; if it was dropped there, the connection cannot be trusted.
-    in_flight: bool,
-}
-
-impl MysqlHeld {
-    fn not_held(&self, why: impl fmt::Display) -> LockError {
-        LockError::NotHeld {
-            backend: NAME,
-            key: self.key.clone(),
-            reason: LostReason::SessionEnded(why.to_string()),
-        }
-    }
-
-    /// The holding connection, unless it failed or a call on it was interrupted.
-    fn conn(&mut self) -> Option<&mut Lent> {
-        if self.in_flight {
-            self.in_flight = false;
-            self.conn = None;
-        }
-        self.conn.as_mut()
-    }
-}
-
-impl fmt::Debug for MysqlHeld {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MysqlHeld")
-            .field("key", &self.key)
-            .field("connection_id", &self.conn.as_ref().map(Lent::id))
-            .field("idle", &self.idle)
-            .finish()
-    }
-}
-
-#[async_trait]
-impl Held for MysqlHeld {
-    async fn extend(&mut self, ttl: Duration) -> Result<()> {
-        let idle = sql::idle_seconds(ttl);
-        let same = idle == self.idle;
-        let response_timeout = self.inner.config.response_timeout;
-        if self.conn().is_none() {
-            return Err(self.not_held("the holding connection is closed"));
-        }
-        self.in_flight = true;
-        let inner = &self.inner;
-        let lent = self.conn.as_mut().expect("checked above");
-        let outcome = if same {
-            match timeout(response_timeout, lent.raw().ping()).await {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(Error::Sql {
-                    op: "extend",
-                    source: e,
-                }),
-                Err(_) => Some(inner.no_answer("extend")),
-            }
-        } else {
-            inner.run(lent, &Sql::keep(idle), "extend").await.error
-        };
-        self.in_flight = false;
-        match outcome {
-            None => {
-                self.idle = idle;
-                Ok(())
-            }
-            Some(e) => {
-                // The connection is gone or cannot be trusted: so is the lock.
-                self.conn = None;
-                Err(self.not_held(e))
-            }
-        }
-    }
-
-    async fn release(&mut self) -> Result<()> {
-        let lent = self.conn().is_some().then(|| self.conn.take()).flatten();
-        let Some(lent) = lent else {
-            self.inner.clean(&self.name).await;
-            return Err(self.not_held("the holding connection was closed"));
-        };
-        match self.inner.finish(lent, End::Commit, &self.name).await {
-            Finished::Ended => Ok(()),
-            Finished::Failed(e) => {
-                self.inner.clean(&self.name).await;
-                Err(self.not_held(e))
-            }
-            Finished::Unknown(e) => Err(e.into()),
-        }
-    }
-}
-
-impl Drop for MysqlHeld {
-    fn drop(&mut self) {
-        let Some(lent) = self.conn.take().filter(|_| !self.in_flight) else {
-            return;
-        };
-        // Not released: roll back in the background if there is a runtime; otherwise the
-        // closed connection makes the server roll back.
-        let (inner, name) = (self.inner.clone(), std::mem::take(&mut self.name));
-        dlock_core::raw::spawn_cleanup(async move {
-            let _ = inner.finish(lent, End::Rollback, &name).await;
-        });
     }
 }

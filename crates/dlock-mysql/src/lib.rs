@@ -175,6 +175,7 @@
 mod backend;
 mod config;
 mod error;
+mod held;
 mod pool;
 mod sql;
 
