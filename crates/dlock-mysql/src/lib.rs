@@ -172,6 +172,7 @@
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
+mod acquire;
 mod backend;
 mod config;
 mod error;
