@@ -172,17 +172,19 @@
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
+mod acquire;
+mod backend;
 mod config;
 mod error;
-mod lock;
+mod held;
 mod pool;
 mod sql;
 
 use dlock_core::Result;
 use dlock_core::raw::LockClient;
 
+pub use backend::MysqlBackend;
 pub use config::MysqlConfig;
-pub use lock::MysqlBackend;
 
 /// The MySQL / MariaDB lock: a [`LockClient`] of a [`MysqlBackend`].
 pub type MysqlLock = LockClient<MysqlBackend>;

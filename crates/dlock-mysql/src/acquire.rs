@@ -1,0 +1,378 @@
+//! Acquiring a key: lock the row without waiting (`FOR UPDATE NOWAIT`), or wait for the
+//! server to grant it (`FOR UPDATE`) until the deadline, then take a fencing token.
+//!
+//! Every acquire runs in a task of its own that owns its lock connection. The caller's future
+//! only waits for the task's answer, so dropping it (or its deadline passing) never leaves a
+//! statement half-read: the task notices, kills the waiting statement from a side connection
+//! (`KILL QUERY`, then `KILL` for the whole session if that is not enough), undoes a grant
+//! that raced the kill, and only then returns the connection to the pool.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use dlock_core::raw::{Deadline, Grant};
+use dlock_core::{LockError, Result};
+use futures::Future;
+use sqlx::Row;
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep_until, timeout};
+
+use crate::NAME;
+use crate::backend::{Batch, Inner, run_into};
+use crate::error::Error;
+use crate::held::MysqlHeld;
+use crate::pool::Lent;
+use crate::sql::{self, End, LOCK_WAIT_ROUND, Sql};
+
+/// How long a killed statement gets to answer before the next, stronger kill.
+const KILL_GRACE: Duration = Duration::from_secs(1);
+/// How often an acquire may start over (the row vanished under it because a releasing
+/// client deleted it, or InnoDB picked it as a deadlock victim) before it gives up as a
+/// server problem.
+const MAX_RESTARTS: u32 = 100;
+
+type Answer = Result<Option<Grant>>;
+
+/// The way back to the caller of `acquire`, which may have gone away.
+struct Reply(Option<oneshot::Sender<Answer>>);
+
+impl Reply {
+    /// Answer the caller (once). Returns the grant if nobody took it, so it can be released.
+    fn send(&mut self, answer: Answer) -> Option<Grant> {
+        let unclaimed = match self.0.take() {
+            Some(tx) => tx.send(answer).err()?,
+            None => answer,
+        };
+        unclaimed.ok().flatten()
+    }
+
+    /// Resolves when the caller dropped its `acquire` future.
+    async fn gone(&mut self) {
+        match &mut self.0 {
+            Some(tx) => tx.closed().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Why a running statement was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// The acquire's deadline passed.
+    Deadline,
+    /// The server stayed silent past the response timeout (or a lock wait round).
+    Silent,
+    /// The caller dropped the acquire future.
+    CallerGone,
+}
+
+/// Where an acquire stands after a step.
+enum Step {
+    /// The row lock is ours.
+    Granted,
+    /// Another session holds the row; the transaction holds nothing.
+    Busy,
+    /// Start over: roll back (holding nothing) and try again.
+    Restart,
+    /// The idle connection taken from the pool was dead (nothing ran): take a new one.
+    Replace,
+    /// A statement was stopped on the server; see [`Inner::settle`].
+    Stopped { why: Why, late: Option<Batch> },
+    /// Anything else.
+    Failed(Error),
+}
+
+enum Guarded {
+    Done(Batch),
+    /// Stopped before it answered; `late` is what it answered after the kill, if it did.
+    Stopped {
+        why: Why,
+        late: Option<Batch>,
+    },
+}
+
+/// One acquire, running in its own task.
+pub(crate) struct Attempt {
+    inner: Arc<Inner>,
+    key: String,
+    name: String,
+    /// The holding session's idle timeout, in seconds.
+    idle: u32,
+    deadline: Deadline,
+    reply: Reply,
+}
+
+impl Attempt {
+    /// An acquire of `key` for a lease of `ttl`, answering on `reply`.
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        key: &str,
+        ttl: Duration,
+        deadline: Deadline,
+        reply: oneshot::Sender<Answer>,
+    ) -> Self {
+        Self {
+            inner,
+            key: key.to_owned(),
+            name: sql::row_name(key),
+            idle: sql::idle_seconds(ttl),
+            deadline,
+            reply: Reply(Some(reply)),
+        }
+    }
+
+    pub(crate) async fn run(mut self) {
+        let answer = self.take().await;
+        if let Some(grant) = self.reply.send(answer) {
+            tracing::debug!(key = %self.key, "acquire abandoned after the grant; releasing");
+            let mut held = grant.held;
+            let _ = held.release().await;
+        }
+    }
+
+    /// Take the key: step 1, then step 2 if it is busy and the deadline allows, starting
+    /// over when the row vanished under us.
+    async fn take(&mut self) -> Answer {
+        // The deadline covers getting a connection too; past it, the wait ran out.
+        let Some(lent) = self.deadline.run(self.inner.locks.get()).await else {
+            return Ok(None);
+        };
+        let mut lent = lent?;
+        for _ in 0..MAX_RESTARTS {
+            let step = match self.try_take(&mut lent).await {
+                Step::Busy if self.deadline.may_wait() => self.wait_take(&mut lent).await,
+                step => step,
+            };
+            match step {
+                Step::Granted => return self.granted(lent).await,
+                Step::Busy => {
+                    // Answer first; the roll-back only tidies the connection.
+                    let _ = self.reply.send(Ok(None));
+                    self.inner.give_back_clean(lent, Sql::rollback()).await;
+                    return Ok(None);
+                }
+                Step::Restart => self.rollback(&mut lent).await?,
+                Step::Replace => {
+                    // An idle connection had died (server restart, idle timeout); the new
+                    // one is fresh, so this happens once per acquire at most.
+                    self.inner.locks.clear_idle();
+                    lent = self.inner.locks.get().await?;
+                }
+                Step::Stopped { why, late } => {
+                    let answer = match why {
+                        Why::Deadline | Why::CallerGone => Ok(None),
+                        Why::Silent => Err(self.inner.no_answer("acquire").into()),
+                    };
+                    // Answer at once, then put the connection right.
+                    let _ = self.reply.send(answer);
+                    self.inner.settle(lent, late, &self.name).await;
+                    return Ok(None);
+                }
+                Step::Failed(e) => return Err(e.into()),
+            }
+        }
+        Err(LockError::backend(
+            NAME,
+            "acquire",
+            "the lock row kept vanishing under the acquire",
+        ))
+    }
+
+    /// Step 1: create the row if missing, and lock it without waiting.
+    async fn try_take(&mut self, lent: &mut Lent) -> Step {
+        let sql = self.inner.sql.try_take(&self.name, self.idle);
+        let silent = Instant::now() + self.inner.config.response_timeout;
+        let batch = match self.guarded(lent, &sql, None, silent).await {
+            Guarded::Done(batch) => batch,
+            // The insert waited behind a holder (it raced the row's creation and locking):
+            // stopped, it leaves no transaction behind, and the key is busy.
+            Guarded::Stopped {
+                why: Why::Silent,
+                late: Some(late),
+            } if late.error.as_ref().is_some_and(Error::is_interrupted) => return Step::Busy,
+            Guarded::Stopped { why, late } => return Step::Stopped { why, late },
+        };
+        match batch.error {
+            None if batch.granted() => Step::Granted,
+            // A releasing client deleted the row between our insert and our lock.
+            None => Step::Restart,
+            Some(e) if e.is_lock_busy() => Step::Busy,
+            // Another client created the row at the same moment: it exists now.
+            Some(e) if e.is_duplicate() || e.is_deadlock() => Step::Restart,
+            Some(e) if e.is_connection_lost() && lent.reused && batch.done == 0 => Step::Replace,
+            Some(e) => Step::Failed(e),
+        }
+    }
+
+    /// Step 2: wait for the row, woken by the server's grant, until the deadline.
+    async fn wait_take(&mut self, lent: &mut Lent) -> Step {
+        let deadline = match self.deadline {
+            Deadline::At(at) => Some(at),
+            Deadline::TryOnce | Deadline::Never => None,
+        };
+        loop {
+            let sql = self.inner.sql.wait_take(&self.name, self.idle);
+            let silent = Instant::now()
+                + Duration::from_secs(LOCK_WAIT_ROUND.into())
+                + self.inner.config.response_timeout;
+            let batch = match self.guarded(lent, &sql, deadline, silent).await {
+                Guarded::Done(batch) => batch,
+                Guarded::Stopped { why, late } => return Step::Stopped { why, late },
+            };
+            // The locking read ran (after `SET` and `BEGIN`) and the server woke it.
+            if batch.done >= 2 && batch.error.as_ref().is_none_or(Error::is_lock_busy) {
+                self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+            }
+            match batch.error {
+                None if batch.granted() => return Step::Granted,
+                // A releasing client deleted the row while we waited on it.
+                None => return Step::Restart,
+                // A lock wait round ran out: wait again, if the deadline allows.
+                Some(e) if e.is_lock_busy() && self.deadline.may_wait() => {}
+                Some(e) if e.is_lock_busy() => return Step::Busy,
+                Some(e) if e.is_deadlock() => return Step::Restart,
+                Some(e) => return Step::Failed(e),
+            }
+        }
+    }
+
+    /// Run `sql` on `lent` until it answers, the deadline passes, the server stays silent
+    /// until `silent`, or the caller goes away; in the last three cases stop it on the
+    /// server before returning.
+    async fn guarded(
+        &mut self,
+        lent: &mut Lent,
+        sql: &str,
+        deadline: Option<Instant>,
+        silent: Instant,
+    ) -> Guarded {
+        let id = lent.id();
+        let inner = &self.inner;
+        let reply = &mut self.reply;
+        let mut batch = Batch::default();
+        let (why, finished) = {
+            let run = run_into(lent, sql, "acquire", &mut batch);
+            tokio::pin!(run);
+            let why = tokio::select! {
+                biased;
+                () = &mut run => None,
+                () = sleep_until_some(deadline) => Some(Why::Deadline),
+                () = sleep_until(silent) => Some(Why::Silent),
+                () = reply.gone() => Some(Why::CallerGone),
+            };
+            match why {
+                None => (None, true),
+                Some(why) => (Some(why), inner.interrupt(id, run.as_mut()).await),
+            }
+        };
+        tracing::debug!(id, ?why, finished, done = batch.done, rows = batch.rows.len(), error = ?batch.error, "guarded");
+        match why {
+            None => Guarded::Done(batch),
+            Some(why) => Guarded::Stopped {
+                why,
+                late: finished.then_some(batch),
+            },
+        }
+    }
+
+    /// Roll back a transaction that holds nothing, keeping the connection.
+    async fn rollback(&self, lent: &mut Lent) -> Result<()> {
+        let batch = self.inner.run(lent, "ROLLBACK", "acquire").await;
+        batch.error.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// The row is ours: take a fencing token, then prove the session still holds the row
+    /// after the token was committed (so a later holder's token is larger), which also
+    /// restarts the session's idle clock from a known instant.
+    async fn granted(&mut self, mut lent: Lent) -> Answer {
+        let token = match self.inner.next_fence(&self.name, lent.id()).await {
+            Ok(token) => token,
+            Err(e) => {
+                let _ = self.inner.finish(lent, End::Rollback, &self.name).await;
+                return Err(e.into());
+            }
+        };
+        let sent_at = Instant::now();
+        let batch = self
+            .inner
+            .run(&mut lent, &Sql::keep(self.idle), "acquire")
+            .await;
+        if let Some(e) = batch.error {
+            // The session ended (or went silent) since the grant: the lock is gone, or will
+            // be when the server ends the session.
+            self.inner.clean(&self.name).await;
+            return Err(e.into());
+        }
+        let held = MysqlHeld::new(
+            self.inner.clone(),
+            self.key.clone(),
+            self.name.clone(),
+            lent,
+            self.idle,
+        );
+        Ok(Some(Grant::new(token, Box::new(held), sent_at)))
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Inner {
+    /// Take the next fencing token of `name`, recording `holder` as its holder. Autocommit:
+    /// the token stays taken whatever happens to the holder.
+    async fn next_fence(&self, name: &str, holder: u64) -> Result<u64, Error> {
+        let rows = self
+            .side("fence", &self.sql.next_fence(name, holder))
+            .await?;
+        let row = rows.first().ok_or(Error::Sql {
+            op: "fence",
+            source: sqlx::Error::RowNotFound,
+        })?;
+        row.try_get::<u64, _>(0).map_err(Error::sql("fence"))
+    }
+
+    /// Stop the statement running on connection `id` so that it can never take the lock
+    /// later, and wait (briefly) for `run` to see it end. `KILL QUERY` first, which keeps
+    /// the session; then `KILL`, which ends it. Returns whether `run` finished.
+    async fn interrupt<F>(&self, id: u64, mut run: Pin<&mut F>) -> bool
+    where
+        F: Future<Output = ()>,
+    {
+        let grace = KILL_GRACE.min(self.config.response_timeout);
+        match self.side("kill", &format!("KILL QUERY {id}")).await {
+            Ok(_) => {
+                if timeout(grace, run.as_mut()).await.is_ok() {
+                    return true;
+                }
+            }
+            Err(e) => tracing::warn!(id, error = %e, "KILL QUERY failed"),
+        }
+        tracing::warn!(id, "the waiting statement did not stop; ending its session");
+        if let Err(e) = self.side("kill", &format!("KILL {id}")).await {
+            tracing::warn!(id, error = %e, "KILL failed; closing the connection instead");
+            return false;
+        }
+        timeout(grace, run.as_mut()).await.is_ok()
+    }
+
+    /// The connection of a stopped statement: roll back, since the transaction may hold the
+    /// row even when the statement reports the kill (InnoDB grants the row to the waiting
+    /// transaction, then the statement sees the kill; statement rollback keeps the lock);
+    /// then clean up the row and return the connection. A connection that was lost, or whose
+    /// statement never answered, is closed: the server rolls its session back.
+    async fn settle(self: &Arc<Self>, lent: Lent, late: Option<Batch>, name: &str) {
+        match late {
+            Some(Batch { error: Some(e), .. }) if e.is_connection_lost() => {}
+            Some(_) => {
+                let _ = self.finish(lent, End::Rollback, name).await;
+            }
+            None => {}
+        }
+    }
+}

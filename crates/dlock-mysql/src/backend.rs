@@ -1,0 +1,308 @@
+//! [`MysqlBackend`]: connecting (a pool of lock connections and one of side connections),
+//! preparing the tables, and running statement batches on those connections.
+//!
+//! An acquire runs in a task of its own (`acquire`); the granted lock is a connection with an
+//! open transaction (`held`), which renews, notices a lost session and releases.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::raw::{Backend, Deadline, Grant};
+use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, Result, Wakeup};
+use futures::StreamExt;
+use sqlx::mysql::MySqlRow;
+use sqlx::{Either, Executor, Row};
+use tokio::sync::oneshot;
+use tokio::time::timeout;
+
+use crate::NAME;
+use crate::acquire::Attempt;
+use crate::config::MysqlConfig;
+use crate::error::Error;
+use crate::pool::{Lent, Pool};
+use crate::sql::{self, Sql};
+
+/// Connections for short side statements: fence counters, kills, clean-ups.
+const SIDE_CONNECTIONS: u32 = 8;
+
+/// The MySQL / MariaDB backend: a row lock held in an open transaction.
+///
+/// Use it through [`MysqlLock`](crate::MysqlLock) (a [`LockClient`](dlock_core::raw::LockClient)
+/// of this backend), made by [`from_url`](crate::from_url) or
+/// [`MysqlBackend::connect`]. Cloning is cheap and shares the connections.
+#[derive(Clone)]
+pub struct MysqlBackend {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: MysqlConfig,
+    pub(crate) sql: Sql,
+    /// Connections that hold or wait for a row lock.
+    pub(crate) locks: Arc<Pool>,
+    /// Connections for side statements.
+    pub(crate) side: Arc<Pool>,
+    pub(crate) wakeups: AtomicU64,
+}
+
+impl MysqlBackend {
+    /// Connect to the server `config` names, create the lock tables if missing and check
+    /// that existing ones are usable (InnoDB, a binary `name` column wide enough).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for a bad config (before any network I/O) or an existing
+    /// table of the wrong shape; [`LockError::Unavailable`] when the server cannot be reached
+    /// within the connect timeout; [`LockError::Backend`] when it refuses (credentials,
+    /// privileges, unknown database).
+    pub async fn connect(config: MysqlConfig) -> Result<Self> {
+        config.validate()?;
+        let options = config.connect_options();
+        let addr = config.addr();
+        let inner = Inner {
+            locks: Pool::new(
+                "lock",
+                options.clone(),
+                addr.clone(),
+                config.connect_timeout,
+                config.max_connections,
+            ),
+            side: Pool::new(
+                "side",
+                options,
+                addr,
+                config.connect_timeout,
+                SIDE_CONNECTIONS,
+            ),
+            sql: Sql::new(&config.table),
+            config,
+            wakeups: AtomicU64::new(0),
+        };
+        inner.prepare_tables().await?;
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The configuration this backend was made from.
+    pub fn config(&self) -> &MysqlConfig {
+        &self.inner.config
+    }
+}
+
+impl fmt::Debug for MysqlBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MysqlBackend")
+            .field("config", &self.inner.config)
+            .field("wakeups", &self.inner.wakeups.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Backend for MysqlBackend {
+    const NAME: &'static str = NAME;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            // InnoDB does not promise FIFO grants (MySQL 8 schedules by contention weight).
+            fair: false,
+            // A counter committed on its own after the grant; InnoDB keeps it durable.
+            fencing: Fencing::Strict,
+            // The session's idle timeout (ceil of the ttl, renewed by pings) ends a silent
+            // holder.
+            expiry: Expiry::Ttl,
+            releases_on_disconnect: true,
+            // The row-lock grant wakes exactly the waiter that gets the row.
+            wakeup: Wakeup::Notification {
+                one_per_release: true,
+            },
+            // A restart frees every lock at once; holders hear it at their next ping (ttl/3),
+            // which a quick restart can beat. The durable counter keeps tokens rising.
+            faults: dlock_core::Faults {
+                holder_paused: dlock_core::FaultSafety::Fenced,
+                server_restart: dlock_core::FaultSafety::Fenced,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
+        let (tx, rx) = oneshot::channel();
+        let attempt = Attempt::new(self.inner.clone(), key, ttl, deadline, tx);
+        // Counted as clean-up: once the caller gives up, the task still stops the waiting
+        // statement and tidies the connection.
+        if !dlock_core::raw::spawn_cleanup(attempt.run()) {
+            return Err(LockError::backend(NAME, "acquire", "no tokio runtime"));
+        }
+        rx.await.unwrap_or_else(|_| {
+            Err(LockError::backend(
+                NAME,
+                "acquire",
+                "the acquire task ended without an answer",
+            ))
+        })
+    }
+
+    fn stats(&self) -> LockStats {
+        LockStats::with_wakeups(self.inner.wakeups.load(Ordering::Relaxed))
+    }
+}
+
+/// What a batch of statements did before it stopped.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    /// Statements that completed.
+    pub(crate) done: usize,
+    pub(crate) rows: Vec<MySqlRow>,
+    pub(crate) error: Option<Error>,
+}
+
+impl Batch {
+    /// The batch ran to the end and its last statement returned a row (the lock).
+    pub(crate) fn granted(&self) -> bool {
+        self.error.is_none() && !self.rows.is_empty()
+    }
+}
+
+/// Run `sql` (one or more statements) on `lent`, recording progress in `out` as it goes, so
+/// a caller that stops waiting still knows which statements completed.
+pub(crate) async fn run_into(lent: &mut Lent, sql: &str, op: &'static str, out: &mut Batch) {
+    // A text query: several statements in one round trip.
+    let mut results = lent.raw().fetch_many(sql);
+    while let Some(item) = results.next().await {
+        match item {
+            Ok(Either::Left(_)) => out.done += 1,
+            Ok(Either::Right(row)) => out.rows.push(row),
+            Err(e) => {
+                out.error = Some(Error::Sql { op, source: e });
+                return;
+            }
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn no_answer(&self, op: &'static str) -> Error {
+        Error::NoAnswer {
+            op,
+            addr: self.config.addr(),
+            after: self.config.response_timeout,
+        }
+    }
+
+    /// Run `sql` on `lent` within the response timeout.
+    pub(crate) async fn run(&self, lent: &mut Lent, sql: &str, op: &'static str) -> Batch {
+        let mut batch = Batch::default();
+        if timeout(
+            self.config.response_timeout,
+            run_into(lent, sql, op, &mut batch),
+        )
+        .await
+        .is_err()
+        {
+            batch.error = Some(self.no_answer(op));
+        }
+        batch
+    }
+
+    /// Run a short batch on a side connection. An idle connection found dead is replaced
+    /// once; a failed batch is rolled back before its connection goes back to the pool.
+    pub(crate) async fn side(&self, op: &'static str, sql: &str) -> Result<Vec<MySqlRow>, Error> {
+        let mut replaced = false;
+        loop {
+            let mut lent = self.side.get().await?;
+            let batch = self.run(&mut lent, sql, op).await;
+            match batch.error {
+                None => {
+                    lent.give_back();
+                    return Ok(batch.rows);
+                }
+                Some(e) if e.is_connection_lost() => {
+                    if lent.reused && batch.done == 0 && !replaced {
+                        self.side.clear_idle();
+                        replaced = true;
+                        continue;
+                    }
+                    return Err(e);
+                }
+                Some(e) => {
+                    self.give_back_clean(lent, Sql::rollback()).await;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Run `sql` (which ends any transaction) and return the connection to the pool if it
+    /// went through; close it otherwise.
+    pub(crate) async fn give_back_clean(&self, mut lent: Lent, sql: &str) {
+        let batch = self.run(&mut lent, sql, "clean up").await;
+        match batch.error {
+            None => lent.give_back(),
+            Some(e) => {
+                tracing::debug!(error = %e, "closing a connection that could not be cleaned")
+            }
+        }
+    }
+
+    /// Create the tables if missing; refuse existing ones that cannot hold locks safely.
+    async fn prepare_tables(&self) -> Result<()> {
+        let mut tables = self.side("connect", &self.sql.describe_tables()).await?;
+        if tables.len() < 2 {
+            self.side("create tables", &self.sql.create_tables())
+                .await?;
+            tables = self.side("connect", &self.sql.describe_tables()).await?;
+        }
+        if tables.len() < 2 {
+            return Err(LockError::backend(
+                NAME,
+                "create tables",
+                format!(
+                    "tables `{}` and `{}` are not visible after CREATE TABLE",
+                    self.config.table,
+                    self.config.fence_table()
+                ),
+            ));
+        }
+        for row in &tables {
+            check_table(row).map_err(|problem| LockError::invalid_config(NAME, problem))?;
+        }
+        Ok(())
+    }
+}
+
+/// Check one row of [`Sql::describe_tables`]: InnoDB, and a `name` column that compares
+/// bytes (binary type or `_bin` collation) and is wide enough.
+fn check_table(row: &MySqlRow) -> std::result::Result<(), String> {
+    let text = |i: usize| -> String {
+        row.try_get::<Option<String>, _>(i)
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    };
+    let (table, engine, data_type, collation) = (text(0), text(1), text(2), text(4));
+    let width: Option<u64> = row.try_get(3).ok().flatten();
+    if !engine.eq_ignore_ascii_case("InnoDB") {
+        return Err(format!(
+            "table `{table}` uses engine {engine:?}; row locks need InnoDB"
+        ));
+    }
+    let binary = matches!(
+        data_type.to_ascii_lowercase().as_str(),
+        "varbinary" | "binary"
+    ) || collation.to_ascii_lowercase().ends_with("_bin");
+    if !binary || width.unwrap_or(0) < sql::NAME_WIDTH as u64 {
+        return Err(format!(
+            "table `{table}` has a `name` column of type {data_type}({}) collation {collation:?}; \
+             lock names need VARBINARY({}) (a case-insensitive or narrower column would merge \
+             different keys)",
+            width.unwrap_or(0),
+            sql::NAME_WIDTH
+        ));
+    }
+    Ok(())
+}

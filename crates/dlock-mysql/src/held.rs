@@ -1,0 +1,198 @@
+//! A held row lock: the connection whose open transaction holds it. Renewal pings it (a
+//! failed ping means the session, and the lock, is gone); release commits, which hands the
+//! row to the next waiter, then deletes the row unless a waiter holds it now.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::raw::Held;
+use dlock_core::{LockError, LostReason, Result};
+use sqlx::Connection;
+use tokio::time::timeout;
+
+use crate::NAME;
+use crate::backend::Inner;
+use crate::error::Error;
+use crate::pool::Lent;
+use crate::sql::{self, End, Sql};
+
+/// A held row lock: the connection whose open transaction holds it.
+pub(crate) struct MysqlHeld {
+    inner: Arc<Inner>,
+    key: String,
+    name: String,
+    /// `None` once released, or once the connection failed.
+    conn: Option<Lent>,
+    /// The session's idle timeout, in seconds.
+    idle: u32,
+    /// A call was in flight; if it was dropped there, the connection cannot be trusted.
+    in_flight: bool,
+}
+
+impl MysqlHeld {
+    /// The lock held by the open transaction on `conn`, whose session idle timeout is
+    /// `idle` seconds.
+    pub(crate) fn new(inner: Arc<Inner>, key: String, name: String, conn: Lent, idle: u32) -> Self {
+        Self {
+            inner,
+            key,
+            name,
+            conn: Some(conn),
+            idle,
+            in_flight: false,
+        }
+    }
+
+    fn not_held(&self, why: impl fmt::Display) -> LockError {
+        LockError::NotHeld {
+            backend: NAME,
+            key: self.key.clone(),
+            reason: LostReason::SessionEnded(why.to_string()),
+        }
+    }
+
+    /// The holding connection, unless it failed or a call on it was interrupted.
+    fn conn(&mut self) -> Option<&mut Lent> {
+        if self.in_flight {
+            self.in_flight = false;
+            self.conn = None;
+        }
+        self.conn.as_mut()
+    }
+}
+
+impl fmt::Debug for MysqlHeld {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MysqlHeld")
+            .field("key", &self.key)
+            .field("connection_id", &self.conn.as_ref().map(Lent::id))
+            .field("idle", &self.idle)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Held for MysqlHeld {
+    async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        let idle = sql::idle_seconds(ttl);
+        let same = idle == self.idle;
+        let response_timeout = self.inner.config.response_timeout;
+        if self.conn().is_none() {
+            return Err(self.not_held("the holding connection is closed"));
+        }
+        self.in_flight = true;
+        let inner = &self.inner;
+        let lent = self.conn.as_mut().expect("checked above");
+        let outcome = if same {
+            match timeout(response_timeout, lent.raw().ping()).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(Error::Sql {
+                    op: "extend",
+                    source: e,
+                }),
+                Err(_) => Some(inner.no_answer("extend")),
+            }
+        } else {
+            inner.run(lent, &Sql::keep(idle), "extend").await.error
+        };
+        self.in_flight = false;
+        match outcome {
+            None => {
+                self.idle = idle;
+                Ok(())
+            }
+            Some(e) => {
+                // The connection is gone or cannot be trusted: so is the lock.
+                self.conn = None;
+                Err(self.not_held(e))
+            }
+        }
+    }
+
+    async fn release(&mut self) -> Result<()> {
+        let lent = self.conn().is_some().then(|| self.conn.take()).flatten();
+        let Some(lent) = lent else {
+            self.inner.clean(&self.name).await;
+            return Err(self.not_held("the holding connection was closed"));
+        };
+        match self.inner.finish(lent, End::Commit, &self.name).await {
+            Finished::Ended => Ok(()),
+            Finished::Failed(e) => {
+                self.inner.clean(&self.name).await;
+                Err(self.not_held(e))
+            }
+            Finished::Unknown(e) => Err(e.into()),
+        }
+    }
+}
+
+impl Drop for MysqlHeld {
+    fn drop(&mut self) {
+        let Some(lent) = self.conn.take().filter(|_| !self.in_flight) else {
+            return;
+        };
+        // Not released: roll back in the background if there is a runtime; otherwise the
+        // closed connection makes the server roll back.
+        let (inner, name) = (self.inner.clone(), std::mem::take(&mut self.name));
+        dlock_core::raw::spawn_cleanup(async move {
+            let _ = inner.finish(lent, End::Rollback, &name).await;
+        });
+    }
+}
+
+/// How an ending transaction went.
+pub(crate) enum Finished {
+    /// The `COMMIT` / `ROLLBACK` went through.
+    Ended,
+    /// It failed: the session is gone, or refused it.
+    Failed(Error),
+    /// No answer: whether it went through is unknown.
+    Unknown(Error),
+}
+
+impl Inner {
+    /// End the lock transaction on `lent` and tidy up: restore the session, delete the row
+    /// unless a waiter has it now, and return the connection to the pool.
+    pub(crate) async fn finish(self: &Arc<Self>, mut lent: Lent, end: End, name: &str) -> Finished {
+        let op = match end {
+            End::Commit => "release",
+            End::Rollback => "abandon",
+        };
+        let batch = self.run(&mut lent, &self.sql.finish(end, name), op).await;
+        let ended = batch.done >= 1;
+        tracing::debug!(id = lent.id(), name, ?end, done = batch.done, error = ?batch.error, "finish");
+        match batch.error {
+            None => {
+                lent.give_back();
+                Finished::Ended
+            }
+            // A waiter got the row at our COMMIT: end the clean-up's own transaction, in the
+            // background (the caller's answer does not depend on it).
+            Some(e) if ended && e.is_lock_busy() => {
+                let inner = self.clone();
+                dlock_core::raw::spawn_cleanup(async move {
+                    inner.give_back_clean(lent, "ROLLBACK").await;
+                });
+                Finished::Ended
+            }
+            Some(e) if ended => {
+                tracing::warn!(error = %e, "the key was released but its row was not cleaned up");
+                Finished::Ended
+            }
+            Some(e @ Error::NoAnswer { .. }) => Finished::Unknown(e),
+            Some(e) => Finished::Failed(e),
+        }
+    }
+
+    /// Delete `name`'s row from a side connection unless someone holds it: after the session
+    /// that held it ended without a release.
+    pub(crate) async fn clean(&self, name: &str) {
+        match self.side("clean up", &self.sql.clean(name)).await {
+            Ok(_) => {}
+            Err(e) if e.is_lock_busy() => {}
+            Err(e) => tracing::debug!(error = %e, "could not clean up a lock row"),
+        }
+    }
+}
