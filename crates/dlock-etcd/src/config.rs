@@ -11,7 +11,7 @@ use dlock_core::{LockError, Result};
 use etcd_client::{Certificate, Identity, TlsOptions};
 use percent_encoding::percent_decode_str;
 
-use crate::lock::NAME;
+use crate::NAME;
 
 /// The range every timeout option accepts.
 const TIMEOUTS: std::ops::RangeInclusive<Duration> =
