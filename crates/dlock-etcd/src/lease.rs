@@ -142,14 +142,15 @@ impl LeaseHandle {
         }
     }
 
-    /// While waiting: when the next keep-alive is due.
+    /// While waiting: when the next keep-alive is due, on the watchdog's schedule (a third
+    /// of the ttl after the last one sent, or the retry after one failed).
     pub(crate) fn renewal_due(&self) -> Instant {
         self.retry_at
-            .unwrap_or_else(|| self.renewed_at + self.ttl() / 3)
+            .unwrap_or_else(|| dlock_core::raw::renewal_due(self.renewed_at, self.ttl()))
     }
 
-    /// While waiting: keep the lease alive; give up when it is gone, or when it may have
-    /// expired because keep-alives keep failing.
+    /// While waiting: keep the lease alive; give up when it is gone, or when keep-alives
+    /// keep failing until the watchdog would fire `lost()` (the lease may have expired).
     pub(crate) async fn renew_while_waiting(&mut self, key: &str) -> Result<()> {
         match self.keep_alive("acquire").await {
             Ok(()) => Ok(()),
@@ -158,14 +159,13 @@ impl LeaseHandle {
                 "the lease of our waiting key expired or was revoked",
             )),
             Err(e) => {
-                let retry = (self.ttl() / 10).max(Duration::from_millis(50));
-                let last_safe = self.renewed_at + self.ttl() - self.ttl() / 10;
-                let now = Instant::now();
-                if now + retry >= last_safe {
+                let retry =
+                    dlock_core::raw::renewal_retry(self.renewed_at, self.ttl(), Instant::now());
+                let Some(retry) = retry else {
                     return Err(e.into());
-                }
+                };
                 tracing::debug!(backend = NAME, key, error = %e, "keep-alive while waiting failed; retrying");
-                self.retry_at = Some(now + retry);
+                self.retry_at = Some(retry);
                 Ok(())
             }
         }
