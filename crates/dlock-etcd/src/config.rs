@@ -10,7 +10,7 @@ use dlock_core::raw::url::{Host, LockUrl};
 use dlock_core::{LockError, Result, Secret};
 use etcd_client::{Certificate, Identity, TlsOptions};
 
-use crate::lock::NAME;
+use crate::NAME;
 
 /// The range every timeout option accepts.
 const TIMEOUTS: std::ops::RangeInclusive<Duration> =

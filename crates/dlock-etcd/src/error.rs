@@ -1,10 +1,11 @@
-//! The backend's private error and its one conversion into [`LockError`].
+//! The backend's private error and its one conversion into [`LockError`], and the two
+//! [`LockError`]s the protocol reports itself ([`lease_lost`], [`not_held`]).
 
 use std::time::Duration;
 
-use dlock_core::LockError;
+use dlock_core::{LockError, LostReason};
 
-use crate::lock::NAME;
+use crate::NAME;
 
 /// What went wrong talking to etcd, with the operation it happened in.
 #[derive(Debug, thiserror::Error)]
@@ -149,6 +150,24 @@ impl From<Error> for LockError {
         } else {
             LockError::unavailable(NAME, op, e)
         }
+    }
+}
+
+/// Our key, or its lease, is gone while we wait for it: the acquire fails.
+pub(crate) fn lease_lost(key: &str, why: &str) -> LockError {
+    LockError::LeaseLost {
+        backend: NAME,
+        key: key.to_owned(),
+        reason: LostReason::SessionEnded(why.to_owned()),
+    }
+}
+
+/// Our key is no longer ours while we hold it (or at release).
+pub(crate) fn not_held(key: &str) -> LockError {
+    LockError::NotHeld {
+        backend: NAME,
+        key: key.to_owned(),
+        reason: LostReason::NotHeld,
     }
 }
 

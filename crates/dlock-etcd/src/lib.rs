@@ -185,15 +185,40 @@
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
+mod acquire;
 mod config;
+mod connection;
 mod error;
+mod held;
+mod lease;
 mod lock;
+mod watch;
+
+use dlock_core::Result;
+use dlock_core::raw::LockClient;
 
 pub use config::EtcdConfig;
-pub use lock::{EtcdBackend, from_url};
+pub use lock::EtcdBackend;
 
 /// The etcd lock: a [`dlock_core::raw::LockClient`] of an [`EtcdBackend`].
 pub type EtcdLock = dlock_core::raw::LockClient<EtcdBackend>;
 
 /// URL schemes this backend serves: `etcd://` (plain text) and `etcds://` (TLS).
 pub const SCHEMES: &[&str] = &["etcd", "etcds"];
+
+/// The backend's name in errors and logs.
+pub(crate) const NAME: &str = "etcd";
+
+/// Connect to the etcd cluster named by `url`: parse and check the whole URL, then connect
+/// (and authenticate), bounded by its `connect_timeout`.
+///
+/// # Errors
+/// [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig) for a bad URL or an
+/// unreadable TLS file, before any network I/O;
+/// [`LockError::Unavailable`](dlock_core::LockError::Unavailable) when no endpoint answers
+/// within the connect timeout; [`LockError::Backend`](dlock_core::LockError::Backend) when
+/// the server refuses (wrong credentials, not an etcd server).
+pub async fn from_url(url: &str) -> Result<LockClient<EtcdBackend>> {
+    let config = EtcdConfig::from_url(url)?;
+    Ok(LockClient::new(EtcdBackend::connect(config).await?))
+}

@@ -7,7 +7,8 @@
 //! confirmation, the renewal watchdog and the lost signal. [`url`] is the one URL parser
 //! every backend's `from_url` uses, and [`parse_duration`] the one spelling of durations in
 //! it. [`spawn_cleanup`] runs the background clean-up that [`settle`](crate::settle) waits
-//! for.
+//! for. [`renewal_due`] and [`renewal_retry`] are the watchdog's schedule, for a backend
+//! that keeps a lease alive while it waits for its turn.
 //!
 //! Applications use the crate root; nothing here is needed to take a lock.
 
@@ -25,3 +26,4 @@ pub use backend::{Backend, Grant, Held};
 pub use client::LockClient;
 pub use deadline::Deadline;
 pub use duration::parse_duration;
+pub use watchdog::{renewal_due, renewal_retry};

@@ -125,6 +125,24 @@ fn retry_interval(ttl: Duration) -> Duration {
     (ttl / 10).max(Duration::from_millis(20))
 }
 
+/// When the watchdog would next renew a lease of `ttl` whose last renewal that succeeded
+/// was sent at `sent`: a third of the ttl later (without the watchdog's jitter).
+///
+/// For a backend that keeps a lease alive itself before [`LockClient`](super::LockClient)
+/// has it, e.g. while it waits for its turn.
+pub fn renewal_due(sent: Instant, ttl: Duration) -> Instant {
+    next_renewal(sent + ttl, ttl, 0.0)
+}
+
+/// After a renewal of a lease of `ttl` failed at `now` (the last one that succeeded was
+/// sent at `sent`): when the watchdog would try again, or `None` when that is no earlier
+/// than the instant it would fire the lost signal (a tenth of the ttl and 2 ms before the
+/// lease may expire), so the lease must be given up as lost. See [`renewal_due`].
+pub fn renewal_retry(sent: Instant, ttl: Duration, now: Instant) -> Option<Instant> {
+    let retry = now + retry_interval(ttl);
+    (retry < sent + ttl.saturating_sub(safety_margin(ttl))).then_some(retry)
+}
+
 /// A deadline at `at`, or none.
 fn until(at: Option<Instant>) -> Deadline {
     at.map_or(Deadline::Never, Deadline::At)
@@ -308,5 +326,31 @@ mod tests {
         let renew = next_renewal(now + ttl, ttl, 0.049);
         assert!(renew <= now + Duration::from_secs(1));
         assert!(renew >= now + Duration::from_millis(850));
+    }
+
+    #[test]
+    fn the_public_schedule_is_the_watchdogs() {
+        let ttl = Duration::from_secs(3);
+        let sent = Instant::now();
+        assert_eq!(renewal_due(sent, ttl), sent + Duration::from_secs(1));
+        let failed = sent + Duration::from_secs(1);
+        assert_eq!(
+            renewal_retry(sent, ttl, failed),
+            Some(failed + retry_interval(ttl))
+        );
+        // A retry at or after the instant lost() fires comes too late.
+        let fire_at = sent + ttl - safety_margin(ttl);
+        assert_eq!(
+            renewal_retry(sent, ttl, fire_at - retry_interval(ttl)),
+            None
+        );
+        assert!(
+            renewal_retry(
+                sent,
+                ttl,
+                fire_at - retry_interval(ttl) - Duration::from_millis(1)
+            )
+            .is_some()
+        );
     }
 }

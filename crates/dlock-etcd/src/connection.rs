@@ -1,0 +1,125 @@
+//! The connection every request goes through: [`Conn`] bounds each request by the request
+//! timeout and sends again a request that never left; [`revision`] and [`ranged`] read
+//! etcd's answers.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, KeyValue, ResponseHeader, Txn, TxnOpResponse, TxnResponse};
+
+use crate::NAME;
+use crate::error::{Error, never_sent};
+
+/// The client and what every request needs: its timeout, and the counters.
+#[derive(Clone)]
+pub(crate) struct Conn {
+    pub(crate) client: Client,
+    /// How many endpoints the client balances over.
+    pub(crate) endpoints: usize,
+    pub(crate) timeout: Duration,
+    pub(crate) shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    pub(crate) wakeups: AtomicU64,
+    /// Leases granted (or being granted) and not yet seen gone.
+    leases: Mutex<HashSet<i64>>,
+}
+
+impl Shared {
+    pub(crate) fn leases(&self) -> std::sync::MutexGuard<'_, HashSet<i64>> {
+        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Conn {
+    /// Run one request made by `request`, bounded by the request timeout. A request that
+    /// never left (the balancer picked an endpoint that refused the connection: a member
+    /// that is down, or a connection not yet re-made after it came back) is made and sent
+    /// again, at most twice per endpoint.
+    pub(crate) async fn call<T, F, Fut>(&self, op: &'static str, mut request: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let attempts = 2 * self.endpoints + 1;
+        self.call_once(op, async {
+            let mut attempt = 1;
+            loop {
+                match request().await {
+                    Err(e) if attempt < attempts && never_sent(&e) => {
+                        tracing::debug!(backend = NAME, op, error = %e, "connection refused; sending again");
+                        attempt += 1;
+                    }
+                    answer => return answer,
+                }
+            }
+        })
+        .await
+    }
+
+    /// Run `request` once, bounded by the request timeout.
+    pub(crate) async fn call_once<T>(
+        &self,
+        op: &'static str,
+        request: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(self.timeout, request).await {
+            Ok(answer) => answer.map_err(|e| Error::etcd(op, e)),
+            Err(_) => Err(Error::TimedOut {
+                op,
+                after: self.timeout,
+            }),
+        }
+    }
+
+    pub(crate) async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse, Error> {
+        self.call(op, || {
+            let (mut kv, txn) = (self.client.kv_client(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
+    /// Revoke lease `id`; a lease the server no longer has counts as revoked.
+    pub(crate) async fn revoke(&self, op: &'static str, id: i64) -> Result<(), Error> {
+        let revoke = || {
+            let mut lease = self.client.lease_client();
+            async move { lease.revoke(id).await }
+        };
+        match self.call(op, revoke).await {
+            Ok(_) => {}
+            Err(e) if e.is_lease_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        self.shared.leases().remove(&id);
+        Ok(())
+    }
+}
+
+/// The revision a response was served at.
+pub(crate) fn revision(op: &'static str, header: Option<&ResponseHeader>) -> Result<i64, Error> {
+    header.map(ResponseHeader::revision).ok_or(Error::Protocol {
+        op,
+        what: "a response without a header",
+    })
+}
+
+/// The key-values of the `i`-th operation of a transaction, which must be a range.
+pub(crate) fn ranged<'a>(
+    op: &'static str,
+    ops: &'a [TxnOpResponse],
+    i: usize,
+) -> Result<&'a [KeyValue], Error> {
+    match ops.get(i) {
+        Some(TxnOpResponse::Get(range)) => Ok(range.kvs()),
+        _ => Err(Error::Protocol {
+            op,
+            what: "a transaction without the expected range result",
+        }),
+    }
+}

@@ -1,0 +1,132 @@
+//! The watch on our own key: while waiting it shares a stream with the predecessor's watch
+//! ([`OwnWatch::classify`] tells a waiter what a response means); once the key is held, it
+//! is the lost signal.
+
+use dlock_core::LostReason;
+use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchResponse, WatchStream};
+use futures::future::BoxFuture;
+
+use crate::NAME;
+use crate::connection::Conn;
+use crate::error::Error;
+
+/// The watch id of a waiter's own key on its watch stream; predecessors get the next ones.
+pub(crate) const OWN_WATCH: i64 = 1;
+
+/// A watch stream carrying the watch on our own key, and while waiting one on the
+/// predecessor.
+pub(crate) struct OwnWatch {
+    pub(crate) stream: WatchStream,
+    pub(crate) own_id: i64,
+}
+
+/// What a watch response means to a waiter.
+pub(crate) enum Seen {
+    /// The server created the predecessor's watch: its id, and the store revision then.
+    Created(i64, i64),
+    OwnDeleted,
+    PredecessorDeleted,
+    /// The server refused or canceled a watch we rely on.
+    Canceled(String),
+    Nothing,
+}
+
+impl Conn {
+    /// A watch stream whose first watch is `my_key`'s deletion after revision `seen`.
+    pub(crate) async fn watch_own(
+        &self,
+        op: &'static str,
+        my_key: &str,
+        seen: i64,
+    ) -> Result<Box<OwnWatch>, Error> {
+        let options = WatchOptions::new()
+            .with_start_revision(seen + 1)
+            .with_filters([WatchFilterType::NoPut])
+            .with_watch_id(OWN_WATCH);
+        let watch = || {
+            let (mut watch, options) = (self.client.watch_client(), options.clone());
+            async move {
+                let mut stream = watch.watch(my_key, Some(options)).await?;
+                match stream.message().await? {
+                    Some(created) if created.created() && !created.canceled() => {
+                        Ok((created.watch_id(), stream))
+                    }
+                    Some(refused) => Err(etcd_client::Error::WatchError(format!(
+                        "the server did not create the watch: {}",
+                        refused.cancel_reason()
+                    ))),
+                    None => Err(etcd_client::Error::WatchError(
+                        "the watch stream ended before the watch was created".into(),
+                    )),
+                }
+            }
+        };
+        let (own_id, stream) = self.call(op, watch).await?;
+        Ok(Box::new(OwnWatch { stream, own_id }))
+    }
+}
+
+impl OwnWatch {
+    /// `predecessor` is the id of the predecessor's watch, if one is set up.
+    pub(crate) fn classify(&self, response: &WatchResponse, predecessor: Option<i64>) -> Seen {
+        let id = response.watch_id();
+        let ours = id == self.own_id || Some(id) == predecessor;
+        if response.created() && !response.canceled() {
+            let revision = response.header().map_or(i64::MAX, |h| h.revision());
+            return Seen::Created(id, revision);
+        }
+        if response.canceled() {
+            // A refused create carries no usable id; an old predecessor's cancel is ours
+            // to ignore.
+            return match ours || response.created() {
+                true => Seen::Canceled(format!(
+                    "the server canceled the watch: {}",
+                    response.cancel_reason()
+                )),
+                false => Seen::Nothing,
+            };
+        }
+        let deleted = response
+            .events()
+            .iter()
+            .any(|e| e.event_type() == EventType::Delete);
+        match (deleted, id == self.own_id, Some(id) == predecessor) {
+            (true, true, _) => Seen::OwnDeleted,
+            (true, false, true) => Seen::PredecessorDeleted,
+            _ => Seen::Nothing,
+        }
+    }
+}
+
+/// Resolves when our key is deleted while we hold it (an operator, `break_lease`, or the
+/// lease expiring on the server). Lease expiry without a deletion seen here is caught by
+/// the keep-alives in [`Held::extend`](dlock_core::raw::Held::extend).
+pub(crate) fn lost_signal(
+    conn: Conn,
+    my_key: String,
+    seen: i64,
+    watch: Option<Box<OwnWatch>>,
+) -> BoxFuture<'static, LostReason> {
+    Box::pin(async move {
+        let mut watch = match watch {
+            Some(watch) => watch,
+            None => match conn.watch_own("watch", &my_key, seen).await {
+                Ok(watch) => watch,
+                Err(e) => {
+                    tracing::debug!(backend = NAME, key = my_key, error = %e, "cannot watch our key; loss is detected by renewal");
+                    return std::future::pending().await;
+                }
+            },
+        };
+        loop {
+            match watch.stream.message().await {
+                Ok(Some(response)) => match watch.classify(&response, None) {
+                    Seen::OwnDeleted => return LostReason::NotHeld,
+                    Seen::Canceled(_) => return std::future::pending().await,
+                    _ => {}
+                },
+                Ok(None) | Err(_) => return std::future::pending().await,
+            }
+        }
+    })
+}
