@@ -20,39 +20,15 @@
 //! - [`Lease`]: a held key with its [`fencing_token`](Lease::fencing_token),
 //!   [`lost`](Lease::lost) signal, [`extend`](Lease::extend) and [`release`](Lease::release);
 //! - [`LockOptions`], [`LockError`], [`Capabilities`];
-//! - [`Backend`] and [`LockClient`]: a backend implements the server protocol only, and
-//!   `LockClient` adds key checks ([`key`]), the process-local gate, one overall
-//!   [`Deadline`] per acquire, and the renewal watchdog.
+//! - [`Secret`]: a credential whose `Debug` and `Display` never show it.
 //!
-//! # The contract
+//! The promises every backend keeps are written on [`DistributedLock`], under *Contract*.
 //!
-//! Every backend keeps these promises; the `dlock-conformance` suite checks each of them
-//! against the real server, one scenario per promise.
-//!
-//! 1. **Mutual exclusion**: no two holders of a key overlap, across clients and tasks.
-//! 2. **try_acquire** answers at once: `None` while held, a lease when free.
-//! 3. **acquire with a wait** returns [`LockError::Timeout`] close to the deadline while the
-//!    key stays held, and hands off promptly on release.
-//! 4. **Owner-checked release**: a lease that expired and whose key was taken cannot
-//!    release, extend or disturb the new holder; it gets [`LockError::NotHeld`].
-//! 5. **Crash release**: a holder killed with SIGKILL frees the key within
-//!    [`Capabilities::crash_release_bound`].
-//! 6. **Renewal**: with auto-renew a lease held for many ttls stays exclusive; without it
-//!    the key frees after the ttl.
-//! 7. **Loss detection**: when the lease cannot be kept, [`Lease::lost`] fires, before
-//!    another client can acquire the key.
-//! 8. **Fencing tokens** increase across successive holders, as far as
-//!    [`Capabilities::fencing`] promises.
-//! 9. **Independence**: different keys never block each other, however close (a key and its
-//!    children, case, trailing spaces, percent-encodings).
-//! 10. **Fairness** where [`Capabilities::fair`]: waiters acquire in arrival order.
-//! 11. **No herd** where [`Wakeup::Notification`] says one wake-up per release.
-//! 12. **Cancellation safety**: dropping an acquire future leaves nothing behind.
-//! 13. **Bad input** gets a typed error before any change on the server.
-//! 14. **Unavailable server**: acquire returns [`LockError::Unavailable`] within the connect
-//!     timeout.
-//! 15. **Hygiene**: nothing a finished lock created is left on the server.
-//! 16. **Sharing**: one client value serves hundreds of tasks.
+//! Backend crates use [`raw`], the implementor API: a backend implements the server
+//! protocol only ([`raw::Backend`]), and [`raw::LockClient`] adds key checks, the
+//! process-local gate, one overall deadline per acquire, late-grant confirmation, the
+//! renewal watchdog and the lost signal, once for every backend. Applications never need
+//! it.
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
@@ -79,8 +55,39 @@ pub(crate) use raw::{Deadline, spawn_cleanup};
 
 /// A lock service: take a key, exclusively, for a while.
 ///
-/// Implemented by every backend through [`LockClient`]. Object-safe, so services hold an
-/// `Arc<dyn DistributedLock>` and swap backends by configuration.
+/// Implemented by every backend through [`raw::LockClient`]. Object-safe, so services hold
+/// an `Arc<dyn DistributedLock>` and swap backends by configuration.
+///
+/// # Contract
+///
+/// Every backend keeps these promises; the `dlock-conformance` suite checks each of them
+/// against the real server, one scenario per promise. Where backends differ,
+/// [`capabilities`](Self::capabilities) says how, and the suite checks the declaration.
+///
+/// 1. **Mutual exclusion**: no two holders of a key overlap, across clients and tasks.
+/// 2. **try_acquire** answers at once: `None` while held, a lease when free.
+/// 3. **acquire with a wait** returns [`LockError::Timeout`] close to the deadline while the
+///    key stays held, and hands off promptly on release.
+/// 4. **Owner-checked release**: a lease that expired and whose key was taken cannot
+///    release, extend or disturb the new holder; it gets [`LockError::NotHeld`].
+/// 5. **Crash release**: a holder killed with SIGKILL frees the key within
+///    [`Capabilities::crash_release_bound`].
+/// 6. **Renewal**: with auto-renew a lease held for many ttls stays exclusive; without it
+///    the key frees after the ttl.
+/// 7. **Loss detection**: when the lease cannot be kept, [`Lease::lost`] fires, before
+///    another client can acquire the key.
+/// 8. **Fencing tokens** increase across successive holders, as far as
+///    [`Capabilities::fencing`] promises.
+/// 9. **Independence**: different keys never block each other, however close (a key and its
+///    children, case, trailing spaces, percent-encodings).
+/// 10. **Fairness** where [`Capabilities::fair`]: waiters acquire in arrival order.
+/// 11. **No herd** where [`Wakeup::Notification`] says one wake-up per release.
+/// 12. **Cancellation safety**: dropping an acquire future leaves nothing behind.
+/// 13. **Bad input** gets a typed error before any change on the server.
+/// 14. **Unavailable server**: acquire returns [`LockError::Unavailable`] within the connect
+///     timeout.
+/// 15. **Hygiene**: nothing a finished lock created is left on the server.
+/// 16. **Sharing**: one client value serves hundreds of tasks.
 #[async_trait]
 pub trait DistributedLock: Send + Sync + std::fmt::Debug {
     /// The backend's short name, e.g. `"redis"`.

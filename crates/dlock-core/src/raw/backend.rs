@@ -50,7 +50,7 @@ pub struct Grant {
     /// When the request that took the key (or the last renewal before the grant) was sent.
     /// The server-side lease cannot end before `sent_at + ttl`, so the watchdog measures
     /// from here. A ttl grant that arrives later than `sent_at + ttl / 3` is confirmed with
-    /// one [`Held::extend`] before it is handed out (see [`LockClient`](crate::LockClient)).
+    /// one [`Held::extend`] before it is handed out (see [`LockClient`](crate::raw::LockClient)).
     pub sent_at: Instant,
     /// Resolves when the backend learns the lease is gone (session expired, connection
     /// killed). Optional: backends whose only evidence is a failed renewal leave it `None`.
