@@ -167,9 +167,10 @@ mod config;
 mod error;
 mod lock;
 mod nodes;
+mod session;
 
 pub use config::ZookeeperConfig;
-pub use lock::ZookeeperBackend;
+pub use session::ZookeeperBackend;
 
 use dlock_core::Result;
 use dlock_core::raw::LockClient;
