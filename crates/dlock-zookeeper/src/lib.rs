@@ -167,6 +167,7 @@ mod config;
 mod error;
 mod lock;
 mod nodes;
+mod request;
 mod session;
 
 pub use config::ZookeeperConfig;
