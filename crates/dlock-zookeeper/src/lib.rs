@@ -165,6 +165,7 @@
 
 mod config;
 mod error;
+mod held;
 mod lock;
 mod nodes;
 mod request;
