@@ -164,6 +164,7 @@
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 mod config;
+mod contender;
 mod error;
 mod held;
 mod lock;
