@@ -9,9 +9,9 @@ use tokio::time::Instant;
 use zookeeper_client::{self as zk, Acls, CreateMode};
 
 use crate::NAME;
+use crate::acquire::Budget;
 use crate::error::{is_session_over, is_uncertain};
 use crate::held::{ZookeeperHeld, watch_lease};
-use crate::lock::Budget;
 use crate::nodes;
 use crate::request::{MAX_RETRIES, delete, delete_dir_if_empty, delete_node_and_dir, retry};
 use crate::session::connected;

@@ -163,11 +163,11 @@
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
+mod acquire;
 mod config;
 mod contender;
 mod error;
 mod held;
-mod lock;
 mod nodes;
 mod request;
 mod session;

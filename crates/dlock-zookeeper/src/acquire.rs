@@ -1,4 +1,5 @@
-//! The [`Backend`] implementation: acquire.
+//! The [`Backend`] implementation and its acquire: the lock recipe on one session, queueing
+//! a node and, until it is the lowest contender, watching the one just before it.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -19,8 +20,6 @@ use crate::session::ZookeeperBackend;
 /// How many sessions one acquire may go through (a session that expires while it waits is
 /// replaced and the acquire starts over).
 const MAX_SESSIONS: usize = 3;
-
-// ------------------------------------------------------------------------------ acquire
 
 #[async_trait]
 impl Backend for ZookeeperBackend {
