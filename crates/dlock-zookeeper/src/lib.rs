@@ -163,13 +163,17 @@
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
+mod acquire;
 mod config;
+mod contender;
 mod error;
-mod lock;
+mod held;
 mod nodes;
+mod request;
+mod session;
 
 pub use config::ZookeeperConfig;
-pub use lock::ZookeeperBackend;
+pub use session::ZookeeperBackend;
 
 use dlock_core::Result;
 use dlock_core::raw::LockClient;

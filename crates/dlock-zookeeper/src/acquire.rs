@@ -1,0 +1,188 @@
+//! The [`Backend`] implementation and its acquire: the lock recipe on one session, queueing
+//! a node and, until it is the lowest contender, watching the one just before it.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::raw::{Backend, Deadline, Grant};
+use dlock_core::{Capabilities, Expiry, Fencing, LockStats, Result, Wakeup};
+use tokio::time::Instant;
+use zookeeper_client::{self as zk, EventType};
+
+use crate::NAME;
+use crate::contender::Contender;
+use crate::error::{Error, is_session_over};
+use crate::nodes;
+use crate::request::retry;
+use crate::session::ZookeeperBackend;
+
+/// How many sessions one acquire may go through (a session that expires while it waits is
+/// replaced and the acquire starts over).
+const MAX_SESSIONS: usize = 3;
+
+#[async_trait]
+impl Backend for ZookeeperBackend {
+    const NAME: &'static str = NAME;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fair: true,
+            fencing: Fencing::Strict,
+            expiry: Expiry::Session {
+                timeout: self.session_timeout(),
+            },
+            wakeup: Wakeup::Notification {
+                one_per_release: true,
+            },
+            // Nodes and sessions are replicated and persisted: a restart or a lost member
+            // ends no session early.
+            faults: dlock_core::Faults {
+                holder_paused: dlock_core::FaultSafety::Fenced,
+                server_restart: dlock_core::FaultSafety::Exclusive,
+                member_down: dlock_core::FaultSafety::Exclusive,
+            },
+            ..Default::default()
+        }
+    }
+
+    fn stats(&self) -> LockStats {
+        LockStats::with_wakeups(self.wakeups.load(Ordering::Relaxed))
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        _ttl: Duration,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        let dir = self.config.key_dir(key);
+        for _ in 0..MAX_SESSIONS {
+            let client = self.client(deadline).await?;
+            let budget = Budget {
+                deadline,
+                bound: client.session_timeout(),
+            };
+            match self.take(&client, key, &dir, budget).await {
+                Ok(grant) => return Ok(grant),
+                Err(e) if is_session_over(&e) => {
+                    tracing::info!(backend = NAME, key, error = %e, "session ended during acquire; starting over");
+                }
+                Err(zk::Error::Timeout)
+                    if !deadline.may_wait() && deadline != Deadline::TryOnce =>
+                {
+                    return Ok(None);
+                }
+                Err(e) => return Err(Error::zk("acquire", e).into()),
+            }
+        }
+        Err(Error::zk("acquire", zk::Error::SessionExpired).into())
+    }
+}
+
+/// How long the phases of one acquire may take: each request at most a session timeout
+/// (a request unanswered that long means the session is as good as gone), and never past
+/// the caller's deadline.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Budget {
+    deadline: Deadline,
+    bound: Duration,
+}
+
+impl Budget {
+    pub(crate) fn until(&self) -> Instant {
+        let bounded = Instant::now() + self.bound;
+        match self.deadline {
+            Deadline::At(at) => at.min(bounded),
+            Deadline::TryOnce | Deadline::Never => bounded,
+        }
+    }
+}
+
+impl ZookeeperBackend {
+    /// The recipe on one session: create our node, then until we are the lowest contender,
+    /// watch the one just before us.
+    async fn take(
+        &self,
+        client: &zk::Client,
+        key: &str,
+        dir: &str,
+        budget: Budget,
+    ) -> Result<Option<Grant>, zk::Error> {
+        let mut me = Contender::new(client, dir);
+        let sent_at = Instant::now();
+        let mut listed = Some(me.create(budget).await?);
+        loop {
+            let children = match listed.take() {
+                Some(children) => children,
+                None => match retry(client, budget.until(), || client.list_children(dir)).await {
+                    Err(zk::Error::NoNode) => Vec::new(),
+                    children => children?,
+                },
+            };
+            let order = nodes::contenders(children);
+            let Some(position) = order.iter().position(|n| Some(n.as_str()) == me.name()) else {
+                // Our node is gone: an operator deleted it, or the session ended (then the
+                // next request says so). Queue again at the back.
+                tracing::info!(
+                    backend = NAME,
+                    dir,
+                    "our lock node vanished while waiting; queueing again"
+                );
+                me.forget();
+                me = Contender::new(client, dir);
+                listed = Some(me.create(budget).await?);
+                continue;
+            };
+            if position == 0 {
+                return Ok(Some(me.into_grant(key, sent_at)));
+            }
+            if !budget.deadline.may_wait() {
+                me.withdraw().await;
+                return Ok(None);
+            }
+            let predecessor = format!("{dir}/{}", order[position - 1]);
+            let watcher = match retry(client, budget.until(), || {
+                client.get_and_watch_data(&predecessor)
+            })
+            .await
+            {
+                // Gone already: look again at once.
+                Err(zk::Error::NoNode) => continue,
+                watched => watched?.2,
+            };
+            let event = tokio::select! {
+                event = watcher.changed() => event,
+                () = budget.deadline.reached() => {
+                    me.withdraw().await;
+                    return Ok(None);
+                }
+            };
+            self.wakeups.fetch_add(1, Ordering::Relaxed);
+            tracing::trace!(backend = NAME, dir, event = ?event.event_type, "woken");
+            if event.event_type == EventType::Session && event.session_state.is_terminated() {
+                return Err(zk::Error::SessionExpired);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_never_passes_the_deadline() {
+        let at = Instant::now() + Duration::from_millis(50);
+        let budget = Budget {
+            deadline: Deadline::At(at),
+            bound: Duration::from_secs(10),
+        };
+        assert_eq!(budget.until(), at);
+        let open = Budget {
+            deadline: Deadline::TryOnce,
+            bound: Duration::from_secs(1),
+        };
+        assert!(open.until() > Instant::now());
+    }
+}

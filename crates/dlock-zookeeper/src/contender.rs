@@ -1,0 +1,268 @@
+//! Our lock node while it waits its turn: created in one round trip with the directory
+//! listing, found again after a lost connection (Curator's protected mode), and deleted if
+//! the acquire gives up.
+
+use std::time::Duration;
+
+use dlock_core::raw::Grant;
+use tokio::time::Instant;
+use zookeeper_client::{self as zk, Acls, CreateMode};
+
+use crate::NAME;
+use crate::acquire::Budget;
+use crate::error::{is_session_over, is_uncertain};
+use crate::held::{ZookeeperHeld, watch_lease};
+use crate::nodes;
+use crate::request::{MAX_RETRIES, delete, delete_dir_if_empty, delete_node_and_dir, retry};
+use crate::session::connected;
+
+/// How long an acquire that gave up may spend deleting its node before it leaves that to a
+/// background task.
+const WITHDRAW_BOUND: Duration = Duration::from_secs(1);
+
+const EPHEMERAL_SEQUENTIAL: zk::CreateOptions<'static> =
+    CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+const CONTAINER: zk::CreateOptions<'static> = CreateMode::Container.with_acls(Acls::anyone_all());
+const PERSISTENT: zk::CreateOptions<'static> = CreateMode::Persistent.with_acls(Acls::anyone_all());
+
+/// Our lock node while it is not (yet) a lease. Dropped without
+/// [`into_grant`](Contender::into_grant), it deletes the node in the background, retrying on
+/// connection loss, so a timed-out, failed or cancelled acquire leaves nothing behind.
+pub(crate) struct Contender {
+    client: zk::Client,
+    dir: String,
+    uuid: uuid::Uuid,
+    node: Option<Node>,
+    /// A create went out whose outcome is unknown.
+    unsure: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    name: String,
+    czxid: i64,
+}
+
+impl Contender {
+    pub(crate) fn new(client: &zk::Client, dir: &str) -> Self {
+        Self {
+            client: client.clone(),
+            dir: dir.to_owned(),
+            uuid: uuid::Uuid::new_v4(),
+            node: None,
+            unsure: false,
+        }
+    }
+
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.node.as_ref().map(|n| n.name.as_str())
+    }
+
+    /// Create the key directory (a container node; `NodeExists` is the usual answer while
+    /// the key is in use), our node (ephemeral-sequential, protected name), and list the
+    /// directory, all in one round trip: ZooKeeper answers one session's requests in order,
+    /// so the listing already holds our node. Creates the base path if missing. After a
+    /// lost connection, finds the node the lost create may have made before creating again
+    /// (Curator's protected mode).
+    pub(crate) async fn create(&mut self, budget: Budget) -> Result<Vec<String>, zk::Error> {
+        let prefix = format!("{}/{}", self.dir, nodes::node_prefix(&self.uuid));
+        for _ in 0..MAX_RETRIES {
+            self.unsure = true;
+            let dir = self.client.create(&self.dir, &[], &CONTAINER);
+            let create = self.client.create(&prefix, &[], &EPHEMERAL_SEQUENTIAL);
+            let list = self.client.list_children(&self.dir);
+            let (dir, created, listed) =
+                tokio::time::timeout_at(budget.until(), futures::future::join3(dir, create, list))
+                    .await
+                    .map_err(|_| zk::Error::Timeout)?;
+            match created {
+                Ok((stat, sequence)) => {
+                    self.unsure = false;
+                    let name = format!("{}{sequence}", nodes::node_prefix(&self.uuid));
+                    let ours = nodes::sequence(&name).is_some();
+                    self.node = Some(Node {
+                        name,
+                        czxid: stat.czxid,
+                    });
+                    if !ours {
+                        // Not the 10-digit sequence every lock client orders by (a 64-bit
+                        // sequence): waiting would never end. The drop deletes the node.
+                        return Err(zk::Error::UnexpectedError(format!(
+                            "the server gave the lock node the sequence {sequence}, not 10 digits"
+                        )));
+                    }
+                    return match listed {
+                        Ok(children) => Ok(children),
+                        Err(_) => self.list(budget).await,
+                    };
+                }
+                Err(zk::Error::NoNode) => {
+                    // No base path yet (first use), or a release removed the directory
+                    // between our two creates: try again.
+                    self.unsure = false;
+                    if dir.err() == Some(zk::Error::NoNode) {
+                        let base = self.dir.rsplit_once('/').map_or("", |(base, _)| base);
+                        let client = &self.client;
+                        retry(client, budget.until(), || client.mkdir(base, &PERSISTENT)).await?;
+                    }
+                }
+                Err(e) if is_uncertain(&e) => {
+                    tracing::info!(backend = NAME, dir = %self.dir, error = %e, "connection lost during create; looking for our node");
+                    connected(&self.client).await?;
+                    if let Some(node) = self.find(budget).await? {
+                        tracing::info!(backend = NAME, dir = %self.dir, node = %node.name, "found the node the lost create made");
+                        self.unsure = false;
+                        self.node = Some(node);
+                        return self.list(budget).await;
+                    }
+                }
+                Err(e) => {
+                    if is_session_over(&e) {
+                        // The session's nodes are gone with it.
+                        self.unsure = false;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Err(zk::Error::ConnectionLoss)
+    }
+
+    async fn list(&self, budget: Budget) -> Result<Vec<String>, zk::Error> {
+        retry(&self.client, budget.until(), || {
+            self.client.list_children(&self.dir)
+        })
+        .await
+    }
+
+    /// After a lost connection: the node our create may have made, accepted only if this
+    /// session owns it. A node with our uuid from another session is deleted.
+    async fn find(&self, budget: Budget) -> Result<Option<Node>, zk::Error> {
+        let client = &self.client;
+        // Let the server we talk to now catch up with the leader, so a create the old
+        // server forwarded is visible.
+        match retry(client, budget.until(), || client.sync(&self.dir)).await {
+            Err(e) if is_session_over(&e) || e == zk::Error::Timeout => return Err(e),
+            _ => {}
+        }
+        let children = match self.list(budget).await {
+            Err(zk::Error::NoNode) => return Ok(None),
+            children => children?,
+        };
+        let prefix = nodes::protected_prefix(&self.uuid);
+        let session = client.session_id().0;
+        let mut found = None;
+        for name in children.into_iter().filter(|c| c.starts_with(&prefix)) {
+            let path = format!("{}/{name}", self.dir);
+            match retry(client, budget.until(), || client.check_stat(&path)).await? {
+                Some(stat) if stat.ephemeral_owner == session && found.is_none() => {
+                    found = Some(Node {
+                        name,
+                        czxid: stat.czxid,
+                    });
+                }
+                Some(_) => {
+                    tracing::info!(
+                        backend = NAME,
+                        path,
+                        "deleting a lock node left by an abandoned create"
+                    );
+                    delete(client, &path, budget.until()).await?;
+                }
+                None => {}
+            }
+        }
+        Ok(found)
+    }
+
+    /// Delete our node now (the acquire gave up); if that does not finish promptly, the
+    /// drop leaves it to a background task.
+    pub(crate) async fn withdraw(&mut self) {
+        let Some(node) = self.node.clone() else {
+            return;
+        };
+        let path = format!("{}/{}", self.dir, node.name);
+        let until = Instant::now() + WITHDRAW_BOUND;
+        // The holder may release meanwhile: the directory goes too if it is left empty.
+        match delete_node_and_dir(&self.client, &path, &self.dir, until).await {
+            Ok(_) => self.node = None,
+            Err(e) => {
+                tracing::debug!(backend = NAME, path, error = %e, "withdrawal continues in the background");
+            }
+        }
+    }
+
+    /// Our node is gone already; nothing to clean up.
+    pub(crate) fn forget(&mut self) {
+        self.node = None;
+        self.unsure = false;
+    }
+
+    pub(crate) fn into_grant(mut self, key: &str, sent_at: Instant) -> Grant {
+        let node = self.node.take().expect("a held contender has its node");
+        let path = format!("{}/{}", self.dir, node.name);
+        let timeout = self.client.session_timeout();
+        let lost = watch_lease(self.client.clone(), path.clone(), timeout);
+        let held = ZookeeperHeld {
+            client: self.client.clone(),
+            key: key.to_owned(),
+            dir: std::mem::take(&mut self.dir),
+            path,
+        };
+        Grant::new(token(node.czxid), Box::new(held), sent_at).with_lost(Box::pin(lost))
+    }
+}
+
+impl Drop for Contender {
+    fn drop(&mut self) {
+        if self.node.is_none() && !self.unsure {
+            return;
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            tracing::warn!(backend = NAME, dir = %self.dir, "acquire dropped outside a tokio runtime: its node goes when the session ends");
+            return;
+        }
+        let client = self.client.clone();
+        let dir = std::mem::take(&mut self.dir);
+        let name = self.node.take().map(|n| n.name);
+        let prefix = nodes::protected_prefix(&self.uuid);
+        dlock_core::raw::spawn_cleanup(async move {
+            let until = Instant::now() + client.session_timeout() * 2;
+            let names = match name {
+                Some(name) => vec![name],
+                None => match retry(&client, until, || client.list_children(&dir)).await {
+                    Ok(children) => children
+                        .into_iter()
+                        .filter(|c| c.starts_with(&prefix))
+                        .collect(),
+                    Err(_) => Vec::new(),
+                },
+            };
+            for name in names {
+                let path = format!("{dir}/{name}");
+                if let Err(e) = delete(&client, &path, until).await {
+                    tracing::warn!(backend = NAME, path, error = %e, "could not delete an abandoned lock node; it goes when the session ends");
+                }
+            }
+            delete_dir_if_empty(&client, &dir).await;
+        });
+    }
+}
+
+/// The fencing token: the lock node's czxid, the zxid of the transaction that created it.
+/// Zxids only grow (across leader changes too), and a later holder's node was created after
+/// every earlier holder's.
+fn token(czxid: i64) -> u64 {
+    u64::try_from(czxid).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_czxids() {
+        assert_eq!(token(0x1_0000_0005), 0x1_0000_0005);
+        assert_eq!(token(-1), 0);
+    }
+}
