@@ -151,6 +151,15 @@ impl LockError {
         matches!(self.kind(), ErrorKind::Timeout | ErrorKind::Unavailable)
     }
 
+    /// [`LockError::NotHeld`]: the lease on `key` is no longer ours, for `reason`.
+    pub fn not_held(backend: &'static str, key: &str, reason: LostReason) -> Self {
+        Self::NotHeld {
+            backend,
+            key: key.to_owned(),
+            reason,
+        }
+    }
+
     /// An [`InvalidConfig`](Self::InvalidConfig) error without a source.
     pub fn invalid_config(backend: &'static str, message: impl Into<String>) -> Self {
         Self::InvalidConfig {

@@ -170,11 +170,7 @@ impl LeaseState {
     }
 
     fn not_held(&self, reason: LostReason) -> LockError {
-        LockError::NotHeld {
-            backend: self.backend,
-            key: self.key.to_string(),
-            reason,
-        }
+        LockError::not_held(self.backend, &self.key, reason)
     }
 }
 
@@ -192,6 +188,7 @@ impl LeaseState {
 /// Protect the work done under the lock with [`lost`](Lease::lost): it resolves before
 /// another client can take the key, when the lease could not be kept. For storage that can
 /// check it, pass [`fencing_token`](Lease::fencing_token) along with every write.
+#[must_use = "a Lease dropped at once releases the key at once: bind it (`let lease = …`) for as long as the work needs the key"]
 pub struct Lease {
     state: Arc<LeaseState>,
     token: u64,

@@ -164,11 +164,7 @@ pub(crate) fn lease_lost(key: &str, why: &str) -> LockError {
 
 /// Our key is no longer ours while we hold it (or at release).
 pub(crate) fn not_held(key: &str) -> LockError {
-    LockError::NotHeld {
-        backend: NAME,
-        key: key.to_owned(),
-        reason: LostReason::NotHeld,
-    }
+    LockError::not_held(NAME, key, LostReason::NotHeld)
 }
 
 /// The request never left this process: the connection to the endpoint the balancer

@@ -339,11 +339,7 @@ struct MemoryHeld {
 
 impl MemoryHeld {
     fn not_held(&self) -> LockError {
-        LockError::NotHeld {
-            backend: NAME,
-            key: self.key.clone(),
-            reason: LostReason::NotHeld,
-        }
+        LockError::not_held(NAME, &self.key, LostReason::NotHeld)
     }
 
     fn reachable(&self, op: &'static str) -> Result<()> {

@@ -46,11 +46,7 @@ impl MysqlHeld {
     }
 
     fn not_held(&self, why: impl fmt::Display) -> LockError {
-        LockError::NotHeld {
-            backend: NAME,
-            key: self.key.clone(),
-            reason: LostReason::SessionEnded(why.to_string()),
-        }
+        LockError::not_held(NAME, &self.key, LostReason::SessionEnded(why.to_string()))
     }
 
     /// The holding connection, unless it failed or a call on it was interrupted.

@@ -193,11 +193,7 @@ pub(crate) struct RedisHeld {
 
 impl RedisHeld {
     fn not_held(&self) -> LockError {
-        LockError::NotHeld {
-            backend: NAME,
-            key: self.key.clone(),
-            reason: LostReason::NotHeld,
-        }
+        LockError::not_held(NAME, &self.key, LostReason::NotHeld)
     }
 }
 

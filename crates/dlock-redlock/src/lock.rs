@@ -381,11 +381,7 @@ struct RedlockHeld {
 
 impl RedlockHeld {
     fn not_held(&self) -> LockError {
-        LockError::NotHeld {
-            backend: NAME,
-            key: self.key.clone(),
-            reason: LostReason::NotHeld,
-        }
+        LockError::not_held(NAME, &self.key, LostReason::NotHeld)
     }
 }
 

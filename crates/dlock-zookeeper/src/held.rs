@@ -25,11 +25,7 @@ pub(crate) struct ZookeeperHeld {
 
 impl ZookeeperHeld {
     fn not_held(&self) -> LockError {
-        LockError::NotHeld {
-            backend: NAME,
-            key: self.key.clone(),
-            reason: LostReason::NotHeld,
-        }
+        LockError::not_held(NAME, &self.key, LostReason::NotHeld)
     }
 
     fn until(&self) -> Instant {

@@ -161,11 +161,7 @@ impl Unclaimed<'_> {
             }
             Ok(Err(e)) => Err(e),
             // The deadline came first: answered as late, like a busy key.
-            Err(_) if until < safe => Err(LockError::NotHeld {
-                backend,
-                key: key.to_owned(),
-                reason: LostReason::Expired,
-            }),
+            Err(_) if until < safe => Err(LockError::not_held(backend, key, LostReason::Expired)),
             Err(_) => Err(LockError::unavailable(
                 backend,
                 "acquire",
@@ -295,11 +291,7 @@ mod tests {
             tokio::time::sleep(self.takes).await;
             match self.ours {
                 true => Ok(()),
-                false => Err(LockError::NotHeld {
-                    backend: "late",
-                    key: "k".into(),
-                    reason: LostReason::NotHeld,
-                }),
+                false => Err(LockError::not_held("late", "k", LostReason::NotHeld)),
             }
         }
         async fn release(&mut self) -> Result<()> {
