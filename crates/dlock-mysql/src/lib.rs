@@ -106,7 +106,7 @@
 //! | option | default | meaning |
 //! |---|---|---|
 //! | `table` | `dlock_locks` | lock table (`{table}_fence` holds the counters); letters, digits, `_`, at most 58 characters |
-//! | `connect_timeout` | `5s` | bound on opening a connection (`500ms`, `5s`, or bare milliseconds) |
+//! | `connect_timeout` | `5s` | bound on opening a connection (`500ms`, `5s`, `1.5s`, `2m`; a bare number is refused) |
 //! | `response_timeout` | `5s` | bound on every statement that does not wait for a lock |
 //! | `max_connections` | `100` | connections for holding and waiting (each held key and each waiter uses one); when all are in use an acquire waits for one until its deadline, at most `connect_timeout`, then fails `Unavailable` |
 //! | `ssl-mode` | `preferred` | sqlx's TLS mode: `disabled`, `preferred`, `required`, `verify_ca`, `verify_identity` |

@@ -87,7 +87,7 @@
 //! | `port` | 6379 | |
 //! | `/db` | 0 | `SELECT db` |
 //! | `prefix` | `dlock:` | prepended to every lock key; may be empty (`?prefix=`), so a lock shares its key with another library's lock of the same name (redis-py, redsync, node-redlock use `SET key token NX PX` and compare-and-delete too, so they exclude each other) |
-//! | `connect_timeout` | `5s` | bound on opening a connection (`500ms`, `5s`, or bare milliseconds) |
+//! | `connect_timeout` | `5s` | bound on opening a connection (`500ms`, `5s`, `1.5s`, `2m`; a bare number is refused) |
 //! | `response_timeout` | `2s` | bound on each answer; a connection that times out is replaced |
 //!
 //! An unknown option, a bad value, a second host or another scheme is
@@ -122,8 +122,7 @@ mod scripts;
 mod subscriber;
 mod wait;
 
-#[doc(hidden)]
-pub mod protocol;
+pub mod server;
 
 use dlock_core::Result;
 use dlock_core::raw::LockClient;

@@ -21,7 +21,7 @@ use crate::subscriber::{Event, Notice, Subscription};
 
 /// How long a waiter sleeps before re-checking a key that has no expiry (held by another
 /// library's lock taken without a timeout, whose release announces nothing).
-pub const NO_EXPIRY_RECHECK: Duration = Duration::from_secs(1);
+pub(crate) const NO_EXPIRY_RECHECK: Duration = Duration::from_secs(1);
 
 /// What a waiter learned about one server from its last attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,7 +60,8 @@ pub enum Wake {
     Ready,
     /// Holders announced their release: enough servers are open now.
     Released,
-    /// The fallback timer ran out: a holder's ttl, or [`NO_EXPIRY_RECHECK`].
+    /// The fallback timer ran out: a holder's ttl, or the re-check interval of a key with
+    /// no expiry (1 s).
     Timer,
     /// A subscriber connection broke: announcements may be lost. Subscribe again, re-try.
     Broken,

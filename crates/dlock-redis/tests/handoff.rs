@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::support::{hand_offs, report, uncontended, unique_key};
 use common::{RedisHarness, forget_fence, wait_for_subscriber};
 use dlock_core::DistributedLock;
-use dlock_redis::protocol::Names;
+use dlock_redis::server::Names;
 use redis::AsyncCommands;
 
 const ROUNDS: usize = 20;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::{RedisHarness, forget_fence, unique_key, wait_for_subscriber};
 use dlock_conformance::{Harness, Proxy};
 use dlock_core::{DistributedLock, LockOptions, LostReason, Wait};
-use dlock_redis::protocol::Names;
+use dlock_redis::server::Names;
 use redis::AsyncCommands;
 use tokio::time::{Instant, timeout};
 

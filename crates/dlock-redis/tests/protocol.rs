@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{RedisHarness, forget_fence, set_foreign, unique_key};
 use dlock_core::{DistributedLock, ErrorKind, LockOptions, Wait};
-use dlock_redis::protocol::Names;
+use dlock_redis::server::Names;
 use redis::AsyncCommands;
 use tokio::time::Instant;
 

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use dlock_core::LockError;
-use dlock_redis::protocol;
+use dlock_redis::server::NodeError;
 
 use crate::NAME;
 
@@ -22,7 +22,7 @@ pub(crate) enum Error {
 
 /// The failed nodes' errors, shown one after the other.
 #[derive(Debug)]
-pub(crate) struct Failures(pub(crate) Vec<protocol::Error>);
+pub(crate) struct Failures(pub(crate) Vec<NodeError>);
 
 impl fmt::Display for Failures {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -42,7 +42,7 @@ impl From<Error> for LockError {
     fn from(e: Error) -> Self {
         let Error::NoQuorum { op, failures, .. } = &e;
         let op = *op;
-        if failures.0.iter().all(protocol::Error::is_unavailable) {
+        if failures.0.iter().all(NodeError::is_unavailable) {
             LockError::unavailable(NAME, op, e)
         } else {
             LockError::backend(NAME, op, e)

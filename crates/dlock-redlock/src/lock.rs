@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant, Held};
 use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, LostReason, Result, Wakeup};
-use dlock_redis::protocol::{self, Attempt, InFlight, Names, Node, View, Waiter, new_token};
+use dlock_redis::server::{Attempt, InFlight, Names, Node, NodeError, View, Waiter, new_token};
 use futures::future::join_all;
 use rand::Rng;
 use tokio::time::Instant;
@@ -69,10 +69,10 @@ impl Cluster {
         limit: Duration,
         name: &'static str,
         op: F,
-    ) -> Vec<(usize, Result<T, protocol::Error>)>
+    ) -> Vec<(usize, Result<T, NodeError>)>
     where
         F: Fn(&'a Node) -> Fut,
-        Fut: Future<Output = Result<T, protocol::Error>> + 'a,
+        Fut: Future<Output = Result<T, NodeError>> + 'a,
     {
         let calls = which.iter().map(|&i| {
             let node = &self.nodes[i];
@@ -87,7 +87,7 @@ impl Cluster {
         join_all(calls).await
     }
 
-    fn no_quorum(&self, op: &'static str, failures: Vec<protocol::Error>) -> LockError {
+    fn no_quorum(&self, op: &'static str, failures: Vec<NodeError>) -> LockError {
         Error::NoQuorum {
             op,
             nodes: self.nodes.len(),
@@ -228,7 +228,7 @@ enum Round {
     },
     Lost {
         views: Vec<View>,
-        failures: Vec<protocol::Error>,
+        failures: Vec<NodeError>,
         took: Duration,
     },
 }

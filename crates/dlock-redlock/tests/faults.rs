@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{RedlockHarness, must_take, unique_key};
 use dlock_core::{DistributedLock, ErrorKind, LockOptions, Wait};
-use dlock_redis::protocol::Names;
+use dlock_redis::server::Names;
 use redis::AsyncCommands;
 use tokio::sync::Mutex;
 use tokio::time::Instant;

@@ -6,7 +6,7 @@ mod common;
 
 use common::{RedlockHarness, must_take, unique_key};
 use dlock_core::LockOptions;
-use dlock_redis::protocol::Names;
+use dlock_redis::server::Names;
 use redis::AsyncCommands;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::support::{hand_offs, report, uncontended, unique_key};
 use common::{RedlockHarness, wait_for_subscribers};
 use dlock_core::DistributedLock;
-use dlock_redis::protocol::Names;
+use dlock_redis::server::Names;
 
 const ROUNDS: usize = 20;
 

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use dlock_conformance::Harness;
 use dlock_core::{BoxError, DistributedLock, ErrorKind, Result};
 use dlock_redis::RedisConfig;
-use dlock_redis::protocol::{Names, Node};
+use dlock_redis::server::{Names, Node};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use dlock_conformance::Harness;
 use dlock_core::{BoxError, DistributedLock, ErrorKind, Result};
 use dlock_redis::RedisConfig;
-use dlock_redis::protocol::{Names, Node};
+use dlock_redis::server::{Names, Node};
 use dlock_redlock::RedlockConfig;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;

@@ -1,0 +1,35 @@
+//! One Redis server speaking dlock's lock protocol: the building blocks of a lock over
+//! several independent servers.
+//!
+//! [`RedisLock`](crate::RedisLock) runs this protocol on one server; `dlock-redlock` runs
+//! it on N independent servers and counts votes. Both use exactly these pieces, so the
+//! scripts, key names, tokens, wake-ups and clean-up are written once:
+//!
+//! - [`Node`]: one server (a command connection, the lock scripts, a subscriber
+//!   connection). [`Node::acquire`] answers an [`Attempt`]: taken with a fencing token, or
+//!   busy with the holder's token and remaining ttl; [`Node::extend`] and
+//!   [`Node::release`] are owner-checked (they answer `false` when the key is not ours).
+//! - [`Names`] (a lock key, its fence counter and its release channel, in one hash slot)
+//!   and [`new_token`] (a holder's random token, 128 bits).
+//! - [`Waiter`] and [`View`]: a waiting acquire subscribes to the key's release channel on
+//!   every server *before* it re-tries (so a release in between is not missed), then
+//!   sleeps until enough holders announced their release ([`Wake`]) or the shortest
+//!   remaining ttl of the [`View`]s it holds runs out.
+//! - [`InFlight`]: a guard around an acquire request; if the caller drops the future
+//!   before the answers arrive, the key may be ours on some servers, so it is released
+//!   there in the background.
+//! - [`NodeError`]: one failed request to one server. [`NodeError::is_unavailable`] tells a
+//!   server that did not answer (for a quorum, a vote against) from one that refused;
+//!   [`NodeError::into_lock_error`] maps it to the public error.
+//!
+//! An acquire over N servers, as `dlock-redlock` does it: [`Names::new`] and
+//! [`new_token`]; under an [`InFlight`] guard, [`Node::acquire`] on every server in
+//! parallel; with a quorum of [`Attempt::Taken`] the key is held, otherwise
+//! [`Node::release`] everywhere, turn each answer into a [`View`] and
+//! [`Waiter::subscribe`] / [`Waiter::sleep`] before the next round.
+
+pub use crate::error::Error as NodeError;
+pub use crate::lock::InFlight;
+pub use crate::node::{Attempt, Node};
+pub use crate::scripts::{Names, new_token};
+pub use crate::wait::{Subscribed, View, Waiter, Wake};
