@@ -132,6 +132,10 @@ impl Backend for RedisBackend {
         }
     }
 
+    fn check_key(&self, key: &str) -> Result<()> {
+        Names::check(&self.prefix, key)
+    }
+
     fn stats(&self) -> LockStats {
         LockStats::with_wakeups(self.wakeups.load(Ordering::Relaxed))
     }

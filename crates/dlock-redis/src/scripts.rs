@@ -20,8 +20,9 @@ use redis::Script;
 /// The user's key is used verbatim, so with an empty prefix the lock key is exactly the
 /// name another library (redis-py, redsync, node-redlock) would use for the same lock: the
 /// two exclude each other. The fence key carries the lock key as its hash tag, so both sit
-/// in one cluster slot (unless the key itself contains `}`), and with a non-empty prefix
-/// that does not start with `{` no lock key can ever be another lock's fence key.
+/// in one cluster slot (unless the key itself contains `}`). With a non-empty prefix that
+/// does not start with `{`, no lock key can be another lock's fence key; with any other
+/// prefix (the empty one included), [`Names::check`] refuses the few keys that would be.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Names {
     /// The lock key.
@@ -33,6 +34,26 @@ pub struct Names {
 }
 
 impl Names {
+    /// Refuse `key` if under `prefix` its lock key would be another lock's fence counter
+    /// (`{<prefix><other key>}:fence`), so that one lock can never reset another's
+    /// counter or be blocked by it. Only reachable with a prefix that is empty or starts
+    /// with `{`.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`](dlock_core::LockError::InvalidKey) for such a key.
+    pub fn check(prefix: &str, key: &str) -> dlock_core::Result<()> {
+        let lock = format!("{prefix}{key}");
+        let fence_shaped = lock.starts_with(&format!("{{{prefix}")) && lock.ends_with("}:fence");
+        if fence_shaped {
+            return Err(dlock_core::LockError::invalid_key(
+                key,
+                "under this key prefix the key names another lock's fence counter \
+                 ({<prefix><key>}:fence); use another key, or a prefix such as dlock:",
+            ));
+        }
+        Ok(())
+    }
+
     /// The names for `key` under `prefix`.
     pub fn new(prefix: &str, key: &str) -> Self {
         let lock = format!("{prefix}{key}");
@@ -141,6 +162,37 @@ pub(crate) const SOURCES: [&str; 4] = [ACQUIRE_LUA, RELEASE_LUA, EXTEND_LUA, CLA
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn no_key_names_another_locks_fence_counter() {
+        use super::Names;
+        for prefix in ["", "{", "{app}:", "dlock:"] {
+            for key in ["x", "a}b", "{x}", "{x}:released", ":fence", "{}:fence"] {
+                let names = Names::new(prefix, key);
+                if Names::check(prefix, key).is_ok() {
+                    for other in ["x", "a}b", "{x}", "", "{"] {
+                        assert_ne!(
+                            names.key,
+                            Names::new(prefix, other).fence,
+                            "{prefix:?} {key:?}"
+                        );
+                    }
+                }
+            }
+            // The collision the check exists for.
+            let victim = Names::new(prefix, "x");
+            let attacker = victim.fence.strip_prefix(prefix).map(str::to_owned);
+            if let Some(attacker) = attacker {
+                assert_eq!(Names::new(prefix, &attacker).key, victim.fence);
+                assert!(
+                    Names::check(prefix, &attacker).is_err(),
+                    "{prefix:?} {attacker:?}"
+                );
+            }
+        }
+        assert!(Names::check("", "{x}:fence").is_err());
+        assert!(Names::check("dlock:", "{x}:fence").is_ok());
+    }
+
     use super::*;
 
     #[test]

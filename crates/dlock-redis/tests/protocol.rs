@@ -199,3 +199,28 @@ async fn tls_to_a_plain_server_fails_fast_with_a_typed_error() {
         started.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_empty_prefix_no_key_reaches_another_locks_fence_counter() {
+    let harness = RedisHarness::from_env();
+    let lock = harness.lock_at(&harness.url_with_option("prefix=")).await;
+    let mut admin = harness.admin().await.expect("admin connection");
+    let key = unique_key("victim");
+    let victim = Names::new("", &key);
+    let lease = lock
+        .try_acquire(&key, &LockOptions::new().ttl(Duration::from_secs(5)))
+        .await
+        .expect("try_acquire")
+        .expect("a fresh key is free");
+    let fence: u64 = admin.get(&victim.fence).await.expect("GET fence");
+    // The key that would be the victim's fence counter is refused before any I/O.
+    let err = lock
+        .try_acquire(&victim.fence, &LockOptions::new())
+        .await
+        .expect_err("a fence-shaped key is refused");
+    assert_eq!(err.kind(), ErrorKind::InvalidKey, "{err}");
+    let after: u64 = admin.get(&victim.fence).await.expect("GET fence");
+    assert_eq!(after, fence, "the victim's counter is untouched");
+    lease.release().await.expect("release");
+    let _: () = admin.del(&victim.fence).await.expect("DEL fence");
+}

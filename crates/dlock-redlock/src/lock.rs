@@ -363,6 +363,10 @@ impl Backend for RedlockBackend {
         }
     }
 
+    fn check_key(&self, key: &str) -> Result<()> {
+        Names::check(&self.prefix, key)
+    }
+
     fn stats(&self) -> LockStats {
         LockStats::with_wakeups(self.wakeups.load(Ordering::Relaxed))
     }

@@ -35,6 +35,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// lease, kill a waiting query).
     async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>>;
 
+    /// Refuse, before any I/O, a key this backend cannot hold safely beyond the checks
+    /// every key gets (non-empty, [`Capabilities::max_key_len`], no NUL): for example a key
+    /// whose name on the server would be one of the backend's own internal names.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`](crate::LockError::InvalidKey) saying why.
+    fn check_key(&self, key: &str) -> Result<()> {
+        let _ = key;
+        Ok(())
+    }
+
     /// Counters for observability and for the conformance suite's herd check.
     fn stats(&self) -> LockStats {
         LockStats::default()

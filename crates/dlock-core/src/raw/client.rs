@@ -58,6 +58,7 @@ impl<B: Backend> LockClient<B> {
     ) -> Result<Option<Lease>> {
         let caps = self.backend.capabilities();
         key::validate(key, caps.max_key_len)?;
+        self.backend.check_key(key)?;
         opts.validate(B::NAME)?;
         let Some(mut permit) = self.gate.enter(key, deadline).await else {
             return Ok(None);
