@@ -27,7 +27,7 @@ const DEFAULT_PORT: u16 = 2379;
 ///
 /// | option | default | meaning |
 /// |---|---|---|
-/// | `prefix` | empty | prepended verbatim to every lock name (see [`EtcdConfig::lock_name`]) |
+/// | `prefix` | `dlock/` | prepended verbatim to every lock name (see [`EtcdConfig::lock_name`]); empty to share lock names with `etcdctl lock` |
 /// | `connect_timeout` | `5s` | bound on connecting (and authenticating) in `from_url` |
 /// | `request_timeout` (alias `timeout`) | `5s` | bound on every request to the server |
 /// | `ca` (alias `cacert`) | none, required by `etcds://` | PEM file of the CA that signed the servers' certificates |
@@ -93,6 +93,10 @@ impl FromStr for ConfigKey {
 }
 
 impl EtcdConfig {
+    /// The default key prefix. Lock keys live under it, so no unrelated key of the cluster
+    /// (`jobs/1` beside a lock named `jobs`) can stand in a lock's queue.
+    pub const DEFAULT_PREFIX: &'static str = "dlock/";
+
     /// Defaults for these `host:port` endpoints, in plain text (no TLS).
     ///
     /// # Errors
@@ -114,7 +118,7 @@ impl EtcdConfig {
             domain: None,
             user: None,
             password: None,
-            prefix: String::new(),
+            prefix: Self::DEFAULT_PREFIX.to_owned(),
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
         })
@@ -223,7 +227,7 @@ impl EtcdConfig {
             .collect()
     }
 
-    /// The key prefix (default empty).
+    /// The key prefix (default [`DEFAULT_PREFIX`](Self::DEFAULT_PREFIX)).
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
@@ -327,7 +331,7 @@ mod tests {
             (
                 "etcd://127.0.0.1:2379",
                 &["http://127.0.0.1:2379"],
-                "",
+                "dlock/",
                 secs(5),
                 secs(5),
                 None,
@@ -335,7 +339,7 @@ mod tests {
             (
                 "etcd://localhost",
                 &["http://localhost:2379"],
-                "",
+                "dlock/",
                 secs(5),
                 secs(5),
                 None,
@@ -343,7 +347,7 @@ mod tests {
             (
                 "etcd://a:1,b:2,[::1]:3/",
                 &["http://a:1", "http://b:2", "http://[::1]:3"],
-                "",
+                "dlock/",
                 secs(5),
                 secs(5),
                 None,
@@ -367,7 +371,7 @@ mod tests {
             (
                 "etcd://alice:s%40cret@h:1",
                 &["http://h:1"],
-                "",
+                "dlock/",
                 secs(5),
                 secs(5),
                 Some("alice"),
@@ -375,7 +379,7 @@ mod tests {
             (
                 "etcd://h?user=bob&password=pw",
                 &["http://h:2379"],
-                "",
+                "dlock/",
                 secs(5),
                 secs(5),
                 Some("bob"),
@@ -383,7 +387,7 @@ mod tests {
             (
                 "etcds://h:2379?ca=/etc/ca.pem&cert=/c.pem&key=/k.pem&domain=etcd.local",
                 &["https://h:2379"],
-                "",
+                "dlock/",
                 secs(5),
                 secs(5),
                 None,
@@ -451,13 +455,20 @@ mod tests {
 
     #[test]
     fn lock_names_are_injective_and_never_nest() {
-        let c = EtcdConfig::new(&["h"]).unwrap();
+        let c = EtcdConfig::new(&["h"])
+            .unwrap()
+            .with_option("prefix", "")
+            .unwrap();
         assert_eq!(c.lock_name("plain-name_1.x"), "plain-name_1.x");
         assert_eq!(c.lock_name("a/b"), "a%2Fb");
         assert_eq!(c.lock_name("a%2Fb"), "a%252Fb");
         assert_ne!(c.lock_name("a/b"), c.lock_name("a%2Fb"));
         // No lock name contains '/', so "{name}/" never covers another lock's keys.
         assert!(!c.lock_name("x/y/z").contains('/'));
+        // By default lock names live under dlock/, away from the rest of the keyspace.
+        let c = EtcdConfig::new(&["h"]).unwrap();
+        assert_eq!(c.lock_name("jobs"), "dlock/jobs");
+        assert_eq!(c.lock_name("x/y"), "dlock/x%2Fy");
     }
 
     #[test]

@@ -25,8 +25,9 @@
 //! contender puts one key `{lock name}/{lease id in lowercase hex}` attached to its lease.
 //! The oldest key (lowest create revision) holds the lock; the others queue in creation
 //! order. `etcdctl lock <lock name>` and `concurrency.NewMutex(session, "<lock name>")`
-//! therefore queue in the same line as this crate: with the default empty prefix, the dlock
-//! key `cron` and `etcdctl lock cron` exclude each other.
+//! therefore queue in the same line as this crate: with the default prefix `dlock/`, the
+//! dlock key `cron` and `etcdctl lock dlock/cron` exclude each other (and with `prefix=`,
+//! empty, `etcdctl lock cron`).
 //!
 //! **Acquire** (`my` = our key, `rev` = its create revision):
 //! 1. Grant a lease of ⌈ttl⌉ seconds under an id this client picks at random (so a grant
@@ -148,7 +149,7 @@
 //!
 //! | option | default | meaning |
 //! |---|---|---|
-//! | `prefix` | empty | prepended verbatim to lock names: `prefix=locks/` makes the dlock key `cron` the etcdctl lock `locks/cron` |
+//! | `prefix` | `dlock/` | prepended verbatim to lock names: the dlock key `cron` is the etcdctl lock `dlock/cron`; `prefix=` (empty) makes it `cron`, but then any unrelated key under `cron/` stands in the lock's queue |
 //! | `connect_timeout` | `5s` | bound on connecting, authenticating and the first `Status` request |
 //! | `request_timeout` (`timeout`) | `5s` | bound on every request |
 //! | `ca` (`cacert`) | — | PEM CA certificate (`etcds://` only, required there) |

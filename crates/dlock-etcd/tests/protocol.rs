@@ -242,3 +242,27 @@ async fn a_busy_try_leaves_no_key_behind() {
     lease.release().await.expect("release");
     assert_clean(&harness, &key).await;
 }
+
+/// With the default prefix, an unrelated key that merely starts with the lock's name and a
+/// `/` (another application's `jobs/1` beside a lock named `jobs`) is not in the lock's
+/// queue; with an empty prefix it would hold the lock forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrelated_keys_under_the_lock_name_do_not_block_it() {
+    let harness = EtcdHarness::from_env();
+    let lock = harness.lock().await;
+    let name = format!("dlock-protocol-{}", uuid::Uuid::new_v4().simple());
+    let foreign = format!("{name}/1");
+    let mut raw = harness.raw().await;
+    raw.put(foreign.as_str(), "not a lock", None)
+        .await
+        .expect("put a foreign key");
+    let lease = lock
+        .try_acquire(&name, &LockOptions::new())
+        .await
+        .expect("try_acquire")
+        .expect("a foreign key outside the prefix does not hold the lock");
+    lease.release().await.expect("release");
+    raw.delete(foreign.as_str(), None)
+        .await
+        .expect("delete the foreign key");
+}

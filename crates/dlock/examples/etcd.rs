@@ -1,5 +1,5 @@
-//! etcd: the same lock as `etcdctl lock cron` — run this while `etcdctl lock cron` holds it and
-//! it waits.
+//! etcd: the same lock as `etcdctl lock dlock/cron` (the default key prefix is `dlock/`) —
+//! run this while `etcdctl lock dlock/cron` holds it and it waits.
 //!
 //! `cargo run -p dlock --example etcd`
 
