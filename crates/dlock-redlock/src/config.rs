@@ -59,12 +59,18 @@ impl RedlockConfig {
         self.nodes.len() / 2 + 1
     }
 
-    /// The key prefix the nodes share.
+    /// The key prefix the nodes share (empty when there are no nodes).
     pub fn prefix(&self) -> &str {
-        &self.nodes[0].prefix
+        self.nodes.first().map_or("", |node| node.prefix.as_str())
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Check the node list: an odd number of at least 3 distinct nodes sharing one key
+    /// prefix. [`RedlockConfig::new`], [`from_url`](Self::from_url) and the backend's
+    /// `connect` call it, so a config built field by field is checked too.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] naming what is wrong.
+    pub fn validate(&self) -> Result<()> {
         let n = self.nodes.len();
         if n < 3 || n.is_multiple_of(2) {
             return Err(LockError::invalid_config(
@@ -167,6 +173,24 @@ mod tests {
             RedlockConfig::new(mixed).unwrap_err().kind(),
             ErrorKind::InvalidConfig
         );
+    }
+
+    #[tokio::test]
+    async fn a_config_built_by_hand_is_checked_before_connecting() {
+        let node = |port| RedisConfig::new("127.0.0.1", port);
+        for nodes in [
+            vec![],
+            vec![node(1)],
+            vec![node(1), node(2)],
+            vec![node(1), node(2), node(1)],
+        ] {
+            let n = nodes.len();
+            let err = crate::RedlockBackend::connect(RedlockConfig { nodes })
+                .await
+                .expect_err("refused");
+            assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{n} nodes: {err}");
+        }
+        assert_eq!(RedlockConfig { nodes: vec![] }.prefix(), "");
     }
 
     #[test]

@@ -113,9 +113,12 @@ impl RedlockBackend {
     /// requests.
     ///
     /// # Errors
-    /// [`LockError::Unavailable`] when fewer than a quorum can be reached,
-    /// [`LockError::Backend`] when nodes refuse (wrong password, not a Redis server).
+    /// [`LockError::InvalidConfig`] for a node list [`RedlockConfig::validate`] refuses,
+    /// before any network I/O; [`LockError::Unavailable`] when fewer than a quorum can be
+    /// reached, [`LockError::Backend`] when nodes refuse (wrong password, not a Redis
+    /// server).
     pub async fn connect(config: RedlockConfig) -> Result<Self> {
+        config.validate()?;
         let nodes = config
             .nodes
             .iter()
