@@ -23,6 +23,20 @@ pub enum Error {
         #[source]
         source: RedisError,
     },
+    /// The answer was not the Redis protocol: another kind of server on the port (a
+    /// database, an HTTP server). The client library's parser message stays in the source.
+    #[error(
+        "{op} on {addr}: the server did not answer as Redis (another kind of server on this port?)"
+    )]
+    NotRedis {
+        /// The operation.
+        op: &'static str,
+        /// The server.
+        addr: Arc<str>,
+        /// The client library's parse error.
+        #[source]
+        source: RedisError,
+    },
     /// No answer within the configured timeout.
     #[error("{op} on {addr}: no answer within {after:?}")]
     TimedOut {
@@ -47,10 +61,11 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn redis(op: &'static str, addr: &Arc<str>, source: RedisError) -> Self {
-        Self::Redis {
-            op,
-            addr: addr.clone(),
-            source,
+        let addr = addr.clone();
+        if source.kind() == RedisKind::Parse {
+            Self::NotRedis { op, addr, source }
+        } else {
+            Self::Redis { op, addr, source }
         }
     }
 
@@ -65,7 +80,10 @@ impl Error {
     /// The operation that failed.
     pub fn op(&self) -> &'static str {
         match self {
-            Self::Redis { op, .. } | Self::TimedOut { op, .. } | Self::Reply { op, .. } => op,
+            Self::Redis { op, .. }
+            | Self::NotRedis { op, .. }
+            | Self::TimedOut { op, .. }
+            | Self::Reply { op, .. } => op,
         }
     }
 
@@ -74,7 +92,7 @@ impl Error {
     pub fn is_unavailable(&self) -> bool {
         match self {
             Self::TimedOut { .. } => true,
-            Self::Reply { .. } => false,
+            Self::Reply { .. } | Self::NotRedis { .. } => false,
             Self::Redis { source, .. } => {
                 io_failure(source)
                     || source.is_connection_refusal()
@@ -91,9 +109,9 @@ impl Error {
     /// (a silent peer), or is out of step with the protocol.
     pub(crate) fn breaks_connection(&self) -> bool {
         match self {
-            Self::TimedOut { .. } => true,
+            Self::TimedOut { .. } | Self::NotRedis { .. } => true,
             Self::Reply { .. } => false,
-            Self::Redis { source, .. } => io_failure(source) || source.kind() == RedisKind::Parse,
+            Self::Redis { source, .. } => io_failure(source),
         }
     }
 
@@ -147,9 +165,16 @@ mod tests {
         let auth = RedisError::from((RedisKind::AuthenticationFailed, "WRONGPASS"));
         let e: LockError = Error::redis("connect", &addr(), auth).into();
         assert_eq!(e.kind(), ErrorKind::Backend, "{e}");
-        let parse = RedisError::from((RedisKind::Parse, "not redis"));
+        let parse = RedisError::from((RedisKind::Parse, "Incompatible type - Parse error at 1"));
         let err = Error::redis("connect", &addr(), parse);
         assert!(err.breaks_connection());
-        assert_eq!(err.into_lock_error("redlock").kind(), ErrorKind::Backend);
+        let e = err.into_lock_error("redlock");
+        assert_eq!(e.kind(), ErrorKind::Backend);
+        let text = e.to_string();
+        assert!(text.contains("did not answer as Redis"), "{text}");
+        assert!(
+            !text.contains("Incompatible"),
+            "the raw parser message stays in the source: {text}"
+        );
     }
 }

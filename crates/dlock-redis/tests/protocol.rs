@@ -224,3 +224,15 @@ async fn with_an_empty_prefix_no_key_reaches_another_locks_fence_counter() {
     lease.release().await.expect("release");
     let _: () = admin.del(&victim.fence).await.expect("DEL fence");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_of_another_kind_is_named_as_such() {
+    let url = format!("redis://{}", common::not_redis_server());
+    let err = dlock_redis::from_url(&url)
+        .await
+        .expect_err("an HTTP server is not Redis");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    let text = err.to_string();
+    assert!(text.contains("did not answer as Redis"), "{text}");
+    assert!(!text.contains('\n'), "one line, not the parser's: {text}");
+}
