@@ -2,11 +2,13 @@
 //! timeout and sends again a request that never left; [`revision`] and [`ranged`] read
 //! etcd's answers.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use etcd_client::{Client, KeyValue, ResponseHeader, Txn, TxnOpResponse, TxnResponse};
 
@@ -26,12 +28,44 @@ pub(crate) struct Conn {
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
     pub(crate) wakeups: AtomicU64,
-    /// Leases granted (or being granted) and not yet seen gone.
-    leases: Mutex<HashSet<i64>>,
+    /// Leases granted (or being granted) and not yet seen gone, with the instant by which
+    /// the server has certainly expired those no longer kept alive (a revoke that failed).
+    /// Those are forgotten once that instant passes, so the map stays bounded by the leases
+    /// alive now.
+    leases: Mutex<HashMap<i64, Option<Instant>>>,
 }
 
 impl Shared {
-    pub(crate) fn leases(&self) -> std::sync::MutexGuard<'_, HashSet<i64>> {
+    /// Note a lease this client is about to grant and will keep alive.
+    pub(crate) fn lease_opened(&self, id: i64) {
+        let mut leases = self.leases();
+        let now = Instant::now();
+        leases.retain(|_, gone_by| gone_by.is_none_or(|t| t > now));
+        leases.insert(id, None);
+    }
+
+    /// The lease is gone on the server (revoked, expired, or never granted).
+    pub(crate) fn lease_closed(&self, id: i64) {
+        self.leases().remove(&id);
+    }
+
+    /// Nothing keeps the lease alive any more, but its revoke failed: the server expires it
+    /// within `ttl`.
+    pub(crate) fn lease_abandoned(&self, id: i64, ttl: Duration) {
+        if let Some(gone_by) = self.leases().get_mut(&id) {
+            *gone_by = Some(Instant::now() + ttl);
+        }
+    }
+
+    /// Ids of the leases that may still exist on the server.
+    pub(crate) fn open_leases(&self) -> Vec<i64> {
+        let now = Instant::now();
+        let mut leases = self.leases();
+        leases.retain(|_, gone_by| gone_by.is_none_or(|t| t > now));
+        leases.keys().copied().collect()
+    }
+
+    fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Option<Instant>>> {
         self.leases.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -96,7 +130,7 @@ impl Conn {
             Err(e) if e.is_lease_not_found() => {}
             Err(e) => return Err(e),
         }
-        self.shared.leases().remove(&id);
+        self.shared.lease_closed(id);
         Ok(())
     }
 }
@@ -121,5 +155,32 @@ pub(crate) fn ranged<'a>(
             op,
             what: "a transaction without the expected range result",
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn abandoned_leases_are_forgotten_once_the_server_has_expired_them() {
+        let shared = Shared::default();
+        for id in 0..1000 {
+            shared.lease_opened(id);
+            shared.lease_abandoned(id, Duration::ZERO);
+        }
+        shared.lease_opened(7_000);
+        shared.lease_opened(7_001);
+        shared.lease_abandoned(7_001, Duration::from_secs(60));
+        let mut open = shared.open_leases();
+        open.sort_unstable();
+        assert_eq!(open, [7_000, 7_001], "kept alive, or not yet expired");
+        assert_eq!(
+            shared.leases().len(),
+            2,
+            "the map does not grow with failed revokes"
+        );
+        shared.lease_closed(7_000);
+        assert_eq!(shared.open_leases(), [7_001]);
     }
 }

@@ -47,7 +47,7 @@ impl LeaseHandle {
     /// revoked. Nothing is sent yet.
     pub(crate) fn new(conn: &Conn, asked: i64) -> Self {
         let id = rand::rng().random_range(1..=i64::MAX);
-        conn.shared.leases().insert(id);
+        conn.shared.lease_opened(id);
         Self {
             conn: conn.clone(),
             id,
@@ -189,13 +189,15 @@ impl LeaseHandle {
             return;
         }
         *self.keeper.get() = None;
-        let (conn, id) = (self.conn.clone(), self.id);
+        let (conn, id, ttl) = (self.conn.clone(), self.id, self.ttl());
         let spawned = dlock_core::raw::spawn_cleanup(async move {
             if let Err(e) = conn.revoke("release", id).await {
                 tracing::debug!(backend = NAME, lease = id, error = %e, "background revoke failed; the lease expires with its ttl");
+                conn.shared.lease_abandoned(id, ttl);
             }
         });
         if !spawned {
+            self.conn.shared.lease_abandoned(id, ttl);
             tracing::debug!(
                 backend = NAME,
                 lease = id,
@@ -208,7 +210,7 @@ impl LeaseHandle {
     fn gone(&mut self) {
         self.live = false;
         *self.keeper.get() = None;
-        self.conn.shared.leases().remove(&self.id);
+        self.conn.shared.lease_closed(self.id);
     }
 }
 

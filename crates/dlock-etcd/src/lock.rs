@@ -95,7 +95,7 @@ impl EtcdBackend {
     /// Ids of the leases this client granted and has not yet seen revoked or expired (some
     /// may have expired on the server since). For diagnostics and leak tests.
     pub fn open_leases(&self) -> Vec<i64> {
-        self.conn.shared.leases().iter().copied().collect()
+        self.conn.shared.open_leases()
     }
 }
 
