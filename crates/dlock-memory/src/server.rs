@@ -25,6 +25,9 @@ struct State {
     /// The last grant's id, which is also its fencing token: one counter for every key (as
     /// etcd's revision), so tokens increase per key without remembering keys nobody holds.
     next_id: u64,
+    /// `keys.len()` after the last sweep of expired slots; the next sweep comes when the
+    /// map has doubled, so sweeping costs O(1) per grant, amortized.
+    swept_at: usize,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +115,7 @@ impl State {
     }
 
     fn grant(&mut self, key: &str, ttl: Duration) -> Granted {
+        self.sweep_if_due();
         self.next_id += 1;
         let id = self.next_id;
         let token = id;
@@ -149,6 +153,19 @@ impl State {
         if self.free(key) && self.keys.get(key).is_some_and(|s| s.waiters.is_empty()) {
             self.keys.remove(key);
         }
+    }
+
+    /// Forget the slots of keys whose holder expired without a release (a crashed holder,
+    /// auto-renew off) and that nobody waits for: nothing else would ever remove them.
+    fn sweep_if_due(&mut self) {
+        if self.keys.len() < (2 * self.swept_at).max(64) {
+            return;
+        }
+        let now = Instant::now();
+        self.keys.retain(|_, slot| {
+            slot.holder.as_ref().is_some_and(|h| h.expires_at > now) || !slot.waiters.is_empty()
+        });
+        self.swept_at = self.keys.len();
     }
 
     fn release(&mut self, key: &str, id: u64) -> bool {
@@ -379,5 +396,25 @@ impl Held for MemoryHeld {
         } else {
             Err(self.not_held())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expired_unreleased_keys_do_not_pile_up() {
+        let mut state = State::default();
+        for i in 0..10_000 {
+            // Held for no time and never released, as by a crashed holder.
+            state.grant(&format!("k{i}"), Duration::ZERO);
+        }
+        assert!(state.keys.len() <= 128, "{} slots kept", state.keys.len());
+        let live = state.grant("live", Duration::from_secs(60));
+        for i in 0..1_000 {
+            state.grant(&format!("j{i}"), Duration::ZERO);
+        }
+        assert!(state.holds("live", live.id), "a live holder is never swept");
     }
 }
