@@ -74,8 +74,10 @@ pub trait Harness: Send + Sync + 'static {
         self.url()
     }
 
-    /// A client whose network the test can cut. By default: one [`Proxy`] per server
-    /// address.
+    /// A client whose network the test can cut, connected while the network is whole.
+    /// Scenarios need one from every backend (the partition scenarios, and the check that
+    /// bad keys are refused before any I/O); an `Err` fails them. By default: one
+    /// [`Proxy`] per server address.
     async fn partitioned_client(&self) -> Result<(Arc<dyn DistributedLock>, Box<dyn Partition>)> {
         let mut proxies = Vec::new();
         for addr in self.server_addrs() {
@@ -140,10 +142,16 @@ pub trait Harness: Send + Sync + 'static {
 
 /// A network cut the test controls.
 pub trait Partition: Send + Sync {
-    /// Stop all traffic between the client and the server(s), silently.
+    /// Stop all traffic between the client and the server(s), silently. Starts
+    /// [`traffic_while_cut`](Self::traffic_while_cut) from zero.
     fn cut(&self);
     /// Let traffic through again.
     fn heal(&self);
+    /// How much the client tried to send to the server(s) since the last
+    /// [`cut`](Self::cut), none of which arrived (for a [`Proxy`]: bytes written plus
+    /// connections opened). Zero means the client did not try to reach the server; any
+    /// request the client makes while cut must show here.
+    fn traffic_while_cut(&self) -> u64;
 }
 
 impl Partition for Vec<Proxy> {
@@ -152,6 +160,9 @@ impl Partition for Vec<Proxy> {
     }
     fn heal(&self) {
         self.iter().for_each(Proxy::heal);
+    }
+    fn traffic_while_cut(&self) -> u64 {
+        self.iter().map(Proxy::traffic_while_cut).sum()
     }
 }
 

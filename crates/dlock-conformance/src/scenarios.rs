@@ -722,23 +722,120 @@ pub async fn cancelled_acquire_leaves_nothing(cx: Ctx) {
 
 /// Promise 13a: Empty, over-long and NUL-bearing keys are rejected with `InvalidKey` before any
 /// network I/O, leaving nothing on the server.
+///
+/// "Before any I/O" is checked on every backend: a client connected through a network the
+/// test then cuts must still refuse the bad keys at once, and must not even try to send
+/// anything for them ([`Partition::traffic_while_cut`](crate::Partition)). Background
+/// traffic (a heartbeat, a reconnect) may fall into one look; a request made for the bad
+/// keys falls into every look. Then a valid key on the same cut client must show as
+/// traffic: a count that cannot see the client fails the test instead of passing it.
 pub async fn bad_keys_are_rejected_before_io(cx: Ctx) {
+    const LOOKS: usize = 5;
     let a = cx.client().await;
-    let too_long = cx.key(&"x".repeat(a.capabilities().max_key_len));
-    for key in [String::new(), cx.key("nul\0byte"), too_long] {
-        let started = Instant::now();
-        let err = a.try_acquire(&key, &opts(&cx)).await.expect_err("bad key");
-        assert_eq!(err.kind(), ErrorKind::InvalidKey, "{err}");
-        let err = a.acquire(&key, &opts(&cx)).await.expect_err("bad key");
-        assert_eq!(err.kind(), ErrorKind::InvalidKey, "{err}");
-        assert!(started.elapsed() < Duration::from_secs(1));
+    let keys = bad_keys(&cx, a.capabilities().max_key_len);
+    for key in &keys {
+        refused_at_once(&*a, key, &opts(&cx)).await;
     }
-    // Checked before any network I/O: a client of a dead server still says InvalidKey.
-    if let Ok(dead) = cx.harness().unreachable_client().await {
-        let err = dead.try_acquire("", &opts(&cx)).await.expect_err("bad key");
-        assert_eq!(err.kind(), ErrorKind::InvalidKey, "{err}");
+    let (cut_client, cut) = cx
+        .harness()
+        .partitioned_client()
+        .await
+        .unwrap_or_else(|e| panic!("{}", cx.unreachable_message(&e)));
+    // Connected and settled: one valid acquire opens whatever the client opens lazily.
+    must_take(&*cut_client, &cx.key("warm-up"), &opts(&cx))
+        .await
+        .release()
+        .await
+        .expect("release");
+    sleep(Duration::from_millis(200)).await;
+    cut.cut();
+    let mut looks = Vec::new();
+    for _ in 0..LOOKS {
+        let before = cut.traffic_while_cut();
+        for key in &keys {
+            refused_at_once(&*cut_client, key, &opts(&cx)).await;
+        }
+        // Long enough for a request handed to another task to reach the wire.
+        sleep(Duration::from_millis(100)).await;
+        looks.push(cut.traffic_while_cut() - before);
+        if looks.last() == Some(&0) {
+            break;
+        }
     }
+    assert!(
+        looks.last() == Some(&0),
+        "the client tried to reach the server for bad keys: traffic into the cut network \
+         in each of {LOOKS} looks: {looks:?}"
+    );
+    // The count sees this client: a valid key does try the server.
+    let before = cut.traffic_while_cut();
+    let probe = (cx.key("probe"), opts(&cx));
+    let tried = async {
+        while cut.traffic_while_cut() == before {
+            sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::select! {
+        () = tried => {}
+        answer = cut_client.try_acquire(&probe.0, &probe.1) => {
+            assert!(
+                !matches!(answer, Ok(Some(_))),
+                "acquired a key through a cut network"
+            );
+            assert!(
+                cut.traffic_while_cut() > before,
+                "a valid try_acquire on a cut network ended ({answer:?}) without trying \
+                 the server: the traffic count does not see this client"
+            );
+        }
+        () = sleep(Duration::from_secs(10)) => panic!(
+            "a valid try_acquire sent nothing into the cut network within 10 s: the \
+             traffic count does not see this client"
+        ),
+    }
+    cut.heal();
+    drop(cut_client);
     cx.finish().await;
+}
+
+/// The keys every backend must refuse: empty, with a NUL byte, one byte too long.
+fn bad_keys(cx: &Ctx, max_key_len: usize) -> Vec<String> {
+    let too_long = cx.key(&"x".repeat(max_key_len.saturating_sub(cx.prefix().len()) + 1));
+    assert_eq!(too_long.len(), max_key_len + 1);
+    vec![String::new(), cx.key("nul\0byte"), too_long]
+}
+
+/// Both `try_acquire` and `acquire` of `key` answer `InvalidKey`, within a second.
+async fn refused_at_once(client: &dyn DistributedLock, key: &str, opts: &LockOptions) {
+    let shown = format!(
+        "{:?} ({} bytes)",
+        key.chars().take(40).collect::<String>(),
+        key.len()
+    );
+    let started = Instant::now();
+    let limit = Duration::from_secs(5);
+    let answers = [
+        timeout(limit, client.try_acquire(key, opts))
+            .await
+            .map(|r| r.map(|_| ())),
+        timeout(limit, client.acquire(key, opts))
+            .await
+            .map(|r| r.map(|_| ())),
+    ];
+    for (call, answer) in ["try_acquire", "acquire"].into_iter().zip(answers) {
+        match answer {
+            Err(_) => {
+                panic!("{call}({shown}) did not answer within {limit:?}: it waits on the network")
+            }
+            Ok(Ok(())) => panic!("{call}({shown}) accepted a bad key"),
+            Ok(Err(e)) => assert_eq!(e.kind(), ErrorKind::InvalidKey, "{call}({shown}): {e}"),
+        }
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "refusing {shown} took {took:?}: not before any network I/O"
+    );
 }
 
 /// Promise 13b: Out-of-range options are rejected with `InvalidConfig`.

@@ -6,11 +6,13 @@ mod common;
 use std::future::Future;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
-use common::{FromMemory, InProcess};
+use common::{FromMemory, InProcess, Wired};
 use dlock_conformance::{Ctx, scenarios};
-use dlock_core::raw::{Backend, Deadline, Grant, Held};
-use dlock_core::{Capabilities, LockStats, Result};
+use dlock_core::raw::{Backend, Deadline, Grant, Held, LockClient};
+use dlock_core::{Capabilities, DistributedLock, Lease, LockOptions, LockStats, Result};
 use dlock_memory::MemoryBackend;
 use tokio::time::Instant;
 
@@ -29,6 +31,12 @@ struct ConstantToken(MemoryBackend);
 /// Folds case and trailing spaces, as a case-insensitive, space-padding collation would.
 #[derive(Debug)]
 struct FoldsKeys(MemoryBackend);
+
+/// Sends a request for the key before checking it (as a backend that leaves key checks to
+/// the server would), then answers as the core does: every answer is right, but a bad key
+/// costs a round trip, or hangs on a dead network.
+#[derive(Debug)]
+struct AsksFirst(MemoryBackend);
 
 #[derive(Debug)]
 struct Fake;
@@ -125,6 +133,94 @@ wrapper!(FoldsKeys, |me, key, ttl, deadline| {
     me.0.acquire(&folded, ttl, deadline).await
 });
 
+impl FromMemory for AsksFirst {
+    fn from_memory(inner: MemoryBackend) -> Self {
+        Self(inner)
+    }
+    fn memory(&self) -> &MemoryBackend {
+        &self.0
+    }
+    fn client(lock: LockClient<Wired<Self>>) -> Arc<dyn DistributedLock> {
+        Arc::new(AsksFirstClient(lock))
+    }
+}
+
+#[async_trait]
+impl Backend for AsksFirst {
+    const NAME: &'static str = "broken";
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    fn stats(&self) -> LockStats {
+        self.0.stats()
+    }
+    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
+        self.0.acquire(key, ttl, deadline).await
+    }
+}
+
+#[derive(Debug)]
+struct AsksFirstClient(LockClient<Wired<AsksFirst>>);
+
+impl AsksFirstClient {
+    /// One try for the key on the server, given back at once; its answer is not used.
+    async fn ask(&self, key: &str, opts: &LockOptions) {
+        let asked = self.0.backend().acquire(key, opts.ttl, Deadline::TryOnce);
+        if let Ok(Some(mut grant)) = asked.await {
+            let _ = grant.held.release().await;
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for AsksFirstClient {
+    fn backend_name(&self) -> &'static str {
+        self.0.backend_name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    fn stats(&self) -> LockStats {
+        self.0.stats()
+    }
+    async fn try_acquire(&self, key: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        self.ask(key, opts).await;
+        self.0.try_acquire(key, opts).await
+    }
+    async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<Lease> {
+        self.ask(key, opts).await;
+        self.0.acquire(key, opts).await
+    }
+}
+
+/// Run `scenario` on `harness`; its failure message, if it failed.
+async fn failure<B, F, Fut>(harness: InProcess<B>, scenario: F) -> Option<String>
+where
+    B: FromMemory,
+    F: FnOnce(Ctx) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let run = tokio::spawn(dlock_conformance::run(
+        harness,
+        "broken::scenario",
+        scenario,
+    ));
+    match run.await {
+        Ok(()) => None,
+        Err(e) if e.is_panic() => {
+            let panic = e.into_panic();
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "(a panic without a message)".to_owned());
+            eprintln!("rejected as expected: {message}");
+            Some(message)
+        }
+        Err(e) => panic!("the scenario's task ended without finishing: {e}"),
+    }
+}
+
 /// Run `scenario` against `B` and return whether it failed.
 async fn rejects<B, F, Fut>(scenario: F) -> bool
 where
@@ -132,15 +228,23 @@ where
     F: FnOnce(Ctx) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let run = tokio::spawn(dlock_conformance::run(
-        InProcess::<B>::new(),
-        "broken::scenario",
-        scenario,
-    ));
-    match run.await {
-        Ok(()) => false,
-        Err(e) => e.is_panic(),
-    }
+    failure(InProcess::<B>::new(), scenario).await.is_some()
+}
+
+/// Assert that `scenario` fails on `B` for the reason `expected` names.
+async fn rejects_for<B, F, Fut>(scenario: F, expected: &str)
+where
+    B: FromMemory,
+    F: FnOnce(Ctx) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let message = failure(InProcess::<B>::new(), scenario)
+        .await
+        .expect("the scenario passed a broken backend");
+    assert!(
+        message.contains(expected),
+        "rejected, but not for {expected:?}: {message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,9 +272,22 @@ async fn independent_keys_rejects_a_backend_that_folds_keys() {
     assert!(rejects::<FoldsKeys, _, _>(scenarios::independent_keys).await);
 }
 
+/// The old check asked a client of a dead server for a bad key and looked only at the
+/// answer, which `AsksFirst` gets right; every real backend failed to connect to the dead
+/// server first, so even that did not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_keys_rejects_a_backend_that_asks_the_server_first() {
+    rejects_for::<AsksFirst, _, _>(
+        scenarios::bad_keys_are_rejected_before_io,
+        "the client tried to reach the server for bad keys",
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_scenarios_pass_on_the_real_memory_backend() {
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::mutual_exclusion).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::fencing_tokens_increase).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::independent_keys).await);
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::bad_keys_are_rejected_before_io).await);
 }
