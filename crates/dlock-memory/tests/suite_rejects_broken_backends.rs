@@ -7,6 +7,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use common::{FromMemory, InProcess, Wired};
@@ -27,6 +28,11 @@ struct ReleasesAnyone(MemoryBackend);
 /// Hands out the same fencing token every time.
 #[derive(Debug)]
 struct ConstantToken(MemoryBackend);
+
+/// Numbers its grants per client, as if each client kept its own token counter: tokens
+/// increase within a client and go backwards across clients.
+#[derive(Debug)]
+struct PerClientTokens(MemoryBackend, AtomicU64);
 
 /// Folds case and trailing spaces, as a case-insensitive, space-padding collation would.
 #[derive(Debug)]
@@ -133,6 +139,32 @@ wrapper!(FoldsKeys, |me, key, ttl, deadline| {
     me.0.acquire(&folded, ttl, deadline).await
 });
 
+impl FromMemory for PerClientTokens {
+    fn from_memory(inner: MemoryBackend) -> Self {
+        Self(inner, AtomicU64::new(0))
+    }
+    fn memory(&self) -> &MemoryBackend {
+        &self.0
+    }
+}
+
+#[async_trait]
+impl Backend for PerClientTokens {
+    const NAME: &'static str = "broken";
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    fn stats(&self) -> LockStats {
+        self.0.stats()
+    }
+    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
+        Ok(self.0.acquire(key, ttl, deadline).await?.map(|mut grant| {
+            grant.fencing_token = self.1.fetch_add(1, Ordering::SeqCst) + 1;
+            grant
+        }))
+    }
+}
+
 impl FromMemory for AsksFirst {
     fn from_memory(inner: MemoryBackend) -> Self {
         Self(inner)
@@ -238,7 +270,17 @@ where
     F: FnOnce(Ctx) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let message = failure(InProcess::<B>::new(), scenario)
+    rejects_on(InProcess::<B>::new(), scenario, expected).await;
+}
+
+/// Assert that `scenario` fails on `harness` for the reason `expected` names.
+async fn rejects_on<B, F, Fut>(harness: InProcess<B>, scenario: F, expected: &str)
+where
+    B: FromMemory,
+    F: FnOnce(Ctx) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let message = failure(harness, scenario)
         .await
         .expect("the scenario passed a broken backend");
     assert!(
@@ -282,6 +324,22 @@ async fn bad_keys_rejects_a_backend_that_asks_the_server_first() {
         "the client tried to reach the server for bad keys",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_rejects_tokens_that_go_backwards_across_clients() {
+    rejects_for::<PerClientTokens, _, _>(scenarios::mutual_exclusion, "token regression").await;
+}
+
+/// The old check opened one more client after the run to read the capabilities, and turned
+/// the token order off when that failed: on a server with no connection to spare,
+/// `PerClientTokens` passed. The capabilities now come from a client in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_checks_tokens_when_no_connection_is_left() {
+    let full = InProcess::<PerClientTokens>::admitting(4);
+    rejects_on(full, scenarios::mutual_exclusion, "token regression").await;
+    let full = InProcess::<MemoryBackend>::admitting(4);
+    assert!(failure(full, scenarios::mutual_exclusion).await.is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_conformance::{Harness, Holder, Partition};
 use dlock_core::raw::{Backend, Deadline, Grant, Held, LockClient};
-use dlock_core::{BoxError, DistributedLock, ErrorKind, LockOptions, LockStats, Result};
+use dlock_core::{BoxError, DistributedLock, ErrorKind, LockError, LockOptions, LockStats, Result};
 use dlock_memory::{MemoryBackend, MemoryServer};
 
 /// A backend made from a memory client: the memory backend itself, or a broken wrapper.
@@ -123,6 +123,8 @@ impl FromMemory for MemoryBackend {
 
 pub(crate) struct InProcess<B> {
     server: MemoryServer,
+    /// How many more clients `connect` makes; `None`: no limit.
+    admits: Option<AtomicU64>,
     _backend: PhantomData<fn() -> B>,
 }
 
@@ -130,7 +132,18 @@ impl<B: FromMemory> InProcess<B> {
     pub(crate) fn new() -> Self {
         Self {
             server: MemoryServer::new(),
+            admits: None,
             _backend: PhantomData,
+        }
+    }
+
+    /// A server that admits `clients` connections, then refuses more with `Unavailable`
+    /// (as a server at its connection limit does).
+    #[allow(dead_code)] // only the broken-backend tests use it
+    pub(crate) fn admitting(clients: u64) -> Self {
+        Self {
+            admits: Some(AtomicU64::new(clients)),
+            ..Self::new()
         }
     }
 
@@ -189,6 +202,17 @@ impl<B: FromMemory> Harness for InProcess<B> {
 
     async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
         if url == self.url() {
+            let admitted = self.admits.as_ref().is_none_or(|left| {
+                left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            });
+            if !admitted {
+                return Err(LockError::unavailable(
+                    "memory",
+                    "connect",
+                    "the server admits no more connections",
+                ));
+            }
             return Ok(B::client(self.lock()));
         }
         Ok(Arc::new(dlock_memory::from_url(url)?))
