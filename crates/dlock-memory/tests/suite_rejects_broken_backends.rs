@@ -6,15 +6,17 @@ mod common;
 use std::future::Future;
 use std::time::Duration;
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
 use common::{FromMemory, InProcess, Wired};
 use dlock_conformance::{Ctx, scenarios};
 use dlock_core::raw::{Backend, Deadline, Grant, Held, LockClient};
-use dlock_core::{Capabilities, DistributedLock, Lease, LockOptions, LockStats, Result};
+use dlock_core::{Capabilities, DistributedLock, Lease, LockOptions, LockStats, Result, Wakeup};
 use dlock_memory::MemoryBackend;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// Lets a second holder in whenever the key is busy.
@@ -33,6 +35,17 @@ struct ConstantToken(MemoryBackend);
 /// increase within a client and go backwards across clients.
 #[derive(Debug)]
 struct PerClientTokens(MemoryBackend, AtomicU64);
+
+/// Wakes every waiter on a key at each release, as one pub/sub message to all of them
+/// would, while declaring (as the memory backend does) one wake-up per release.
+#[derive(Debug)]
+struct WakesAll(MemoryBackend, AtomicU64);
+
+/// A pub/sub herd that declares one wake-up per waiter per release, but whose waiters
+/// subscribe again each time they lose the key without dropping the old subscription:
+/// the first release wakes each waiter once, later ones once per subscription.
+#[derive(Debug)]
+struct LeaksListeners(MemoryBackend, AtomicU64);
 
 /// Folds case and trailing spaces, as a case-insensitive, space-padding collation would.
 #[derive(Debug)]
@@ -164,6 +177,130 @@ impl Backend for PerClientTokens {
         }))
     }
 }
+
+/// The broadcast every waiter on `key` listens to (keys are unique per scenario).
+fn released(key: &str) -> Arc<Notify> {
+    static CHANNELS: OnceLock<Mutex<HashMap<String, Arc<Notify>>>> = OnceLock::new();
+    CHANNELS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(key.to_owned())
+        .or_default()
+        .clone()
+}
+
+/// A held key whose release is broadcast to every waiter.
+#[derive(Debug)]
+struct Broadcasts {
+    inner: Box<dyn Held>,
+    channel: Arc<Notify>,
+}
+
+#[async_trait]
+impl Held for Broadcasts {
+    async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        self.inner.extend(ttl).await
+    }
+    async fn release(&mut self) -> Result<()> {
+        let released = self.inner.release().await;
+        self.channel.notify_waiters();
+        released
+    }
+}
+
+/// Wait for `key` on the memory server as a pub/sub herd does: every waiter is told of
+/// every release and tries again. Each release reaches a waiter once per subscription it
+/// holds; with `leak`, a waiter that loses subscribes once more.
+async fn herd_acquire(
+    memory: &MemoryBackend,
+    wakeups: &AtomicU64,
+    leak: bool,
+    (key, ttl, deadline): (&str, Duration, Deadline),
+) -> Result<Option<Grant>> {
+    let channel = released(key);
+    let mut subscriptions = 1;
+    loop {
+        let notified = channel.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if let Some(mut grant) = memory.acquire(key, ttl, Deadline::TryOnce).await? {
+            let inner = std::mem::replace(&mut grant.held, Box::new(Fake));
+            grant.held = Box::new(Broadcasts {
+                inner,
+                channel: channel.clone(),
+            });
+            return Ok(Some(grant));
+        }
+        if !deadline.may_wait() {
+            return Ok(None);
+        }
+        let until = deadline.min(Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            () = notified => {}
+            () = tokio::time::sleep_until(until) => continue,
+        }
+        // One wake-up, and one try, per subscription the release reached.
+        for _ in 0..subscriptions {
+            wakeups.fetch_add(1, Ordering::SeqCst);
+            if let Some(mut grant) = memory.acquire(key, ttl, Deadline::TryOnce).await? {
+                let inner = std::mem::replace(&mut grant.held, Box::new(Fake));
+                grant.held = Box::new(Broadcasts {
+                    inner,
+                    channel: channel.clone(),
+                });
+                return Ok(Some(grant));
+            }
+        }
+        if leak {
+            subscriptions += 1;
+        }
+    }
+}
+
+macro_rules! herd {
+    ($ty:ident, leak: $leak:expr, $caps:expr) => {
+        impl FromMemory for $ty {
+            fn from_memory(inner: MemoryBackend) -> Self {
+                Self(inner, AtomicU64::new(0))
+            }
+            fn memory(&self) -> &MemoryBackend {
+                &self.0
+            }
+        }
+
+        #[async_trait]
+        impl Backend for $ty {
+            const NAME: &'static str = "broken";
+            fn capabilities(&self) -> Capabilities {
+                let caps: fn(Capabilities) -> Capabilities = $caps;
+                caps(self.0.capabilities())
+            }
+            fn stats(&self) -> LockStats {
+                LockStats::with_wakeups(self.1.load(Ordering::SeqCst))
+            }
+            async fn acquire(
+                &self,
+                key: &str,
+                ttl: Duration,
+                deadline: Deadline,
+            ) -> Result<Option<Grant>> {
+                herd_acquire(&self.0, &self.1, $leak, (key, ttl, deadline)).await
+            }
+        }
+    };
+}
+
+herd!(WakesAll, leak: false, |memory| memory);
+
+herd!(LeaksListeners, leak: true, |memory| Capabilities {
+    fair: false,
+    wakeup: Wakeup::Notification {
+        one_per_release: false,
+        max_per_waiter: 1,
+    },
+    ..memory
+});
 
 impl FromMemory for AsksFirst {
     fn from_memory(inner: MemoryBackend) -> Self {
@@ -342,10 +479,25 @@ async fn mutual_exclusion_checks_tokens_when_no_connection_is_left() {
     assert!(failure(full, scenarios::mutual_exclusion).await.is_none());
 }
 
+/// `WakesAll` declares one wake-up per release: its first release already wakes all
+/// eight waiters (the old check, which looked at that release only, caught it too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_herd_rejects_a_backend_that_wakes_every_waiter() {
+    rejects_for::<WakesAll, _, _>(scenarios::no_herd, "wake-ups per release [8]").await;
+}
+
+/// `LeaksListeners` declares a herd of one wake-up per waiter, and its first release keeps
+/// to it (the old check looked at that release only); the second costs about twice as much.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_herd_rejects_a_herd_that_costs_more_than_declared() {
+    rejects_for::<LeaksListeners, _, _>(scenarios::no_herd, "wake-ups per release [8, ").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_scenarios_pass_on_the_real_memory_backend() {
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::mutual_exclusion).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::fencing_tokens_increase).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::independent_keys).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::bad_keys_are_rejected_before_io).await);
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::no_herd).await);
 }
