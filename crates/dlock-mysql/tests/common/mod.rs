@@ -4,7 +4,6 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,11 +24,8 @@ pub struct MysqlHarness {
 
 impl MysqlHarness {
     pub fn from_env() -> Self {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let url = std::env::var("DLOCK_MYSQL_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+        dlock_conformance::init_tracing();
+        let url = dlock_conformance::env_url("DLOCK_MYSQL_URL", DEFAULT_URL);
         let config = MysqlConfig::from_url(&url)
             .unwrap_or_else(|e| panic!("DLOCK_MYSQL_URL={url:?} is not usable: {e}"));
         Self { url, config }
@@ -157,22 +153,6 @@ impl Harness for MysqlHarness {
 
     async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
         Ok(Arc::new(dlock_mysql::from_url(url).await?))
-    }
-
-    fn server_addrs(&self) -> Vec<SocketAddr> {
-        (self.config.host.as_str(), self.config.port)
-            .to_socket_addrs()
-            .map(|mut addrs| addrs.next().into_iter().collect())
-            .unwrap_or_default()
-    }
-
-    fn url_with_addrs(&self, addrs: &[SocketAddr]) -> String {
-        let mut url = url::Url::parse(&self.url).expect("the harness URL parses");
-        if let Some(addr) = addrs.first() {
-            url.set_ip_host(addr.ip()).expect("an IP host");
-            url.set_port(Some(addr.port())).expect("a port");
-        }
-        url.to_string()
     }
 
     fn bad_urls(&self) -> Vec<(String, ErrorKind)> {
