@@ -98,9 +98,11 @@ impl From<Capabilities> for Caps {
                 Wakeup::Polling => "polling".into(),
                 Wakeup::Notification {
                     one_per_release: true,
+                    ..
                 } => "notification, one per release".into(),
                 Wakeup::Notification {
                     one_per_release: false,
+                    ..
                 } => "notification, all waiters".into(),
             },
         }

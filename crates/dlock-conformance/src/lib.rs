@@ -19,6 +19,13 @@
 //!
 //! An unreachable server fails the test with a message naming the server and the command
 //! that starts it (`scripts/backends up <setup>`).
+//!
+//! What every backend's harness would otherwise repeat is here: the URL from the
+//! environment ([`env_url`]), the server addresses in it and the same URL through proxies
+//! (the provided [`Harness::server_addrs`] and [`Harness::url_with_addrs`], which read
+//! any URL of the one dlock grammar), the unreachable-server message
+//! ([`Harness::unreachable`], [`Harness::or_unreachable`]), a dead port ([`dead_addr`]),
+//! a URL option ([`url_with_option`]) and test logging ([`init_tracing`]).
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
@@ -28,12 +35,14 @@ pub mod proxy;
 pub mod scenarios;
 pub mod urls;
 
+use std::fmt::Display;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::raw::url::{Host, LockUrl, default_port, redact};
 use dlock_core::{BoxError, DistributedLock, ErrorKind, Result};
 
 pub use history::{History, Hold, Violation};
@@ -66,17 +75,66 @@ pub trait Harness: Send + Sync + 'static {
     }
 
     /// The server addresses `url()` names, so the suite can put proxies in front of them.
+    /// By default: each host of the URL (read with [`LockUrl`], the scheme's default port
+    /// where it has none), resolved to its first address. A host that does not resolve
+    /// fails the test.
     fn server_addrs(&self) -> Vec<SocketAddr> {
-        Vec::new()
+        let url = self.url();
+        harness_url(self.name(), &url)
+            .hosts()
+            .iter()
+            .map(|host| {
+                (host.name.as_str(), host.port)
+                    .to_socket_addrs()
+                    .ok()
+                    .and_then(|mut addrs| addrs.next())
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "{}: the server {host} of {} does not resolve",
+                            self.name(),
+                            redact(&url)
+                        )
+                    })
+            })
+            .collect()
     }
 
-    /// `url()` with its server addresses replaced by `addrs` (same order).
-    fn url_with_addrs(&self, _addrs: &[SocketAddr]) -> String {
-        self.url()
+    /// `url()` with its server addresses replaced by `addrs` (same order). By default the
+    /// URL's host list is replaced and everything else (credentials, path, options) kept.
+    fn url_with_addrs(&self, addrs: &[SocketAddr]) -> String {
+        let hosts = addrs
+            .iter()
+            .map(|addr| Host::new(addr.ip().to_string(), addr.port()))
+            .collect();
+        harness_url(self.name(), &self.url())
+            .with_hosts(hosts)
+            .expose()
     }
 
-    /// A client whose network the test can cut. By default: one [`Proxy`] per server
-    /// address.
+    /// The failure message for a server of this harness at `url` that cannot be used:
+    /// what went wrong, the server (its password hidden) and the command that starts it.
+    fn unreachable(&self, url: &str, e: &dyn Display) -> String {
+        format!(
+            "cannot use the {} server at {}: {e}\n  start it with: scripts/backends up {}",
+            self.name(),
+            redact(url),
+            self.setup()
+        )
+    }
+
+    /// `result`'s value, or a test failure with the [`unreachable`](Self::unreachable)
+    /// message for `url`.
+    fn or_unreachable<T, E: Display>(&self, url: &str, result: Result<T, E>) -> T
+    where
+        Self: Sized,
+    {
+        result.unwrap_or_else(|e| panic!("{}", self.unreachable(url, &e)))
+    }
+
+    /// A client whose network the test can cut, connected while the network is whole.
+    /// Scenarios need one from every backend (the partition scenarios, and the check that
+    /// bad keys are refused before any I/O); an `Err` fails them. By default: one
+    /// [`Proxy`] per server address.
     async fn partitioned_client(&self) -> Result<(Arc<dyn DistributedLock>, Box<dyn Partition>)> {
         let mut proxies = Vec::new();
         for addr in self.server_addrs() {
@@ -96,12 +154,7 @@ pub trait Harness: Send + Sync + 'static {
     /// [`Unavailable`](dlock_core::LockError::Unavailable). By default: every address
     /// replaced by a loopback port with nothing behind it.
     async fn unreachable_client(&self) -> Result<Arc<dyn DistributedLock>> {
-        let mut dead = Vec::new();
-        for _ in self.server_addrs() {
-            let listener =
-                std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-            dead.push(listener.local_addr().expect("local addr"));
-        }
+        let dead: Vec<_> = self.server_addrs().iter().map(|_| dead_addr()).collect();
         self.connect(&self.url_with_addrs(&dead)).await
     }
 
@@ -139,12 +192,60 @@ pub trait Harness: Send + Sync + 'static {
     }
 }
 
+/// `url` taken apart with the one URL grammar, for the provided [`Harness`] methods.
+fn harness_url(name: &'static str, url: &str) -> LockUrl {
+    let scheme = url
+        .split_once("://")
+        .map(|(scheme, _)| scheme.to_ascii_lowercase())
+        .unwrap_or_default();
+    LockUrl::parse(name, url, &[], default_port(&scheme).unwrap_or(0))
+        .unwrap_or_else(|e| panic!("{name}: the harness URL {} is not usable: {e}", redact(url)))
+}
+
+/// The URL in the environment variable `var`, or `default` when it is not set.
+pub fn env_url(var: &str, default: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| default.to_owned())
+}
+
+/// `url` with one more query option (`name=value`).
+///
+/// ```
+/// assert_eq!(dlock_conformance::url_with_option("zk://h", "a=1"), "zk://h?a=1");
+/// assert_eq!(dlock_conformance::url_with_option("zk://h?a=1", "b=2"), "zk://h?a=1&b=2");
+/// ```
+pub fn url_with_option(url: &str, option: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{option}")
+}
+
+/// A loopback address with nothing listening behind it (a port that was free a moment ago).
+pub fn dead_addr() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    listener.local_addr().expect("local addr")
+}
+
+/// Send the test's `tracing` output to the test writer, filtered by `RUST_LOG` (e.g.
+/// `RUST_LOG=dlock_conformance=info` shows each no_herd figure). Every scenario calls it;
+/// calling it again does nothing.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
 /// A network cut the test controls.
 pub trait Partition: Send + Sync {
-    /// Stop all traffic between the client and the server(s), silently.
+    /// Stop all traffic between the client and the server(s), silently. Starts
+    /// [`traffic_while_cut`](Self::traffic_while_cut) from zero.
     fn cut(&self);
     /// Let traffic through again.
     fn heal(&self);
+    /// How much the client tried to send to the server(s) since the last
+    /// [`cut`](Self::cut), none of which arrived (for a [`Proxy`]: bytes written plus
+    /// connections opened). Zero means the client did not try to reach the server; any
+    /// request the client makes while cut must show here.
+    fn traffic_while_cut(&self) -> u64;
 }
 
 impl Partition for Vec<Proxy> {
@@ -153,6 +254,9 @@ impl Partition for Vec<Proxy> {
     }
     fn heal(&self) {
         self.iter().for_each(Proxy::heal);
+    }
+    fn traffic_while_cut(&self) -> u64 {
+        self.iter().map(Proxy::traffic_while_cut).sum()
     }
 }
 
@@ -213,14 +317,12 @@ impl Ctx {
         }
     }
 
-    /// The failure message for an unreachable server.
-    pub fn unreachable_message(&self, e: &dyn std::fmt::Display) -> String {
+    /// The failure message for an unreachable server (see [`Harness::unreachable`]).
+    pub fn unreachable_message(&self, e: &dyn Display) -> String {
         format!(
-            "{}: cannot use the {} server at {}: {e}\n  start it with: scripts/backends up {}",
+            "{}: {}",
             self.test,
-            self.harness.name(),
-            self.harness.url(),
-            self.harness.setup()
+            self.harness.unreachable(&self.harness.url(), e)
         )
     }
 
@@ -257,6 +359,7 @@ where
     F: FnOnce(Ctx) -> Fut,
     Fut: Future<Output = ()>,
 {
+    init_tracing();
     let harness: Arc<dyn Harness> = Arc::new(harness);
     if holder::serve_if_child(&*harness).await {
         return;
@@ -329,4 +432,92 @@ macro_rules! __scenarios {
         #[allow(dead_code)]
         pub const SCENARIOS: &[&str] = &[$(stringify!($scenario)),*];
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A harness that only has a URL.
+    struct UrlOnly(&'static str);
+
+    #[async_trait]
+    impl Harness for UrlOnly {
+        fn name(&self) -> &'static str {
+            "test"
+        }
+        fn url(&self) -> String {
+            self.0.to_owned()
+        }
+        async fn connect(&self, _url: &str) -> Result<Arc<dyn DistributedLock>> {
+            unreachable!("not connected in these tests")
+        }
+        fn bad_urls(&self) -> Vec<(String, ErrorKind)> {
+            Vec::new()
+        }
+        async fn break_lease(&self, _key: &str) -> Result<(), BoxError> {
+            Ok(())
+        }
+        async fn residue(&self, _prefix: &str) -> Result<Vec<String>, BoxError> {
+            Ok(Vec::new())
+        }
+    }
+
+    fn addr(text: &str) -> SocketAddr {
+        text.parse().expect("a socket address")
+    }
+
+    #[test]
+    fn server_addrs_reads_every_host_with_the_default_port() {
+        let redlock = UrlOnly("redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003");
+        assert_eq!(
+            redlock.server_addrs(),
+            [
+                addr("127.0.0.1:7001"),
+                addr("127.0.0.1:7002"),
+                addr("127.0.0.1:7003")
+            ]
+        );
+        let mysql = UrlOnly("mysql://dlock:pw@127.0.0.1/dlock");
+        assert_eq!(mysql.server_addrs(), [addr("127.0.0.1:3306")]);
+        let zk = UrlOnly("zk://[::1]:2181/chroot?session_timeout=2000ms");
+        assert_eq!(zk.server_addrs(), [addr("[::1]:2181")]);
+    }
+
+    #[test]
+    fn url_with_addrs_replaces_the_hosts_and_keeps_the_rest() {
+        let cases = [
+            (
+                "redis://127.0.0.1:6379",
+                vec!["127.0.0.1:1"],
+                "redis://127.0.0.1:1",
+            ),
+            (
+                "zk://127.0.0.1:2181,127.0.0.1:2182/chroot?session_timeout=2000ms",
+                vec!["127.0.0.1:1", "127.0.0.1:2"],
+                "zk://127.0.0.1:1,127.0.0.1:2/chroot?session_timeout=2000ms",
+            ),
+            (
+                "mysql://dlock:p%40ss@127.0.0.1:3306/dlock?table=t",
+                vec!["127.0.0.1:1"],
+                "mysql://dlock:p%40ss@127.0.0.1:1/dlock?table=t",
+            ),
+            ("etcd://127.0.0.1:2379", vec!["[::1]:1"], "etcd://[::1]:1"),
+        ];
+        for (url, addrs, expected) in cases {
+            let addrs: Vec<_> = addrs.into_iter().map(addr).collect();
+            assert_eq!(UrlOnly(url).url_with_addrs(&addrs), expected, "{url}");
+        }
+    }
+
+    #[test]
+    fn the_unreachable_message_names_the_server_and_the_setup_but_no_password() {
+        let message = UrlOnly("mysql://dlock:sekrit@127.0.0.1/dlock")
+            .unreachable("mysql://dlock:sekrit@127.0.0.1/dlock", &"refused");
+        assert_eq!(
+            message,
+            "cannot use the test server at mysql://dlock:***@127.0.0.1:3306/dlock: refused\n  \
+             start it with: scripts/backends up test"
+        );
+    }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 ///
 /// let caps = Capabilities {
 ///     fencing: Fencing::Strict,
-///     wakeup: Wakeup::Notification { one_per_release: true },
+///     wakeup: Wakeup::Notification { one_per_release: true, max_per_waiter: 1 },
 ///     ..Default::default()
 /// };
 /// assert!(!caps.fair);
@@ -107,6 +107,17 @@ pub enum Expiry {
 }
 
 /// How waiters learn that a key was released.
+///
+/// ```
+/// use dlock_core::Wakeup;
+///
+/// // Pub/sub: a release wakes every waiter on the key once; all but one go back to sleep.
+/// let herd = Wakeup::Notification { one_per_release: false, max_per_waiter: 1 };
+/// assert_eq!(herd.max_per_release(8), Some(8));
+/// let queue = Wakeup::Notification { one_per_release: true, max_per_waiter: 1 };
+/// assert_eq!(queue.max_per_release(8), Some(1));
+/// assert_eq!(Wakeup::Polling.max_per_release(8), None);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wakeup {
     /// Waiters re-try on a timer.
@@ -116,7 +127,32 @@ pub enum Wakeup {
         /// One release wakes one waiter (no thundering herd). When false, every waiter on
         /// the key is woken and all but one go back to sleep.
         one_per_release: bool,
+        /// The most times one release wakes any one waiter (at least 1): with `n` waiters,
+        /// one release costs at most `n * max_per_waiter` wake-ups, or one in all where
+        /// `one_per_release`. See [`max_per_release`](Wakeup::max_per_release).
+        max_per_waiter: u32,
     },
+}
+
+impl Wakeup {
+    /// The most wake-ups ([`LockStats::wakeups`](crate::LockStats), summed over every
+    /// waiting client) one release may cause while `waiters` wait for the key: 1 where one
+    /// release wakes one waiter, `waiters * max_per_waiter` for a herd, and `None` when
+    /// polling, whose wake-ups follow its timer rather than releases. The conformance
+    /// suite measures it.
+    pub fn max_per_release(&self, waiters: u64) -> Option<u64> {
+        match *self {
+            Wakeup::Polling => None,
+            Wakeup::Notification {
+                one_per_release: true,
+                ..
+            } => Some(1),
+            Wakeup::Notification {
+                one_per_release: false,
+                max_per_waiter,
+            } => Some(waiters.saturating_mul(u64::from(max_per_waiter))),
+        }
+    }
 }
 
 /// How held keys fare through faults beyond the core contract.

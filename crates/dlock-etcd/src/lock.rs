@@ -118,6 +118,7 @@ impl Backend for EtcdBackend {
             expiry: Expiry::Ttl,
             wakeup: Wakeup::Notification {
                 one_per_release: true,
+                max_per_waiter: 1,
             },
             // Keys and leases are replicated and persisted; a new leader extends every lease.
             faults: dlock_core::Faults {

@@ -275,6 +275,7 @@ impl Backend for MemoryBackend {
             fencing: Fencing::Strict,
             wakeup: Wakeup::Notification {
                 one_per_release: true,
+                max_per_waiter: 1,
             },
             ..Default::default()
         }

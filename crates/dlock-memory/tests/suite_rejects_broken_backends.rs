@@ -6,12 +6,17 @@ mod common;
 use std::future::Future;
 use std::time::Duration;
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
 use async_trait::async_trait;
-use common::{FromMemory, InProcess};
+use common::{FromMemory, InProcess, Wired};
 use dlock_conformance::{Ctx, scenarios};
-use dlock_core::raw::{Backend, Deadline, Grant, Held};
-use dlock_core::{Capabilities, LockStats, Result};
+use dlock_core::raw::{Backend, Deadline, Grant, Held, LockClient};
+use dlock_core::{Capabilities, DistributedLock, Lease, LockOptions, LockStats, Result, Wakeup};
 use dlock_memory::MemoryBackend;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// Lets a second holder in whenever the key is busy.
@@ -26,9 +31,31 @@ struct ReleasesAnyone(MemoryBackend);
 #[derive(Debug)]
 struct ConstantToken(MemoryBackend);
 
+/// Numbers its grants per client, as if each client kept its own token counter: tokens
+/// increase within a client and go backwards across clients.
+#[derive(Debug)]
+struct PerClientTokens(MemoryBackend, AtomicU64);
+
+/// Wakes every waiter on a key at each release, as one pub/sub message to all of them
+/// would, while declaring (as the memory backend does) one wake-up per release.
+#[derive(Debug)]
+struct WakesAll(MemoryBackend, AtomicU64);
+
+/// A pub/sub herd that declares one wake-up per waiter per release, but whose waiters
+/// subscribe again each time they lose the key without dropping the old subscription:
+/// the first release wakes each waiter once, later ones once per subscription.
+#[derive(Debug)]
+struct LeaksListeners(MemoryBackend, AtomicU64);
+
 /// Folds case and trailing spaces, as a case-insensitive, space-padding collation would.
 #[derive(Debug)]
 struct FoldsKeys(MemoryBackend);
+
+/// Sends a request for the key before checking it (as a backend that leaves key checks to
+/// the server would), then answers as the core does: every answer is right, but a bad key
+/// costs a round trip, or hangs on a dead network.
+#[derive(Debug)]
+struct AsksFirst(MemoryBackend);
 
 #[derive(Debug)]
 struct Fake;
@@ -125,6 +152,244 @@ wrapper!(FoldsKeys, |me, key, ttl, deadline| {
     me.0.acquire(&folded, ttl, deadline).await
 });
 
+impl FromMemory for PerClientTokens {
+    fn from_memory(inner: MemoryBackend) -> Self {
+        Self(inner, AtomicU64::new(0))
+    }
+    fn memory(&self) -> &MemoryBackend {
+        &self.0
+    }
+}
+
+#[async_trait]
+impl Backend for PerClientTokens {
+    const NAME: &'static str = "broken";
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    fn stats(&self) -> LockStats {
+        self.0.stats()
+    }
+    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
+        Ok(self.0.acquire(key, ttl, deadline).await?.map(|mut grant| {
+            grant.fencing_token = self.1.fetch_add(1, Ordering::SeqCst) + 1;
+            grant
+        }))
+    }
+}
+
+/// The broadcast every waiter on `key` listens to (keys are unique per scenario).
+fn released(key: &str) -> Arc<Notify> {
+    static CHANNELS: OnceLock<Mutex<HashMap<String, Arc<Notify>>>> = OnceLock::new();
+    CHANNELS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(key.to_owned())
+        .or_default()
+        .clone()
+}
+
+/// A held key whose release is broadcast to every waiter.
+#[derive(Debug)]
+struct Broadcasts {
+    inner: Box<dyn Held>,
+    channel: Arc<Notify>,
+}
+
+#[async_trait]
+impl Held for Broadcasts {
+    async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        self.inner.extend(ttl).await
+    }
+    async fn release(&mut self) -> Result<()> {
+        let released = self.inner.release().await;
+        self.channel.notify_waiters();
+        released
+    }
+}
+
+/// Wait for `key` on the memory server as a pub/sub herd does: every waiter is told of
+/// every release and tries again. Each release reaches a waiter once per subscription it
+/// holds; with `leak`, a waiter that loses subscribes once more.
+async fn herd_acquire(
+    memory: &MemoryBackend,
+    wakeups: &AtomicU64,
+    leak: bool,
+    (key, ttl, deadline): (&str, Duration, Deadline),
+) -> Result<Option<Grant>> {
+    let channel = released(key);
+    let mut subscriptions = 1;
+    loop {
+        let notified = channel.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if let Some(mut grant) = memory.acquire(key, ttl, Deadline::TryOnce).await? {
+            let inner = std::mem::replace(&mut grant.held, Box::new(Fake));
+            grant.held = Box::new(Broadcasts {
+                inner,
+                channel: channel.clone(),
+            });
+            return Ok(Some(grant));
+        }
+        if !deadline.may_wait() {
+            return Ok(None);
+        }
+        let until = deadline.min(Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            () = notified => {}
+            () = tokio::time::sleep_until(until) => continue,
+        }
+        // One wake-up, and one try, per subscription the release reached.
+        for _ in 0..subscriptions {
+            wakeups.fetch_add(1, Ordering::SeqCst);
+            if let Some(mut grant) = memory.acquire(key, ttl, Deadline::TryOnce).await? {
+                let inner = std::mem::replace(&mut grant.held, Box::new(Fake));
+                grant.held = Box::new(Broadcasts {
+                    inner,
+                    channel: channel.clone(),
+                });
+                return Ok(Some(grant));
+            }
+        }
+        if leak {
+            subscriptions += 1;
+        }
+    }
+}
+
+macro_rules! herd {
+    ($ty:ident, leak: $leak:expr, $caps:expr) => {
+        impl FromMemory for $ty {
+            fn from_memory(inner: MemoryBackend) -> Self {
+                Self(inner, AtomicU64::new(0))
+            }
+            fn memory(&self) -> &MemoryBackend {
+                &self.0
+            }
+        }
+
+        #[async_trait]
+        impl Backend for $ty {
+            const NAME: &'static str = "broken";
+            fn capabilities(&self) -> Capabilities {
+                let caps: fn(Capabilities) -> Capabilities = $caps;
+                caps(self.0.capabilities())
+            }
+            fn stats(&self) -> LockStats {
+                LockStats::with_wakeups(self.1.load(Ordering::SeqCst))
+            }
+            async fn acquire(
+                &self,
+                key: &str,
+                ttl: Duration,
+                deadline: Deadline,
+            ) -> Result<Option<Grant>> {
+                herd_acquire(&self.0, &self.1, $leak, (key, ttl, deadline)).await
+            }
+        }
+    };
+}
+
+herd!(WakesAll, leak: false, |memory| memory);
+
+herd!(LeaksListeners, leak: true, |memory| Capabilities {
+    fair: false,
+    wakeup: Wakeup::Notification {
+        one_per_release: false,
+        max_per_waiter: 1,
+    },
+    ..memory
+});
+
+impl FromMemory for AsksFirst {
+    fn from_memory(inner: MemoryBackend) -> Self {
+        Self(inner)
+    }
+    fn memory(&self) -> &MemoryBackend {
+        &self.0
+    }
+    fn client(lock: LockClient<Wired<Self>>) -> Arc<dyn DistributedLock> {
+        Arc::new(AsksFirstClient(lock))
+    }
+}
+
+#[async_trait]
+impl Backend for AsksFirst {
+    const NAME: &'static str = "broken";
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    fn stats(&self) -> LockStats {
+        self.0.stats()
+    }
+    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
+        self.0.acquire(key, ttl, deadline).await
+    }
+}
+
+#[derive(Debug)]
+struct AsksFirstClient(LockClient<Wired<AsksFirst>>);
+
+impl AsksFirstClient {
+    /// One try for the key on the server, given back at once; its answer is not used.
+    async fn ask(&self, key: &str, opts: &LockOptions) {
+        let asked = self.0.backend().acquire(key, opts.ttl, Deadline::TryOnce);
+        if let Ok(Some(mut grant)) = asked.await {
+            let _ = grant.held.release().await;
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for AsksFirstClient {
+    fn backend_name(&self) -> &'static str {
+        self.0.backend_name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    fn stats(&self) -> LockStats {
+        self.0.stats()
+    }
+    async fn try_acquire(&self, key: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        self.ask(key, opts).await;
+        self.0.try_acquire(key, opts).await
+    }
+    async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<Lease> {
+        self.ask(key, opts).await;
+        self.0.acquire(key, opts).await
+    }
+}
+
+/// Run `scenario` on `harness`; its failure message, if it failed.
+async fn failure<B, F, Fut>(harness: InProcess<B>, scenario: F) -> Option<String>
+where
+    B: FromMemory,
+    F: FnOnce(Ctx) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let run = tokio::spawn(dlock_conformance::run(
+        harness,
+        "broken::scenario",
+        scenario,
+    ));
+    match run.await {
+        Ok(()) => None,
+        Err(e) if e.is_panic() => {
+            let panic = e.into_panic();
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "(a panic without a message)".to_owned());
+            eprintln!("rejected as expected: {message}");
+            Some(message)
+        }
+        Err(e) => panic!("the scenario's task ended without finishing: {e}"),
+    }
+}
+
 /// Run `scenario` against `B` and return whether it failed.
 async fn rejects<B, F, Fut>(scenario: F) -> bool
 where
@@ -132,15 +397,33 @@ where
     F: FnOnce(Ctx) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let run = tokio::spawn(dlock_conformance::run(
-        InProcess::<B>::new(),
-        "broken::scenario",
-        scenario,
-    ));
-    match run.await {
-        Ok(()) => false,
-        Err(e) => e.is_panic(),
-    }
+    failure(InProcess::<B>::new(), scenario).await.is_some()
+}
+
+/// Assert that `scenario` fails on `B` for the reason `expected` names.
+async fn rejects_for<B, F, Fut>(scenario: F, expected: &str)
+where
+    B: FromMemory,
+    F: FnOnce(Ctx) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    rejects_on(InProcess::<B>::new(), scenario, expected).await;
+}
+
+/// Assert that `scenario` fails on `harness` for the reason `expected` names.
+async fn rejects_on<B, F, Fut>(harness: InProcess<B>, scenario: F, expected: &str)
+where
+    B: FromMemory,
+    F: FnOnce(Ctx) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let message = failure(harness, scenario)
+        .await
+        .expect("the scenario passed a broken backend");
+    assert!(
+        message.contains(expected),
+        "rejected, but not for {expected:?}: {message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,9 +451,53 @@ async fn independent_keys_rejects_a_backend_that_folds_keys() {
     assert!(rejects::<FoldsKeys, _, _>(scenarios::independent_keys).await);
 }
 
+/// The old check asked a client of a dead server for a bad key and looked only at the
+/// answer, which `AsksFirst` gets right; every real backend failed to connect to the dead
+/// server first, so even that did not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_keys_rejects_a_backend_that_asks_the_server_first() {
+    rejects_for::<AsksFirst, _, _>(
+        scenarios::bad_keys_are_rejected_before_io,
+        "the client tried to reach the server for bad keys",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_rejects_tokens_that_go_backwards_across_clients() {
+    rejects_for::<PerClientTokens, _, _>(scenarios::mutual_exclusion, "token regression").await;
+}
+
+/// The old check opened one more client after the run to read the capabilities, and turned
+/// the token order off when that failed: on a server with no connection to spare,
+/// `PerClientTokens` passed. The capabilities now come from a client in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_checks_tokens_when_no_connection_is_left() {
+    let full = InProcess::<PerClientTokens>::admitting(4);
+    rejects_on(full, scenarios::mutual_exclusion, "token regression").await;
+    let full = InProcess::<MemoryBackend>::admitting(4);
+    assert!(failure(full, scenarios::mutual_exclusion).await.is_none());
+}
+
+/// `WakesAll` declares one wake-up per release: its first release already wakes all
+/// eight waiters (the old check, which looked at that release only, caught it too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_herd_rejects_a_backend_that_wakes_every_waiter() {
+    rejects_for::<WakesAll, _, _>(scenarios::no_herd, "wake-ups per release [8]").await;
+}
+
+/// `LeaksListeners` declares a herd of one wake-up per waiter, and its first release keeps
+/// to it (the old check looked at that release only); the second costs about twice as much.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_herd_rejects_a_herd_that_costs_more_than_declared() {
+    rejects_for::<LeaksListeners, _, _>(scenarios::no_herd, "wake-ups per release [8, ").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_scenarios_pass_on_the_real_memory_backend() {
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::mutual_exclusion).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::fencing_tokens_increase).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::independent_keys).await);
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::bad_keys_are_rejected_before_io).await);
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::no_herd).await);
 }

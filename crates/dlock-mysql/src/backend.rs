@@ -118,6 +118,7 @@ impl Backend for MysqlBackend {
             // The row-lock grant wakes exactly the waiter that gets the row.
             wakeup: Wakeup::Notification {
                 one_per_release: true,
+                max_per_waiter: 1,
             },
             // A restart frees every lock at once; holders hear it at their next ping (ttl/3),
             // which a quick restart can beat. The durable counter keeps tokens rising.

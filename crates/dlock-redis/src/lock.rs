@@ -58,8 +58,10 @@ impl Backend for RedisBackend {
             },
             expiry: Expiry::Ttl,
             releases_on_disconnect: false,
+            // Pub/sub: a release wakes each waiter once; all but one go back to sleep.
             wakeup: Wakeup::Notification {
                 one_per_release: false,
+                max_per_waiter: 1,
             },
             // A restart without persistence or a failover loses held keys (another client may
             // take one before its holder's next renewal); the clock floor keeps tokens rising.

@@ -273,8 +273,10 @@ impl Backend for RedlockBackend {
             },
             expiry: Expiry::Ttl,
             releases_on_disconnect: false,
+            // Pub/sub: a release wakes each waiter once; all but one go back to sleep.
             wakeup: Wakeup::Notification {
                 one_per_release: false,
+                max_per_waiter: 1,
             },
             // A minority down keeps a majority of each holder's keys; every node restarted
             // empty at once frees them all (the per-node clock floor keeps tokens rising).

@@ -34,6 +34,7 @@ impl Backend for ZookeeperBackend {
             },
             wakeup: Wakeup::Notification {
                 one_per_release: true,
+                max_per_waiter: 1,
             },
             // Nodes and sessions are replicated and persisted: a restart or a lost member
             // ends no session early.

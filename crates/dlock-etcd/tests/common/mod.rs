@@ -29,7 +29,7 @@ impl EtcdHarness {
     /// The single member (`DLOCK_ETCD_URL`).
     pub(crate) fn from_env() -> Self {
         Self::new(
-            std::env::var("DLOCK_ETCD_URL").unwrap_or_else(|_| DEFAULT_URL.into()),
+            dlock_conformance::env_url("DLOCK_ETCD_URL", DEFAULT_URL),
             "etcd",
         )
     }
@@ -37,7 +37,7 @@ impl EtcdHarness {
     /// The 3-member cluster (`DLOCK_ETCD_CLUSTER_URL`).
     pub(crate) fn cluster_from_env() -> Self {
         Self::new(
-            std::env::var("DLOCK_ETCD_CLUSTER_URL").unwrap_or_else(|_| DEFAULT_CLUSTER_URL.into()),
+            dlock_conformance::env_url("DLOCK_ETCD_CLUSTER_URL", DEFAULT_CLUSTER_URL),
             "etcd-cluster",
         )
     }
@@ -56,12 +56,7 @@ impl EtcdHarness {
 
     /// A new client, as its concrete type.
     pub(crate) async fn lock(&self) -> EtcdLock {
-        self.lock_at(&self.url).await.unwrap_or_else(|e| {
-            panic!(
-                "cannot use the etcd server at {}: {e}\n  start it with: scripts/backends up {}",
-                self.url, self.setup
-            )
-        })
+        self.or_unreachable(&self.url, self.lock_at(&self.url).await)
     }
 
     async fn lock_at(&self, url: &str) -> Result<EtcdLock> {
@@ -81,17 +76,11 @@ impl EtcdHarness {
             client.status().await?;
             Ok::<_, etcd_client::Error>(client)
         };
-        match tokio::time::timeout(Duration::from_secs(10), connect).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => panic!(
-                "cannot reach etcd at {endpoints:?}: {e}\n  start it with: scripts/backends up {}",
-                self.setup
-            ),
-            Err(_) => panic!(
-                "etcd at {endpoints:?} did not answer within 10 s\n  start it with: scripts/backends up {}",
-                self.setup
-            ),
-        }
+        let answer = match tokio::time::timeout(Duration::from_secs(10), connect).await {
+            Ok(answer) => answer.map_err(|e| e.to_string()),
+            Err(_) => Err("no answer within 10 s".to_owned()),
+        };
+        self.or_unreachable(&self.url, answer)
     }
 
     /// The etcd keys of `key`'s lock (`{lock name}/{lease}`), oldest first.
@@ -142,27 +131,6 @@ impl Harness for EtcdHarness {
 
     async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
         Ok(Arc::new(self.lock_at(url).await?))
-    }
-
-    fn server_addrs(&self) -> Vec<SocketAddr> {
-        self.config()
-            .endpoints()
-            .iter()
-            .map(|e| {
-                let hp = e.split_once("://").map_or(e.as_str(), |(_, hp)| hp);
-                hp.parse().expect("the harness URL names IP:port endpoints")
-            })
-            .collect()
-    }
-
-    fn url_with_addrs(&self, addrs: &[SocketAddr]) -> String {
-        let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
-        let query = self.url.split_once('?').map(|(_, q)| q);
-        let scheme = self.url.split_once("://").map_or("etcd", |(s, _)| s);
-        match query {
-            Some(q) => format!("{scheme}://{}?{q}", hosts.join(",")),
-            None => format!("{scheme}://{}", hosts.join(",")),
-        }
     }
 
     fn bad_urls(&self) -> Vec<(String, ErrorKind)> {

@@ -3,18 +3,113 @@
 
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_conformance::{Harness, Holder, Partition};
-use dlock_core::raw::{Backend, LockClient};
-use dlock_core::{BoxError, DistributedLock, ErrorKind, LockOptions, Result};
+use dlock_core::raw::{Backend, Deadline, Grant, Held, LockClient};
+use dlock_core::{BoxError, DistributedLock, ErrorKind, LockError, LockOptions, LockStats, Result};
 use dlock_memory::{MemoryBackend, MemoryServer};
 
 /// A backend made from a memory client: the memory backend itself, or a broken wrapper.
 pub(crate) trait FromMemory: Backend {
     fn from_memory(inner: MemoryBackend) -> Self;
     fn memory(&self) -> &MemoryBackend;
+
+    /// The client the harness hands out. By default the core's `LockClient`; a broken
+    /// wrapper may put itself in front of it.
+    fn client(lock: LockClient<Wired<Self>>) -> Arc<dyn DistributedLock>
+    where
+        Self: Sized,
+    {
+        Arc::new(lock)
+    }
+}
+
+/// The in-process stand-in for the network between a client and the memory server: while
+/// cut, the memory client is partitioned (every call fails with `Unavailable`) and every
+/// call into it is counted, as a cut proxy counts the bytes a client sends.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Link {
+    cut: Arc<AtomicBool>,
+    traffic: Arc<AtomicU64>,
+}
+
+impl Link {
+    fn send(&self) {
+        if self.cut.load(Ordering::SeqCst) {
+            self.traffic.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A backend behind a [`Link`]: each call into it is a request to the server.
+#[derive(Debug)]
+pub(crate) struct Wired<B> {
+    inner: B,
+    link: Link,
+}
+
+#[async_trait]
+impl<B: FromMemory> Backend for Wired<B> {
+    const NAME: &'static str = B::NAME;
+
+    fn capabilities(&self) -> dlock_core::Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn stats(&self) -> LockStats {
+        self.inner.stats()
+    }
+
+    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
+        self.link.send();
+        Ok(self
+            .inner
+            .acquire(key, ttl, deadline)
+            .await?
+            .map(|mut grant| {
+                let inner = std::mem::replace(&mut grant.held, Box::new(Gone));
+                grant.held = Box::new(WiredHeld {
+                    inner,
+                    link: self.link.clone(),
+                });
+                grant
+            }))
+    }
+}
+
+#[derive(Debug)]
+struct WiredHeld {
+    inner: Box<dyn Held>,
+    link: Link,
+}
+
+#[async_trait]
+impl Held for WiredHeld {
+    async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        self.link.send();
+        self.inner.extend(ttl).await
+    }
+    async fn release(&mut self) -> Result<()> {
+        self.link.send();
+        self.inner.release().await
+    }
+}
+
+/// A placeholder while a grant's handle is swapped.
+#[derive(Debug)]
+struct Gone;
+
+#[async_trait]
+impl Held for Gone {
+    async fn extend(&mut self, _ttl: Duration) -> Result<()> {
+        unreachable!("replaced at once")
+    }
+    async fn release(&mut self) -> Result<()> {
+        unreachable!("replaced at once")
+    }
 }
 
 impl FromMemory for MemoryBackend {
@@ -28,6 +123,8 @@ impl FromMemory for MemoryBackend {
 
 pub(crate) struct InProcess<B> {
     server: MemoryServer,
+    /// How many more clients `connect` makes; `None`: no limit.
+    admits: Option<AtomicU64>,
     _backend: PhantomData<fn() -> B>,
 }
 
@@ -35,28 +132,50 @@ impl<B: FromMemory> InProcess<B> {
     pub(crate) fn new() -> Self {
         Self {
             server: MemoryServer::new(),
+            admits: None,
             _backend: PhantomData,
         }
     }
 
-    fn lock(&self) -> LockClient<B> {
-        LockClient::new(B::from_memory(self.server.backend()))
+    /// A server that admits `clients` connections, then refuses more with `Unavailable`
+    /// (as a server at its connection limit does).
+    #[allow(dead_code)] // only the broken-backend tests use it
+    pub(crate) fn admitting(clients: u64) -> Self {
+        Self {
+            admits: Some(AtomicU64::new(clients)),
+            ..Self::new()
+        }
+    }
+
+    fn lock(&self) -> LockClient<Wired<B>> {
+        LockClient::new(Wired {
+            inner: B::from_memory(self.server.backend()),
+            link: Link::default(),
+        })
     }
 }
 
-struct Cut<B: FromMemory>(LockClient<B>);
+struct Cut<B: FromMemory>(LockClient<Wired<B>>);
 
 impl<B: FromMemory> Partition for Cut<B> {
     fn cut(&self) {
-        self.0.backend().memory().set_partitioned(true);
+        let wired = self.0.backend();
+        wired.link.traffic.store(0, Ordering::SeqCst);
+        wired.link.cut.store(true, Ordering::SeqCst);
+        wired.inner.memory().set_partitioned(true);
     }
     fn heal(&self) {
-        self.0.backend().memory().set_partitioned(false);
+        let wired = self.0.backend();
+        wired.inner.memory().set_partitioned(false);
+        wired.link.cut.store(false, Ordering::SeqCst);
+    }
+    fn traffic_while_cut(&self) -> u64 {
+        self.0.backend().link.traffic.load(Ordering::SeqCst)
     }
 }
 
 struct InProcessHolder<B: FromMemory> {
-    lock: LockClient<B>,
+    lock: LockClient<Wired<B>>,
     token: u64,
     _lease: dlock_core::Lease,
 }
@@ -67,7 +186,7 @@ impl<B: FromMemory> Holder for InProcessHolder<B> {
         self.token
     }
     async fn kill(&mut self) {
-        self.lock.backend().memory().crash();
+        self.lock.backend().inner.memory().crash();
     }
 }
 
@@ -83,20 +202,31 @@ impl<B: FromMemory> Harness for InProcess<B> {
 
     async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
         if url == self.url() {
-            return Ok(Arc::new(self.lock()));
+            let admitted = self.admits.as_ref().is_none_or(|left| {
+                left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            });
+            if !admitted {
+                return Err(LockError::unavailable(
+                    "memory",
+                    "connect",
+                    "the server admits no more connections",
+                ));
+            }
+            return Ok(B::client(self.lock()));
         }
         Ok(Arc::new(dlock_memory::from_url(url)?))
     }
 
     async fn partitioned_client(&self) -> Result<(Arc<dyn DistributedLock>, Box<dyn Partition>)> {
         let lock = self.lock();
-        Ok((Arc::new(lock.clone()), Box::new(Cut(lock))))
+        Ok((B::client(lock.clone()), Box::new(Cut(lock))))
     }
 
     async fn unreachable_client(&self) -> Result<Arc<dyn DistributedLock>> {
         let lock = self.lock();
-        lock.backend().memory().set_partitioned(true);
-        Ok(Arc::new(lock))
+        lock.backend().inner.memory().set_partitioned(true);
+        Ok(B::client(lock))
     }
 
     fn bad_urls(&self) -> Vec<(String, ErrorKind)> {

@@ -4,14 +4,12 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_conformance::Harness;
 use dlock_core::raw::key;
-use dlock_core::raw::url::{Host, LockUrl};
 use dlock_core::{BoxError, DistributedLock, ErrorKind, Result};
 use dlock_mysql::MysqlConfig;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
@@ -26,11 +24,8 @@ pub struct MysqlHarness {
 
 impl MysqlHarness {
     pub fn from_env() -> Self {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let url = std::env::var("DLOCK_MYSQL_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+        dlock_conformance::init_tracing();
+        let url = dlock_conformance::env_url("DLOCK_MYSQL_URL", DEFAULT_URL);
         let config = MysqlConfig::from_url(&url)
             .unwrap_or_else(|e| panic!("DLOCK_MYSQL_URL={url:?} is not usable: {e}"));
         Self { url, config }
@@ -158,22 +153,6 @@ impl Harness for MysqlHarness {
 
     async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
         Ok(Arc::new(dlock_mysql::from_url(url).await?))
-    }
-
-    fn server_addrs(&self) -> Vec<SocketAddr> {
-        (self.config.host.as_str(), self.config.port)
-            .to_socket_addrs()
-            .map(|mut addrs| addrs.next().into_iter().collect())
-            .unwrap_or_default()
-    }
-
-    fn url_with_addrs(&self, addrs: &[SocketAddr]) -> String {
-        let url = LockUrl::parse("mysql", &self.url, &[], 3306).expect("the harness URL parses");
-        let hosts = addrs
-            .iter()
-            .map(|a| Host::new(a.ip().to_string(), a.port()))
-            .collect();
-        url.with_hosts(hosts).expose()
     }
 
     fn bad_urls(&self) -> Vec<(String, ErrorKind)> {

@@ -3,7 +3,6 @@
 
 #![allow(dead_code, unused_imports, unreachable_pub)]
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -28,7 +27,7 @@ pub struct RedisHarness {
 
 impl RedisHarness {
     pub fn from_env() -> Self {
-        let url = std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+        let url = dlock_conformance::env_url("DLOCK_REDIS_URL", DEFAULT_URL);
         let config = RedisConfig::from_url(&url)
             .unwrap_or_else(|e| panic!("DLOCK_REDIS_URL={url:?} is not usable: {e}"));
         Self { url, config }
@@ -45,15 +44,12 @@ impl RedisHarness {
 
     /// A client built from `url`; an unreachable server fails the test naming it.
     pub async fn lock_at(&self, url: &str) -> dlock_redis::RedisLock {
-        dlock_redis::from_url(url).await.unwrap_or_else(|e| {
-            panic!("cannot use the redis server at {url}: {e}\n  start it with: scripts/backends up redis")
-        })
+        self.or_unreachable(url, dlock_redis::from_url(url).await)
     }
 
     /// The URL under test with one more query option.
     pub fn url_with_option(&self, option: &str) -> String {
-        let sep = if self.url.contains('?') { '&' } else { '?' };
-        format!("{}{sep}{option}", self.url)
+        dlock_conformance::url_with_option(&self.url, option)
     }
 
     /// A raw connection to the server, for fault hooks and checks.
@@ -130,19 +126,6 @@ impl Harness for RedisHarness {
 
     async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
         Ok(Arc::new(dlock_redis::from_url(url).await?))
-    }
-
-    fn server_addrs(&self) -> Vec<SocketAddr> {
-        (self.config.host.as_str(), self.config.port)
-            .to_socket_addrs()
-            .expect("resolve the Redis address")
-            .take(1)
-            .collect()
-    }
-
-    fn url_with_addrs(&self, addrs: &[SocketAddr]) -> String {
-        self.url
-            .replacen(&self.config.addr(), &addrs[0].to_string(), 1)
     }
 
     fn bad_urls(&self) -> Vec<(String, ErrorKind)> {

@@ -3,7 +3,7 @@
 
 #![allow(dead_code, unused_imports, unreachable_pub)]
 
-use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ pub struct RedlockHarness {
 
 impl RedlockHarness {
     pub fn from_env() -> Self {
-        let url = std::env::var("DLOCK_REDLOCK_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+        let url = dlock_conformance::env_url("DLOCK_REDLOCK_URL", DEFAULT_URL);
         let config = RedlockConfig::from_url(&url)
             .unwrap_or_else(|e| panic!("DLOCK_REDLOCK_URL={url:?} is not usable: {e}"));
         Self { url, config }
@@ -52,16 +52,14 @@ impl RedlockHarness {
 
     /// A client built from `url`; unreachable nodes fail the test naming them.
     pub async fn lock_at(&self, url: &str) -> dlock_redlock::RedlockLock {
-        dlock_redlock::from_url(url).await.unwrap_or_else(|e| {
-            panic!("cannot use the Redlock nodes at {url}: {e}\n  start them with: scripts/backends up redlock")
-        })
+        self.or_unreachable(url, dlock_redlock::from_url(url).await)
     }
 
     /// The URL with the nodes `dead` replaced by loopback ports with nothing behind them.
     pub fn url_with_dead_nodes(&self, dead: &[usize]) -> String {
         let mut addrs = self.server_addrs();
         for &i in dead {
-            addrs[i] = dead_port();
+            addrs[i] = dlock_conformance::dead_addr();
         }
         self.url_with_addrs(&addrs)
     }
@@ -103,12 +101,6 @@ impl RedlockHarness {
     }
 }
 
-/// A loopback port with nothing listening behind it.
-pub fn dead_port() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-    listener.local_addr().expect("local addr")
-}
-
 /// Wait (up to 10 s) until someone listens on `channel` on every node that is up.
 pub async fn wait_for_subscribers(harness: &RedlockHarness, channel: &str, nodes: &[usize]) {
     let started = tokio::time::Instant::now();
@@ -145,26 +137,6 @@ impl Harness for RedlockHarness {
 
     async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
         Ok(Arc::new(dlock_redlock::from_url(url).await?))
-    }
-
-    fn server_addrs(&self) -> Vec<SocketAddr> {
-        self.config
-            .nodes
-            .iter()
-            .map(|n| {
-                (n.host.as_str(), n.port)
-                    .to_socket_addrs()
-                    .expect("resolve a Redlock node")
-                    .next()
-                    .expect("an address")
-            })
-            .collect()
-    }
-
-    fn url_with_addrs(&self, addrs: &[SocketAddr]) -> String {
-        let hosts = self.node_addrs().join(",");
-        let new: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
-        self.url.replacen(&hosts, &new.join(","), 1)
     }
 
     fn bad_urls(&self) -> Vec<(String, ErrorKind)> {

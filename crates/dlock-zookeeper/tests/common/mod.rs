@@ -2,7 +2,6 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +25,7 @@ impl ZookeeperHarness {
     /// short session timeout.
     pub fn from_env() -> Self {
         Self::new(
-            &std::env::var("DLOCK_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into()),
+            &dlock_conformance::env_url("DLOCK_ZK_URL", "zk://127.0.0.1:2181"),
             "zookeeper",
             SESSION_TIMEOUT,
         )
@@ -36,8 +35,10 @@ impl ZookeeperHarness {
     /// `session_timeout`.
     pub fn ensemble_from_env(session_timeout: Duration) -> Self {
         Self::new(
-            &std::env::var("DLOCK_ZK_ENSEMBLE_URL")
-                .unwrap_or_else(|_| "zk://127.0.0.1:2182,127.0.0.1:2183,127.0.0.1:2184".into()),
+            &dlock_conformance::env_url(
+                "DLOCK_ZK_ENSEMBLE_URL",
+                "zk://127.0.0.1:2182,127.0.0.1:2183,127.0.0.1:2184",
+            ),
             "zk-ensemble",
             session_timeout,
         )
@@ -46,18 +47,12 @@ impl ZookeeperHarness {
     /// `base` with `session_timeout` unless it sets one.
     fn new(base: &str, setup: &'static str, session_timeout: Duration) -> Self {
         // RUST_LOG=dlock_zookeeper=debug shows the recipe at work.
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
+        dlock_conformance::init_tracing();
         let url = if base.contains("session_timeout=") {
             base.to_owned()
         } else {
-            let sep = if base.contains('?') { '&' } else { '?' };
-            format!(
-                "{base}{sep}session_timeout={}ms",
-                session_timeout.as_millis()
-            )
+            let timeout = format!("session_timeout={}ms", session_timeout.as_millis());
+            dlock_conformance::url_with_option(base, &timeout)
         };
         Self { url, setup }
     }
@@ -73,13 +68,6 @@ impl ZookeeperHarness {
             .with_session_timeout(Duration::from_secs(10))
             .connect(&hosts);
         Ok(tokio::time::timeout(Duration::from_secs(10), connect).await??)
-    }
-
-    /// `(url without scheme and hosts)`: the chroot path and query.
-    fn tail(&self) -> &str {
-        let rest = self.url.split_once("://").map_or("", |(_, r)| r);
-        let end = rest.find(['/', '?']).unwrap_or(rest.len());
-        &rest[end..]
     }
 }
 
@@ -110,22 +98,6 @@ impl Harness for ZookeeperHarness {
         Ok(Arc::new(dlock_zookeeper::from_url(url).await?))
     }
 
-    fn server_addrs(&self) -> Vec<SocketAddr> {
-        self.config()
-            .hosts
-            .iter()
-            .map(|h| {
-                let first = h.to_socket_addrs().ok().and_then(|mut a| a.next());
-                first.unwrap_or_else(|| panic!("test host {h} does not resolve"))
-            })
-            .collect()
-    }
-
-    fn url_with_addrs(&self, addrs: &[SocketAddr]) -> String {
-        let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
-        format!("zk://{}{}", hosts.join(","), self.tail())
-    }
-
     fn bad_urls(&self) -> Vec<(String, ErrorKind)> {
         let mut urls: Vec<(String, ErrorKind)> = [
             "zk://",
@@ -142,8 +114,7 @@ impl Harness for ZookeeperHarness {
         .map(|u| (u.to_owned(), ErrorKind::InvalidConfig))
         .collect();
         // A server of the wrong kind (Redis) on the port: no ZooKeeper session can be made.
-        let redis =
-            std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let redis = dlock_conformance::env_url("DLOCK_REDIS_URL", "redis://127.0.0.1:6379");
         let redis = redis
             .trim_start_matches("redis://")
             .split('/')
