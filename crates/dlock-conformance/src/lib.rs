@@ -33,6 +33,7 @@ pub mod history;
 pub mod holder;
 pub mod proxy;
 pub mod scenarios;
+pub mod testkit;
 pub mod urls;
 
 use std::fmt::Display;

@@ -6,8 +6,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::support::{hand_offs, report, uncontended, unique_key};
 use common::{RedisHarness, forget_fence, wait_for_subscriber};
+use dlock_conformance::testkit::{hand_offs, summary, uncontended, unique_key};
 use dlock_core::DistributedLock;
 use dlock_redis::server::Names;
 use redis::AsyncCommands;
@@ -33,7 +33,8 @@ async fn a_waiter_acquires_within_milliseconds_of_the_release() {
         },
     )
     .await;
-    let median = report("redis hand-off", &times);
+    let (median, line) = summary("redis hand-off", &times);
+    eprintln!("{line}");
     assert!(
         median < Duration::from_millis(100),
         "median hand-off {median:?}: {times:?}"
@@ -54,7 +55,8 @@ async fn uncontended_acquire_and_release_take_two_round_trips() {
     let harness = RedisHarness::from_env();
     let key = unique_key("uncontended");
     let times = uncontended(&harness.lock().await, &key, 200).await;
-    let median = report("redis uncontended acquire+release", &times);
+    let (median, line) = summary("redis uncontended acquire+release", &times);
+    eprintln!("{line}");
     assert!(median < Duration::from_millis(50), "median {median:?}");
     let mut admin = harness.admin().await.expect("admin connection");
     forget_fence(&mut admin, &harness.config().prefix, &key).await;

@@ -5,8 +5,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::support::{hand_offs, report, uncontended, unique_key};
 use common::{RedlockHarness, wait_for_subscribers};
+use dlock_conformance::testkit::{hand_offs, summary, uncontended, unique_key};
 use dlock_core::DistributedLock;
 use dlock_redis::server::Names;
 
@@ -27,7 +27,8 @@ async fn a_waiter_acquires_within_milliseconds_of_the_release() {
         || wait_for_subscribers(&harness, &channel, &every_node),
     )
     .await;
-    let median = report("redlock hand-off", &times);
+    let (median, line) = summary("redlock hand-off", &times);
+    eprintln!("{line}");
     assert!(
         median < Duration::from_millis(100),
         "median hand-off {median:?}: {times:?}"
@@ -48,7 +49,8 @@ async fn uncontended_acquire_and_release() {
     let harness = RedlockHarness::from_env();
     let key = unique_key("uncontended");
     let times = uncontended(&harness.lock().await, &key, 200).await;
-    let median = report("redlock uncontended acquire+release", &times);
+    let (median, line) = summary("redlock uncontended acquire+release", &times);
+    eprintln!("{line}");
     assert!(median < Duration::from_millis(100), "median {median:?}");
     harness.forget_fence(&key).await;
 }

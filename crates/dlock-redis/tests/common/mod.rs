@@ -13,10 +13,7 @@ use dlock_redis::server::{Names, Node};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 
-#[path = "../support/mod.rs"]
-pub mod support;
-
-pub use support::{not_redis_server, unique_key};
+pub use dlock_conformance::testkit::{unique_key, wrong_kind_of_server as not_redis_server};
 
 pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 

@@ -16,10 +16,9 @@ use dlock_redlock::RedlockConfig;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 
-#[path = "../../../dlock-redis/tests/support/mod.rs"]
-pub mod support;
-
-pub use support::{must_take, not_redis_server, unique_key};
+pub use dlock_conformance::testkit::{
+    must_take, unique_key, wrong_kind_of_server as not_redis_server,
+};
 
 pub const DEFAULT_URL: &str =
     "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005";

@@ -1,7 +1,6 @@
-//! Test helpers shared by the dlock-redis and dlock-redlock test suites (dlock-redlock
-//! includes this file by path): hand-off and latency measurements, and small utilities.
-
-#![allow(dead_code)]
+//! Helpers for a backend's own tests beyond the shared suite: unique keys, a server of the
+//! wrong kind on a port, and hand-off and latency measurements on any
+//! [`DistributedLock`].
 
 use std::future::Future;
 use std::io::{Read, Write};
@@ -27,7 +26,7 @@ pub async fn must_take(lock: &dyn DistributedLock, key: &str, opts: &LockOptions
 
 /// A loopback server that answers every connection with an HTTP error: a server of the
 /// wrong kind on the port. Each call starts a new one.
-pub fn not_redis_server() -> SocketAddr {
+pub fn wrong_kind_of_server() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
     let addr = listener.local_addr().expect("local addr");
     std::thread::spawn(move || {
@@ -98,14 +97,15 @@ pub async fn uncontended(lock: &dyn DistributedLock, key: &str, cycles: usize) -
     times
 }
 
-/// Print and return the median of sorted `times`.
-pub fn report(what: &str, times: &[Duration]) -> Duration {
+/// The median of sorted `times`, and a line to print saying `what` was measured: count,
+/// median, minimum and p99.
+pub fn summary(what: &str, times: &[Duration]) -> (Duration, String) {
     let median = times[times.len() / 2];
-    eprintln!(
+    let line = format!(
         "{what} over {}: median {median:?}, min {:?}, p99 {:?}",
         times.len(),
         times[0],
         times[(times.len() * 99 / 100).min(times.len() - 1)]
     );
-    median
+    (median, line)
 }
