@@ -93,6 +93,21 @@
 //! An unknown option, a bad value, a second host or another scheme is
 //! [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig) before any network I/O.
 //!
+//! # TLS
+//!
+//! **Crypto provider.** The client library (redis-rs) builds its rustls configuration on
+//! every connect from rustls's *process-default* crypto provider, and takes no
+//! configuration or provider from us. Left alone, rustls picks that default from its crate
+//! features, and panics when they name none or more than one: a binary where another
+//! dependency enables rustls's `aws-lc-rs` beside the `ring` this crate uses (or
+//! `custom-provider`) would panic on its first `rediss://` connect. So before the first TLS
+//! client is built, this crate installs rustls's `ring` provider as the process default,
+//! **unless one is installed already**: an application that wants another provider (FIPS
+//! `aws-lc-rs`, say) installs it with `CryptoProvider::install_default` before connecting,
+//! and every TLS connection of this crate uses it. An application that installs its own
+//! *after* the first `rediss://` client gets an error from `install_default` (one default
+//! per process), as it would after redis-rs had installed one itself.
+//!
 //! # Failure modes
 //!
 //! - **Partition or black-holed server**: every request fails after the response timeout
@@ -120,6 +135,8 @@ mod lock;
 mod node;
 mod scripts;
 mod subscriber;
+#[cfg(feature = "tls")]
+mod tls;
 mod wait;
 
 pub mod server;

@@ -68,7 +68,9 @@ struct Slot {
 }
 
 impl Node {
-    /// A node for the server `config` names. No network I/O.
+    /// A node for the server `config` names. No network I/O; with TLS, rustls's
+    /// process-default crypto provider is set to `ring` unless one is installed already (see
+    /// the crate docs, *TLS*).
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] (naming `backend`) for TLS when the `tls` feature is off.
@@ -105,6 +107,10 @@ impl Node {
             })?
             .set_redis_settings(redis_info)
             .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+        #[cfg(feature = "tls")]
+        if config.tls {
+            crate::tls::install_provider();
+        }
         let client = Client::open(info).map_err(|e| LockError::InvalidConfig {
             backend,
             message: "the server address is not usable".into(),
