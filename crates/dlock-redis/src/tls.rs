@@ -1,4 +1,5 @@
-//! TLS for `rediss://` and `redlocks://`: the rustls crypto provider.
+//! TLS for `rediss://` and `redlocks://`: the rustls crypto provider, and telling TLS
+//! failures from network ones.
 //!
 //! # Why this crate installs a process-default crypto provider
 //!
@@ -19,6 +20,8 @@
 //! `builder_with_provider` would avoid the process default altogether, but redis-rs 1.x has
 //! no way to take one (short of replacing its TCP and TLS connect with ours).
 
+use std::sync::Arc;
+
 use rustls::crypto::CryptoProvider;
 
 /// Make sure rustls has a process-default crypto provider: install `ring` unless one is
@@ -30,10 +33,35 @@ pub(crate) fn install_provider() {
     }
 }
 
+/// Whether `e` (or an error under it) is a rustls error: a TLS handshake or record that
+/// failed, as opposed to the network. redis-rs keeps an I/O error behind an `Arc`, and
+/// tokio-rustls keeps the rustls error inside an I/O error.
+pub(crate) fn is_tls_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        if e.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+        {
+            return true;
+        }
+        if let Some(shared) = e.downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>()
+            && is_tls_error(&**shared)
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn installing_the_provider_never_panics_and_keeps_the_first() {
@@ -42,5 +70,15 @@ mod tests {
         install_provider();
         let again = Arc::as_ptr(CryptoProvider::get_default().expect("installed"));
         assert_eq!(first, again, "a provider already installed stays");
+    }
+
+    #[test]
+    fn rustls_errors_are_found_under_io_errors() {
+        let rustls_error =
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, rustls_error);
+        assert!(is_tls_error(&redis::RedisError::from(io)));
+        let plain = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(!is_tls_error(&redis::RedisError::from(plain)));
     }
 }
