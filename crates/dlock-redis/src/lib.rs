@@ -78,7 +78,7 @@
 //!
 //! ```text
 //! redis://[user[:password]@]host[:port][/db][?option=value&…]
-//! rediss://…                                   (TLS, rustls with the system's roots; feature `tls`)
+//! rediss://…[?ca=PATH][&cert=PATH&key=PATH]     (TLS with rustls; feature `tls`, on by default)
 //! ```
 //!
 //! | part | default | meaning |
@@ -89,11 +89,28 @@
 //! | `prefix` | `dlock:` | prepended to every lock key; may be empty (`?prefix=`), so a lock shares its key with another library's lock of the same name (redis-py, redsync, node-redlock use `SET key token NX PX` and compare-and-delete too, so they exclude each other) |
 //! | `connect_timeout` | `5s` | bound on opening a connection (`500ms`, `5s`, `1.5s`, `2m`; a bare number is refused) |
 //! | `response_timeout` | `2s` | bound on each answer; a connection that times out is replaced |
+//! | `ca` | the system's roots | `rediss://` only: PEM file of the CA certificate(s) to trust *instead of* the system's roots |
+//! | `cert`, `key` | none | `rediss://` only, together: PEM files of a client certificate (chain) and its private key, for a server with `tls-auth-clients yes` |
 //!
-//! An unknown option, a bad value, a second host or another scheme is
+//! An unknown option, a bad value, a second host, another scheme, `ca`, `cert` or `key`
+//! without TLS, or `cert` without `key` (or the reverse) is
 //! [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig) before any network I/O.
+//! So is a `ca`, `cert` or `key` file that cannot be read, holds no PEM certificate or key,
+//! or a key that is not the certificate's: the files are read when the client is built,
+//! and the errors name the option and the path, never the files' contents.
 //!
 //! # TLS
+//!
+//! `rediss://` (feature `tls`, on by default) verifies the server's certificate against the
+//! `ca` file, or else the system's root certificates, and checks that it names the host of
+//! the URL (an IP address must be in the certificate's subject alternative names). There is
+//! no option to skip verification. A server that is not trusted, or that wants a client
+//! certificate the client lacks or refuses the one it has, is a
+//! [`LockError::Backend`](dlock_core::LockError::Backend) error saying `TLS failed`, at
+//! once: not a timeout, and not retried as `Unavailable`. A mix-up of ports is not
+//! recognised as such: a plain Redis server never answers a TLS hello (it waits for the
+//! end of a command line), so `rediss://` to a plain port fails after `connect_timeout`,
+//! and `redis://` to a TLS port is reset at once; both are `Unavailable`.
 //!
 //! **Crypto provider.** The client library (redis-rs) builds its rustls configuration on
 //! every connect from rustls's *process-default* crypto provider, and takes no
