@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 /// How long a server may take to listen.
 const STARTUP: Duration = Duration::from_secs(10);
 
-/// Fail (never skip) when a program the tests need is missing, naming its Debian package.
-fn require(program: &str, package: &str) {
+/// Fail (never skip) when a program the tests need is missing, naming its Debian package
+/// and how to install it.
+fn require(program: &str, package: &str, install: &str) {
     match Command::new(program)
         .arg("--version")
         .stdout(Stdio::null())
@@ -25,8 +26,7 @@ fn require(program: &str, package: &str) {
         Ok(_) => {}
         Err(e) if e.kind() == ErrorKind::NotFound => panic!(
             "the TLS tests of dlock-redis and dlock-redlock need `{program}` (Debian package \
-             {package}: apt-get install {package}, or scripts/backends up redis), and it is \
-             not on PATH"
+             {package}; {install}), and it is not on PATH"
         ),
         Err(e) => panic!("the TLS tests cannot run `{program}` (Debian package {package}): {e}"),
     }
@@ -52,7 +52,7 @@ pub struct Certificates {
 
 impl Certificates {
     pub fn new() -> Self {
-        require("openssl", "openssl");
+        require("openssl", "openssl", "apt-get install openssl");
         let dir = std::env::temp_dir().join(format!(
             "dlock-redis-tls-{}-{:016x}",
             std::process::id(),
@@ -131,7 +131,11 @@ pub struct TlsRedis {
 impl TlsRedis {
     /// Start one and wait (at most 10 s) until it listens.
     pub fn start(certs: &Certificates, auth: ClientAuth) -> Self {
-        require("redis-server", "redis-server");
+        require(
+            "redis-server",
+            "redis-server",
+            "scripts/backends up redis installs it, or apt-get install redis-server",
+        );
         let port = free_port();
         let log = certs.dir().join(format!("redis-{port}.log"));
         let child = Command::new("redis-server")
