@@ -5,6 +5,7 @@
 //! it once per node) and [`RedisConfig::with_option`] applies each query option through one
 //! [`ConfigKey`] spelling.
 
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -45,6 +46,15 @@ pub struct RedisConfig {
     /// Bound on one request's answer; a black-holed server fails the call after it.
     /// Default 2 s.
     pub response_timeout: Duration,
+    /// PEM file of the CA certificate(s) to trust instead of the system's roots (`ca`).
+    /// TLS only. Read when the client is built, before any network I/O.
+    pub ca: Option<PathBuf>,
+    /// PEM file of the client certificate chain (`cert`), for servers that check client
+    /// certificates. TLS only, and only with [`key`](Self::key).
+    pub cert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key (`key`). TLS only, and only with
+    /// [`cert`](Self::cert). Its contents never appear in an error or in `Debug`.
+    pub key: Option<PathBuf>,
 }
 
 impl RedisConfig {
@@ -69,6 +79,9 @@ impl RedisConfig {
             prefix: Self::DEFAULT_PREFIX.to_owned(),
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
+            ca: None,
+            cert: None,
+            key: None,
         }
     }
 
@@ -102,7 +115,8 @@ impl RedisConfig {
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] for a path that is not a database number, an unknown
-    /// option or a bad value.
+    /// option, a bad value, or options that do not fit together (see
+    /// [`validate`](Self::validate)).
     pub fn for_host(backend: &'static str, url: &LockUrl, host: &Host) -> Result<Self> {
         let path = url.path().strip_prefix('/').unwrap_or(url.path());
         let db = match path.trim_end_matches('/') {
@@ -126,11 +140,13 @@ impl RedisConfig {
             .try_fold(config, |config, (key, value)| {
                 config.with_option(key, value)
             })
+            .and_then(|config| config.validate().map(|()| config))
             .map_err(|e| named(backend, e))
     }
 
     /// Set one option by its URL query name: `prefix`, `connect_timeout` or
-    /// `response_timeout` (durations as `250ms`, `5s`, `1.5s` or `2m`).
+    /// `response_timeout` (durations as `250ms`, `5s`, `1.5s` or `2m`), `ca`, `cert` or
+    /// `key` (paths of PEM files; TLS only, checked by [`validate`](Self::validate)).
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] for an unknown key or a bad value, naming it.
@@ -143,8 +159,37 @@ impl RedisConfig {
             ConfigKey::ResponseTimeout => {
                 self.response_timeout = parse_duration(NAME, key, value, TIMEOUTS)?
             }
+            ConfigKey::Ca => self.ca = Some(path(key, value)?),
+            ConfigKey::Cert => self.cert = Some(path(key, value)?),
+            ConfigKey::Key => self.key = Some(path(key, value)?),
         }
         Ok(self)
+    }
+
+    /// Check that the options fit together: `ca`, `cert` and `key` only with TLS
+    /// (`rediss://`, `redlocks://`), and `cert` and `key` together. Parsing a URL and
+    /// building a client call it, so a config built field by field is checked too. No I/O:
+    /// the files are read when the client is built.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] naming the option.
+    pub fn validate(&self) -> Result<()> {
+        let files = [("ca", &self.ca), ("cert", &self.cert), ("key", &self.key)];
+        if !self.tls
+            && let Some((option, _)) = files.iter().find(|(_, file)| file.is_some())
+        {
+            return Err(LockError::invalid_config(
+                NAME,
+                format!("option {option} is for TLS: use the rediss:// (or redlocks://) scheme"),
+            ));
+        }
+        if self.cert.is_some() != self.key.is_some() {
+            return Err(LockError::invalid_config(
+                NAME,
+                "cert and key go together: give both or neither",
+            ));
+        }
+        Ok(())
     }
 
     /// The same settings for another server (used by `dlock-redlock` for its nodes).
@@ -172,6 +217,12 @@ pub(crate) enum ConfigKey {
     ConnectTimeout,
     /// `response_timeout`: [`RedisConfig::response_timeout`], same format.
     ResponseTimeout,
+    /// `ca`: [`RedisConfig::ca`], a path.
+    Ca,
+    /// `cert`: [`RedisConfig::cert`], a path.
+    Cert,
+    /// `key`: [`RedisConfig::key`], a path.
+    Key,
 }
 
 impl FromStr for ConfigKey {
@@ -182,18 +233,34 @@ impl FromStr for ConfigKey {
             "prefix" => Ok(Self::Prefix),
             "connect_timeout" => Ok(Self::ConnectTimeout),
             "response_timeout" => Ok(Self::ResponseTimeout),
+            "ca" => Ok(Self::Ca),
+            "cert" => Ok(Self::Cert),
+            "key" => Ok(Self::Key),
             other => Err(LockError::invalid_config(
                 NAME,
                 format!(
-                    "unknown option {other:?} (known: prefix, connect_timeout, response_timeout)"
+                    "unknown option {other:?} (known: prefix, connect_timeout, \
+                     response_timeout, ca, cert, key)"
                 ),
             )),
         }
     }
 }
 
-/// Option errors come from [`RedisConfig::with_option`]: name the backend the URL is for.
-fn named(backend: &'static str, e: LockError) -> LockError {
+/// The value of a file option: a path, never empty.
+fn path(option: &str, value: &str) -> Result<PathBuf> {
+    if value.is_empty() {
+        return Err(LockError::invalid_config(
+            NAME,
+            format!("option {option} needs a path (of a PEM file)"),
+        ));
+    }
+    Ok(PathBuf::from(value))
+}
+
+/// Option errors come from [`RedisConfig::with_option`] and [`RedisConfig::validate`]:
+/// name the backend the URL is for.
+pub(crate) fn named(backend: &'static str, e: LockError) -> LockError {
     match e {
         LockError::InvalidConfig {
             message, source, ..
@@ -266,6 +333,24 @@ mod tests {
                 },
             ),
             ("redis://[::1]:7000", RedisConfig::new("::1", 7000)),
+            (
+                "rediss://127.0.0.1:6380?ca=/etc/redis/ca.pem",
+                RedisConfig {
+                    tls: true,
+                    ca: Some("/etc/redis/ca.pem".into()),
+                    ..RedisConfig::new("127.0.0.1", 6380)
+                },
+            ),
+            (
+                "rediss://127.0.0.1:6380?cert=client.pem&key=%2Fsecrets%2Fclient.key&ca=ca.pem",
+                RedisConfig {
+                    tls: true,
+                    ca: Some("ca.pem".into()),
+                    cert: Some("client.pem".into()),
+                    key: Some("/secrets/client.key".into()),
+                    ..RedisConfig::new("127.0.0.1", 6380)
+                },
+            ),
         ];
         for (url, want) in cases {
             let got = RedisConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
@@ -309,6 +394,25 @@ mod tests {
             ("redis://ho st:6379", "host name"),
             ("redis://u:sekrit-pw@bad host:1", "host name"),
             ("redis://u:sekrit-pw@127.0.0.1:6379?bogus=1", "bogus"),
+            ("redis://127.0.0.1:6379?ca=/ca.pem", "option ca is for TLS"),
+            (
+                "redis://127.0.0.1:6379?cert=/c.pem&key=/k.pem",
+                "option cert is for TLS",
+            ),
+            ("redis://127.0.0.1:6379?key=/k.pem", "option key is for TLS"),
+            (
+                "rediss://127.0.0.1:6379?cert=/c.pem",
+                "cert and key go together",
+            ),
+            (
+                "rediss://127.0.0.1:6379?key=/k.pem",
+                "cert and key go together",
+            ),
+            ("rediss://127.0.0.1:6379?ca=", "option ca needs a path"),
+            (
+                "rediss://127.0.0.1:6379?cert=&key=/k.pem",
+                "option cert needs a path",
+            ),
         ];
         for (url, needle) in cases {
             let err = RedisConfig::from_url(url).expect_err(url);
@@ -317,6 +421,31 @@ mod tests {
             assert!(text.contains(needle), "{url}: {text}");
             assert!(!text.contains("sekrit"), "{url}: {text}");
         }
+    }
+
+    #[test]
+    fn a_config_built_by_hand_is_validated() {
+        let plain = RedisConfig {
+            ca: Some("/ca.pem".into()),
+            ..RedisConfig::new("127.0.0.1", 6379)
+        };
+        let err = plain.validate().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+        assert!(err.to_string().contains("option ca is for TLS"), "{err}");
+        let half = RedisConfig {
+            tls: true,
+            key: Some("/k.pem".into()),
+            ..RedisConfig::new("127.0.0.1", 6379)
+        };
+        let err = half.validate().unwrap_err();
+        assert!(
+            err.to_string().contains("cert and key go together"),
+            "{err}"
+        );
+        // Node::new checks too, naming the backend it was given, before any I/O.
+        let err = crate::server::Node::new(&half, "redlock").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+        assert!(err.to_string().contains("redlock"), "{err}");
     }
 
     #[test]

@@ -37,6 +37,20 @@ pub enum Error {
         #[source]
         source: RedisError,
     },
+    /// TLS failed (`rediss://`): the server's certificate is not trusted (signed by a CA
+    /// the client does not trust, or not for this host), the server wants a client
+    /// certificate or refused ours, or it answered with something that is not TLS. Not
+    /// retryable: the same settings fail the same way.
+    #[error("{op} on {addr}: TLS failed: {source}")]
+    Tls {
+        /// The operation.
+        op: &'static str,
+        /// The server.
+        addr: Arc<str>,
+        /// The client library's error, with the rustls error under it.
+        #[source]
+        source: RedisError,
+    },
     /// No answer within the configured timeout.
     #[error("{op} on {addr}: no answer within {after:?}")]
     TimedOut {
@@ -64,6 +78,8 @@ impl Error {
         let addr = addr.clone();
         if source.kind() == RedisKind::Parse {
             Self::NotRedis { op, addr, source }
+        } else if tls_failure(&source) {
+            Self::Tls { op, addr, source }
         } else {
             Self::Redis { op, addr, source }
         }
@@ -82,6 +98,7 @@ impl Error {
         match self {
             Self::Redis { op, .. }
             | Self::NotRedis { op, .. }
+            | Self::Tls { op, .. }
             | Self::TimedOut { op, .. }
             | Self::Reply { op, .. } => op,
         }
@@ -92,7 +109,7 @@ impl Error {
     pub fn is_unavailable(&self) -> bool {
         match self {
             Self::TimedOut { .. } => true,
-            Self::Reply { .. } | Self::NotRedis { .. } => false,
+            Self::Reply { .. } | Self::NotRedis { .. } | Self::Tls { .. } => false,
             Self::Redis { source, .. } => {
                 io_failure(source)
                     || source.is_connection_refusal()
@@ -109,7 +126,7 @@ impl Error {
     /// (a silent peer), or is out of step with the protocol.
     pub(crate) fn breaks_connection(&self) -> bool {
         match self {
-            Self::TimedOut { .. } | Self::NotRedis { .. } => true,
+            Self::TimedOut { .. } | Self::NotRedis { .. } | Self::Tls { .. } => true,
             Self::Reply { .. } => false,
             Self::Redis { source, .. } => io_failure(source),
         }
@@ -123,7 +140,7 @@ impl Error {
 
     /// The [`LockError`] for this failure, naming `backend`: [`LockError::Unavailable`] when
     /// the server could not be reached or timed out, [`LockError::Backend`] when it refused
-    /// (wrong password, not a Redis server, a script error).
+    /// (wrong password, not a Redis server, TLS failed, a script error).
     pub fn into_lock_error(self, backend: &'static str) -> LockError {
         let op = self.op();
         if self.is_unavailable() {
@@ -131,6 +148,19 @@ impl Error {
         } else {
             LockError::backend(backend, op, self)
         }
+    }
+}
+
+/// The error is rustls's: TLS failed, as opposed to the network.
+fn tls_failure(source: &RedisError) -> bool {
+    #[cfg(feature = "tls")]
+    {
+        crate::tls::is_tls_error(source)
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = source;
+        false
     }
 }
 
@@ -176,5 +206,20 @@ mod tests {
             !text.contains("Incompatible"),
             "the raw parser message stays in the source: {text}"
         );
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_failures_are_refusals_that_break_the_connection() {
+        let untrusted = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, untrusted);
+        let err = Error::redis("connect", &addr(), io.into());
+        assert!(matches!(err, Error::Tls { .. }), "{err:?}");
+        assert!(err.breaks_connection());
+        assert!(!err.is_unavailable());
+        let e = err.into_lock_error("redis");
+        assert_eq!(e.kind(), ErrorKind::Backend, "{e}");
+        assert!(e.to_string().contains("TLS failed"), "{e}");
+        assert!(e.to_string().contains("UnknownIssuer"), "{e}");
     }
 }

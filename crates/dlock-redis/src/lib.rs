@@ -78,7 +78,7 @@
 //!
 //! ```text
 //! redis://[user[:password]@]host[:port][/db][?option=value&…]
-//! rediss://…                                   (TLS, rustls with the system's roots; feature `tls`)
+//! rediss://…[?ca=PATH][&cert=PATH&key=PATH]     (TLS with rustls; feature `tls`, on by default)
 //! ```
 //!
 //! | part | default | meaning |
@@ -89,9 +89,41 @@
 //! | `prefix` | `dlock:` | prepended to every lock key; may be empty (`?prefix=`), so a lock shares its key with another library's lock of the same name (redis-py, redsync, node-redlock use `SET key token NX PX` and compare-and-delete too, so they exclude each other) |
 //! | `connect_timeout` | `5s` | bound on opening a connection (`500ms`, `5s`, `1.5s`, `2m`; a bare number is refused) |
 //! | `response_timeout` | `2s` | bound on each answer; a connection that times out is replaced |
+//! | `ca` | the system's roots | `rediss://` only: PEM file of the CA certificate(s) to trust *instead of* the system's roots |
+//! | `cert`, `key` | none | `rediss://` only, together: PEM files of a client certificate (chain) and its private key, for a server with `tls-auth-clients yes` |
 //!
-//! An unknown option, a bad value, a second host or another scheme is
+//! An unknown option, a bad value, a second host, another scheme, `ca`, `cert` or `key`
+//! without TLS, or `cert` without `key` (or the reverse) is
 //! [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig) before any network I/O.
+//! So is a `ca`, `cert` or `key` file that cannot be read, holds no PEM certificate or key,
+//! or a key that is not the certificate's: the files are read when the client is built,
+//! and the errors name the option and the path, never the files' contents.
+//!
+//! # TLS
+//!
+//! `rediss://` (feature `tls`, on by default) verifies the server's certificate against the
+//! `ca` file, or else the system's root certificates, and checks that it names the host of
+//! the URL (an IP address must be in the certificate's subject alternative names). There is
+//! no option to skip verification. A server that is not trusted, or that wants a client
+//! certificate the client lacks or refuses the one it has, is a
+//! [`LockError::Backend`](dlock_core::LockError::Backend) error saying `TLS failed`, at
+//! once: not a timeout, and not retried as `Unavailable`. A mix-up of ports is not
+//! recognised as such: a plain Redis server never answers a TLS hello (it waits for the
+//! end of a command line), so `rediss://` to a plain port fails after `connect_timeout`,
+//! and `redis://` to a TLS port is reset at once; both are `Unavailable`.
+//!
+//! **Crypto provider.** The client library (redis-rs) builds its rustls configuration on
+//! every connect from rustls's *process-default* crypto provider, and takes no
+//! configuration or provider from us. Left alone, rustls picks that default from its crate
+//! features, and panics when they name none or more than one: a binary where another
+//! dependency enables rustls's `aws-lc-rs` beside the `ring` this crate uses (or
+//! `custom-provider`) would panic on its first `rediss://` connect. So before the first TLS
+//! client is built, this crate installs rustls's `ring` provider as the process default,
+//! **unless one is installed already**: an application that wants another provider (FIPS
+//! `aws-lc-rs`, say) installs it with `CryptoProvider::install_default` before connecting,
+//! and every TLS connection of this crate uses it. An application that installs its own
+//! *after* the first `rediss://` client gets an error from `install_default` (one default
+//! per process), as it would after redis-rs had installed one itself.
 //!
 //! # Failure modes
 //!
@@ -120,6 +152,8 @@ mod lock;
 mod node;
 mod scripts;
 mod subscriber;
+#[cfg(feature = "tls")]
+mod tls;
 mod wait;
 
 pub mod server;

@@ -16,7 +16,7 @@ use redis::{
 };
 use tokio::sync::mpsc;
 
-use crate::config::RedisConfig;
+use crate::config::{RedisConfig, named};
 use crate::error::Error;
 use crate::scripts::{self, Names};
 use crate::subscriber::{Notice, Subscriber, Subscription};
@@ -68,11 +68,16 @@ struct Slot {
 }
 
 impl Node {
-    /// A node for the server `config` names. No network I/O.
+    /// A node for the server `config` names. No network I/O; with TLS, the `ca`, `cert` and
+    /// `key` files are read here, and rustls's process-default crypto provider is set to
+    /// `ring` unless one is installed already (see the crate docs, *TLS*).
     ///
     /// # Errors
-    /// [`LockError::InvalidConfig`] (naming `backend`) for TLS when the `tls` feature is off.
+    /// [`LockError::InvalidConfig`] (naming `backend`) for options
+    /// [`RedisConfig::validate`] refuses, a TLS file that cannot be read or used, or TLS when
+    /// the `tls` feature is off.
     pub fn new(config: &RedisConfig, backend: &'static str) -> Result<Self> {
+        config.validate().map_err(|e| named(backend, e))?;
         let addr = if config.tls {
             if !cfg!(feature = "tls") {
                 return Err(LockError::invalid_config(
@@ -105,11 +110,7 @@ impl Node {
             })?
             .set_redis_settings(redis_info)
             .set_tcp_settings(TcpSettings::default().set_nodelay(true));
-        let client = Client::open(info).map_err(|e| LockError::InvalidConfig {
-            backend,
-            message: "the server address is not usable".into(),
-            source: Some(Box::new(e)),
-        })?;
+        let client = client(config, info, backend)?;
         let addr: Arc<str> = Arc::from(config.addr());
         let connection_config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
@@ -381,6 +382,32 @@ impl Node {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// The redis-rs client for `info`; with TLS, after making sure rustls has a crypto
+/// provider, and with the certificates the `ca`, `cert` and `key` options name.
+fn client(config: &RedisConfig, info: ConnectionInfo, backend: &'static str) -> Result<Client> {
+    let unusable = |e: redis::RedisError| LockError::InvalidConfig {
+        backend,
+        message: "the server address is not usable".into(),
+        source: Some(Box::new(e)),
+    };
+    #[cfg(feature = "tls")]
+    if config.tls {
+        crate::tls::install_provider();
+        if let Some(certificates) =
+            crate::tls::certificates(config).map_err(|e| named(backend, e))?
+        {
+            // The files were checked with the parser redis-rs uses, so this does not fail;
+            // if it did, its error is not kept: a PEM error may quote a line of the key.
+            return Client::build_with_tls(info, certificates).map_err(|_| {
+                LockError::invalid_config(backend, "the TLS certificates are not usable")
+            });
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    let _ = config;
+    Client::open(info).map_err(unusable)
 }
 
 impl std::fmt::Debug for Node {

@@ -33,7 +33,8 @@ impl RedlockConfig {
 
     /// Parse `redlock://[user:pass@]host:port,host:port,host:port[/db][?option=value&…]`
     /// (or `redlocks://` for TLS). The options are those of a `redis://` URL (`prefix`,
-    /// `connect_timeout`, `response_timeout`) and apply to every node. No network I/O.
+    /// `connect_timeout`, `response_timeout`, and for TLS `ca`, `cert`, `key`) and apply to
+    /// every node. No network I/O (the TLS files are read by `connect`).
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] naming what is wrong: the scheme, a host or port, the
@@ -133,6 +134,17 @@ mod tests {
             assert_eq!(node.connect_timeout, Duration::from_secs(1));
             assert_eq!(node.response_timeout, Duration::from_millis(250));
         }
+
+        let config = RedlockConfig::from_url(
+            "redlocks://a:1,b:2,c:3?ca=/tls/ca.pem&cert=/tls/c.pem&key=/tls/c.key",
+        )
+        .unwrap();
+        for node in &config.nodes {
+            assert!(node.tls);
+            assert_eq!(node.ca.as_deref(), Some("/tls/ca.pem".as_ref()));
+            assert_eq!(node.cert.as_deref(), Some("/tls/c.pem".as_ref()));
+            assert_eq!(node.key.as_deref(), Some("/tls/c.key".as_ref()));
+        }
     }
 
     #[test]
@@ -146,6 +158,11 @@ mod tests {
             ("redlock://a:1,b:x,c:3", "port"),
             ("redlock://a:1,,c:3", "host"),
             ("redlock://a:1,b:2,c:3?bogus=1", "unknown option \"bogus\""),
+            ("redlock://a:1,b:2,c:3?ca=/ca.pem", "option ca is for TLS"),
+            (
+                "redlocks://a:1,b:2,c:3?cert=/c.pem",
+                "cert and key go together",
+            ),
             (
                 "redlock://u:sekrit-pw@a:1,b:2,c:3?connect_timeout=never",
                 "connect_timeout",

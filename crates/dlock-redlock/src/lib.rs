@@ -105,10 +105,15 @@
 //!
 //! The credentials, database and options apply to every node; the options are those of
 //! [`dlock_redis`]: `prefix` (default `dlock:`, may be empty), `connect_timeout` (default
-//! `5s`), `response_timeout` (default `2s`). An even number of nodes, fewer than 3, a node
-//! named twice, an unknown option or a bad value is
-//! [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig) before any network I/O.
-//! Keys on each node are named as in `dlock-redis`.
+//! `5s`), `response_timeout` (default `2s`), and with `redlocks://` `ca` (PEM file of the
+//! CA to trust instead of the system's roots) and `cert` with `key` (a PEM client
+//! certificate and key), so one CA must have signed every node's certificate. An even
+//! number of nodes, fewer than 3, a node named twice, an unknown option, a bad value, a TLS
+//! option without `redlocks://`, or a `ca`, `cert` or `key` file that cannot be read or
+//! used is [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig) before any
+//! network I/O. TLS works as in `dlock-redis`, including its choice of rustls crypto
+//! provider (`ring`, unless the application installed one). Keys on each node are named
+//! as in `dlock-redis`.
 //!
 //! # Failure modes
 //!
