@@ -85,10 +85,18 @@ impl Backend for RedisBackend {
                 w.start_attempt();
             }
             let sent_at = Instant::now();
-            let attempt = match InFlight::new(nodes, &names, &token)
-                .run(self.node.acquire(&names, &token, ttl))
-                .await
-            {
+            let request =
+                InFlight::new(nodes, &names, &token).run(self.node.acquire(&names, &token, ttl));
+            // The first attempt may run its timeouts out (a dead server is `Unavailable`);
+            // later ones, made while waiting, end at the deadline.
+            let answer = match &waiter {
+                None => request.await,
+                Some(_) => match deadline.run(request).await {
+                    Some(answer) => answer,
+                    None => return Ok(None),
+                },
+            };
+            let attempt = match answer {
                 Ok(attempt) => attempt,
                 // A waiter whose connection broke (a reset, a server restart) tries once more
                 // on a new connection; a second failure in a row ends the wait.
@@ -122,7 +130,10 @@ impl Backend for RedisBackend {
                     let w = waiter.get_or_insert_with(|| {
                         Waiter::new(nodes.to_vec(), names.channel.clone(), 1, None)
                     });
-                    if let Some((_, e)) = w.subscribe().await.failed.pop() {
+                    let Some(mut subscribed) = deadline.run(w.subscribe()).await else {
+                        return Ok(None);
+                    };
+                    if let Some((_, e)) = subscribed.failed.pop() {
                         return Err(e.into());
                     }
                     continue;

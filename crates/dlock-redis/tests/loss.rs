@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::{RedisHarness, forget_fence, unique_key, wait_for_subscriber};
 use dlock_conformance::{Harness, Proxy};
-use dlock_core::{DistributedLock, LockOptions, LostReason, Wait};
+use dlock_core::{DistributedLock, ErrorKind, LockOptions, LostReason, Wait};
 use dlock_redis::server::Names;
 use redis::AsyncCommands;
 use tokio::time::{Instant, timeout};
@@ -124,4 +124,51 @@ async fn reset_connections_are_reopened_and_the_lease_kept() {
     );
     next.release().await.expect("release");
     forget_fence(&mut admin, &harness.config().prefix, &key).await;
+}
+
+/// A waiting acquire ends at its deadline even when the attempt it makes on waking meets a
+/// server that went silent: the deadline, not the response timeout (2 s), bounds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_ends_at_its_deadline_when_the_server_goes_silent() {
+    let harness = RedisHarness::from_env();
+    let holder = harness.lock().await;
+    let key = unique_key("silent-wait");
+    let proxy = Proxy::start(harness.server_addrs()[0])
+        .await
+        .expect("proxy");
+    let waiter = harness
+        .lock_at(&harness.url_with_addrs(&[proxy.addr()]))
+        .await;
+    // Held for 400 ms without renewal: the waiter wakes by its ttl timer and tries again.
+    let lease = holder
+        .try_acquire(
+            &key,
+            &LockOptions::new()
+                .ttl(Duration::from_millis(400))
+                .auto_renew(false),
+        )
+        .await
+        .expect("try_acquire")
+        .expect("free");
+    let started = Instant::now();
+    let wait = tokio::spawn(async move {
+        waiter
+            .acquire(
+                &key,
+                &LockOptions::new().wait(Wait::For(Duration::from_millis(900))),
+            )
+            .await
+            .map(|lease| lease.fencing_token())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.cut();
+    let result = wait.await.expect("the waiting task");
+    let took = started.elapsed();
+    let err = result.expect_err("the server went silent before the key freed");
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(
+        took < Duration::from_millis(1_600),
+        "the wait outlived its 900 ms deadline: {took:?}"
+    );
+    drop(lease);
 }

@@ -300,9 +300,17 @@ impl Backend for RedlockBackend {
             if let Some(w) = &mut waiter {
                 w.start_attempt();
             }
-            let round = InFlight::new(&c.nodes, &names, &token)
-                .run(self.round(&names, &token, ttl))
-                .await;
+            let request =
+                InFlight::new(&c.nodes, &names, &token).run(self.round(&names, &token, ttl));
+            // The first round may run its node timeouts out; later ones, made while
+            // waiting, end at the deadline.
+            let round = match &waiter {
+                None => request.await,
+                Some(_) => match deadline.run(request).await {
+                    Some(round) => round,
+                    None => return Ok(None),
+                },
+            };
             let (views, failures, took) = match round {
                 Round::Won { fence, sent_at } => {
                     let held = RedlockHeld {
@@ -343,7 +351,9 @@ impl Backend for RedlockBackend {
                 )
             });
             if w.listening() < c.nodes.len() {
-                let subscribed = w.subscribe().await;
+                let Some(subscribed) = deadline.run(w.subscribe()).await else {
+                    return Ok(None);
+                };
                 for (i, e) in &subscribed.failed {
                     tracing::debug!(node = i, error = %e, "cannot listen for releases on a node");
                 }

@@ -38,7 +38,7 @@ pub fn validate(key: &str, max_len: usize) -> Result<()> {
 ///
 /// ```
 /// let zk_safe = |c: char| c.is_ascii_alphanumeric() || "-_:@".contains(c);
-/// assert_eq!(dlock_core::key::escape("../etc/x y", zk_safe), "%2E%2E%2Fetc%2Fx%20y");
+/// assert_eq!(dlock_core::raw::key::escape("../etc/x y", zk_safe), "%2E%2E%2Fetc%2Fx%20y");
 /// ```
 pub fn escape(key: &str, keep: impl Fn(char) -> bool) -> String {
     let mut out = String::with_capacity(key.len());
