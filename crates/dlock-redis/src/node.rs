@@ -232,7 +232,7 @@ impl Node {
         &self,
         channel: &str,
         tag: usize,
-        notices: mpsc::UnboundedSender<Notice>,
+        notices: mpsc::Sender<Notice>,
     ) -> Result<Subscription, Error> {
         self.inner.subscriber.subscribe(channel, tag, notices).await
     }

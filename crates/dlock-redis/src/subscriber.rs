@@ -44,19 +44,33 @@ struct Channel {
 
 struct Listener {
     tag: usize,
-    notices: mpsc::UnboundedSender<Notice>,
+    notices: mpsc::Sender<Notice>,
 }
 
 impl Channel {
     fn tell(&self, event: &Event) {
         for listener in self.listeners.values() {
-            let _ = listener.notices.send(Notice {
+            let notice = Notice {
                 node: listener.tag,
                 event: event.clone(),
-            });
+            };
+            if let Err(mpsc::error::TrySendError::Full(_)) = listener.notices.try_send(notice) {
+                // The waiter reads between attempts; one this far behind wakes at its
+                // holder's ttl (or the 1 s re-check) instead of this announcement.
+                tracing::debug!(
+                    backlog = NOTICE_BACKLOG,
+                    "a waiter's backlog of announcements is full; this one is dropped"
+                );
+            }
         }
     }
 }
+
+/// Most announcements one waiter keeps unread. A waiter drains them before each attempt
+/// and reads them while it sleeps, so the backlog only fills if far more releases than this
+/// happen on its key during one attempt; what comes beyond it is dropped (the waiter then
+/// wakes by its fallback timer), so a stalled waiter cannot grow memory without bound.
+pub(crate) const NOTICE_BACKLOG: usize = 1024;
 
 /// Something a waiter hears from one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,7 +182,7 @@ impl Subscriber {
         &self,
         channel: &str,
         tag: usize,
-        notices: mpsc::UnboundedSender<Notice>,
+        notices: mpsc::Sender<Notice>,
     ) -> Result<Subscription, Error> {
         let link = self.link().await?;
         let (reply, confirmed) = oneshot::channel();
@@ -376,4 +390,20 @@ impl LinkTask {
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiter_that_stops_reading_keeps_a_bounded_backlog() {
+        let (notices, heard) = mpsc::channel(NOTICE_BACKLOG);
+        let mut channel = Channel::default();
+        channel.listeners.insert(1, Listener { tag: 0, notices });
+        for i in 0..10 * NOTICE_BACKLOG {
+            channel.tell(&Event::Released(format!("token-{i}")));
+        }
+        assert_eq!(heard.len(), NOTICE_BACKLOG);
+    }
 }

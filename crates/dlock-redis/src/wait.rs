@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::node::{Attempt, Node};
-use crate::subscriber::{Event, Notice, Subscription};
+use crate::subscriber::{Event, NOTICE_BACKLOG, Notice, Subscription};
 
 /// How long a waiter sleeps before re-checking a key that has no expiry (held by another
 /// library's lock taken without a timeout, whose release announces nothing).
@@ -85,8 +85,8 @@ pub struct Waiter {
     channel: String,
     quorum: usize,
     subscribe_timeout: Option<Duration>,
-    notices: mpsc::UnboundedSender<Notice>,
-    heard: mpsc::UnboundedReceiver<Notice>,
+    notices: mpsc::Sender<Notice>,
+    heard: mpsc::Receiver<Notice>,
     subscriptions: Vec<Option<Subscription>>,
 }
 
@@ -99,7 +99,7 @@ impl Waiter {
         quorum: usize,
         subscribe_timeout: Option<Duration>,
     ) -> Self {
-        let (notices, heard) = mpsc::unbounded_channel();
+        let (notices, heard) = mpsc::channel(NOTICE_BACKLOG);
         let subscriptions = nodes.iter().map(|_| None).collect();
         Self {
             nodes,
@@ -259,7 +259,7 @@ mod tests {
 
     fn release(w: &Waiter, node: usize, token: &str) {
         w.notices
-            .send(Notice {
+            .try_send(Notice {
                 node,
                 event: Event::Released(token.into()),
             })
