@@ -53,14 +53,29 @@ impl MysqlBackend {
     /// that existing ones are usable (InnoDB, a binary `name` column wide enough).
     ///
     /// # Errors
-    /// [`LockError::InvalidConfig`] for a bad config (before any network I/O) or an existing
+    /// [`LockError::InvalidConfig`] for a bad config (before any network I/O; TLS options
+    /// that do not go together, or a TLS file that cannot be read, count) or an existing
     /// table of the wrong shape; [`LockError::Unavailable`] when the server cannot be reached
     /// within the connect timeout; [`LockError::Backend`] when it refuses (credentials,
-    /// privileges, unknown database).
+    /// privileges, unknown database) or fails the TLS check the config asks for.
+    ///
+    /// Logs one warning when a password would go to a remote server that is not verified
+    /// (see the crate docs' *Security*).
     pub async fn connect(config: MysqlConfig) -> Result<Self> {
         config.validate()?;
-        let options = config.connect_options();
+        config.check_tls_files()?;
+        let options = config.connect_options()?;
         let addr = config.addr();
+        if config.login_exposed() {
+            // Once per client; the server's address only, never the user or the password.
+            tracing::warn!(
+                server = %addr,
+                ssl_mode = config.ssl_mode()?.name(),
+                "the MySQL password goes to a remote server that is not verified: whoever \
+                 answers for it can obtain the password in clear (set \
+                 ssl-mode=verify_identity and ssl-ca to verify it)"
+            );
+        }
         let inner = Inner {
             locks: Pool::new(
                 "lock",
@@ -306,4 +321,84 @@ fn check_table(row: &MySqlRow) -> std::result::Result<(), String> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// What `connect` logs, and its error, for `url`. The hosts used are TEST-NET-1
+    /// addresses (RFC 5737: never routed) with a 100 ms connect timeout: the connection
+    /// fails quickly, after the warning.
+    fn connect_logging(url: &str) -> (String, LockError) {
+        #[derive(Clone, Default)]
+        struct Log(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Log {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let log = Log::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        let config = MysqlConfig::from_url(url).unwrap();
+        let err = tracing::subscriber::with_default(subscriber, || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(MysqlBackend::connect(config))
+                .expect_err("nothing answers at a TEST-NET-1 address")
+        });
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        (text, err)
+    }
+
+    #[test]
+    fn a_password_to_an_unverified_remote_server_is_warned_about_once_without_secrets() {
+        let (log, err) =
+            connect_logging("mysql://app-user:hunter2-pw@192.0.2.1:3307/d?connect_timeout=100ms");
+        assert_eq!(err.kind(), dlock_core::ErrorKind::Unavailable, "{err}");
+        assert_eq!(log.matches(" WARN ").count(), 1, "{log}");
+        assert!(
+            log.contains("server=192.0.2.1:3307")
+                && log.contains("ssl_mode=\"preferred\"")
+                && log.contains("not verified"),
+            "{log}"
+        );
+        for secret in ["hunter2-pw", "app-user"] {
+            assert!(!log.contains(secret), "the log shows {secret:?}: {log}");
+        }
+
+        let (log, _) = connect_logging(
+            "mysql://app-user:hunter2-pw@192.0.2.1/d?connect_timeout=100ms&ssl-mode=required",
+        );
+        assert!(log.contains("ssl_mode=\"required\""), "{log}");
+    }
+
+    #[test]
+    fn no_warning_for_a_verified_server_or_no_password() {
+        for url in [
+            "mysql://app:pw@192.0.2.1/d?connect_timeout=100ms&ssl-mode=verify_identity",
+            "mysql://app@192.0.2.1/d?connect_timeout=100ms",
+        ] {
+            let (log, err) = connect_logging(url);
+            assert_eq!(
+                err.kind(),
+                dlock_core::ErrorKind::Unavailable,
+                "{url}: {err}"
+            );
+            assert!(log.is_empty(), "{url}: {log}");
+        }
+    }
 }

@@ -34,6 +34,17 @@ pub(crate) enum Error {
     /// Every connection of the pool was in use (holding or waiting) for the connect timeout.
     #[error("all {limit} connections stayed in use for {after:?} (see max_connections)")]
     Exhausted { limit: u32, after: Duration },
+    /// The TLS handshake failed: the server's certificate did not pass the check `ssl-mode`
+    /// asks for (unknown CA, another name, expired), or the server refused ours. Not a
+    /// lost connection: trying again gives the same answer.
+    #[error(
+        "TLS handshake refused: {source} (the server's certificate fails the ssl-mode check, \
+         or the server refused the client certificate)"
+    )]
+    TlsRefused {
+        #[source]
+        source: sqlx::Error,
+    },
     /// The server did not answer within the response (or connect) timeout.
     #[error("no answer from {addr} within {after:?}")]
     NoAnswer {
@@ -46,6 +57,21 @@ pub(crate) enum Error {
 impl Error {
     pub(crate) fn sql(op: &'static str) -> impl FnOnce(sqlx::Error) -> Self {
         move |source| Self::Sql { op, source }
+    }
+
+    /// For a failed connect: a TLS refusal gets its own variant. rustls reports every TLS
+    /// failure (a certificate it rejects, the server's alert) as an I/O error of kind
+    /// `InvalidData`, which sqlx and the socket never give otherwise.
+    pub(crate) fn connect(source: sqlx::Error) -> Self {
+        match &source {
+            sqlx::Error::Io(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                Self::TlsRefused { source }
+            }
+            _ => Self::Sql {
+                op: "connect",
+                source,
+            },
+        }
     }
 
     fn db_code(&self) -> Option<u16> {
@@ -85,7 +111,7 @@ impl Error {
     pub(crate) fn is_connection_lost(&self) -> bool {
         match self {
             Self::NoAnswer { .. } => true,
-            Self::Exhausted { .. } => false,
+            Self::Exhausted { .. } | Self::TlsRefused { .. } => false,
             Self::Sql { source, .. } => match source {
                 sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
                 sqlx::Error::Database(_) => {
@@ -101,7 +127,7 @@ impl From<Error> for LockError {
     fn from(e: Error) -> Self {
         let op = match &e {
             Error::Sql { op, .. } | Error::NoAnswer { op, .. } => *op,
-            Error::Exhausted { .. } => "connect",
+            Error::Exhausted { .. } | Error::TlsRefused { .. } => "connect",
         };
         if e.is_connection_lost() {
             return LockError::unavailable(NAME, op, e);
@@ -152,5 +178,28 @@ mod tests {
         };
         assert!(!refused.is_connection_lost());
         assert_eq!(LockError::from(refused).kind(), ErrorKind::Backend);
+    }
+
+    #[test]
+    fn a_refused_tls_handshake_is_backend_not_unavailable() {
+        // What rustls gives sqlx for a certificate it rejects.
+        let rejected = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "invalid peer certificate: UnknownIssuer",
+        );
+        let err = Error::connect(sqlx::Error::Io(rejected));
+        assert!(matches!(err, Error::TlsRefused { .. }), "{err:?}");
+        assert!(!err.is_connection_lost());
+        let err = LockError::from(err);
+        assert_eq!(err.kind(), ErrorKind::Backend);
+        assert!(!err.is_retryable());
+        assert!(
+            err.to_string()
+                .contains("TLS handshake refused: error communicating with database: invalid peer certificate: UnknownIssuer"),
+            "{err}"
+        );
+        // A socket error while connecting stays a connection problem.
+        let reset = Error::connect(sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()));
+        assert_eq!(LockError::from(reset).kind(), ErrorKind::Unavailable);
     }
 }

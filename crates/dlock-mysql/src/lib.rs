@@ -109,12 +109,65 @@
 //! | `connect_timeout` | `5s` | bound on opening a connection (`500ms`, `5s`, `1.5s`, `2m`; a bare number is refused) |
 //! | `response_timeout` | `5s` | bound on every statement that does not wait for a lock |
 //! | `max_connections` | `100` | connections for holding and waiting (each held key and each waiter uses one); when all are in use an acquire waits for one until its deadline, at most `connect_timeout`, then fails `Unavailable` |
-//! | `ssl-mode` | `preferred` | sqlx's TLS mode: `disabled`, `preferred`, `required`, `verify_ca`, `verify_identity` |
-//! | `ssl-ca`, `ssl-cert`, `ssl-key` | none | PEM files for TLS (sqlx's options) |
+//! | `ssl-mode` | `verify_identity` if an `ssl-ca`, `ssl-cert` or `ssl-key` is given, else `preferred` | TLS: `disabled`, `preferred`, `required`, `verify_ca`, `verify_identity` (any case); see *Security* |
+//! | `ssl-ca` | none | PEM file of the CA(s) the server's certificate must chain to; only the verifying modes read it, so it is refused with the others |
+//! | `ssl-cert`, `ssl-key` | none | PEM client certificate and its key, together (for a `REQUIRE X509` user) |
 //!
-//! An unknown option, a bad value, a table name that is not an identifier, or a missing
-//! host, user or database is [`InvalidConfig`](dlock_core::LockError::InvalidConfig)
-//! before any network I/O. No error or `Debug` output shows the password.
+//! An unknown option, a bad value, TLS options that do not go together, a table name that
+//! is not an identifier, or a missing host, user or database is
+//! [`InvalidConfig`](dlock_core::LockError::InvalidConfig) before any network I/O (a TLS
+//! file that cannot be read, at connect). No error, log or `Debug` output shows the
+//! password.
+//!
+//! # Security
+//!
+//! **TLS.** What the options give (`mysql://app:secret@db.internal/app?…`):
+//!
+//! | options | connection | the server is |
+//! |---|---|---|
+//! | none | TLS if the server offers it, else plain text (`preferred`) | not checked |
+//! | `ssl-ca=/etc/db-ca.pem` | TLS or fail (`verify_identity`) | checked: its certificate chains to the CA and names the URL's host |
+//! | `ssl-mode=verify_identity` | TLS or fail | checked against public roots (Mozilla's list built into `webpki-roots`; the system's store is not read) |
+//! | `ssl-mode=verify_ca&ssl-ca=…` | TLS or fail | its certificate chains to the CA (meant to accept any name; see below) |
+//! | `ssl-mode=required` | TLS or fail | not checked: encryption against listeners, not against an impostor |
+//! | `ssl-mode=disabled` | plain text | not checked |
+//!
+//! Naming a CA or a client certificate asks for TLS, so it means `verify_identity`, the
+//! mode that authenticates the server as HTTPS does. sqlx's own default, `preferred`,
+//! would check no certificate and fall back to plain text against a server (or an
+//! impostor) that offers no TLS: a silent downgrade. For the same reason these are refused
+//! rather than half-honoured: `ssl-ca` with `disabled`, `preferred` or `required` (sqlx
+//! ignores the CA there: the connection would look checked and not be), any TLS file with
+//! `disabled` or `preferred`, `verify_ca` without `ssl-ca` (a certificate any public CA
+//! issued to anyone would pass), and `ssl-cert` without `ssl-key`. With no option at all the
+//! mode stays `preferred`, so a local server without TLS (MariaDB's default) works out of
+//! the box; checking by default would refuse nearly every server that never set TLS up
+//! (MySQL 8 makes itself a self-signed certificate).
+//!
+//! A certificate that fails the check, a server that refuses the client certificate, and a
+//! `REQUIRE SSL` user asked to log in over plain text are
+//! [`Backend`](dlock_core::LockError::Backend) errors, at once: not
+//! [`Unavailable`](dlock_core::LockError::Unavailable), since trying again gives the same
+//! answer.
+//!
+//! `verify_ca` with sqlx 0.8.6 checks the host name as well: sqlx misses the name-mismatch
+//! error of rustls ≥ 0.23.24 (sqlx issue #3793), so it works as `verify_identity` does.
+//! Give the server a certificate that names the host the URL uses.
+//!
+//! **The password.** Without a checked server the password is exposed to whoever can
+//! answer for the server's address, whatever `ssl-mode` says: sqlx hands the password in
+//! clear to a server that asks for `mysql_clear_password`, sends it in clear inside TLS for
+//! `caching_sha2_password` whether or not the certificate was checked, and over plain text
+//! encrypts it with an RSA key the server sends unauthenticated; `mysql_native_password`
+//! sends a SHA-1 challenge response open to offline guessing. So
+//! [`MysqlBackend::connect`] (and [`from_url`]) logs one `tracing` warning when a password
+//! goes to a host that is not loopback (`localhost`, `127.0.0.0/8`, `::1`, read from the
+//! URL, not resolved) with a mode other than `verify_identity` or `verify_ca`. The
+//! warning names the server's `host:port` and the mode, never the user or the password. It
+//! is a warning, not a refusal: a private link or a VPN is the operator's call. Silence it
+//! by checking the server: `ssl-ca=…` (or `ssl-mode=verify_identity` for a publicly
+//! signed certificate). On the server, `REQUIRE SSL` (or `REQUIRE X509`) on the lock
+//! user refuses plain text whatever a client's URL says.
 //!
 //! # What stays on the server
 //!

@@ -115,11 +115,7 @@ impl Pool {
     }
 
     async fn connect(&self) -> Result<Conn, Error> {
-        let mut raw = self
-            .options
-            .connect()
-            .await
-            .map_err(Error::sql("connect"))?;
+        let mut raw = self.options.connect().await.map_err(Error::connect)?;
         let rows: Vec<MySqlRow> = raw
             .fetch_all(Sql::session_setup().as_str())
             .await

@@ -1,8 +1,10 @@
 //! The MySQL / MariaDB harness: clients of the server `DLOCK_MYSQL_URL` names (default
-//! `mysql://dlock:dlock@127.0.0.1:3306/dlock`), and the raw access the suite's fault hooks
-//! and the backend's own tests need.
+//! `mysql://dlock:dlock@127.0.0.1:3306/dlock`), or of a private TLS server ([`tls`]), and
+//! the raw access the suite's fault hooks and the backend's own tests need.
 
 #![allow(dead_code, unreachable_pub)]
+
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +14,7 @@ use dlock_conformance::Harness;
 use dlock_core::raw::key;
 use dlock_core::{BoxError, DistributedLock, ErrorKind, Result};
 use dlock_mysql::MysqlConfig;
-use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlSslMode};
 use sqlx::{ConnectOptions, Executor, Row};
 
 pub const DEFAULT_URL: &str = "mysql://dlock:dlock@127.0.0.1:3306/dlock";
@@ -20,6 +22,8 @@ pub const DEFAULT_URL: &str = "mysql://dlock:dlock@127.0.0.1:3306/dlock";
 pub struct MysqlHarness {
     url: String,
     config: MysqlConfig,
+    /// The private TLS server's directory (its CA), when the harness tests that server.
+    tls: Option<std::path::PathBuf>,
 }
 
 impl MysqlHarness {
@@ -28,7 +32,25 @@ impl MysqlHarness {
         let url = dlock_conformance::env_url("DLOCK_MYSQL_URL", DEFAULT_URL);
         let config = MysqlConfig::from_url(&url)
             .unwrap_or_else(|e| panic!("DLOCK_MYSQL_URL={url:?} is not usable: {e}"));
-        Self { url, config }
+        Self {
+            url,
+            config,
+            tls: None,
+        }
+    }
+
+    /// Clients of this process's private TLS server ([`tls::TlsMariadb::shared`], started
+    /// on first use), verified against its test CA (`ssl-mode=verify_identity`).
+    pub fn tls() -> Self {
+        dlock_conformance::init_tracing();
+        let server = tls::TlsMariadb::shared();
+        let url = server.verified_url();
+        let config = MysqlConfig::from_url(&url).expect("the TLS URL parses");
+        Self {
+            url,
+            config,
+            tls: Some(server.dir().to_owned()),
+        }
     }
 
     pub fn config(&self) -> &MysqlConfig {
@@ -45,6 +67,11 @@ impl MysqlHarness {
             .disable_statement_logging();
         if let Some(password) = &self.config.password {
             options = options.password(password.expose());
+        }
+        if let Some(dir) = &self.tls {
+            options = options
+                .ssl_mode(MySqlSslMode::VerifyIdentity)
+                .ssl_ca(dir.join("ca.pem"));
         }
         Ok(tokio::time::timeout(Duration::from_secs(5), options.connect()).await??)
     }
@@ -158,6 +185,9 @@ impl Harness for MysqlHarness {
     fn bad_urls(&self) -> Vec<(String, ErrorKind)> {
         let c = &self.config;
         let at = format!("{}:{}", c.host, c.port);
+        if let Some(dir) = &self.tls {
+            return tls_bad_urls(c, &at, dir);
+        }
         vec![
             (
                 format!("mysql://{}:wrong-password@{at}/{}", c.user, c.database),
@@ -226,4 +256,48 @@ impl Harness for MysqlHarness {
             .map(|r| r.try_get::<String, _>(0))
             .collect::<std::result::Result<_, _>>()?)
     }
+}
+
+/// The private TLS server's bad URLs: plain text for a user that requires TLS, a CA that
+/// did not sign the server's certificate, a host name the certificate does not name, and
+/// TLS options that do not go together.
+fn tls_bad_urls(c: &MysqlConfig, at: &str, dir: &std::path::Path) -> Vec<(String, ErrorKind)> {
+    let (user, db, port) = (&c.user, &c.database, c.port);
+    let ca = dir.join("ca.pem").display().to_string();
+    let other_ca = dir.join("other-ca.pem").display().to_string();
+    let pw = tls::PASSWORD;
+    vec![
+        (
+            format!("mysql://{user}:wrong-password@{at}/{db}?ssl-ca={ca}"),
+            ErrorKind::Backend,
+        ),
+        (
+            format!("mysql://{user}:{pw}@{at}/{db}?ssl-mode=disabled"),
+            ErrorKind::Backend,
+        ),
+        (
+            format!("mysql://{user}:{pw}@{at}/{db}?ssl-ca={other_ca}"),
+            ErrorKind::Backend,
+        ),
+        (
+            format!("mysql://{user}:{pw}@localhost:{port}/{db}?ssl-ca={ca}"),
+            ErrorKind::Backend,
+        ),
+        (
+            format!("mysql://{user}:{pw}@{at}/{db}?ssl-mode=required&ssl-ca={ca}"),
+            ErrorKind::InvalidConfig,
+        ),
+        (
+            format!(
+                "mysql://{user}:{pw}@{at}/{db}?ssl-ca={}",
+                dir.join("nope.pem").display()
+            ),
+            ErrorKind::InvalidConfig,
+        ),
+        (
+            format!("mysql://{user}:{pw}@{at}"),
+            ErrorKind::InvalidConfig,
+        ),
+        ("not a url".to_owned(), ErrorKind::InvalidConfig),
+    ]
 }
