@@ -44,7 +44,8 @@ struct Cli {
 enum Cmd {
     /// Acquire KEY, run CMD while keeping the lease renewed, release when it exits.
     ///
-    /// The command sees DLOCK_KEY and DLOCK_FENCING_TOKEN in its environment. Unless dlock
+    /// The command sees DLOCK_KEY and DLOCK_FENCING_TOKEN in its environment, and not
+    /// DLOCK_URL or DLOCK_URL_FILE (the URL may hold a password). Unless dlock
     /// is an interactive terminal's foreground job or --foreground is given, it runs in a
     /// process group of its own: SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to dlock, and the
     /// signals of --on-lost, reach every process it started, and background jobs it leaves
@@ -221,6 +222,9 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
     let mut command = Command::new(program);
     command
         .args(rest)
+        // The lock service URL may carry a password: the command does not need it.
+        .env_remove("DLOCK_URL")
+        .env_remove("DLOCK_URL_FILE")
         .env("DLOCK_KEY", lease.key())
         .env("DLOCK_FENCING_TOKEN", lease.fencing_token().to_string());
     if group {

@@ -270,3 +270,60 @@ fn a_lost_lease_stops_everything_the_command_started() {
         "the command's background process {grandchild} survived the loss"
     );
 }
+
+/// The Redis test server's URL with a password for its `default` user, which has none set
+/// (`nopass`): Redis accepts `AUTH default <anything>`, so the URL works and carries a secret.
+fn redis_url_with_password(password: &str) -> String {
+    let url = std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let rest = url
+        .strip_prefix("redis://")
+        .expect("DLOCK_REDIS_URL is a redis:// URL");
+    assert!(
+        !rest.contains('@'),
+        "DLOCK_REDIS_URL already has credentials"
+    );
+    format!("redis://default:{password}@{rest}")
+}
+
+/// The command `dlock run` starts does not see the lock service URL (nor the file naming
+/// it): only DLOCK_KEY and DLOCK_FENCING_TOKEN.
+#[test]
+fn the_command_does_not_see_the_url_or_its_password() {
+    let password = "hunter22-env-secret";
+    let url = redis_url_with_password(password);
+    let key = unique("env");
+    for (var, value) in [("DLOCK_URL", url.as_str())] {
+        let mut run = Command::new(DLOCK);
+        run.env_remove("DLOCK_URL")
+            .env_remove("DLOCK_URL_FILE")
+            .env(var, value)
+            .args(["run", "--key", &key, "--", "env"]);
+        let out = run.output().expect("run dlock");
+        assert!(out.status.success(), "{var}: {out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // Only dlock's own variables, so that a failure does not print the whole environment.
+        let env = stdout
+            .lines()
+            .filter(|l| l.starts_with("DLOCK_") || l.contains(password))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            !env.contains(password),
+            "{var}: the command saw the password:\n{env}"
+        );
+        for line in env.lines() {
+            assert!(
+                !line.starts_with("DLOCK_URL=") && !line.starts_with("DLOCK_URL_FILE="),
+                "{var}: the command saw {line:?}"
+            );
+        }
+        assert!(
+            env.lines().any(|l| l == format!("DLOCK_KEY={key}")),
+            "{var}:\n{env}"
+        );
+        assert!(
+            env.lines().any(|l| l.starts_with("DLOCK_FENCING_TOKEN=")),
+            "{var}:\n{env}"
+        );
+    }
+}
