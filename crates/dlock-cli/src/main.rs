@@ -158,7 +158,15 @@ async fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("DLOCK_LOG"))
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; every other parse error is
+            // a usage error: 64 (EX_USAGE), as --help says, not clap's own 2.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { exit::USAGE } else { 0 });
+        }
+    };
     let outcome = match cli.command {
         Cmd::Run(args) => run(args).await,
         Cmd::Hold(args) => hold(args).await,

@@ -156,3 +156,49 @@ fn the_lock_is_held_until_the_commands_background_jobs_end() {
         started.elapsed()
     );
 }
+
+/// Usage errors exit 64 (EX_USAGE) as `--help` says, not clap's own 2; `--help` and
+/// `--version` exit 0.
+#[test]
+fn usage_errors_exit_64() {
+    for args in [
+        &[][..],
+        &["frobnicate"],
+        &[
+            "run",
+            "--url",
+            "memory://",
+            "--key",
+            "k",
+            "--ttl",
+            "soon",
+            "--",
+            "true",
+        ],
+        &["run", "--url", "memory://", "--key", "k"],
+        &["hold", "--url", "memory://"],
+        &[
+            "hold",
+            "--url",
+            "memory://",
+            "--key",
+            "k",
+            "--wait",
+            "1s",
+            "--no-wait",
+        ],
+    ] {
+        let out = dlock(args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert!(!out.stderr.is_empty(), "{args:?}: no message");
+    }
+    for args in [
+        &["--help"][..],
+        &["--version"],
+        &["run", "--help"],
+        &["help"],
+    ] {
+        let out = dlock(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+    }
+}
