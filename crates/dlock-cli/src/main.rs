@@ -1,6 +1,7 @@
 //! `dlock`: run a command under a distributed lock, or hold one, from a shell — as
 //! `flock(1)`, `etcdctl lock` or `consul lock` do, on any dlock backend.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -28,9 +29,13 @@ Exit codes: 64 usage or configuration error, 69 lock server unavailable, 70 leas
 refused, 75 wait timed out (the lock is busy); 128 + N when signal N ended the wait (130, 143…);
 `run` otherwise exits with the command's code (128 + N when it was killed by signal N).
 
+A URL with a password belongs in a file only the service user can read, named by --url-file or
+DLOCK_URL_FILE, or in DLOCK_URL: every user of the host can read --url with `ps`.
+
 Examples:
   dlock run --url redis://127.0.0.1:6379 --key nightly-backup --no-wait -- /usr/local/bin/backup
-  DLOCK_URL=zk://10.0.0.5:2181 dlock hold --key maintenance --for 10m";
+  DLOCK_URL=zk://10.0.0.5:2181 dlock hold --key maintenance --for 10m
+  dlock run --url-file /etc/dlock/url --key reports --wait 5m -- /usr/local/bin/reports";
 
 /// Run a command under a distributed lock, or hold one.
 #[derive(Debug, Parser)]
@@ -68,8 +73,23 @@ enum Cmd {
 struct LockArgs {
     /// Lock service URL, e.g. redis://127.0.0.1:6379, zk://h:2181, etcd://h:2379,
     /// mysql://user:pass@h/db, redlock://h1:7001,h2:7002,h3:7003.
+    ///
+    /// Every user of the host can read --url with `ps`: pass a URL with a password with
+    /// --url-file or DLOCK_URL_FILE (a file only the service user can read), or DLOCK_URL.
+    // Which of --url and --url-file is given is checked by `url()`, not clap: clap would
+    // name --url for DLOCK_URL, an option the user did not give.
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
-    url: String,
+    url: Option<String>,
+    /// Read the lock service URL from this file: one line, the final newline and surrounding
+    /// blanks ignored. For a URL with a password; make the file readable only by the user
+    /// dlock runs as.
+    #[arg(
+        long,
+        env = "DLOCK_URL_FILE",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
+    url_file: Option<PathBuf>,
     /// The lock's name.
     #[arg(long)]
     key: String,
@@ -85,6 +105,23 @@ struct LockArgs {
 }
 
 impl LockArgs {
+    /// The lock service URL: --url or DLOCK_URL, or the content of --url-file or
+    /// DLOCK_URL_FILE.
+    fn url(&self) -> Result<String, LockError> {
+        match (&self.url, &self.url_file) {
+            (Some(url), None) => Ok(url.clone()),
+            (None, Some(path)) => read_url_file(path),
+            (Some(_), Some(_)) => Err(LockError::invalid_config(
+                "dlock",
+                "both --url (or DLOCK_URL) and --url-file (or DLOCK_URL_FILE) are given: give one",
+            )),
+            (None, None) => Err(LockError::invalid_config(
+                "dlock",
+                "no lock service URL: give --url-file (or DLOCK_URL_FILE), DLOCK_URL or --url",
+            )),
+        }
+    }
+
     fn options(&self) -> LockOptions {
         let wait = match (self.no_wait, self.wait) {
             (true, _) => Wait::No,
@@ -131,6 +168,35 @@ struct HoldArgs {
     /// Release after this long (default: hold until SIGINT or SIGTERM).
     #[arg(long = "for", value_parser = humantime::parse_duration)]
     hold_for: Option<Duration>,
+}
+
+/// The longest URL file read: a URL is far shorter; this stops at a wrong file (a log, a
+/// device) before reading it all.
+const URL_FILE_MAX: u64 = 64 * 1024;
+
+/// The URL a file holds: its one line, without the final newline and surrounding blanks.
+/// Errors name the file and never show what it holds (a password, or a wrong file's
+/// secrets).
+fn read_url_file(path: &Path) -> Result<String, LockError> {
+    use std::io::Read as _;
+    let bad =
+        |what: String| LockError::invalid_config("dlock", format!("URL file {path:?} {what}"));
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(URL_FILE_MAX + 1).read_to_end(&mut bytes))
+        .map_err(|e| bad(format!("cannot be read: {e}")))?;
+    if bytes.len() as u64 > URL_FILE_MAX {
+        return Err(bad(format!("is larger than {} KiB", URL_FILE_MAX / 1024)));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| bad("is not UTF-8 text".into()))?;
+    let url = text.trim();
+    if url.is_empty() {
+        return Err(bad("is empty".into()));
+    }
+    if url.contains(['\n', '\r']) {
+        return Err(bad("holds more than one line".into()));
+    }
+    Ok(url.to_owned())
 }
 
 /// Print a line to stderr. A terminal that hung up (SIGHUP) makes writes fail; that must
@@ -201,9 +267,13 @@ const CLEANUP_LIMIT: Duration = Duration::from_secs(5);
 
 /// Acquire the lock, unless SIGINT, SIGTERM, SIGHUP or SIGQUIT comes first: then give the
 /// wait up and answer `Err(exit code)` (128 + the signal's number).
-async fn take(args: &LockArgs, signals: &mut Signals) -> Result<Result<Lease, u8>, LockError> {
+async fn take(
+    args: &LockArgs,
+    url: &str,
+    signals: &mut Signals,
+) -> Result<Result<Lease, u8>, LockError> {
     let acquire = async {
-        let lock = dlock::connect(&args.url).await?;
+        let lock = dlock::connect(url).await?;
         lock.acquire(&args.key, &args.options()).await
     };
     let sig = tokio::select! {
@@ -218,8 +288,9 @@ async fn take(args: &LockArgs, signals: &mut Signals) -> Result<Result<Lease, u8
 }
 
 async fn run(args: RunArgs) -> Result<u8, LockError> {
+    let url = args.lock.url()?;
     let mut signals = Signals::install();
-    let lease = match take(&args.lock, &mut signals).await? {
+    let lease = match take(&args.lock, &url, &mut signals).await? {
         Ok(lease) => lease,
         Err(code) => return Ok(code),
     };
@@ -466,8 +537,9 @@ fn group_alive(pgid: Pid) -> bool {
 }
 
 async fn hold(args: HoldArgs) -> Result<u8, LockError> {
+    let url = args.lock.url()?;
     let mut signals = Signals::install();
-    let lease = match take(&args.lock, &mut signals).await? {
+    let lease = match take(&args.lock, &url, &mut signals).await? {
         Ok(lease) => lease,
         Err(code) => return Ok(code),
     };

@@ -202,3 +202,148 @@ fn usage_errors_exit_64() {
         assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
     }
 }
+
+/// `dlock` with `args`, the environment without DLOCK_URL / DLOCK_URL_FILE plus `env`.
+fn dlock_env(args: &[&str], env: &[(&str, &std::path::Path)]) -> Output {
+    let mut cmd = Command::new(DLOCK);
+    cmd.env_remove("DLOCK_URL").env_remove("DLOCK_URL_FILE");
+    for (var, value) in env {
+        cmd.env(var, value);
+    }
+    cmd.args(args).output().expect("run dlock")
+}
+
+/// The URL can come from a file, named by --url-file or DLOCK_URL_FILE; its final newline
+/// and surrounding blanks do not count.
+#[test]
+fn the_url_comes_from_a_url_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("url");
+    for content in ["memory://", "memory://\n", "  memory://\r\n\n"] {
+        std::fs::write(&file, content).unwrap();
+        let hold = ["hold", "--key", "k", "--for", "10ms"];
+        let path = file.to_str().unwrap();
+        let flag = dlock_env(&[&hold[..], &["--url-file", path]].concat(), &[]);
+        let env = dlock_env(&hold, &[("DLOCK_URL_FILE", &file)]);
+        for out in [flag, env] {
+            assert!(out.status.success(), "{content:?}: {out:?}");
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "acquired key=k token=1\nreleased\n"
+            );
+        }
+    }
+}
+
+/// A URL file that cannot be used is a usage error (64) that names the file and never
+/// shows what it holds.
+#[test]
+fn a_bad_url_file_exits_64_naming_the_file_not_its_contents() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, content: &[u8]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, content).unwrap();
+        path
+    };
+    let cases = [
+        (dir.path().join("missing"), "missing"),
+        (dir.path().to_owned(), "directory"),
+        (write("empty", b""), "empty"),
+        (write("blank", b" \n\n"), "empty"),
+        (
+            write("lines", b"memory://\nhunter22\n"),
+            "more than one line",
+        ),
+        (write("binary", b"redis://:hunter22@h\xff\xfe"), "UTF-8"),
+        (write("huge", &[b'a'; 100_000]), "larger than"),
+        (
+            write("scheme", b"nope://user:hunter22@host\n"),
+            "unknown scheme",
+        ),
+        (
+            write("memory", b"memory://user:hunter22@host:1\n"),
+            "memory",
+        ),
+    ];
+    for (path, what) in cases {
+        let path_arg = path.to_str().unwrap();
+        let run = ["run", "--key", "k", "--", "true"];
+        let flag = dlock_env(
+            &[&run[..1], &["--url-file", path_arg], &run[1..]].concat(),
+            &[],
+        );
+        let env = dlock_env(&run, &[("DLOCK_URL_FILE", &path)]);
+        for out in [flag, env] {
+            assert_eq!(out.status.code(), Some(64), "{what}: {out:?}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains(what), "{what}: {stderr}");
+            assert!(!stderr.contains("hunter22"), "{what}: {stderr}");
+            if what != "unknown scheme" && what != "memory" {
+                assert!(
+                    stderr.contains(&format!("{:?}", path.display().to_string())),
+                    "{what}: the message does not name the file: {stderr}"
+                );
+            }
+        }
+    }
+}
+
+/// --url and --url-file (or DLOCK_URL_FILE) together are a usage error; one of them, or
+/// DLOCK_URL, is required.
+#[test]
+fn url_and_url_file_conflict() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("url");
+    std::fs::write(&file, "memory://\n").unwrap();
+    let path = file.to_str().unwrap();
+    let hold = ["hold", "--key", "k", "--for", "10ms"];
+    let both = dlock_env(
+        &[&hold[..], &["--url", "memory://", "--url-file", path]].concat(),
+        &[],
+    );
+    assert_eq!(both.status.code(), Some(64), "{both:?}");
+    let stderr = String::from_utf8_lossy(&both.stderr);
+    assert!(
+        stderr.contains("--url-file") && stderr.contains("--url"),
+        "{stderr}"
+    );
+    // A variable against an option: the message names the variable too.
+    let mut mixed = Command::new(DLOCK);
+    mixed
+        .env_remove("DLOCK_URL_FILE")
+        .env("DLOCK_URL", "memory://");
+    let mixed = mixed
+        .args(hold)
+        .args(["--url-file", path])
+        .output()
+        .unwrap();
+    assert_eq!(mixed.status.code(), Some(64), "{mixed:?}");
+    assert!(
+        String::from_utf8_lossy(&mixed.stderr).contains("DLOCK_URL"),
+        "{mixed:?}"
+    );
+    let env = dlock_env(
+        &[&hold[..], &["--url", "memory://"]].concat(),
+        &[("DLOCK_URL_FILE", &file)],
+    );
+    assert_eq!(env.status.code(), Some(64), "{env:?}");
+    let neither = dlock_env(&hold, &[]);
+    assert_eq!(neither.status.code(), Some(64), "{neither:?}");
+    let stderr = String::from_utf8_lossy(&neither.stderr);
+    assert!(
+        stderr.contains("--url-file") && stderr.contains("DLOCK_URL"),
+        "{stderr}"
+    );
+}
+
+/// --help says where a URL with a password belongs, and why not in --url.
+#[test]
+fn help_says_where_a_secret_url_belongs() {
+    for args in [&["--help"][..], &["run", "--help"], &["hold", "--help"]] {
+        let out = dlock(args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        for needle in ["--url-file", "DLOCK_URL_FILE", "DLOCK_URL", "ps"] {
+            assert!(text.contains(needle), "{args:?} lacks {needle}: {text}");
+        }
+    }
+}

@@ -285,14 +285,20 @@ fn redis_url_with_password(password: &str) -> String {
     format!("redis://default:{password}@{rest}")
 }
 
-/// The command `dlock run` starts does not see the lock service URL (nor the file naming
-/// it): only DLOCK_KEY and DLOCK_FENCING_TOKEN.
+/// The command `dlock run` starts does not see the lock service URL, given in DLOCK_URL or
+/// in a file named by DLOCK_URL_FILE: only DLOCK_KEY and DLOCK_FENCING_TOKEN.
 #[test]
 fn the_command_does_not_see_the_url_or_its_password() {
     let password = "hunter22-env-secret";
     let url = redis_url_with_password(password);
+    let dir = tempfile::tempdir().unwrap();
+    let url_file = dir.path().join("url");
+    std::fs::write(&url_file, format!("{url}\n")).unwrap();
     let key = unique("env");
-    for (var, value) in [("DLOCK_URL", url.as_str())] {
+    for (var, value) in [
+        ("DLOCK_URL", url.as_str()),
+        ("DLOCK_URL_FILE", url_file.to_str().unwrap()),
+    ] {
         let mut run = Command::new(DLOCK);
         run.env_remove("DLOCK_URL")
             .env_remove("DLOCK_URL_FILE")
