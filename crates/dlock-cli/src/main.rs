@@ -245,9 +245,19 @@ async fn main() -> ExitCode {
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            say!("dlock: {e}");
+            say!("dlock: {}", message(&e));
             ExitCode::from(exit_code(&e))
         }
+    }
+}
+
+/// An error's message for a `dlock: …` line. Errors of the dlock crate itself (an unknown
+/// URL scheme) name "dlock" as their backend, and would read `dlock: dlock: …`.
+fn message(e: &LockError) -> String {
+    let text = e.to_string();
+    match text.strip_prefix("dlock: ") {
+        Some(rest) => rest.to_owned(),
+        None => text,
     }
 }
 
@@ -403,7 +413,7 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
         return Ok(exit::SOFTWARE);
     }
     if let Err(e) = released {
-        say!("dlock: release: {e}");
+        say!("dlock: release: {}", message(&e));
     }
     Ok(code)
 }
@@ -566,4 +576,25 @@ async fn hold(args: HoldArgs) -> Result<u8, LockError> {
     lease.release().await?;
     out!("released");
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_drop_the_dlock_backend_prefix_only() {
+        let own = LockError::invalid_config("dlock", "unknown scheme \"nope\"");
+        assert_eq!(
+            message(&own),
+            "invalid configuration: unknown scheme \"nope\""
+        );
+        let backend = LockError::invalid_config("redis", "bad option");
+        assert_eq!(
+            message(&backend),
+            "redis: invalid configuration: bad option"
+        );
+        let key = LockError::invalid_key("", "a key must not be empty");
+        assert_eq!(message(&key), "invalid key \"\": a key must not be empty");
+    }
 }

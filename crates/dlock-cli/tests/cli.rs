@@ -347,3 +347,50 @@ fn help_says_where_a_secret_url_belongs() {
         }
     }
 }
+
+/// Every error line starts `dlock: ` once: errors of the dlock crate itself (an unknown
+/// scheme, a bad URL file) already name "dlock" as their backend.
+#[test]
+fn error_lines_are_prefixed_once() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let dead = format!("redis://{dead}");
+    let cases: [&[&str]; 5] = [
+        &["run", "--url", "nope://host", "--key", "k", "--", "true"],
+        &[
+            "run",
+            "--url-file",
+            "/nonexistent/url",
+            "--key",
+            "k",
+            "--",
+            "true",
+        ],
+        &["run", "--url", "memory://", "--key", "", "--", "true"],
+        &[
+            "hold",
+            "--url",
+            "memory://",
+            "--url-file",
+            "/x",
+            "--key",
+            "k",
+        ],
+        &["hold", "--url", &dead, "--key", "k", "--no-wait"],
+    ];
+    for args in cases {
+        let out = dlock_env(args, &[]);
+        assert!(!out.status.success(), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.starts_with("dlock: "), "{args:?}: {stderr}");
+        assert!(!stderr.contains("dlock: dlock:"), "{args:?}: {stderr}");
+    }
+    let out = dlock(&["run", "--url", "nope://host", "--key", "k", "--", "true"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .starts_with("dlock: invalid configuration: unknown scheme \"nope\""),
+        "{out:?}"
+    );
+}
