@@ -93,11 +93,12 @@ struct LockArgs {
     /// The lock's name.
     #[arg(long)]
     key: String,
-    /// Lease time on the server without a renewal (renewed every ttl/3 while held).
-    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    /// Lease time on the server without a renewal (renewed every ttl/3 while held); 100ms
+    /// to 1day.
+    #[arg(long, default_value = "15s", value_parser = parse_ttl)]
     ttl: Duration,
-    /// How long to wait for a busy lock (default: forever).
-    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "no_wait")]
+    /// How long to wait for a busy lock (default: forever); at most 1year.
+    #[arg(long, value_parser = parse_span, conflicts_with = "no_wait")]
     wait: Option<Duration>,
     /// Do not wait: exit 75 at once if the lock is busy.
     #[arg(long)]
@@ -141,8 +142,8 @@ struct RunArgs {
     #[arg(long, value_enum, default_value = "term")]
     on_lost: OnLost,
     /// Time between SIGTERM and SIGKILL with --on-lost term, and how long background jobs
-    /// the command left may keep the lock after it exits.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    /// the command left may keep the lock after it exits; at most 1year.
+    #[arg(long, default_value = "10s", value_parser = parse_span)]
     grace: Duration,
     /// Keep the command in dlock's process group (the default for an interactive terminal's
     /// foreground job), so that it can read from the terminal; the terminal's signals reach
@@ -165,9 +166,47 @@ enum OnLost {
 struct HoldArgs {
     #[command(flatten)]
     lock: LockArgs,
-    /// Release after this long (default: hold until SIGINT or SIGTERM).
-    #[arg(long = "for", value_parser = humantime::parse_duration)]
+    /// Release after this long (default: hold until SIGINT or SIGTERM); at most 1year.
+    #[arg(long = "for", value_parser = parse_span)]
     hold_for: Option<Duration>,
+}
+
+/// The longest --wait, --for and --grace: a year as humantime counts it (365.25 days), and
+/// far from the limits of `Instant` arithmetic.
+const MAX_SPAN: Duration = Duration::from_secs(31_557_600);
+
+/// --ttl: a duration within the bounds every backend accepts, so that a wrong value is a
+/// usage error before anything is connected.
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if !(LockOptions::MIN_TTL..=LockOptions::MAX_TTL).contains(&ttl) {
+        return Err(format!(
+            "the ttl must be between {} and {}",
+            humantime::format_duration(LockOptions::MIN_TTL),
+            humantime::format_duration(LockOptions::MAX_TTL)
+        ));
+    }
+    Ok(ttl)
+}
+
+/// --wait, --for, --grace: a duration of at most [`MAX_SPAN`].
+fn parse_span(text: &str) -> Result<Duration, String> {
+    let span = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if span > MAX_SPAN {
+        return Err(format!(
+            "at most {} is accepted",
+            humantime::format_duration(MAX_SPAN)
+        ));
+    }
+    Ok(span)
+}
+
+/// The instant `span` from now. The options are bounded (at most [`MAX_SPAN`]), so this
+/// cannot overflow; if it did, now: the soonest end, which stops the command rather than
+/// letting it run on.
+fn after(span: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(span).unwrap_or(now)
 }
 
 /// The longest URL file read: a URL is far shorter; this stops at a wrong file (a log, a
@@ -355,7 +394,7 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
                     // open) for up to --grace.
                     Some(_) => {
                         exited = Some(status);
-                        jobs_until = Some(tokio::time::Instant::now() + args.grace);
+                        jobs_until = Some(after(args.grace));
                     }
                     None => break status,
                 }
@@ -491,7 +530,7 @@ async fn terminate(
     grace: Duration,
 ) -> std::io::Result<std::process::ExitStatus> {
     signal_command(target, Signal::SIGTERM);
-    let deadline = tokio::time::Instant::now() + grace;
+    let deadline = after(grace);
     let status = match tokio::time::timeout_at(deadline, child.wait()).await {
         Ok(status) => status,
         Err(_) => {
@@ -581,6 +620,31 @@ async fn hold(args: HoldArgs) -> Result<u8, LockError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_are_bounded() {
+        assert_eq!(parse_ttl("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_ttl("100ms"), Ok(LockOptions::MIN_TTL));
+        assert_eq!(parse_ttl("1day"), Ok(LockOptions::MAX_TTL));
+        for ttl in ["99ms", "0s", "1day 1s", "400000000000y", "soon"] {
+            assert!(parse_ttl(ttl).is_err(), "{ttl}");
+        }
+        assert_eq!(parse_span("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_span("1year"), Ok(MAX_SPAN));
+        for span in [
+            "1year 1s",
+            "400000000000y",
+            "99999999999999999999999y",
+            "-1s",
+        ] {
+            assert!(parse_span(span).is_err(), "{span}");
+        }
+        assert_eq!(
+            parse_span("2years").unwrap_err(),
+            "at most 1year is accepted"
+        );
+        assert!(after(MAX_SPAN) > tokio::time::Instant::now());
+    }
 
     #[test]
     fn messages_drop_the_dlock_backend_prefix_only() {

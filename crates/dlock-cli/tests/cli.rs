@@ -394,3 +394,43 @@ fn error_lines_are_prefixed_once() {
         "{out:?}"
     );
 }
+
+/// Durations beyond their bounds are usage errors (64) naming the option, checked before
+/// anything runs; `--grace 400000000000y` made `dlock run` panic on an `Instant` overflow.
+#[test]
+fn absurd_durations_are_usage_errors() {
+    // A background job makes `dlock run` wait up to --grace for it after the command exits.
+    let job = ["--", "sh", "-c", "sleep 0.2 >/dev/null 2>&1 &"];
+    let run = ["run", "--url", "memory://", "--key", "k"];
+    let hold = ["hold", "--url", "memory://", "--key", "k"];
+    let cases: [(&[&str], &[&str]); 9] = [
+        (&run, &["--grace", "400000000000y"]),
+        (&run, &["--grace", "2years"]),
+        (&run, &["--ttl", "400000000000y"]),
+        (&run, &["--ttl", "25h"]),
+        (&run, &["--ttl", "10ms"]),
+        (&run, &["--wait", "400000000000y"]),
+        (&run, &["--wait", "2years"]),
+        (&hold, &["--for", "400000000000y"]),
+        (&hold, &["--wait", "99999999999999999999999y"]),
+    ];
+    for (base, flags) in cases {
+        let tail: &[&str] = if base[0] == "run" { &job } else { &[] };
+        let mut cmd = Command::new(DLOCK);
+        let out = cmd
+            .args(base)
+            .args(flags)
+            .args(tail)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{flags:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{flags:?}: {stderr}");
+        assert!(stderr.contains(flags[0]), "{flags:?}: {stderr}");
+    }
+    // The bounds themselves are accepted.
+    let bounds = ["--ttl", "1day", "--wait", "1year", "--grace", "1year"];
+    let out = dlock(&[&run[..], &bounds, &["--", "true"]].concat());
+    assert!(out.status.success(), "{out:?}");
+}
