@@ -434,3 +434,30 @@ fn absurd_durations_are_usage_errors() {
     let out = dlock(&[&run[..], &bounds, &["--", "true"]].concat());
     assert!(out.status.success(), "{out:?}");
 }
+
+/// A key with a newline cannot forge a line of `dlock hold`'s output, nor drive the
+/// terminal: anything but a plain key is printed quoted and escaped. Plain keys print as
+/// they are.
+#[test]
+fn hold_escapes_keys_that_are_not_plain() {
+    let cases = [
+        (
+            "evil\nacquired key=other token=999\r\x1b[2K\tend",
+            r#""evil\nacquired key=other token=999\r\u{1b}[2K\tend""#,
+        ),
+        ("a token=5", r#""a token=5""#),
+        ("quote\"back\\slash", r#""quote\"back\\slash""#),
+        ("bell\x07del\x7f", r#""bell\u{7}del\u{7f}""#),
+        ("jobs/nightly-backup:eu=1", "jobs/nightly-backup:eu=1"),
+        ("café/ключ", "café/ключ"),
+    ];
+    for (key, shown) in cases {
+        let out = dlock(&["hold", "--url", "memory://", "--key", key, "--for", "10ms"]);
+        assert!(out.status.success(), "{key:?}: {out:?}");
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap(),
+            format!("acquired key={shown} token=1\nreleased\n"),
+            "{key:?}"
+        );
+    }
+}

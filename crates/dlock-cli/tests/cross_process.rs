@@ -37,11 +37,22 @@ fn hold(url: &str, key: &str, extra: &[&str]) -> (Child, u64) {
         .expect("read acquired line");
     let token = line
         .trim()
-        .strip_prefix(&format!("acquired key={key} token="))
+        .strip_prefix(&format!("acquired key={} token=", shown(key)))
         .unwrap_or_else(|| panic!("unexpected first line from dlock hold: {line:?}"))
         .parse()
         .expect("token is a number");
     (child, token)
+}
+
+/// How `dlock hold` prints an ASCII key: as it is if plain, else quoted and escaped.
+fn shown(key: &str) -> String {
+    match key
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+    {
+        true => key.to_owned(),
+        false => format!("{key:?}"),
+    }
 }
 
 fn unique(name: &str) -> String {
@@ -332,4 +343,20 @@ fn the_command_does_not_see_the_url_or_its_password() {
             "{var}:\n{env}"
         );
     }
+}
+
+/// dlock's messages about a key show it escaped: a key with a newline and a terminal escape
+/// stays on its line on stderr (here the `--no-wait` message about a key held elsewhere).
+#[test]
+fn messages_about_a_key_stay_on_one_line() {
+    let url = std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let key = format!("{}\ndlock: forged line\x1b[2K", unique("newline"));
+    let (mut holder, _) = hold(&url, &key, &[]);
+    let out = run_true(&url, &key, &["--no-wait"]);
+    common::sigterm(&holder);
+    assert!(holder.wait().unwrap().success());
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
 }
