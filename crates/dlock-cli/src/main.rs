@@ -56,6 +56,14 @@ enum Cmd {
     /// process group of its own: SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to dlock, and the
     /// signals of --on-lost, reach every process it started, and background jobs it leaves
     /// keep the lock until they end (at most --grace, then they are stopped).
+    ///
+    /// Should dlock itself be killed (SIGKILL, the OOM killer), the lease is no longer
+    /// renewed and expires within --ttl. A guard process dlock starts for this (`dlock
+    /// guard`, in a process group of its own, holding no URL) then stops the command (its
+    /// process group) as --on-lost term or kill would. With --on-lost ignore there is no
+    /// guard, and a guard killed along with dlock cannot act: where that matters, run dlock
+    /// under a supervisor that stops every process of the job when dlock ends (systemd's
+    /// default KillMode=control-group).
     #[command(
         after_help = "Example (cron: run the backup on one host only, skip if another runs it):\n  \
         dlock run --url redis://127.0.0.1:6379 --key nightly-backup --no-wait -- /usr/local/bin/backup"
@@ -70,6 +78,26 @@ enum Cmd {
     #[command(after_help = "Example (block a deploy for ten minutes):\n  \
         dlock hold --url etcd://127.0.0.1:2379 --key deploy/prod --for 10m")]
     Hold(HoldArgs),
+    /// Internal: started by `dlock run`; stops the command if that dlock ends without
+    /// telling it to stand down (dlock was killed).
+    #[command(hide = true)]
+    Guard(GuardArgs),
+}
+
+/// How the guard of a `dlock run` stops the command. It reads the command's pid from its
+/// stdin, a pipe whose only writer is the dlock that started it; then end of file means that
+/// dlock is gone, whatever killed it.
+#[derive(Debug, Args)]
+struct GuardArgs {
+    /// Stop the command's process group (whose id is its pid), not the command alone.
+    #[arg(long)]
+    group: bool,
+    /// SIGKILL at once (--on-lost kill), not SIGTERM then SIGKILL after --grace.
+    #[arg(long)]
+    kill: bool,
+    /// Time between SIGTERM and SIGKILL.
+    #[arg(long, value_parser = parse_span)]
+    grace: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -309,12 +337,7 @@ fn one_line(line: &str) -> Cow<'_, str> {
     Cow::Owned(escaped)
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DLOCK_LOG"))
-        .with_writer(std::io::stderr)
-        .init();
+fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -324,9 +347,28 @@ async fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { exit::USAGE } else { 0 });
         }
     };
-    let outcome = match cli.command {
+    // The guard only waits and signals: no runtime, no threads.
+    if let Cmd::Guard(args) = &cli.command {
+        return ExitCode::from(guard(args));
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DLOCK_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(lock_main(cli.command)),
+        Err(e) => {
+            say!("dlock: cannot start the async runtime: {e}");
+            ExitCode::from(exit::SOFTWARE)
+        }
+    }
+}
+
+async fn lock_main(command: Cmd) -> ExitCode {
+    let outcome = match command {
         Cmd::Run(args) => run(args).await,
         Cmd::Hold(args) => hold(args).await,
+        Cmd::Guard(_) => unreachable!("the guard runs without a runtime"),
     };
     // Whatever was left to background clean-up (a cancelled wait's node or lease, a lease
     // dropped on an error path) finishes before the runtime goes.
@@ -410,10 +452,18 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
     if group {
         command.process_group(0);
     }
+    // The guard starts first, so that the command is watched the moment it runs.
+    let mut guard = match args.on_lost {
+        OnLost::Ignore => None,
+        on_lost => Guard::start(group, on_lost == OnLost::Kill, args.grace),
+    };
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
             say!("dlock: cannot run {program:?}: {e}");
+            if let Some(guard) = guard {
+                guard.stand_down().await;
+            }
             let _ = lease.release().await;
             return Ok(127);
         }
@@ -422,6 +472,9 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
         pid: Pid::from_raw(id as i32),
         group,
     });
+    if let (Some(guard), Some(target)) = (guard.as_mut(), target) {
+        guard.watch(target.pid).await;
+    }
     let mut lost_reported = false;
     let mut exited = None;
     // Once the command exited: when the background jobs it left must be done.
@@ -474,6 +527,10 @@ async fn run(args: RunArgs) -> Result<u8, LockError> {
             },
         }
     };
+    // The command and what it started are done: nothing is left for the guard to stop.
+    if let Some(guard) = guard {
+        guard.stand_down().await;
+    }
     if !lost_reported && lease.is_lost() {
         lost_reported = true;
         say!(
@@ -598,6 +655,148 @@ async fn terminate(
     status
 }
 
+/// The guard process of a `dlock run` (`dlock guard`): it stops the command should this
+/// dlock be killed. A watcher outside dlock, since nothing inside a SIGKILLed process runs:
+/// PR_SET_PDEATHSIG would need unsafe code before exec, or setpriv(1), which sets it in a
+/// race with dlock's death and for the command alone, not its process group.
+#[derive(Debug)]
+struct Guard(tokio::process::Child);
+
+impl Guard {
+    /// Start a guard for a command (its process group with `group`); `None` (with a
+    /// warning) if it cannot start. [`watch`](Self::watch) tells it the command's pid.
+    fn start(group: bool, kill: bool, grace: Duration) -> Option<Self> {
+        // /proc/self/exe runs this very binary, even if its file was replaced or removed
+        // since dlock started.
+        let cannot = |e: std::io::Error| {
+            say!("dlock: cannot start the guard that stops the command if dlock is killed: {e}");
+        };
+        let exe = Path::new("/proc/self/exe");
+        let exe = match exe.exists() {
+            true => exe.to_owned(),
+            false => std::env::current_exe().map_err(cannot).ok()?,
+        };
+        let mut command = Command::new(exe);
+        command
+            .arg0("dlock")
+            .arg("guard")
+            .arg("--grace")
+            .arg(humantime::format_duration(grace).to_string())
+            // End of file on stdin: this dlock is gone. The write end is dlock's alone: it is
+            // close-on-exec, so the command does not keep it.
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .env_remove("DLOCK_URL")
+            .env_remove("DLOCK_URL_FILE")
+            // Not in the command's group (whose members keep the lock) nor in dlock's (a
+            // signal to dlock's group, or the terminal's, must not take the guard along).
+            .process_group(0);
+        if group {
+            command.arg("--group");
+        }
+        if kill {
+            command.arg("--kill");
+        }
+        command.spawn().map(Self).map_err(cannot).ok()
+    }
+
+    /// Tell the guard the command's pid: from now on it stops the command if dlock dies.
+    async fn watch(&mut self, pid: Pid) {
+        use tokio::io::AsyncWriteExt as _;
+        let line = format!("{pid}\n");
+        let told = match self.0.stdin.as_mut() {
+            Some(stdin) => stdin.write_all(line.as_bytes()).await.is_ok(),
+            None => false,
+        };
+        if !told {
+            say!("dlock: the guard that stops the command if dlock is killed has gone");
+        }
+    }
+
+    /// The command is done: end the guard (SIGKILL; dlock is its parent, and reaps it).
+    async fn stand_down(mut self) {
+        let _ = self.0.kill().await;
+    }
+}
+
+/// `dlock guard`: wait until the dlock that started it is gone (end of file on stdin),
+/// then stop the command as --on-lost would. A dlock that ends normally stops its guard
+/// first.
+fn guard(args: &GuardArgs) -> u8 {
+    use std::io::BufRead as _;
+    let parent = nix::unistd::getppid();
+    let mut stdin = std::io::stdin().lock();
+    let mut line = String::new();
+    // The command's pid; without it (dlock ended before it ran the command, or in the
+    // instant between running it and writing this line), nothing to do.
+    let pid = match stdin.read_line(&mut line) {
+        Ok(_) if line.ends_with('\n') => match line.trim().parse::<i32>() {
+            Ok(pid) if pid > 0 => Pid::from_raw(pid),
+            _ => {
+                say!("dlock guard: not a pid: {:?}", line.trim());
+                return exit::USAGE;
+            }
+        },
+        _ => return 0,
+    };
+    // Then only the end of the pipe: dlock is gone.
+    let mut buf = [0; 64];
+    loop {
+        match std::io::Read::read(&mut stdin, &mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // The pipe cannot be watched: as if dlock were gone, rather than leave the
+            // command unwatched.
+            Err(_) => break,
+        }
+    }
+    let target = Target {
+        pid,
+        group: args.group,
+    };
+    let alive = || match target.group {
+        true => group_alive(target.pid),
+        false => process_alive(target.pid),
+    };
+    if !alive() {
+        return 0;
+    }
+    let how = match args.kill {
+        true => {
+            signal_command(Some(target), Signal::SIGKILL);
+            "SIGKILL".to_owned()
+        }
+        false => {
+            signal_command(Some(target), Signal::SIGTERM);
+            let until = std::time::Instant::now().checked_add(args.grace);
+            while alive() && until.is_some_and(|until| std::time::Instant::now() < until) {
+                std::thread::sleep(GROUP_POLL);
+            }
+            match alive() {
+                true => {
+                    signal_command(Some(target), Signal::SIGKILL);
+                    format!(
+                        "SIGTERM, SIGKILL after {}",
+                        humantime::format_duration(args.grace)
+                    )
+                }
+                false => "SIGTERM".to_owned(),
+            }
+        }
+    };
+    // Last: on a terminal that stops background writers, this write could stop the guard.
+    let what = match target.group {
+        true => "process group",
+        false => "process",
+    };
+    say!(
+        "dlock: dlock (pid {parent}) ended while the command ran, and its lease expires: stopped the command's {what} {} ({how})",
+        target.pid
+    );
+    exit::SOFTWARE
+}
+
 /// How often a process group is checked for live members: the kernel sends no event when
 /// a group empties (only a child's own exit is reported).
 const GROUP_POLL: Duration = Duration::from_millis(50);
@@ -615,6 +814,30 @@ async fn group_ends_by(pgid: Pid, deadline: tokio::time::Instant) -> bool {
     }
 }
 
+/// Whether process `pid` is alive (a zombie is not).
+fn process_alive(pid: Pid) -> bool {
+    if kill(pid, None).is_err() {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(stat_fields(&stat).0, Some("Z" | "X")),
+        // Gone between the two checks, or no /proc: kill(0) said it is there.
+        Err(_) => kill(pid, None).is_ok(),
+    }
+}
+
+/// The state and process group in a /proc/<pid>/stat line ("pid (comm) state ppid pgrp
+/// …"; the command name may hold spaces and parentheses).
+fn stat_fields(stat: &str) -> (Option<&str>, Option<i32>) {
+    let mut fields = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace();
+    let state = fields.next();
+    let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
+    (state, pgrp)
+}
+
 /// Whether a live process is in group `pgid`. Zombies nobody reaped (in a container
 /// without an init) still count for `killpg`, so /proc tells them apart.
 fn group_alive(pgid: Pid) -> bool {
@@ -626,13 +849,7 @@ fn group_alive(pgid: Pid) -> bool {
     };
     entries.flatten().any(|entry| {
         let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        // "pid (comm) state ppid pgrp …": the command name may hold spaces and parentheses.
-        let mut fields = stat
-            .rsplit_once(')')
-            .map_or("", |(_, rest)| rest)
-            .split_whitespace();
-        let state = fields.next();
-        let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
+        let (state, pgrp) = stat_fields(&stat);
         pgrp == Some(pgid.as_raw()) && !matches!(state, Some("Z" | "X"))
     })
 }

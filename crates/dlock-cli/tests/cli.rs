@@ -461,3 +461,111 @@ fn hold_escapes_keys_that_are_not_plain() {
         );
     }
 }
+
+/// SIGKILL `runner`, then whether process `pid` ended within `limit`; SIGKILL it if not, so
+/// that a failing test leaves nothing behind.
+fn killed_runner_stops(mut runner: std::process::Child, pid: i32, limit: Duration) -> bool {
+    runner.kill().expect("SIGKILL dlock run");
+    let _ = runner.wait();
+    let gone = common::gone_within(pid, limit);
+    if !gone {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    gone
+}
+
+/// If `dlock run` itself is SIGKILLed, the command does not run on without the lock: its
+/// process group (here a background job of it) is stopped, as --on-lost would.
+#[test]
+fn a_killed_dlock_run_stops_everything_the_command_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
+    let runner = run_in_memory(&["sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn dlock run");
+    let job = common::wait_for_pid(&pidfile);
+    assert!(
+        killed_runner_stops(runner, job, Duration::from_secs(5)),
+        "the command's background job {job} ran on after dlock was killed"
+    );
+}
+
+/// The same with --foreground, where only the command itself is dlock's to stop.
+#[test]
+fn a_killed_dlock_run_stops_a_foreground_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 300", pidfile.display());
+    let runner = Command::new(DLOCK)
+        .args(["run", "--url", "memory://", "--key", "k", "--foreground"])
+        .args(["--on-lost", "kill", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn dlock run");
+    let command = common::wait_for_pid(&pidfile);
+    assert!(
+        killed_runner_stops(runner, command, Duration::from_secs(5)),
+        "the command {command} ran on after dlock was killed"
+    );
+}
+
+/// The `dlock guard` children of process `parent`.
+fn guards_of(parent: u32) -> Vec<i32> {
+    let mut guards = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        if ppid == Some(parent) && args.get(1) == Some(&&b"guard"[..]) {
+            guards.push(pid);
+        }
+    }
+    guards
+}
+
+/// While the command runs, one guard watches it (none with --on-lost ignore); it ends with
+/// the run.
+#[test]
+fn the_guard_lives_as_long_as_the_run() {
+    for (on_lost, expected) in [("term", 1), ("kill", 1), ("ignore", 0)] {
+        let mut runner = Command::new(DLOCK)
+            .args([
+                "run",
+                "--url",
+                "memory://",
+                "--key",
+                "k",
+                "--on-lost",
+                on_lost,
+            ])
+            .args(["--", "sleep", "1"])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn dlock run");
+        std::thread::sleep(Duration::from_millis(400));
+        let guards = guards_of(runner.id());
+        assert!(runner.wait().unwrap().success());
+        assert_eq!(guards.len(), expected, "--on-lost {on_lost}: {guards:?}");
+        for guard in guards {
+            assert!(
+                common::gone_within(guard, Duration::from_millis(100)),
+                "--on-lost {on_lost}: the guard {guard} outlived the run"
+            );
+        }
+    }
+}
