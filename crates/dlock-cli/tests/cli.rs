@@ -156,3 +156,416 @@ fn the_lock_is_held_until_the_commands_background_jobs_end() {
         started.elapsed()
     );
 }
+
+/// Usage errors exit 64 (EX_USAGE) as `--help` says, not clap's own 2; `--help` and
+/// `--version` exit 0.
+#[test]
+fn usage_errors_exit_64() {
+    for args in [
+        &[][..],
+        &["frobnicate"],
+        &[
+            "run",
+            "--url",
+            "memory://",
+            "--key",
+            "k",
+            "--ttl",
+            "soon",
+            "--",
+            "true",
+        ],
+        &["run", "--url", "memory://", "--key", "k"],
+        &["hold", "--url", "memory://"],
+        &[
+            "hold",
+            "--url",
+            "memory://",
+            "--key",
+            "k",
+            "--wait",
+            "1s",
+            "--no-wait",
+        ],
+    ] {
+        let out = dlock(args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert!(!out.stderr.is_empty(), "{args:?}: no message");
+    }
+    for args in [
+        &["--help"][..],
+        &["--version"],
+        &["run", "--help"],
+        &["help"],
+    ] {
+        let out = dlock(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+    }
+}
+
+/// `dlock` with `args`, the environment without DLOCK_URL / DLOCK_URL_FILE plus `env`.
+fn dlock_env(args: &[&str], env: &[(&str, &std::path::Path)]) -> Output {
+    let mut cmd = Command::new(DLOCK);
+    cmd.env_remove("DLOCK_URL").env_remove("DLOCK_URL_FILE");
+    for (var, value) in env {
+        cmd.env(var, value);
+    }
+    cmd.args(args).output().expect("run dlock")
+}
+
+/// The URL can come from a file, named by --url-file or DLOCK_URL_FILE; its final newline
+/// and surrounding blanks do not count.
+#[test]
+fn the_url_comes_from_a_url_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("url");
+    for content in ["memory://", "memory://\n", "  memory://\r\n\n"] {
+        std::fs::write(&file, content).unwrap();
+        let hold = ["hold", "--key", "k", "--for", "10ms"];
+        let path = file.to_str().unwrap();
+        let flag = dlock_env(&[&hold[..], &["--url-file", path]].concat(), &[]);
+        let env = dlock_env(&hold, &[("DLOCK_URL_FILE", &file)]);
+        for out in [flag, env] {
+            assert!(out.status.success(), "{content:?}: {out:?}");
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "acquired key=k token=1\nreleased\n"
+            );
+        }
+    }
+}
+
+/// A URL file that cannot be used is a usage error (64) that names the file and never
+/// shows what it holds.
+#[test]
+fn a_bad_url_file_exits_64_naming_the_file_not_its_contents() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, content: &[u8]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, content).unwrap();
+        path
+    };
+    let cases = [
+        (dir.path().join("missing"), "missing"),
+        (dir.path().to_owned(), "directory"),
+        (write("empty", b""), "empty"),
+        (write("blank", b" \n\n"), "empty"),
+        (
+            write("lines", b"memory://\nhunter22\n"),
+            "more than one line",
+        ),
+        (write("binary", b"redis://:hunter22@h\xff\xfe"), "UTF-8"),
+        (write("huge", &[b'a'; 100_000]), "larger than"),
+        (
+            write("scheme", b"nope://user:hunter22@host\n"),
+            "unknown scheme",
+        ),
+        (
+            write("memory", b"memory://user:hunter22@host:1\n"),
+            "memory",
+        ),
+    ];
+    for (path, what) in cases {
+        let path_arg = path.to_str().unwrap();
+        let run = ["run", "--key", "k", "--", "true"];
+        let flag = dlock_env(
+            &[&run[..1], &["--url-file", path_arg], &run[1..]].concat(),
+            &[],
+        );
+        let env = dlock_env(&run, &[("DLOCK_URL_FILE", &path)]);
+        for out in [flag, env] {
+            assert_eq!(out.status.code(), Some(64), "{what}: {out:?}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains(what), "{what}: {stderr}");
+            assert!(!stderr.contains("hunter22"), "{what}: {stderr}");
+            if what != "unknown scheme" && what != "memory" {
+                assert!(
+                    stderr.contains(&format!("{:?}", path.display().to_string())),
+                    "{what}: the message does not name the file: {stderr}"
+                );
+            }
+        }
+    }
+}
+
+/// --url and --url-file (or DLOCK_URL_FILE) together are a usage error; one of them, or
+/// DLOCK_URL, is required.
+#[test]
+fn url_and_url_file_conflict() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("url");
+    std::fs::write(&file, "memory://\n").unwrap();
+    let path = file.to_str().unwrap();
+    let hold = ["hold", "--key", "k", "--for", "10ms"];
+    let both = dlock_env(
+        &[&hold[..], &["--url", "memory://", "--url-file", path]].concat(),
+        &[],
+    );
+    assert_eq!(both.status.code(), Some(64), "{both:?}");
+    let stderr = String::from_utf8_lossy(&both.stderr);
+    assert!(
+        stderr.contains("--url-file") && stderr.contains("--url"),
+        "{stderr}"
+    );
+    // A variable against an option: the message names the variable too.
+    let mut mixed = Command::new(DLOCK);
+    mixed
+        .env_remove("DLOCK_URL_FILE")
+        .env("DLOCK_URL", "memory://");
+    let mixed = mixed
+        .args(hold)
+        .args(["--url-file", path])
+        .output()
+        .unwrap();
+    assert_eq!(mixed.status.code(), Some(64), "{mixed:?}");
+    assert!(
+        String::from_utf8_lossy(&mixed.stderr).contains("DLOCK_URL"),
+        "{mixed:?}"
+    );
+    let env = dlock_env(
+        &[&hold[..], &["--url", "memory://"]].concat(),
+        &[("DLOCK_URL_FILE", &file)],
+    );
+    assert_eq!(env.status.code(), Some(64), "{env:?}");
+    let neither = dlock_env(&hold, &[]);
+    assert_eq!(neither.status.code(), Some(64), "{neither:?}");
+    let stderr = String::from_utf8_lossy(&neither.stderr);
+    assert!(
+        stderr.contains("--url-file") && stderr.contains("DLOCK_URL"),
+        "{stderr}"
+    );
+}
+
+/// --help says where a URL with a password belongs, and why not in --url.
+#[test]
+fn help_says_where_a_secret_url_belongs() {
+    for args in [&["--help"][..], &["run", "--help"], &["hold", "--help"]] {
+        let out = dlock(args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        for needle in ["--url-file", "DLOCK_URL_FILE", "DLOCK_URL", "ps"] {
+            assert!(text.contains(needle), "{args:?} lacks {needle}: {text}");
+        }
+    }
+}
+
+/// Every error line starts `dlock: ` once: errors of the dlock crate itself (an unknown
+/// scheme, a bad URL file) already name "dlock" as their backend.
+#[test]
+fn error_lines_are_prefixed_once() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let dead = format!("redis://{dead}");
+    let cases: [&[&str]; 5] = [
+        &["run", "--url", "nope://host", "--key", "k", "--", "true"],
+        &[
+            "run",
+            "--url-file",
+            "/nonexistent/url",
+            "--key",
+            "k",
+            "--",
+            "true",
+        ],
+        &["run", "--url", "memory://", "--key", "", "--", "true"],
+        &[
+            "hold",
+            "--url",
+            "memory://",
+            "--url-file",
+            "/x",
+            "--key",
+            "k",
+        ],
+        &["hold", "--url", &dead, "--key", "k", "--no-wait"],
+    ];
+    for args in cases {
+        let out = dlock_env(args, &[]);
+        assert!(!out.status.success(), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.starts_with("dlock: "), "{args:?}: {stderr}");
+        assert!(!stderr.contains("dlock: dlock:"), "{args:?}: {stderr}");
+    }
+    let out = dlock(&["run", "--url", "nope://host", "--key", "k", "--", "true"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .starts_with("dlock: invalid configuration: unknown scheme \"nope\""),
+        "{out:?}"
+    );
+}
+
+/// Durations beyond their bounds are usage errors (64) naming the option, checked before
+/// anything runs; `--grace 400000000000y` made `dlock run` panic on an `Instant` overflow.
+#[test]
+fn absurd_durations_are_usage_errors() {
+    // A background job makes `dlock run` wait up to --grace for it after the command exits.
+    let job = ["--", "sh", "-c", "sleep 0.2 >/dev/null 2>&1 &"];
+    let run = ["run", "--url", "memory://", "--key", "k"];
+    let hold = ["hold", "--url", "memory://", "--key", "k"];
+    let cases: [(&[&str], &[&str]); 9] = [
+        (&run, &["--grace", "400000000000y"]),
+        (&run, &["--grace", "2years"]),
+        (&run, &["--ttl", "400000000000y"]),
+        (&run, &["--ttl", "25h"]),
+        (&run, &["--ttl", "10ms"]),
+        (&run, &["--wait", "400000000000y"]),
+        (&run, &["--wait", "2years"]),
+        (&hold, &["--for", "400000000000y"]),
+        (&hold, &["--wait", "99999999999999999999999y"]),
+    ];
+    for (base, flags) in cases {
+        let tail: &[&str] = if base[0] == "run" { &job } else { &[] };
+        let mut cmd = Command::new(DLOCK);
+        let out = cmd
+            .args(base)
+            .args(flags)
+            .args(tail)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{flags:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{flags:?}: {stderr}");
+        assert!(stderr.contains(flags[0]), "{flags:?}: {stderr}");
+    }
+    // The bounds themselves are accepted.
+    let bounds = ["--ttl", "1day", "--wait", "1year", "--grace", "1year"];
+    let out = dlock(&[&run[..], &bounds, &["--", "true"]].concat());
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// A key with a newline cannot forge a line of `dlock hold`'s output, nor drive the
+/// terminal: anything but a plain key is printed quoted and escaped. Plain keys print as
+/// they are.
+#[test]
+fn hold_escapes_keys_that_are_not_plain() {
+    let cases = [
+        (
+            "evil\nacquired key=other token=999\r\x1b[2K\tend",
+            r#""evil\nacquired key=other token=999\r\u{1b}[2K\tend""#,
+        ),
+        ("a token=5", r#""a token=5""#),
+        ("quote\"back\\slash", r#""quote\"back\\slash""#),
+        ("bell\x07del\x7f", r#""bell\u{7}del\u{7f}""#),
+        ("jobs/nightly-backup:eu=1", "jobs/nightly-backup:eu=1"),
+        ("café/ключ", "café/ключ"),
+    ];
+    for (key, shown) in cases {
+        let out = dlock(&["hold", "--url", "memory://", "--key", key, "--for", "10ms"]);
+        assert!(out.status.success(), "{key:?}: {out:?}");
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap(),
+            format!("acquired key={shown} token=1\nreleased\n"),
+            "{key:?}"
+        );
+    }
+}
+
+/// SIGKILL `runner`, then whether process `pid` ended within `limit`; SIGKILL it if not, so
+/// that a failing test leaves nothing behind.
+fn killed_runner_stops(mut runner: std::process::Child, pid: i32, limit: Duration) -> bool {
+    runner.kill().expect("SIGKILL dlock run");
+    let _ = runner.wait();
+    let gone = common::gone_within(pid, limit);
+    if !gone {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    gone
+}
+
+/// If `dlock run` itself is SIGKILLed, the command does not run on without the lock: its
+/// process group (here a background job of it) is stopped, as --on-lost would.
+#[test]
+fn a_killed_dlock_run_stops_everything_the_command_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
+    let runner = run_in_memory(&["sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn dlock run");
+    let job = common::wait_for_pid(&pidfile);
+    assert!(
+        killed_runner_stops(runner, job, Duration::from_secs(5)),
+        "the command's background job {job} ran on after dlock was killed"
+    );
+}
+
+/// The same with --foreground, where only the command itself is dlock's to stop.
+#[test]
+fn a_killed_dlock_run_stops_a_foreground_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 300", pidfile.display());
+    let runner = Command::new(DLOCK)
+        .args(["run", "--url", "memory://", "--key", "k", "--foreground"])
+        .args(["--on-lost", "kill", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn dlock run");
+    let command = common::wait_for_pid(&pidfile);
+    assert!(
+        killed_runner_stops(runner, command, Duration::from_secs(5)),
+        "the command {command} ran on after dlock was killed"
+    );
+}
+
+/// The `dlock guard` children of process `parent`.
+fn guards_of(parent: u32) -> Vec<i32> {
+    let mut guards = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        if ppid == Some(parent) && args.get(1) == Some(&&b"guard"[..]) {
+            guards.push(pid);
+        }
+    }
+    guards
+}
+
+/// While the command runs, one guard watches it (none with --on-lost ignore); it ends with
+/// the run.
+#[test]
+fn the_guard_lives_as_long_as_the_run() {
+    for (on_lost, expected) in [("term", 1), ("kill", 1), ("ignore", 0)] {
+        let mut runner = Command::new(DLOCK)
+            .args([
+                "run",
+                "--url",
+                "memory://",
+                "--key",
+                "k",
+                "--on-lost",
+                on_lost,
+            ])
+            .args(["--", "sleep", "1"])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn dlock run");
+        std::thread::sleep(Duration::from_millis(400));
+        let guards = guards_of(runner.id());
+        assert!(runner.wait().unwrap().success());
+        assert_eq!(guards.len(), expected, "--on-lost {on_lost}: {guards:?}");
+        for guard in guards {
+            assert!(
+                common::gone_within(guard, Duration::from_millis(100)),
+                "--on-lost {on_lost}: the guard {guard} outlived the run"
+            );
+        }
+    }
+}

@@ -37,11 +37,22 @@ fn hold(url: &str, key: &str, extra: &[&str]) -> (Child, u64) {
         .expect("read acquired line");
     let token = line
         .trim()
-        .strip_prefix(&format!("acquired key={key} token="))
+        .strip_prefix(&format!("acquired key={} token=", shown(key)))
         .unwrap_or_else(|| panic!("unexpected first line from dlock hold: {line:?}"))
         .parse()
         .expect("token is a number");
     (child, token)
+}
+
+/// How `dlock hold` prints an ASCII key: as it is if plain, else quoted and escaped.
+fn shown(key: &str) -> String {
+    match key
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+    {
+        true => key.to_owned(),
+        false => format!("{key:?}"),
+    }
 }
 
 fn unique(name: &str) -> String {
@@ -269,4 +280,83 @@ fn a_lost_lease_stops_everything_the_command_started() {
         common::gone_within(grandchild, Duration::from_secs(5)),
         "the command's background process {grandchild} survived the loss"
     );
+}
+
+/// The Redis test server's URL with a password for its `default` user, which has none set
+/// (`nopass`): Redis accepts `AUTH default <anything>`, so the URL works and carries a secret.
+fn redis_url_with_password(password: &str) -> String {
+    let url = std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let rest = url
+        .strip_prefix("redis://")
+        .expect("DLOCK_REDIS_URL is a redis:// URL");
+    assert!(
+        !rest.contains('@'),
+        "DLOCK_REDIS_URL already has credentials"
+    );
+    format!("redis://default:{password}@{rest}")
+}
+
+/// The command `dlock run` starts does not see the lock service URL, given in DLOCK_URL or
+/// in a file named by DLOCK_URL_FILE: only DLOCK_KEY and DLOCK_FENCING_TOKEN.
+#[test]
+fn the_command_does_not_see_the_url_or_its_password() {
+    let password = "hunter22-env-secret";
+    let url = redis_url_with_password(password);
+    let dir = tempfile::tempdir().unwrap();
+    let url_file = dir.path().join("url");
+    std::fs::write(&url_file, format!("{url}\n")).unwrap();
+    let key = unique("env");
+    for (var, value) in [
+        ("DLOCK_URL", url.as_str()),
+        ("DLOCK_URL_FILE", url_file.to_str().unwrap()),
+    ] {
+        let mut run = Command::new(DLOCK);
+        run.env_remove("DLOCK_URL")
+            .env_remove("DLOCK_URL_FILE")
+            .env(var, value)
+            .args(["run", "--key", &key, "--", "env"]);
+        let out = run.output().expect("run dlock");
+        assert!(out.status.success(), "{var}: {out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // Only dlock's own variables, so that a failure does not print the whole environment.
+        let env = stdout
+            .lines()
+            .filter(|l| l.starts_with("DLOCK_") || l.contains(password))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            !env.contains(password),
+            "{var}: the command saw the password:\n{env}"
+        );
+        for line in env.lines() {
+            assert!(
+                !line.starts_with("DLOCK_URL=") && !line.starts_with("DLOCK_URL_FILE="),
+                "{var}: the command saw {line:?}"
+            );
+        }
+        assert!(
+            env.lines().any(|l| l == format!("DLOCK_KEY={key}")),
+            "{var}:\n{env}"
+        );
+        assert!(
+            env.lines().any(|l| l.starts_with("DLOCK_FENCING_TOKEN=")),
+            "{var}:\n{env}"
+        );
+    }
+}
+
+/// dlock's messages about a key show it escaped: a key with a newline and a terminal escape
+/// stays on its line on stderr (here the `--no-wait` message about a key held elsewhere).
+#[test]
+fn messages_about_a_key_stay_on_one_line() {
+    let url = std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let key = format!("{}\ndlock: forged line\x1b[2K", unique("newline"));
+    let (mut holder, _) = hold(&url, &key, &[]);
+    let out = run_true(&url, &key, &["--no-wait"]);
+    common::sigterm(&holder);
+    assert!(holder.wait().unwrap().success());
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
 }
