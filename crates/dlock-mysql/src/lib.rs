@@ -232,6 +232,7 @@ mod error;
 mod held;
 mod pool;
 mod sql;
+mod tls;
 
 use dlock_core::Result;
 use dlock_core::raw::LockClient;

@@ -2,7 +2,7 @@
 //! servers run no TLS): a test CA made with openssl, a server certificate for `127.0.0.1`
 //! only, a user that `REQUIRE`s SSL and one that requires a client certificate. See
 //! `common/tls.rs`. The TLS policy itself (which options give which mode) is unit-tested in
-//! `src/config.rs`.
+//! `src/tls.rs`.
 
 mod common;
 

@@ -129,8 +129,10 @@
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
+mod cluster;
 mod config;
 mod error;
+mod held;
 mod lock;
 
 use dlock_core::Result;

@@ -1,26 +1,24 @@
-//! The Redlock algorithm over `dlock-redis` nodes: acquire rounds with the fence written
-//! back to a majority, waiting, extension that gives the key back to nodes that lost it,
-//! release. Loss is detected by the core's watchdog from failed extensions.
+//! The Redlock algorithm over `dlock-redis` nodes: connecting, acquire rounds with the
+//! fence written back to a majority, and waiting. The held key's extension and release are
+//! in `held`; loss is detected by the core's watchdog from failed extensions.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::raw::{Backend, Deadline, Grant, Held};
-use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, LostReason, Result, Wakeup};
+use dlock_core::raw::{Backend, Deadline, Grant};
+use dlock_core::{Capabilities, Expiry, Fencing, LockStats, Result, Wakeup};
 use dlock_redis::server::{Attempt, InFlight, Names, Node, NodeError, View, Waiter, new_token};
 use futures::future::join_all;
 use rand::Rng;
 use tokio::time::Instant;
 
 use crate::NAME;
+use crate::cluster::Cluster;
 use crate::config::RedlockConfig;
-use crate::error::{Error, Failures};
+use crate::held::RedlockHeld;
 
-/// The shortest per-node timeout, however short the ttl.
-const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 /// Split votes in a row that are re-tried after a random pause, before falling back to
 /// waiting for an announcement or a ttl.
 const MAX_BACKOFFS: u32 = 8;
@@ -41,64 +39,6 @@ fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 
-/// The nodes and what every operation on them shares.
-#[derive(Debug)]
-struct Cluster {
-    nodes: Vec<Node>,
-    quorum: usize,
-    response_timeout: Duration,
-}
-
-impl Cluster {
-    /// Each node's answer must come within 5 % of the ttl (at least 50 ms, at most the
-    /// response timeout): a slow node is a vote against, not a delay for everyone.
-    fn node_timeout(&self, ttl: Duration) -> Duration {
-        let max = self.response_timeout.max(MIN_NODE_TIMEOUT);
-        (ttl / 20).clamp(MIN_NODE_TIMEOUT, max)
-    }
-
-    fn all(&self) -> Vec<usize> {
-        (0..self.nodes.len()).collect()
-    }
-
-    /// Run `op` on the nodes `which`, in parallel, each bounded by `limit`. A node that
-    /// fails or does not answer in time gives an error; nothing aborts the others.
-    async fn on<'a, T, F, Fut>(
-        &'a self,
-        which: &[usize],
-        limit: Duration,
-        name: &'static str,
-        op: F,
-    ) -> Vec<(usize, Result<T, NodeError>)>
-    where
-        F: Fn(&'a Node) -> Fut,
-        Fut: Future<Output = Result<T, NodeError>> + 'a,
-    {
-        let calls = which.iter().map(|&i| {
-            let node = &self.nodes[i];
-            let call = op(node);
-            async move {
-                let result = tokio::time::timeout(limit, call)
-                    .await
-                    .unwrap_or_else(|_| Err(node.timed_out(name, limit)));
-                (i, result)
-            }
-        });
-        join_all(calls).await
-    }
-
-    fn no_quorum(&self, op: &'static str, failures: Vec<NodeError>) -> LockError {
-        Error::NoQuorum {
-            op,
-            nodes: self.nodes.len(),
-            quorum: self.quorum,
-            answered: self.nodes.len() - failures.len(),
-            failures: Failures(failures),
-        }
-        .into()
-    }
-}
-
 /// The Redlock protocol for [`LockClient`](dlock_core::raw::LockClient): see the crate docs.
 #[derive(Debug)]
 pub struct RedlockBackend {
@@ -117,6 +57,10 @@ impl RedlockBackend {
     /// before any network I/O; [`LockError::Unavailable`] when fewer than a quorum can be
     /// reached, [`LockError::Backend`] when nodes refuse (wrong password, not a Redis
     /// server).
+    ///
+    /// [`LockError::InvalidConfig`]: dlock_core::LockError::InvalidConfig
+    /// [`LockError::Unavailable`]: dlock_core::LockError::Unavailable
+    /// [`LockError::Backend`]: dlock_core::LockError::Backend
     pub async fn connect(config: RedlockConfig) -> Result<Self> {
         config.validate()?;
         let nodes = config
@@ -387,94 +331,6 @@ impl Backend for RedlockBackend {
     }
 }
 
-/// The handle on a key this client holds on a majority of the nodes.
-#[derive(Debug)]
-struct RedlockHeld {
-    cluster: Arc<Cluster>,
-    key: String,
-    names: Names,
-    token: String,
-    fence: u64,
-    ttl: Duration,
-}
-
-impl RedlockHeld {
-    fn not_held(&self) -> LockError {
-        LockError::not_held(NAME, &self.key, LostReason::NotHeld)
-    }
-}
-
-#[async_trait]
-impl Held for RedlockHeld {
-    async fn extend(&mut self, ttl: Duration) -> Result<()> {
-        let c = &*self.cluster;
-        let limit = c.node_timeout(ttl);
-        let (names, token) = (&self.names, self.token.as_str());
-        let answers = c
-            .on(&c.all(), limit, "extend", |n| n.extend(names, token, ttl))
-            .await;
-        let mut extended = 0;
-        let mut missing = Vec::new();
-        let mut failures = Vec::new();
-        for (i, answer) in answers {
-            match answer {
-                Ok(true) => extended += 1,
-                Ok(false) => missing.push(i),
-                Err(e) => failures.push(e),
-            }
-        }
-        if extended >= c.quorum {
-            self.ttl = ttl;
-            if !missing.is_empty() {
-                // A node that lost the key (restarted empty) gets it back, with the fence;
-                // a node where someone else holds it is left alone.
-                let fence = self.fence;
-                for (i, result) in c
-                    .on(&missing, limit, "claim", |n| {
-                        n.claim(names, token, ttl, fence)
-                    })
-                    .await
-                {
-                    tracing::info!(node = %c.nodes[i].addr(), key = %self.key, ?result, "gave the key back to a node that had lost it");
-                }
-            }
-            return Ok(());
-        }
-        if extended + failures.len() >= c.quorum {
-            // Cannot tell: the watchdog retries until the validity runs out.
-            return Err(c.no_quorum("extend", failures));
-        }
-        Err(self.not_held())
-    }
-
-    async fn release(&mut self) -> Result<()> {
-        let c = &*self.cluster;
-        let (names, token) = (&self.names, self.token.as_str());
-        let answers = c
-            .on(&c.all(), c.node_timeout(self.ttl), "release", |n| {
-                n.release(names, token, true)
-            })
-            .await;
-        let mut released = 0;
-        let mut refused = 0;
-        let mut failures = Vec::new();
-        for (_, answer) in answers {
-            match answer {
-                Ok(true) => released += 1,
-                Ok(false) => refused += 1,
-                Err(e) => failures.push(e),
-            }
-        }
-        if refused >= c.quorum {
-            return Err(self.not_held());
-        }
-        if released + refused < c.quorum {
-            return Err(c.no_quorum("release", failures));
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,27 +353,6 @@ mod tests {
             let ttl = Duration::from_millis(ms);
             assert!(ttl / 10 + Duration::from_millis(2) >= drift(ttl), "{ttl:?}");
         }
-    }
-
-    #[test]
-    fn node_timeout_is_five_percent_of_the_ttl_within_bounds() {
-        let cluster = Cluster {
-            nodes: Vec::new(),
-            quorum: 2,
-            response_timeout: Duration::from_secs(2),
-        };
-        assert_eq!(
-            cluster.node_timeout(Duration::from_secs(2)),
-            Duration::from_millis(100)
-        );
-        assert_eq!(
-            cluster.node_timeout(Duration::from_millis(100)),
-            MIN_NODE_TIMEOUT
-        );
-        assert_eq!(
-            cluster.node_timeout(Duration::from_secs(600)),
-            Duration::from_secs(2)
-        );
     }
 
     #[test]

@@ -1,0 +1,98 @@
+//! The nodes, and how one operation runs on them: in parallel, each node's answer bounded
+//! by the per-node timeout, a node that fails or is late counted as a vote against.
+
+use std::future::Future;
+use std::time::Duration;
+
+use dlock_core::{LockError, Result};
+use dlock_redis::server::{Node, NodeError};
+use futures::future::join_all;
+
+use crate::error::{Error, Failures};
+
+/// The shortest per-node timeout, however short the ttl.
+const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// The nodes and what every operation on them shares.
+#[derive(Debug)]
+pub(crate) struct Cluster {
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) quorum: usize,
+    pub(crate) response_timeout: Duration,
+}
+
+impl Cluster {
+    /// Each node's answer must come within 5 % of the ttl (at least 50 ms, at most the
+    /// response timeout): a slow node is a vote against, not a delay for everyone.
+    pub(crate) fn node_timeout(&self, ttl: Duration) -> Duration {
+        let max = self.response_timeout.max(MIN_NODE_TIMEOUT);
+        (ttl / 20).clamp(MIN_NODE_TIMEOUT, max)
+    }
+
+    pub(crate) fn all(&self) -> Vec<usize> {
+        (0..self.nodes.len()).collect()
+    }
+
+    /// Run `op` on the nodes `which`, in parallel, each bounded by `limit`. A node that
+    /// fails or does not answer in time gives an error; nothing aborts the others.
+    pub(crate) async fn on<'a, T, F, Fut>(
+        &'a self,
+        which: &[usize],
+        limit: Duration,
+        name: &'static str,
+        op: F,
+    ) -> Vec<(usize, Result<T, NodeError>)>
+    where
+        F: Fn(&'a Node) -> Fut,
+        Fut: Future<Output = Result<T, NodeError>> + 'a,
+    {
+        let calls = which.iter().map(|&i| {
+            let node = &self.nodes[i];
+            let call = op(node);
+            async move {
+                let result = tokio::time::timeout(limit, call)
+                    .await
+                    .unwrap_or_else(|_| Err(node.timed_out(name, limit)));
+                (i, result)
+            }
+        });
+        join_all(calls).await
+    }
+
+    pub(crate) fn no_quorum(&self, op: &'static str, failures: Vec<NodeError>) -> LockError {
+        Error::NoQuorum {
+            op,
+            nodes: self.nodes.len(),
+            quorum: self.quorum,
+            answered: self.nodes.len() - failures.len(),
+            failures: Failures(failures),
+        }
+        .into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_timeout_is_five_percent_of_the_ttl_within_bounds() {
+        let cluster = Cluster {
+            nodes: Vec::new(),
+            quorum: 2,
+            response_timeout: Duration::from_secs(2),
+        };
+        assert_eq!(
+            cluster.node_timeout(Duration::from_secs(2)),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            cluster.node_timeout(Duration::from_millis(100)),
+            MIN_NODE_TIMEOUT
+        );
+        assert_eq!(
+            cluster.node_timeout(Duration::from_secs(600)),
+            Duration::from_secs(2)
+        );
+    }
+}

@@ -1,0 +1,102 @@
+//! A held key: extension on every node, which gives the key back (with its fence) to nodes
+//! that lost it, and release. A majority answering "not ours" means the key is not held;
+//! too few answers leave the outcome unknown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_core::raw::Held;
+use dlock_core::{LockError, LostReason, Result};
+use dlock_redis::server::Names;
+
+use crate::NAME;
+use crate::cluster::Cluster;
+
+/// The handle on a key this client holds on a majority of the nodes.
+#[derive(Debug)]
+pub(crate) struct RedlockHeld {
+    pub(crate) cluster: Arc<Cluster>,
+    pub(crate) key: String,
+    pub(crate) names: Names,
+    pub(crate) token: String,
+    pub(crate) fence: u64,
+    pub(crate) ttl: Duration,
+}
+
+impl RedlockHeld {
+    fn not_held(&self) -> LockError {
+        LockError::not_held(NAME, &self.key, LostReason::NotHeld)
+    }
+}
+
+#[async_trait]
+impl Held for RedlockHeld {
+    async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        let c = &*self.cluster;
+        let limit = c.node_timeout(ttl);
+        let (names, token) = (&self.names, self.token.as_str());
+        let answers = c
+            .on(&c.all(), limit, "extend", |n| n.extend(names, token, ttl))
+            .await;
+        let mut extended = 0;
+        let mut missing = Vec::new();
+        let mut failures = Vec::new();
+        for (i, answer) in answers {
+            match answer {
+                Ok(true) => extended += 1,
+                Ok(false) => missing.push(i),
+                Err(e) => failures.push(e),
+            }
+        }
+        if extended >= c.quorum {
+            self.ttl = ttl;
+            if !missing.is_empty() {
+                // A node that lost the key (restarted empty) gets it back, with the fence;
+                // a node where someone else holds it is left alone.
+                let fence = self.fence;
+                for (i, result) in c
+                    .on(&missing, limit, "claim", |n| {
+                        n.claim(names, token, ttl, fence)
+                    })
+                    .await
+                {
+                    tracing::info!(node = %c.nodes[i].addr(), key = %self.key, ?result, "gave the key back to a node that had lost it");
+                }
+            }
+            return Ok(());
+        }
+        if extended + failures.len() >= c.quorum {
+            // Cannot tell: the watchdog retries until the validity runs out.
+            return Err(c.no_quorum("extend", failures));
+        }
+        Err(self.not_held())
+    }
+
+    async fn release(&mut self) -> Result<()> {
+        let c = &*self.cluster;
+        let (names, token) = (&self.names, self.token.as_str());
+        let answers = c
+            .on(&c.all(), c.node_timeout(self.ttl), "release", |n| {
+                n.release(names, token, true)
+            })
+            .await;
+        let mut released = 0;
+        let mut refused = 0;
+        let mut failures = Vec::new();
+        for (_, answer) in answers {
+            match answer {
+                Ok(true) => released += 1,
+                Ok(false) => refused += 1,
+                Err(e) => failures.push(e),
+            }
+        }
+        if refused >= c.quorum {
+            return Err(self.not_held());
+        }
+        if released + refused < c.quorum {
+            return Err(c.no_quorum("release", failures));
+        }
+        Ok(())
+    }
+}
