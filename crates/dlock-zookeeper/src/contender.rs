@@ -97,13 +97,22 @@ impl Contender {
                     };
                 }
                 Err(zk::Error::NoNode) => {
-                    // No base path yet (first use), or a release removed the directory
-                    // between our two creates: try again.
                     self.unsure = false;
-                    if dir.err() == Some(zk::Error::NoNode) {
-                        let base = self.dir.rsplit_once('/').map_or("", |(base, _)| base);
-                        let client = &self.client;
-                        retry(client, budget.until(), || client.mkdir(base, &PERSISTENT)).await?;
+                    match dir {
+                        // No base path yet (first use): make it, then try again.
+                        Err(zk::Error::NoNode) => {
+                            let base = self.dir.rsplit_once('/').map_or("", |(base, _)| base);
+                            let client = &self.client;
+                            retry(client, budget.until(), || client.mkdir(base, &PERSISTENT))
+                                .await?;
+                        }
+                        // A release removed the directory between our two creates: try
+                        // again.
+                        Ok(_) | Err(zk::Error::NodeExists) => {}
+                        Err(e) if is_uncertain(&e) => {}
+                        // The directory cannot be made (`NoAuth`: the base path's ACL does
+                        // not let us create children).
+                        Err(e) => return Err(e),
                     }
                 }
                 Err(e) if is_uncertain(&e) => {
