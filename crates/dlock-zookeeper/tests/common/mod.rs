@@ -134,7 +134,10 @@ impl Harness for ZookeeperHarness {
             "zk://127.0.0.1:2181?session_timeout=soon",
             "zk://127.0.0.1:2181?root=relative/path",
             "zk://127.0.0.1:2181?root=/a/../..",
-            "zk://dlock:sekrit-password@127.0.0.1:2181",
+            "zk://dlock@127.0.0.1:2181",
+            "zk://:sekrit-password@127.0.0.1:2181",
+            "zk://127.0.0.1:2181?ca=/etc/ca.pem",
+            "zks://127.0.0.1:2181",
             "redis://127.0.0.1:2181",
             "not a url",
         ]
