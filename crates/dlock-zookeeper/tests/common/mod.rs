@@ -2,6 +2,9 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+#[cfg(feature = "tls")]
+pub mod private;
+
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +22,9 @@ pub const SESSION_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct ZookeeperHarness {
     url: String,
     setup: &'static str,
+    /// The private TLS server this harness tests, with auth.
+    #[cfg(feature = "tls")]
+    private: Option<&'static private::Server>,
 }
 
 impl ZookeeperHarness {
@@ -43,6 +49,29 @@ impl ZookeeperHarness {
         )
     }
 
+    /// The private TLS server (started on first use, one per test process), as the
+    /// digest user [`private::USER`], trusting its CA, with the client certificate it
+    /// requires.
+    #[cfg(feature = "tls")]
+    pub fn tls() -> Self {
+        let server = private::shared();
+        let url = format!(
+            "zks://{}:{}@127.0.0.1:{}?{}",
+            private::USER,
+            private::PASSWORD,
+            server.port(),
+            server.tls_query()
+        );
+        Self {
+            private: Some(server),
+            ..Self::new(
+                &url,
+                "zookeeper (a private TLS server the test starts)",
+                SESSION_TIMEOUT,
+            )
+        }
+    }
+
     /// `base` with `session_timeout` unless it sets one.
     fn new(base: &str, setup: &'static str, session_timeout: Duration) -> Self {
         // RUST_LOG=dlock_zookeeper=debug shows the recipe at work.
@@ -59,7 +88,12 @@ impl ZookeeperHarness {
                 session_timeout.as_millis()
             )
         };
-        Self { url, setup }
+        Self {
+            url,
+            setup,
+            #[cfg(feature = "tls")]
+            private: None,
+        }
     }
 
     pub fn config(&self) -> ZookeeperConfig {
@@ -68,6 +102,10 @@ impl ZookeeperHarness {
 
     /// A raw client of the server under test, for what an operator would do by hand.
     pub async fn raw(&self) -> Result<zk::Client, BoxError> {
+        #[cfg(feature = "tls")]
+        if let Some(server) = self.private {
+            return Ok(server.raw(true).await?);
+        }
         let hosts = self.config().hosts.join(",");
         let connect = zk::Client::connector()
             .with_session_timeout(Duration::from_secs(10))
@@ -75,11 +113,16 @@ impl ZookeeperHarness {
         Ok(tokio::time::timeout(Duration::from_secs(10), connect).await??)
     }
 
-    /// `(url without scheme and hosts)`: the chroot path and query.
-    fn tail(&self) -> &str {
-        let rest = self.url.split_once("://").map_or("", |(_, r)| r);
-        let end = rest.find(['/', '?']).unwrap_or(rest.len());
-        &rest[end..]
+    /// The URL around its hosts: `scheme://[userinfo@]`, and the chroot path and query.
+    fn around_hosts(&self) -> (&str, &str) {
+        let start = self.url.find("://").map_or(0, |i| i + 3);
+        let end = self.url[start..]
+            .find(['/', '?'])
+            .map_or(self.url.len(), |i| start + i);
+        let hosts_at = self.url[start..end]
+            .rfind('@')
+            .map_or(start, |i| start + i + 1);
+        (&self.url[..hosts_at], &self.url[end..])
     }
 }
 
@@ -123,10 +166,15 @@ impl Harness for ZookeeperHarness {
 
     fn url_with_addrs(&self, addrs: &[SocketAddr]) -> String {
         let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
-        format!("zk://{}{}", hosts.join(","), self.tail())
+        let (head, tail) = self.around_hosts();
+        format!("{head}{}{tail}", hosts.join(","))
     }
 
     fn bad_urls(&self) -> Vec<(String, ErrorKind)> {
+        #[cfg(feature = "tls")]
+        if let Some(server) = self.private {
+            return tls_bad_urls(server);
+        }
         let mut urls: Vec<(String, ErrorKind)> = [
             "zk://",
             "zk://127.0.0.1:notaport",
@@ -196,4 +244,74 @@ impl Harness for ZookeeperHarness {
     fn ttl(&self) -> Duration {
         self.config().session_timeout
     }
+}
+
+/// What the private TLS server with auth must refuse, and how.
+#[cfg(feature = "tls")]
+fn tls_bad_urls(server: &private::Server) -> Vec<(String, ErrorKind)> {
+    use private::{PASSWORD, USER};
+    let port = server.port();
+    let (ca, cert, key, other_ca) = (
+        server.file("ca.pem"),
+        server.file("client.pem"),
+        server.file("client.key"),
+        server.file("other-ca.pem"),
+    );
+    let tls = server.tls_query();
+    let t = "connect_timeout=3s";
+    vec![
+        // A wrong password: the base path /dlock belongs to the right one.
+        (
+            format!("zks://{USER}:wrong-password@127.0.0.1:{port}?{tls}&{t}"),
+            ErrorKind::Backend,
+        ),
+        // No credentials: NoAuth under /dlock.
+        (
+            format!("zks://127.0.0.1:{port}?{tls}&{t}"),
+            ErrorKind::Backend,
+        ),
+        // Trusting another CA.
+        (
+            format!(
+                "zks://{USER}:{PASSWORD}@127.0.0.1:{port}?ca={other_ca}&cert={cert}&key={key}&{t}"
+            ),
+            ErrorKind::Backend,
+        ),
+        // Without the client certificate the server requires.
+        (
+            format!("zks://{USER}:{PASSWORD}@127.0.0.1:{port}?ca={ca}&{t}"),
+            ErrorKind::Backend,
+        ),
+        // Plain text to the TLS port.
+        (
+            format!("zk://{USER}:{PASSWORD}@127.0.0.1:{port}?{t}"),
+            ErrorKind::Unavailable,
+        ),
+        // Files that are not there or not PEM.
+        (
+            format!("zks://{USER}:{PASSWORD}@127.0.0.1:{port}?ca=/nonexistent/ca.pem"),
+            ErrorKind::InvalidConfig,
+        ),
+        (
+            format!(
+                "zks://{USER}:{PASSWORD}@127.0.0.1:{port}?ca={}&cert={cert}&key={key}",
+                server.file("zoo.cfg")
+            ),
+            ErrorKind::InvalidConfig,
+        ),
+        (
+            format!("zks://{USER}:{PASSWORD}@127.0.0.1:{port}?ca={ca}&cert={cert}&key={ca}"),
+            ErrorKind::InvalidConfig,
+        ),
+        // Refused before any I/O.
+        (
+            format!("zks://{USER}@127.0.0.1:{port}?{tls}"),
+            ErrorKind::InvalidConfig,
+        ),
+        (format!("zks://127.0.0.1:{port}"), ErrorKind::InvalidConfig),
+        (
+            format!("zk://{USER}:{PASSWORD}@127.0.0.1:{port}?ca={ca}"),
+            ErrorKind::InvalidConfig,
+        ),
+    ]
 }
