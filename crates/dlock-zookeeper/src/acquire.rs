@@ -110,7 +110,7 @@ impl ZookeeperBackend {
         dir: &str,
         budget: Budget,
     ) -> Result<Option<Grant>, zk::Error> {
-        let mut me = Contender::new(client, dir);
+        let mut me = Contender::new(client, self.acl(), dir);
         let sent_at = Instant::now();
         let mut listed = Some(me.create(budget).await?);
         loop {
@@ -131,7 +131,7 @@ impl ZookeeperBackend {
                     "our lock node vanished while waiting; queueing again"
                 );
                 me.forget();
-                me = Contender::new(client, dir);
+                me = Contender::new(client, self.acl(), dir);
                 listed = Some(me.create(budget).await?);
                 continue;
             };

@@ -1,26 +1,31 @@
 //! The backend's configuration and its URL form.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
 use dlock_core::raw::key;
 use dlock_core::raw::parse_duration;
 use dlock_core::raw::url::{Host, LockUrl};
-use dlock_core::{LockError, Result};
+use dlock_core::{LockError, Result, Secret};
 
 use crate::NAME;
 
-/// The default port when a host names none.
+/// The default port when a host names none (for `zks://` too: ZooKeeper has no standard
+/// secure port; `secureClientPort` is often 2281).
 const DEFAULT_PORT: u16 = 2181;
+/// The TLS scheme.
+const TLS_SCHEME: &str = "zks";
 /// Longest escaped key segment; longer ones are shortened with a digest
 /// ([`key::shorten`]).
 const MAX_SEGMENT: usize = 240;
 
-/// How to reach the ensemble and where the lock nodes live.
+/// How to reach the ensemble, as whom, and where the lock nodes live.
 ///
 /// Built from a URL with [`ZookeeperConfig::from_url`] (see the crate docs for the grammar)
-/// or field by field with [`ZookeeperConfig::with_option`].
+/// or field by field with [`ZookeeperConfig::with_option`] and
+/// [`ZookeeperConfig::with_digest`]. `Debug` never shows the password.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ZookeeperConfig {
     /// The ensemble members, `host:port` each. At least one.
@@ -35,6 +40,96 @@ pub struct ZookeeperConfig {
     /// How long establishing a session may take, in [`crate::from_url`] and when an
     /// expired session is replaced. Default 5 s.
     pub connect_timeout: Duration,
+    /// Digest credentials (the URL's `user:password@`), sent on every connection of every
+    /// session. With them, every node the lock creates gets a digest-only ACL (see
+    /// [Security](crate#security)). Default none: nodes are open to anyone.
+    pub digest: Option<Digest>,
+    /// TLS (the `zks://` scheme), with the PEM files it reads when a session is opened.
+    /// Default none: plain TCP.
+    pub tls: Option<Tls>,
+}
+
+/// ZooKeeper `digest` credentials: the session is identified as
+/// `digest:{user}:{base64(sha1("{user}:{password}"))}`. `Debug` never shows the password.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Digest {
+    user: String,
+    password: Secret,
+}
+
+impl Digest {
+    /// Credentials for `user` (not empty, no `:`) with `password` (not empty).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for an empty user name or password, or a user name with
+    /// a `:` (the server splits `user:password` at the first `:`). The message never shows
+    /// the password.
+    pub fn new(user: impl Into<String>, password: impl Into<Secret>) -> Result<Self> {
+        let (user, password) = (user.into(), password.into());
+        if user.is_empty() {
+            return Err(LockError::invalid_config(
+                NAME,
+                "digest auth needs a user name: zk://user:password@host",
+            ));
+        }
+        if user.contains(':') {
+            return Err(LockError::invalid_config(
+                NAME,
+                "a digest user name cannot hold ':' (ZooKeeper splits user:password at the first ':')",
+            ));
+        }
+        if password.expose().is_empty() {
+            return Err(LockError::invalid_config(
+                NAME,
+                "digest auth needs a password: zk://user:password@host",
+            ));
+        }
+        Ok(Self { user, password })
+    }
+
+    /// The user name.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    /// The password.
+    pub fn password(&self) -> &Secret {
+        &self.password
+    }
+
+    /// The id ZooKeeper gives a session authenticated with these credentials,
+    /// `{user}:{base64(sha1("{user}:{password}"))}` (what `getAcl` shows after `digest:`,
+    /// and what an operator writes in `setAcl {path} digest:{id}:cdrwa`). It is derived
+    /// from the password: keep it as private as the password itself (it can be attacked
+    /// offline).
+    pub fn id(&self) -> String {
+        use base64::Engine as _;
+        use sha1::Digest as _;
+        let hash = sha1::Sha1::digest(self.auth_data());
+        format!(
+            "{}:{}",
+            self.user,
+            base64::engine::general_purpose::STANDARD.encode(hash)
+        )
+    }
+
+    /// `user:password`, the auth data of ZooKeeper's `digest` scheme.
+    pub(crate) fn auth_data(&self) -> Vec<u8> {
+        format!("{}:{}", self.user, self.password.expose()).into_bytes()
+    }
+}
+
+/// TLS settings: the CA that signed the servers' certificates, and optionally a client
+/// certificate with its key. The files (PEM) are read each time a session is opened.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Tls {
+    /// PEM file of the CA certificate(s) to trust (the `ca` option). Required.
+    pub ca: Option<PathBuf>,
+    /// PEM file of the client certificate chain (the `cert` option), for servers that ask
+    /// for one (`ssl.clientAuth`). Goes with [`key`](Self::key).
+    pub cert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key (the `key` option).
+    pub key: Option<PathBuf>,
 }
 
 /// The options a URL query can set; each has one spelling.
@@ -47,6 +142,12 @@ pub(crate) enum ConfigKey {
     SessionTimeout,
     /// `connect_timeout`: see [`ZookeeperConfig::connect_timeout`].
     ConnectTimeout,
+    /// `ca`: see [`Tls::ca`].
+    Ca,
+    /// `cert`: see [`Tls::cert`].
+    Cert,
+    /// `key`: see [`Tls::key`].
+    Key,
 }
 
 impl ConfigKey {
@@ -56,21 +157,37 @@ impl ConfigKey {
             Self::Root => "root",
             Self::SessionTimeout => "session_timeout",
             Self::ConnectTimeout => "connect_timeout",
+            Self::Ca => "ca",
+            Self::Cert => "cert",
+            Self::Key => "key",
         }
     }
+
+    /// Every key, in the order the docs list them.
+    const ALL: [Self; 6] = [
+        Self::Root,
+        Self::SessionTimeout,
+        Self::ConnectTimeout,
+        Self::Ca,
+        Self::Cert,
+        Self::Key,
+    ];
 }
 
 impl FromStr for ConfigKey {
     type Err = LockError;
 
     fn from_str(s: &str) -> Result<Self> {
-        [Self::Root, Self::SessionTimeout, Self::ConnectTimeout]
+        Self::ALL
             .into_iter()
             .find(|k| k.as_str() == s)
             .ok_or_else(|| {
                 LockError::invalid_config(
                     NAME,
-                    format!("unknown option {s:?} (known: root, session_timeout, connect_timeout)"),
+                    format!(
+                        "unknown option {s:?} (known: root, session_timeout, connect_timeout, \
+                         ca, cert, key)"
+                    ),
                 )
             })
     }
@@ -104,25 +221,45 @@ impl ZookeeperConfig {
             base: Self::DEFAULT_ROOT.to_owned(),
             session_timeout: Self::DEFAULT_SESSION_TIMEOUT,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            digest: None,
+            tls: None,
         })
     }
 
-    /// Parse `zk://host1:port,host2:port[/chroot][?root=/dlock&session_timeout=10s&connect_timeout=5s]`.
-    /// Nothing is contacted.
+    /// Parse `zk://[user:password@]host1:port,host2:port[/chroot][?root=/dlock&session_timeout=10s&connect_timeout=5s]`,
+    /// or `zks://…?ca=PATH[&cert=PATH&key=PATH]` for TLS. Nothing is contacted and no file
+    /// is read.
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] naming what is wrong: another scheme, no host, a bad port,
-    /// credentials (not supported), a bad path, an unknown option or a bad value.
+    /// a user without a password (or the reverse), a bad path, an unknown option, a bad
+    /// value, TLS options without `zks://`, `zks://` without `ca`. The message never shows
+    /// the password.
     pub fn from_url(url: &str) -> Result<Self> {
         let url = LockUrl::parse(NAME, url, crate::SCHEMES, DEFAULT_PORT)?;
-        if url.username().is_some() || url.password().is_some() {
-            return Err(LockError::invalid_config(
-                NAME,
-                "credentials in the URL are not supported (digest/SASL auth is not implemented)",
-            ));
-        }
         let hosts: Vec<String> = url.hosts().iter().map(Host::to_string).collect();
         let mut config = Self::new(hosts)?;
+        match (url.username(), url.password()) {
+            (None, None) => {}
+            (Some(user), Some(password)) => {
+                config.digest = Some(Digest::new(user, password.clone())?);
+            }
+            (Some(_), None) => {
+                return Err(LockError::invalid_config(
+                    NAME,
+                    "digest auth needs a password: zk://user:password@host",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(LockError::invalid_config(
+                    NAME,
+                    "digest auth needs a user name: zk://user:password@host",
+                ));
+            }
+        }
+        if url.scheme() == TLS_SCHEME {
+            config.tls = Some(Tls::default());
+        }
         let chroot = match url.path() {
             "" | "/" => "",
             path => {
@@ -143,17 +280,63 @@ impl ZookeeperConfig {
             }
         }
         config.base = format!("{chroot}{root}");
+        config.validate()?;
+        if config.tls.is_some() && !cfg!(feature = "tls") {
+            return Err(LockError::invalid_config(
+                NAME,
+                "zks:// needs the `tls` feature of dlock-zookeeper, which is not enabled in this build",
+            ));
+        }
         Ok(config)
     }
 
     /// Set one option from its string form, with its URL query spelling (`root`,
-    /// `session_timeout`, `connect_timeout`). `root` replaces the whole
-    /// [`base`](Self::base) path.
+    /// `session_timeout`, `connect_timeout`, `ca`, `cert`, `key`). `root` replaces the whole
+    /// [`base`](Self::base) path; `ca`, `cert` and `key` turn TLS on.
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] naming the option when it is unknown or its value is bad.
-    pub fn with_option(self, key: &str, value: &str) -> Result<Self> {
-        self.set(key.parse()?, value)
+    pub fn with_option(mut self, key: &str, value: &str) -> Result<Self> {
+        let key = key.parse()?;
+        if matches!(key, ConfigKey::Ca | ConfigKey::Cert | ConfigKey::Key) {
+            self.tls.get_or_insert_with(Tls::default);
+        }
+        self.set(key, value)
+    }
+
+    /// Authenticate every session with ZooKeeper's `digest` scheme as `user:password`, and
+    /// create every node with an ACL for that identity only (see [Security](crate#security)).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] as [`Digest::new`].
+    pub fn with_digest(mut self, user: &str, password: impl Into<Secret>) -> Result<Self> {
+        self.digest = Some(Digest::new(user, password)?);
+        Ok(self)
+    }
+
+    /// Check that the settings fit together: TLS needs `ca`; `cert` and `key` go together.
+    /// [`from_url`](Self::from_url) and [`ZookeeperBackend::connect`](crate::ZookeeperBackend::connect)
+    /// call it.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] naming the conflict.
+    pub fn validate(&self) -> Result<()> {
+        let Some(tls) = &self.tls else {
+            return Ok(());
+        };
+        if tls.ca.is_none() {
+            return Err(LockError::invalid_config(
+                NAME,
+                "zks:// needs ca=PATH (the PEM file of the CA that signed the servers' certificates)",
+            ));
+        }
+        if tls.cert.is_some() != tls.key.is_some() {
+            return Err(LockError::invalid_config(
+                NAME,
+                "cert and key go together: give both or neither",
+            ));
+        }
+        Ok(())
     }
 
     fn set(mut self, key: ConfigKey, value: &str) -> Result<Self> {
@@ -177,6 +360,26 @@ impl ZookeeperConfig {
                     value,
                     Duration::from_millis(1)..=Duration::from_secs(600),
                 )?;
+            }
+            ConfigKey::Ca | ConfigKey::Cert | ConfigKey::Key => {
+                let Some(tls) = self.tls.as_mut() else {
+                    return Err(LockError::invalid_config(
+                        NAME,
+                        format!("option {key} is for TLS: use the zks:// scheme"),
+                    ));
+                };
+                if value.is_empty() {
+                    return Err(LockError::invalid_config(
+                        NAME,
+                        format!("option {key} needs a file path"),
+                    ));
+                }
+                let path = Some(PathBuf::from(value));
+                match key {
+                    ConfigKey::Ca => tls.ca = path,
+                    ConfigKey::Cert => tls.cert = path,
+                    _ => tls.key = path,
+                }
             }
         }
         Ok(self)
@@ -306,7 +509,7 @@ mod tests {
     #[test]
     fn bad_urls() {
         let cases: &[(&str, &str)] = &[
-            ("redis://a:1", "is not one of zk://, zookeeper://"),
+            ("redis://a:1", "is not one of zk://, zookeeper://, zks://"),
             ("zk:/a", "not a URL"),
             ("zk://", "no host given"),
             ("zk://a:1,", "no host name"),
@@ -315,7 +518,30 @@ mod tests {
             ("zk://a:x", "port"),
             ("zk://a b:1", "host name"),
             ("zk://[zz]:1", "IPv6"),
-            ("zk://user:sekrit-password@a:1", "credentials"),
+            ("zk://user@a:1", "needs a password"),
+            ("zk://user:@a:1", "needs a password"),
+            ("zk://:sekrit-password@a:1", "needs a user name"),
+            ("zk://us%3Aer:sekrit-password@a:1", "cannot hold ':'"),
+            (
+                "zk://a:1?ca=/ca.pem",
+                "option ca is for TLS: use the zks:// scheme",
+            ),
+            ("zk://a:1?cert=/c.pem&key=/k.pem", "option cert is for TLS"),
+            ("zks://a:1", "needs ca=PATH"),
+            ("zks://a:1?cert=/c.pem&key=/k.pem", "needs ca=PATH"),
+            (
+                "zks://a:1?ca=/ca.pem&cert=/c.pem",
+                "cert and key go together",
+            ),
+            (
+                "zks://a:1?ca=/ca.pem&key=/k.pem",
+                "cert and key go together",
+            ),
+            ("zks://a:1?ca=", "option ca needs a file path"),
+            (
+                "zks://user:sekrit-password@a:1?domain=x",
+                "unknown option \"domain\"",
+            ),
             ("zk://a:1?bogus=1", "unknown option \"bogus\""),
             ("zk://a:1?root=relative", "must start with '/'"),
             ("zk://a:1?root=/", "below '/'"),
@@ -343,12 +569,112 @@ mod tests {
     }
 
     #[test]
-    fn config_keys_have_one_spelling() {
-        for key in [
-            ConfigKey::Root,
-            ConfigKey::SessionTimeout,
-            ConfigKey::ConnectTimeout,
+    fn credentials_and_tls() {
+        // (url, digest user name, auth data, TLS (ca, cert, key))
+        type Case<'a> = (
+            &'a str,
+            Option<&'a str>,
+            &'a str,
+            Option<(&'a str, Option<&'a str>, Option<&'a str>)>,
+        );
+        let cases: &[Case<'_>] = &[
+            ("zk://a:1", None, "", None),
+            ("zk://app:pw@a:1", Some("app"), "app:pw", None),
+            ("ZK://app:s%40cret@a,b/c", Some("app"), "app:s@cret", None),
+            // The server splits the auth data at the first ':', so a password may hold one.
+            ("zk://app:p:w%3A@a", Some("app"), "app:p:w:", None),
+            ("zookeeper://%C3%A9:pw@a", Some("\u{e9}"), "\u{e9}:pw", None),
+            (
+                "zks://a:2281?ca=/etc/zk/ca.pem",
+                None,
+                "",
+                Some(("/etc/zk/ca.pem", None, None)),
+            ),
+            (
+                "ZKS://app:pw@a:2281,b:2281/chroot?ca=%2Fca.pem&cert=/c.pem&key=/k.pem&session_timeout=2s",
+                Some("app"),
+                "app:pw",
+                Some(("/ca.pem", Some("/c.pem"), Some("/k.pem"))),
+            ),
+        ];
+        for (url, user, auth, tls) in cases {
+            if tls.is_some() && !cfg!(feature = "tls") {
+                let err = ZookeeperConfig::from_url(url).unwrap_err();
+                assert!(err.to_string().contains("`tls` feature"), "{url}: {err}");
+                continue;
+            }
+            let c = ZookeeperConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(c.digest.as_ref().map(Digest::user), *user, "{url}");
+            let data = c.digest.as_ref().map(Digest::auth_data).unwrap_or_default();
+            assert_eq!(String::from_utf8(data).unwrap(), *auth, "{url}");
+            let want = tls.map(|(ca, cert, key)| Tls {
+                ca: Some(ca.into()),
+                cert: cert.map(Into::into),
+                key: key.map(Into::into),
+            });
+            assert_eq!(c.tls, want, "{url}");
+            if let Some(digest) = &c.digest {
+                let shown = format!("{c:?} {digest:?}");
+                assert!(!shown.contains("pw") && !shown.contains("cret"), "{shown}");
+                assert!(shown.contains("<redacted>"), "{shown}");
+            }
+        }
+        assert_eq!(
+            ZookeeperConfig::from_url("zk://a:1,b:2?root=/x")
+                .unwrap()
+                .connect_string(),
+            "a:1,b:2"
+        );
+    }
+
+    #[test]
+    fn digest_ids_are_zookeepers() {
+        // DigestAuthenticationProvider.generateDigest("super:test"), as in ZooKeeper's
+        // administrator's guide.
+        let digest = Digest::new("super", "test").unwrap();
+        assert_eq!(digest.id(), "super:D/InIHSb7yEEbrWz8b9l71RjZJU=");
+        // zkCli.sh: addauth digest dlock:s3cret-zk-pw; create /x x auth::cdrwa; getAcl /x
+        let digest = Digest::new("dlock", "s3cret-zk-pw").unwrap();
+        assert_eq!(digest.id(), "dlock:3LmojupLhafNzmAubdbpp/hEODg=");
+        assert!(!format!("{digest:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn credentials_and_tls_from_code() {
+        let config = ZookeeperConfig::new(["a:2281"])
+            .unwrap()
+            .with_digest("app", "pw")
+            .unwrap()
+            .with_option("ca", "/ca.pem")
+            .unwrap();
+        assert_eq!(config.digest.as_ref().map(Digest::user), Some("app"));
+        assert_eq!(
+            config.tls.as_ref().and_then(|t| t.ca.as_deref()),
+            Some(std::path::Path::new("/ca.pem"))
+        );
+        config.validate().unwrap();
+        let half = config.with_option("cert", "/c.pem").unwrap();
+        let err = half.validate().unwrap_err();
+        assert!(err.to_string().contains("cert and key"), "{err}");
+        let no_ca = ZookeeperConfig::new(["a"])
+            .unwrap()
+            .with_option("key", "/k.pem")
+            .unwrap();
+        assert!(no_ca.validate().unwrap_err().to_string().contains("ca="));
+        for (user, password, why) in [
+            ("", "pw", "user name"),
+            ("a:b", "pw", "':'"),
+            ("app", "", "password"),
         ] {
+            let err = Digest::new(user, password).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+            assert!(err.to_string().contains(why), "{user}: {err}");
+        }
+    }
+
+    #[test]
+    fn config_keys_have_one_spelling() {
+        for key in ConfigKey::ALL {
             assert_eq!(key.as_str().parse::<ConfigKey>().unwrap(), key);
         }
         let err = "sessionTimeout".parse::<ConfigKey>().unwrap_err();

@@ -2,6 +2,7 @@
 //! listing, found again after a lost connection (Curator's protected mode), and deleted if
 //! the acquire gives up.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::raw::Grant;
@@ -20,16 +21,13 @@ use crate::session::connected;
 /// background task.
 const WITHDRAW_BOUND: Duration = Duration::from_secs(1);
 
-const EPHEMERAL_SEQUENTIAL: zk::CreateOptions<'static> =
-    CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-const CONTAINER: zk::CreateOptions<'static> = CreateMode::Container.with_acls(Acls::anyone_all());
-const PERSISTENT: zk::CreateOptions<'static> = CreateMode::Persistent.with_acls(Acls::anyone_all());
-
 /// Our lock node while it is not (yet) a lease. Dropped without
 /// [`into_grant`](Contender::into_grant), it deletes the node in the background, retrying on
 /// connection loss, so a timed-out, failed or cancelled acquire leaves nothing behind.
 pub(crate) struct Contender {
     client: zk::Client,
+    /// The ACL of every node we create (see [Security](crate#security)).
+    acl: Arc<[zk::Acl]>,
     dir: String,
     uuid: uuid::Uuid,
     node: Option<Node>,
@@ -44,9 +42,10 @@ struct Node {
 }
 
 impl Contender {
-    pub(crate) fn new(client: &zk::Client, dir: &str) -> Self {
+    pub(crate) fn new(client: &zk::Client, acl: Arc<[zk::Acl]>, dir: &str) -> Self {
         Self {
             client: client.clone(),
+            acl,
             dir: dir.to_owned(),
             uuid: uuid::Uuid::new_v4(),
             node: None,
@@ -61,15 +60,20 @@ impl Contender {
     /// Create the key directory (a container node; `NodeExists` is the usual answer while
     /// the key is in use), our node (ephemeral-sequential, protected name), and list the
     /// directory, all in one round trip: ZooKeeper answers one session's requests in order,
-    /// so the listing already holds our node. Creates the base path if missing. After a
-    /// lost connection, finds the node the lost create may have made before creating again
-    /// (Curator's protected mode).
+    /// so the listing already holds our node. Creates the base path if missing (persistent
+    /// nodes). Every node gets our ACL. After a lost connection, finds the node the lost
+    /// create may have made before creating again (Curator's protected mode).
     pub(crate) async fn create(&mut self, budget: Budget) -> Result<Vec<String>, zk::Error> {
         let prefix = format!("{}/{}", self.dir, nodes::node_prefix(&self.uuid));
+        let acl = Arc::clone(&self.acl);
+        let acls = Acls::new(&acl);
+        let container = CreateMode::Container.with_acls(acls);
+        let ephemeral_sequential = CreateMode::EphemeralSequential.with_acls(acls);
+        let persistent = CreateMode::Persistent.with_acls(acls);
         for _ in 0..MAX_RETRIES {
             self.unsure = true;
-            let dir = self.client.create(&self.dir, &[], &CONTAINER);
-            let create = self.client.create(&prefix, &[], &EPHEMERAL_SEQUENTIAL);
+            let dir = self.client.create(&self.dir, &[], &container);
+            let create = self.client.create(&prefix, &[], &ephemeral_sequential);
             let list = self.client.list_children(&self.dir);
             let (dir, created, listed) =
                 tokio::time::timeout_at(budget.until(), futures::future::join3(dir, create, list))
@@ -97,13 +101,22 @@ impl Contender {
                     };
                 }
                 Err(zk::Error::NoNode) => {
-                    // No base path yet (first use), or a release removed the directory
-                    // between our two creates: try again.
                     self.unsure = false;
-                    if dir.err() == Some(zk::Error::NoNode) {
-                        let base = self.dir.rsplit_once('/').map_or("", |(base, _)| base);
-                        let client = &self.client;
-                        retry(client, budget.until(), || client.mkdir(base, &PERSISTENT)).await?;
+                    match dir {
+                        // No base path yet (first use): make it, then try again.
+                        Err(zk::Error::NoNode) => {
+                            let base = self.dir.rsplit_once('/').map_or("", |(base, _)| base);
+                            let client = &self.client;
+                            retry(client, budget.until(), || client.mkdir(base, &persistent))
+                                .await?;
+                        }
+                        // A release removed the directory between our two creates: try
+                        // again.
+                        Ok(_) | Err(zk::Error::NodeExists) => {}
+                        Err(e) if is_uncertain(&e) => {}
+                        // The directory cannot be made (`NoAuth`: the base path's ACL does
+                        // not let us create children).
+                        Err(e) => return Err(e),
                     }
                 }
                 Err(e) if is_uncertain(&e) => {

@@ -22,6 +22,9 @@ fn describe(e: &zk::Error) -> String {
     match e {
         zk::Error::Timeout => "no answer in time (the connection to the ensemble is down)".into(),
         zk::Error::NoHosts => "no ensemble member accepted a session".into(),
+        zk::Error::NoAuth => "not authorized (NoAuth): the node's ACL does not grant this \
+                              session's identity; are the credentials missing or wrong?"
+            .into(),
         e => e.to_string(),
     }
 }
@@ -102,6 +105,8 @@ mod tests {
             let err = LockError::from(Error::zk("acquire", e.clone()));
             assert_eq!(err.kind(), ErrorKind::Backend, "{e}");
         }
+        let err = LockError::from(Error::zk("acquire", zk::Error::NoAuth));
+        assert!(err.to_string().contains("NoAuth"), "{err}");
         let err = LockError::from(Error::zk("release", zk::Error::Timeout));
         assert_eq!(err.kind(), ErrorKind::Unavailable);
         assert!(err.to_string().contains("release"), "{err}");

@@ -29,7 +29,8 @@
 //! followed by `root` (default `/dlock`), `{segment}` the key percent-encoded into one path
 //! segment (everything outside `[A-Za-z0-9._:@-]`, and names made only of dots; keys whose
 //! encoding is longer than 240 bytes keep a readable prefix and a SHA-256 digest). No key
-//! reaches outside `{base}` and two keys never share a directory.
+//! reaches outside `{base}` and two keys never share a directory. Every node the lock
+//! creates gets the ACL that [Security](#security) describes.
 //!
 //! **Acquire**
 //! 1. Send, in one round trip (one session's requests are answered in order): `create
@@ -89,6 +90,7 @@
 //! | `extend` / each renewal (every ttl/3) | 1 | `exists` on our node |
 //! | `release` | 1 | `delete` node + `delete` dir, pipelined |
 //! | first use of a new base path | +2 | `create` the base path's nodes, then start again |
+//! | [`from_url`] with credentials | +2 | `auth` once the session is open, then `getACL` on the base path |
 //!
 //! On loopback (standalone 3.8.0 server, 2 shared cores): `try_acquire` + `release` p50
 //! 2.5 ms (p99 14 ms); release-to-waiter hand-off p50 2.2 ms (p99 8 ms).
@@ -107,17 +109,103 @@
 //! # URL
 //!
 //! ```text
-//! zk://host1[:port],host2[:port]...[/chroot][?option=value&...]
+//! zk://[user:password@]host1[:port],host2[:port]...[/chroot][?option=value&...]
+//! zks://[user:password@]host1[:port],...[/chroot]?ca=/path/ca.pem[&cert=/path/client.pem&key=/path/client.key][&...]
 //! ```
-//! `zookeeper://` is accepted too. The port defaults to 2181; IPv6 hosts go in brackets.
-//! The chroot path is a prefix for every node the lock creates (it is created if missing).
-//! Credentials in the URL are refused (ZooKeeper auth is not supported yet).
+//! `zookeeper://` is accepted too. The port defaults to 2181 (for `zks://` too; the
+//! server's `secureClientPort` is often 2281); IPv6 hosts go in brackets. The chroot path
+//! is a prefix for every node the lock creates (it is created if missing).
+//!
+//! `user:password@` turns on ZooKeeper's `digest` auth and digest-only ACLs on every node
+//! the lock creates (see [Security](#security)); percent-encode the password's reserved
+//! characters (`@` as `%40`, `/` as `%2F`, `:` may stay). The user name cannot hold a `:`,
+//! and neither may be empty. `Debug` and errors never show the password.
+//!
+//! `zks://` is TLS (feature `tls`, on by default; rustls with `ring`): every member is
+//! reached over TLS, its certificate checked against `ca` and against the host name or IP
+//! address in the URL. The server needs `secureClientPort` and
+//! `serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory`.
+//!
+//! The client library asks for rustls with its default features, so the `tls` feature
+//! compiles rustls's `aws-lc-rs` provider next to the workspace's `ring`; rustls then
+//! cannot choose a process-wide provider by itself, and code that relies on that choice
+//! (`rustls::ClientConfig::builder()`, as the `redis` crate's TLS connections do) panics
+//! unless one is installed. This crate installs `ring` (unless a provider is installed
+//! already) before its first TLS connection; a program that also makes other TLS
+//! connections should install one at startup
+//! (`rustls::crypto::ring::default_provider().install_default()`).
 //!
 //! | option | default | meaning |
 //! |---|---|---|
 //! | `root` | `/dlock` | the path (under the chroot) holding one directory per key |
 //! | `session_timeout` | `10s` | asked of the server, which negotiates it into its `minSessionTimeout..=maxSessionTimeout` (2 to 20 ticks by default); the crash-release bound. `1500ms`, `2s`, `1.5s`, `1m` |
-//! | `connect_timeout` | `5s` | how long opening a session may take, in [`from_url`] and when an expired session is replaced |
+//! | `connect_timeout` | `5s` | how long opening a session may take (TLS handshake and auth included), in [`from_url`] and when an expired session is replaced |
+//! | `ca` | none; required by `zks://` | PEM file of the CA certificate(s) that signed the members' certificates |
+//! | `cert`, `key` | none | PEM client certificate (chain) and its private key, for servers with `ssl.clientAuth=need` (or `want`) |
+//!
+//! There is no option to skip the certificate or host name check, nor a `domain` to check
+//! the certificate against another name (the client library has neither safely).
+//!
+//! Connecting over TLS fails with [`LockError::Backend`](dlock_core::LockError::Backend)
+//! naming the reason when the handshake fails for a TLS reason (the member's certificate
+//! is not signed by `ca` or does not name the host; the server refused our certificate or
+//! wanted one), and with [`LockError::Unavailable`](dlock_core::LockError::Unavailable)
+//! when nothing answers. A `zk://` client on a TLS port is `Unavailable` (the server just
+//! closes the connection).
+//!
+//! # Security
+//!
+//! **Without credentials** every node the lock creates has the ACL `world:anyone:cdrwa`,
+//! as before: any client that reaches the ensemble can delete a holder's node (the next
+//! waiter then takes the key while the holder still works), plant a persistent
+//! `x-lock-0000000000` child that every client then waits behind forever, or read which
+//! keys are in use. Use it only on an ensemble only trusted clients reach.
+//!
+//! **With credentials** (`user:password@`) every session authenticates with the `digest`
+//! scheme (on every connection: ZooKeeper keeps credentials per connection, and the client
+//! sends them again when it reconnects), and every node the lock creates (lock nodes, key directories, and the base path
+//! nodes it creates when missing) gets one ACL entry, `digest:{user}:{hash}:cdrwa`
+//! ([`Digest::id`]), and nothing else:
+//!
+//! - A client without the same user *and* password gets `NoAuth` for everything under the
+//!   base path the lock created: it can not delete a holder's node (ZooKeeper checks a
+//!   delete against the parent's ACL, the key directory's), create a child in a key
+//!   directory (no planted lock node), create or delete key directories, change data or
+//!   ACLs, or list which keys are held (`exists` needs no permission, though: a client
+//!   that guesses a key's directory learns whether it is there).
+//! - All dlock clients that share keys must use the same user and password: a key
+//!   directory made by one identity refuses children from another. One identity per
+//!   deployment (or per base path: give deployments different `root`s).
+//! - The ACL names the digest identity only, not ZooKeeper's `auth` ACL (every identity of
+//!   the creating session): over TLS with client certificates, a session is also
+//!   `x509:{subject}`, and the `auth` ACL would let any client holding a certificate with
+//!   that subject in, credentials or not.
+//! - The first client to create the base path owns it. A base path that exists already
+//!   keeps its ACL: if anyone may create or delete its children, others can still plant or
+//!   remove key directories (a warning is logged when connecting); give it the
+//!   deployment's ACL (`setAcl /dlock digest:{id}:cdrwa`, or create it that way before
+//!   the first client runs). A base path another identity made is refused when connecting
+//!   (it cannot be read: a wrong password looks the same) with
+//!   [`LockError::Backend`](dlock_core::LockError::Backend).
+//! - A wrong password is not refused by the server (digest auth never fails: the password
+//!   only decides the identity). It is caught when connecting if the base path exists
+//!   (its ACL cannot be read), otherwise by the first acquire (`NoAuth`, a
+//!   [`LockError::Backend`](dlock_core::LockError::Backend)); but a wrong password on a
+//!   fresh ensemble creates the base path for the wrong identity: create the base path
+//!   beforehand.
+//!
+//! What ACLs do not protect against: anyone with the password (or the `super` digest, or
+//! the ensemble's disk) can do everything the lock can; the password and the digest id
+//! (which can be attacked offline) are secrets. Without TLS the password crosses the
+//! network in clear text in every connection's auth packet, and anyone on the path can
+//! read or inject requests: use `zks://` wherever the network is not trusted. A client
+//! that may connect at all can still exhaust the server (many sessions, large requests).
+//! The `dump` four-letter word lists every session's ephemeral nodes, keys included, to
+//! whoever may use it (`4lw.commands.whitelist`).
+//!
+//! SASL (`DIGEST-MD5`, Kerberos) is not supported: it needs the client library's `sasl`
+//! features (Kerberos also needs the system's GSSAPI library) and a JAAS configuration on
+//! the server; digest auth over TLS covers the same threat.
 //!
 //! # Failure modes
 //!
@@ -171,8 +259,10 @@ mod held;
 mod nodes;
 mod request;
 mod session;
+#[cfg(feature = "tls")]
+mod tls;
 
-pub use config::ZookeeperConfig;
+pub use config::{Digest, Tls, ZookeeperConfig};
 pub use session::ZookeeperBackend;
 
 use dlock_core::Result;
@@ -185,15 +275,17 @@ const NAME: &str = "zookeeper";
 pub type ZookeeperLock = LockClient<ZookeeperBackend>;
 
 /// URL schemes this backend serves.
-pub const SCHEMES: &[&str] = &["zk", "zookeeper"];
+pub const SCHEMES: &[&str] = &["zk", "zookeeper", "zks"];
 
-/// Parse `url` (see [URL](crate#url)), then open a session within the connect timeout.
+/// Parse `url` (see [URL](crate#url)), then open a session within the connect timeout
+/// (see [`ZookeeperBackend::connect`]).
 ///
 /// # Errors
 /// [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig) for a bad URL, before
-/// any network I/O; [`LockError::Unavailable`](dlock_core::LockError::Unavailable) when no
-/// member answers within the connect timeout; [`LockError::Backend`](dlock_core::LockError::Backend)
-/// when the server refuses the session.
+/// any network I/O, or TLS files that cannot be read;
+/// [`LockError::Unavailable`](dlock_core::LockError::Unavailable) when no member answers
+/// within the connect timeout; [`LockError::Backend`](dlock_core::LockError::Backend) when
+/// the server refuses the session, the TLS handshake or the credentials.
 pub async fn from_url(url: &str) -> Result<ZookeeperLock> {
     let config = ZookeeperConfig::from_url(url)?;
     Ok(LockClient::new(ZookeeperBackend::connect(config).await?))

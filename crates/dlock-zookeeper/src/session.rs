@@ -2,12 +2,13 @@
 //! replaced when it ends. Every lock node is ephemeral, so the session is what keeps each
 //! lease alive; here too is how long a lease survives a disconnection.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock_core::Result;
 use dlock_core::raw::Deadline;
-use zookeeper_client::{self as zk, SessionState};
+use dlock_core::{LockError, Result};
+use zookeeper_client::{self as zk, Acl, Acls, AuthId, Permission, SessionState};
 
 use crate::NAME;
 use crate::config::ZookeeperConfig;
@@ -20,6 +21,8 @@ use crate::error::Error;
 #[derive(Debug)]
 pub struct ZookeeperBackend {
     pub(crate) config: ZookeeperConfig,
+    /// The ACL of every node the lock creates: see [`node_acl`].
+    acl: Arc<[Acl]>,
     session: tokio::sync::Mutex<zk::Client>,
     session_id: AtomicI64,
     session_timeout_ms: AtomicU64,
@@ -27,15 +30,31 @@ pub struct ZookeeperBackend {
 }
 
 impl ZookeeperBackend {
-    /// Open a session to the ensemble `config` names, within its connect timeout.
+    /// Open a session to the ensemble `config` names, within its connect timeout: over TLS
+    /// if configured, then authenticated if configured.
+    ///
+    /// With [digest credentials](ZookeeperConfig::digest), the session must also be allowed
+    /// to read the base path's ACL when that path exists: a
+    /// [`LockError::Backend`](dlock_core::LockError::Backend) otherwise (a wrong password,
+    /// or a base path that belongs to another identity). A base path that anyone may write
+    /// to is logged as a warning: the ACLs of the lock nodes do not protect much then (see
+    /// [Security](crate#security)).
     ///
     /// # Errors
+    /// [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig) for settings that
+    /// do not fit together or TLS files that cannot be read;
     /// [`LockError::Unavailable`](dlock_core::LockError::Unavailable) when no member answers
     /// in time; [`LockError::Backend`](dlock_core::LockError::Backend) when the server refuses
-    /// the session.
+    /// the session or the credentials.
     pub async fn connect(config: ZookeeperConfig) -> Result<Self> {
+        config.validate()?;
         let client = open_session(&config).await?;
+        if config.digest.is_some() {
+            let deadline = Deadline::At(tokio::time::Instant::now() + config.connect_timeout);
+            check_base_access(&client, &config, deadline).await?;
+        }
         let backend = Self {
+            acl: node_acl(&config),
             config,
             session_id: AtomicI64::new(0),
             session_timeout_ms: AtomicU64::new(0),
@@ -70,6 +89,12 @@ impl ZookeeperBackend {
         tracing::debug!(backend = NAME, session = %client.session_id(), timeout_ms = timeout, "session open");
     }
 
+    /// The ACL of every node the lock creates (lock nodes, key directories, base path
+    /// nodes).
+    pub(crate) fn acl(&self) -> Arc<[Acl]> {
+        Arc::clone(&self.acl)
+    }
+
     /// The current session's client; a new session if the current one has ended.
     pub(crate) async fn client(&self, deadline: Deadline) -> Result<zk::Client> {
         let mut current = self.session.lock().await;
@@ -86,18 +111,144 @@ impl ZookeeperBackend {
     }
 }
 
+/// The ACL of every node the lock creates: with credentials, all permissions for their
+/// digest identity and nobody else (see [Security](crate#security)); without, all
+/// permissions for anyone.
+///
+/// Not ZooKeeper's `auth` ACL (`Acls::creator_all`): that one grants every identity the
+/// creating session has, and a session over TLS with a client certificate also has the
+/// certificate's `x509:` identity, so any client holding a certificate with the same
+/// subject, credentials or not, could delete the lock's nodes.
+fn node_acl(config: &ZookeeperConfig) -> Arc<[Acl]> {
+    match &config.digest {
+        Some(digest) => Arc::new([Acl::new(
+            Permission::ALL,
+            AuthId::new("digest", &digest.id()),
+        )]),
+        None => Acls::anyone_all().iter().cloned().collect(),
+    }
+}
+
+/// Open a session: TLS when configured, then digest auth when configured.
+///
+/// ZooKeeper keeps credentials per connection, not per session: the client library sends
+/// them again first thing on every reconnection of the session, and a replaced session
+/// gets them from here. They are sent once the session is established, not with the
+/// connect request (`Connector::with_auth`): over TLS, the server (3.8, Netty) sometimes
+/// answers a pipelined auth packet before the connect request, and the client library then
+/// fails to read the answer as a connect response ("insufficient buf"; 1 to 2 % of
+/// sessions in `tests/tls_auth.rs`'s burst; never with auth sent afterwards).
 async fn open_session(config: &ZookeeperConfig) -> Result<zk::Client> {
     let hosts = config.connect_string();
-    let connect = zk::Client::connector()
+    #[allow(unused_mut)]
+    let mut connector = zk::Client::connector()
         .with_session_timeout(config.session_timeout)
         // The client's own default, pinned: `lost_after_disconnect` relies on it.
         .with_connection_timeout(config.session_timeout * 2 / 5)
-        .with_fail_eagerly()
-        .connect(&hosts);
+        .with_fail_eagerly();
+    let secure = match &config.tls {
+        #[cfg(feature = "tls")]
+        Some(tls) => {
+            connector = connector.with_tls(crate::tls::options(tls)?);
+            true
+        }
+        #[cfg(not(feature = "tls"))]
+        Some(_) => {
+            return Err(LockError::invalid_config(
+                NAME,
+                "zks:// needs the `tls` feature of dlock-zookeeper, which is not enabled in this build",
+            ));
+        }
+        None => false,
+    };
+    let connect = async {
+        let client = match secure {
+            #[cfg(feature = "tls")]
+            true => match connector.secure_connect(&hosts).await {
+                Err(zk::Error::NoHosts) => return Err(tls_refusal(config).await),
+                answer => answer,
+            },
+            _ => connector.connect(&hosts).await,
+        }
+        .map_err(|e| LockError::from(Error::zk("connect", e)))?;
+        if let Some(digest) = &config.digest {
+            client
+                .auth("digest", &digest.auth_data())
+                .await
+                .map_err(|e| LockError::from(Error::zk("authenticate", e)))?;
+        }
+        Ok(client)
+    };
     match tokio::time::timeout(config.connect_timeout, connect).await {
-        Ok(Ok(client)) => Ok(client),
-        Ok(Err(e)) => Err(Error::zk("connect", e).into()),
+        Ok(answer) => answer,
         Err(_) => Err(Error::zk("connect", zk::Error::Timeout).into()),
+    }
+}
+
+/// No member accepted a TLS session: if a TLS handshake with the first host fails for a
+/// TLS reason (an untrusted server certificate, or the server refusing ours), that is the
+/// error, [`LockError::Backend`]: retrying will not help. Otherwise the members are
+/// unavailable.
+#[cfg(feature = "tls")]
+async fn tls_refusal(config: &ZookeeperConfig) -> LockError {
+    let unavailable = || Error::zk("connect", zk::Error::NoHosts).into();
+    let (Some(tls), Some(host)) = (&config.tls, config.hosts.first()) else {
+        return unavailable();
+    };
+    let within = config.connect_timeout.min(Duration::from_secs(2));
+    match crate::tls::diagnose(tls, host, within).await {
+        Some(why) => LockError::backend(
+            NAME,
+            "connect",
+            format!("the TLS handshake with {host} fails: {why}"),
+        ),
+        None => unavailable(),
+    }
+}
+
+/// With credentials: the base path, when it exists, must let this session read its ACL
+/// (`NoAuth` means the password is wrong, or the path belongs to another identity). A base
+/// path anyone may create or delete children of is worth a warning.
+async fn check_base_access(
+    client: &zk::Client,
+    config: &ZookeeperConfig,
+    deadline: Deadline,
+) -> Result<()> {
+    let base = &config.base;
+    let user = config.digest.as_ref().map_or("", |d| d.user());
+    let answer = deadline
+        .run(client.get_acl(base))
+        .await
+        .unwrap_or(Err(zk::Error::Timeout));
+    match answer {
+        Ok((acls, _)) => {
+            let open = acls.iter().any(|acl| {
+                acl.scheme() == "world"
+                    && acl.id() == "anyone"
+                    && (acl.permission().has(Permission::CREATE)
+                        || acl.permission().has(Permission::DELETE))
+            });
+            if open {
+                tracing::warn!(
+                    backend = NAME,
+                    base,
+                    "anyone may create or delete nodes under the base path: other clients can \
+                     plant or remove key directories; give it this client's digest-only ACL \
+                     (setAcl {base} digest:<the user's digest id>:cdrwa)"
+                );
+            }
+            Ok(())
+        }
+        Err(zk::Error::NoNode) => Ok(()),
+        Err(zk::Error::NoAuth) => Err(LockError::backend(
+            NAME,
+            "connect",
+            format!(
+                "digest user {user:?} may not read the ACL of the base path {base} (NoAuth): a \
+                 wrong password, or the path belongs to another identity"
+            ),
+        )),
+        Err(e) => Err(Error::zk("connect", e).into()),
     }
 }
 

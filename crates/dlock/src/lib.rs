@@ -21,7 +21,7 @@
 //! | `memory://[NAME]` | in-process (tasks of one process) | `memory` | `dlock-memory` |
 //! | `redis://`, `rediss://` | one Redis server | `redis` | `dlock-redis` |
 //! | `redlock://`, `redlocks://` | Redlock over independent Redis nodes | `redlock` | `dlock-redlock` |
-//! | `zk://`, `zookeeper://` | ZooKeeper | `zookeeper` | `dlock-zookeeper` |
+//! | `zk://`, `zookeeper://`, `zks://` | ZooKeeper | `zookeeper` | `dlock-zookeeper` |
 //! | `etcd://`, `etcds://` | etcd v3 | `etcd` | `dlock-etcd` |
 //! | `mysql://`, `mariadb://` | MySQL 8 / MariaDB row lock | `mysql` | `dlock-mysql` |
 //!
@@ -59,7 +59,7 @@ pub enum Scheme {
     Redis,
     /// `redlock://`, `redlocks://` (TLS)
     Redlock,
-    /// `zk://`, `zookeeper://`
+    /// `zk://`, `zookeeper://`, `zks://` (TLS)
     ZooKeeper,
     /// `etcd://`, `etcds://` (TLS)
     Etcd,
@@ -77,6 +77,7 @@ impl Scheme {
         ("redlocks", Scheme::Redlock),
         ("zk", Scheme::ZooKeeper),
         ("zookeeper", Scheme::ZooKeeper),
+        ("zks", Scheme::ZooKeeper),
         ("etcd", Scheme::Etcd),
         ("etcds", Scheme::Etcd),
         ("mysql", Scheme::MySql),
@@ -197,6 +198,7 @@ mod tests {
     fn schemes_parse_case_insensitively() {
         assert_eq!(Scheme::parse("REDIS://h").unwrap(), Scheme::Redis);
         assert_eq!(Scheme::parse("zookeeper://h").unwrap(), Scheme::ZooKeeper);
+        assert_eq!(Scheme::parse("ZKS://h?ca=/c").unwrap(), Scheme::ZooKeeper);
         assert_eq!(Scheme::parse("mariadb://u:p@h/db").unwrap(), Scheme::MySql);
     }
 

@@ -360,7 +360,7 @@ pub fn redact(url: &str) -> String {
 pub fn default_port(scheme: &str) -> Option<u16> {
     Some(match scheme {
         "redis" | "rediss" | "redlock" | "redlocks" => 6379,
-        "zk" | "zookeeper" => 2181,
+        "zk" | "zookeeper" | "zks" => 2181,
         "etcd" | "etcds" => 2379,
         "mysql" | "mariadb" => 3306,
         "postgres" | "postgresql" => 5432,

@@ -2,6 +2,9 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+#[cfg(feature = "tls")]
+pub mod private;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +21,9 @@ pub const SESSION_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct ZookeeperHarness {
     url: String,
     setup: &'static str,
+    /// The private TLS server this harness tests, with auth.
+    #[cfg(feature = "tls")]
+    private: Option<&'static private::Server>,
 }
 
 impl ZookeeperHarness {
@@ -44,6 +50,29 @@ impl ZookeeperHarness {
         )
     }
 
+    /// The private TLS server (started on first use, one per test process), as the
+    /// digest user [`private::USER`], trusting its CA, with the client certificate it
+    /// requires.
+    #[cfg(feature = "tls")]
+    pub fn tls() -> Self {
+        let server = private::shared();
+        let url = format!(
+            "zks://{}:{}@127.0.0.1:{}?{}",
+            private::USER,
+            private::PASSWORD,
+            server.port(),
+            server.tls_query()
+        );
+        Self {
+            private: Some(server),
+            ..Self::new(
+                &url,
+                "zookeeper (a private TLS server the test starts)",
+                SESSION_TIMEOUT,
+            )
+        }
+    }
+
     /// `base` with `session_timeout` unless it sets one.
     fn new(base: &str, setup: &'static str, session_timeout: Duration) -> Self {
         // RUST_LOG=dlock_zookeeper=debug shows the recipe at work.
@@ -54,7 +83,12 @@ impl ZookeeperHarness {
             let timeout = format!("session_timeout={}ms", session_timeout.as_millis());
             dlock_conformance::url_with_option(base, &timeout)
         };
-        Self { url, setup }
+        Self {
+            url,
+            setup,
+            #[cfg(feature = "tls")]
+            private: None,
+        }
     }
 
     pub fn config(&self) -> ZookeeperConfig {
@@ -63,6 +97,10 @@ impl ZookeeperHarness {
 
     /// A raw client of the server under test, for what an operator would do by hand.
     pub async fn raw(&self) -> Result<zk::Client, BoxError> {
+        #[cfg(feature = "tls")]
+        if let Some(server) = self.private {
+            return Ok(server.raw(true).await?);
+        }
         let hosts = self.config().hosts.join(",");
         let connect = zk::Client::connector()
             .with_session_timeout(Duration::from_secs(10))
@@ -99,6 +137,10 @@ impl Harness for ZookeeperHarness {
     }
 
     fn bad_urls(&self) -> Vec<(String, ErrorKind)> {
+        #[cfg(feature = "tls")]
+        if let Some(server) = self.private {
+            return tls_bad_urls(server);
+        }
         let mut urls: Vec<(String, ErrorKind)> = [
             "zk://",
             "zk://127.0.0.1:notaport",
@@ -106,7 +148,10 @@ impl Harness for ZookeeperHarness {
             "zk://127.0.0.1:2181?session_timeout=soon",
             "zk://127.0.0.1:2181?root=relative/path",
             "zk://127.0.0.1:2181?root=/a/../..",
-            "zk://dlock:sekrit-password@127.0.0.1:2181",
+            "zk://dlock@127.0.0.1:2181",
+            "zk://:sekrit-password@127.0.0.1:2181",
+            "zk://127.0.0.1:2181?ca=/etc/ca.pem",
+            "zks://127.0.0.1:2181",
             "redis://127.0.0.1:2181",
             "not a url",
         ]
@@ -164,4 +209,74 @@ impl Harness for ZookeeperHarness {
     fn ttl(&self) -> Duration {
         self.config().session_timeout
     }
+}
+
+/// What the private TLS server with auth must refuse, and how.
+#[cfg(feature = "tls")]
+fn tls_bad_urls(server: &private::Server) -> Vec<(String, ErrorKind)> {
+    use private::{PASSWORD, USER};
+    let port = server.port();
+    let (ca, cert, key, other_ca) = (
+        server.file("ca.pem"),
+        server.file("client.pem"),
+        server.file("client.key"),
+        server.file("other-ca.pem"),
+    );
+    let tls = server.tls_query();
+    let t = "connect_timeout=3s";
+    vec![
+        // A wrong password: the base path /dlock belongs to the right one.
+        (
+            format!("zks://{USER}:wrong-password@127.0.0.1:{port}?{tls}&{t}"),
+            ErrorKind::Backend,
+        ),
+        // No credentials: NoAuth under /dlock.
+        (
+            format!("zks://127.0.0.1:{port}?{tls}&{t}"),
+            ErrorKind::Backend,
+        ),
+        // Trusting another CA.
+        (
+            format!(
+                "zks://{USER}:{PASSWORD}@127.0.0.1:{port}?ca={other_ca}&cert={cert}&key={key}&{t}"
+            ),
+            ErrorKind::Backend,
+        ),
+        // Without the client certificate the server requires.
+        (
+            format!("zks://{USER}:{PASSWORD}@127.0.0.1:{port}?ca={ca}&{t}"),
+            ErrorKind::Backend,
+        ),
+        // Plain text to the TLS port.
+        (
+            format!("zk://{USER}:{PASSWORD}@127.0.0.1:{port}?{t}"),
+            ErrorKind::Unavailable,
+        ),
+        // Files that are not there or not PEM.
+        (
+            format!("zks://{USER}:{PASSWORD}@127.0.0.1:{port}?ca=/nonexistent/ca.pem"),
+            ErrorKind::InvalidConfig,
+        ),
+        (
+            format!(
+                "zks://{USER}:{PASSWORD}@127.0.0.1:{port}?ca={}&cert={cert}&key={key}",
+                server.file("zoo.cfg")
+            ),
+            ErrorKind::InvalidConfig,
+        ),
+        (
+            format!("zks://{USER}:{PASSWORD}@127.0.0.1:{port}?ca={ca}&cert={cert}&key={ca}"),
+            ErrorKind::InvalidConfig,
+        ),
+        // Refused before any I/O.
+        (
+            format!("zks://{USER}@127.0.0.1:{port}?{tls}"),
+            ErrorKind::InvalidConfig,
+        ),
+        (format!("zks://127.0.0.1:{port}"), ErrorKind::InvalidConfig),
+        (
+            format!("zk://{USER}:{PASSWORD}@127.0.0.1:{port}?ca={ca}"),
+            ErrorKind::InvalidConfig,
+        ),
+    ]
 }
