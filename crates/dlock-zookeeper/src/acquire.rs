@@ -136,7 +136,7 @@ impl ZookeeperBackend {
                 continue;
             };
             if position == 0 {
-                return Ok(Some(me.into_grant(key, sent_at)));
+                return me.into_grant(key, sent_at).map(Some);
             }
             if !budget.deadline.may_wait() {
                 me.withdraw().await;

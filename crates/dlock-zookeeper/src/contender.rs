@@ -211,7 +211,19 @@ impl Contender {
         self.unsure = false;
     }
 
-    pub(crate) fn into_grant(mut self, key: &str, sent_at: Instant) -> Grant {
+    /// The grant of our node, which holds the key. A negative czxid (no ZooKeeper hands one
+    /// out) is refused as a protocol error, and the node is deleted as for a failed acquire.
+    pub(crate) fn into_grant(mut self, key: &str, sent_at: Instant) -> Result<Grant, zk::Error> {
+        let czxid = self
+            .node
+            .as_ref()
+            .expect("a held contender has its node")
+            .czxid;
+        let Some(fencing_token) = token(czxid) else {
+            return Err(zk::Error::UnexpectedError(format!(
+                "the server gave the lock node a negative czxid ({czxid}); not a ZooKeeper answer"
+            )));
+        };
         let node = self.node.take().expect("a held contender has its node");
         let path = format!("{}/{}", self.dir, node.name);
         let timeout = self.client.session_timeout();
@@ -222,7 +234,7 @@ impl Contender {
             dir: std::mem::take(&mut self.dir),
             path,
         };
-        Grant::new(token(node.czxid), Box::new(held), sent_at).with_lost(Box::pin(lost))
+        Ok(Grant::new(fencing_token, Box::new(held), sent_at).with_lost(Box::pin(lost)))
     }
 }
 
@@ -265,8 +277,8 @@ impl Drop for Contender {
 /// The fencing token: the lock node's czxid, the zxid of the transaction that created it.
 /// Zxids only grow (across leader changes too), and a later holder's node was created after
 /// every earlier holder's.
-fn token(czxid: i64) -> u64 {
-    u64::try_from(czxid).unwrap_or_default()
+fn token(czxid: i64) -> Option<u64> {
+    u64::try_from(czxid).ok()
 }
 
 #[cfg(test)]
@@ -275,7 +287,8 @@ mod tests {
 
     #[test]
     fn tokens_are_czxids() {
-        assert_eq!(token(0x1_0000_0005), 0x1_0000_0005);
-        assert_eq!(token(-1), 0);
+        assert_eq!(token(0x1_0000_0005), Some(0x1_0000_0005));
+        assert_eq!(token(0), Some(0));
+        assert_eq!(token(-1), None, "a negative czxid is not a token");
     }
 }

@@ -95,9 +95,12 @@ impl ZookeeperBackend {
         Arc::clone(&self.acl)
     }
 
-    /// The current session's client; a new session if the current one has ended.
+    /// The current session's client; a new session if the current one has ended. Waiting
+    /// for another task that is opening one ends at `deadline` too.
     pub(crate) async fn client(&self, deadline: Deadline) -> Result<zk::Client> {
-        let mut current = self.session.lock().await;
+        let Some(mut current) = deadline.run(self.session.lock()).await else {
+            return Err(Error::zk("connect", zk::Error::Timeout).into());
+        };
         if current.state().is_terminated() {
             tracing::info!(backend = NAME, state = %current.state(), "session ended; opening a new one");
             let fresh = deadline
