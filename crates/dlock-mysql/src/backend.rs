@@ -64,6 +64,9 @@ impl MysqlBackend {
     pub async fn connect(config: MysqlConfig) -> Result<Self> {
         config.validate()?;
         config.check_tls_files()?;
+        // sqlx builds its rustls configuration from the process-default crypto provider when
+        // it verifies with a CA file: make sure there is one (never a panic).
+        dlock_core::raw::install_crypto_provider();
         let options = config.connect_options()?;
         let addr = config.addr();
         if config.login_exposed() {

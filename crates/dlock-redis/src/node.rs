@@ -394,7 +394,7 @@ fn client(config: &RedisConfig, info: ConnectionInfo, backend: &'static str) -> 
     };
     #[cfg(feature = "tls")]
     if config.tls {
-        crate::tls::install_provider();
+        dlock_core::raw::install_crypto_provider();
         if let Some(certificates) =
             crate::tls::certificates(config).map_err(|e| named(backend, e))?
         {

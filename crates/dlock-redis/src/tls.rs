@@ -11,7 +11,7 @@
 //! `aws-lc-rs` (its default) beside the `ring` this crate enables, or `custom-provider`, panics
 //! on its first `rediss://` connect.
 //!
-//! So before building a TLS client, [`install_provider`] installs rustls's `ring` provider
+//! So before building a TLS client, [`dlock_core::raw::install_crypto_provider`] installs rustls's `ring` provider
 //! as the process default unless one is installed already. An application that installed
 //! its own provider first keeps it: it is its choice, and every TLS connection of this
 //! crate then uses it. Otherwise the outcome is what redis-rs would have installed itself
@@ -33,19 +33,11 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use crate::NAME;
 use crate::config::RedisConfig;
 
-/// Make sure rustls has a process-default crypto provider: install `ring` unless one is
-/// installed already (see the module docs). Never panics; cheap after the first call.
-pub(crate) fn install_provider() {
-    if CryptoProvider::get_default().is_none() {
-        // An error means another thread installed one meanwhile: that one stays.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-}
-
-/// The provider TLS connections use: the process default, which [`install_provider`] made
+/// The provider TLS connections use: the process default, which
+/// [`dlock_core::raw::install_crypto_provider`] made
 /// sure exists.
 fn provider() -> Arc<CryptoProvider> {
-    install_provider();
+    dlock_core::raw::install_crypto_provider();
     CryptoProvider::get_default()
         .cloned()
         .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()))
@@ -204,9 +196,9 @@ mod tests {
 
     #[test]
     fn installing_the_provider_never_panics_and_keeps_the_first() {
-        install_provider();
+        dlock_core::raw::install_crypto_provider();
         let first = Arc::as_ptr(CryptoProvider::get_default().expect("installed"));
-        install_provider();
+        dlock_core::raw::install_crypto_provider();
         let again = Arc::as_ptr(CryptoProvider::get_default().expect("installed"));
         assert_eq!(first, again, "a provider already installed stays");
     }

@@ -14,7 +14,7 @@ use crate::config::Tls;
 /// # Errors
 /// [`LockError::InvalidConfig`] naming the option and file that cannot be read or used.
 pub(crate) fn options(tls: &Tls) -> Result<zk::TlsOptions> {
-    install_crypto_provider();
+    dlock_core::raw::install_crypto_provider();
     let ca = tls
         .ca
         .as_deref()
@@ -28,20 +28,6 @@ pub(crate) fn options(tls: &Tls) -> Result<zk::TlsOptions> {
             .map_err(|e| file_error("cert and key", cert, e))?;
     }
     Ok(options)
-}
-
-/// The client library builds its rustls configuration with the process's default crypto
-/// provider, and rustls cannot pick one on its own when both `ring` (the workspace's) and
-/// `aws-lc-rs` (the client library's default) are compiled in. Install `ring` unless some
-/// provider is installed already; losing the race to another installer is fine.
-fn install_crypto_provider() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        if rustls::crypto::CryptoProvider::get_default().is_none() {
-            // `Err` only when another thread installed one first: that one is used.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
-    });
 }
 
 fn read_pem(option: &'static str, path: &Path) -> Result<String> {

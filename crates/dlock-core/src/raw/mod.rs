@@ -27,3 +27,20 @@ pub use client::LockClient;
 pub use deadline::Deadline;
 pub use duration::parse_duration;
 pub use watchdog::{renewal_due, renewal_retry};
+
+/// Make sure rustls has a process-default crypto provider, installing `ring` unless one is
+/// installed already. Never panics; cheap after the first call.
+///
+/// Several client libraries (redis-rs, zookeeper-client, sqlx with a CA file) build their
+/// rustls configuration with `ClientConfig::builder()`, which uses the process default and,
+/// when none is installed, picks one from rustls's crate features: it panics when they name
+/// more than one (a binary that links `aws-lc-rs`, rustls's default, beside the workspace's
+/// `ring`) or none. A backend calls this before it opens a TLS connection. An application
+/// that installed its own provider first keeps it: every TLS connection then uses that one.
+#[cfg(feature = "rustls")]
+pub fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // `Err` only when another thread installed one meanwhile: that one stays.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
