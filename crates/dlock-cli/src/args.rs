@@ -1,0 +1,282 @@
+//! The command line: the subcommands and their options, the bounds of the durations they
+//! take, and the lock service URL (--url, or read from --url-file).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use dlock::{LockError, LockOptions, Wait};
+
+const AFTER_HELP: &str = "\
+Exit codes: 64 usage or configuration error, 69 lock server unavailable, 70 lease lost or server
+refused, 75 wait timed out (the lock is busy); 128 + N when signal N ended the wait (130, 143…);
+`run` otherwise exits with the command's code (128 + N when it was killed by signal N).
+
+A URL with a password belongs in a file only the service user can read, named by --url-file or
+DLOCK_URL_FILE, or in DLOCK_URL: every user of the host can read --url with `ps`.
+
+Examples:
+  dlock run --url redis://127.0.0.1:6379 --key nightly-backup --no-wait -- /usr/local/bin/backup
+  DLOCK_URL=zk://10.0.0.5:2181 dlock hold --key maintenance --for 10m
+  dlock run --url-file /etc/dlock/url --key reports --wait 5m -- /usr/local/bin/reports";
+
+/// Run a command under a distributed lock, or hold one.
+#[derive(Debug, Parser)]
+#[command(name = "dlock", version, after_help = AFTER_HELP)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Cmd {
+    /// Acquire KEY, run CMD while keeping the lease renewed, release when it exits.
+    ///
+    /// The command sees DLOCK_KEY and DLOCK_FENCING_TOKEN in its environment, and not
+    /// DLOCK_URL or DLOCK_URL_FILE (the URL may hold a password). Unless dlock
+    /// is an interactive terminal's foreground job or --foreground is given, it runs in a
+    /// process group of its own: SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to dlock, and the
+    /// signals of --on-lost, reach every process it started, and background jobs it leaves
+    /// keep the lock until they end (at most --grace, then they are stopped).
+    ///
+    /// Should dlock itself be killed (SIGKILL, the OOM killer), the lease is no longer
+    /// renewed and expires within --ttl. A guard process dlock starts for this (`dlock
+    /// guard`, in a process group of its own, holding no URL) then stops the command (its
+    /// process group) as --on-lost term or kill would. With --on-lost ignore there is no
+    /// guard, and a guard killed along with dlock cannot act: where that matters, run dlock
+    /// under a supervisor that stops every process of the job when dlock ends (systemd's
+    /// default KillMode=control-group).
+    #[command(
+        after_help = "Example (cron: run the backup on one host only, skip if another runs it):\n  \
+        dlock run --url redis://127.0.0.1:6379 --key nightly-backup --no-wait -- /usr/local/bin/backup"
+    )]
+    Run(RunArgs),
+    /// Acquire KEY and hold it until --for elapses or SIGINT/SIGTERM, then release.
+    ///
+    /// Prints exactly one line `acquired key=<key> token=<n>` once held, then `released`;
+    /// `lost: <reason>` (exit 70) if the lease is lost. A key with blanks, quotes,
+    /// backslashes or characters that do not print is shown quoted and escaped as a Rust
+    /// string ("a\nb"); a plain key is shown as it is.
+    #[command(after_help = "Example (block a deploy for ten minutes):\n  \
+        dlock hold --url etcd://127.0.0.1:2379 --key deploy/prod --for 10m")]
+    Hold(HoldArgs),
+    /// Internal: started by `dlock run`; stops the command if that dlock ends without
+    /// telling it to stand down (dlock was killed).
+    #[command(hide = true)]
+    Guard(GuardArgs),
+}
+
+/// How the guard of a `dlock run` stops the command. It reads the command's pid from its
+/// stdin, a pipe whose only writer is the dlock that started it; then end of file means that
+/// dlock is gone, whatever killed it.
+#[derive(Debug, Args)]
+pub(crate) struct GuardArgs {
+    /// Stop the command's process group (whose id is its pid), not the command alone.
+    #[arg(long)]
+    pub(crate) group: bool,
+    /// SIGKILL at once (--on-lost kill), not SIGTERM then SIGKILL after --grace.
+    #[arg(long)]
+    pub(crate) kill: bool,
+    /// Time between SIGTERM and SIGKILL.
+    #[arg(long, value_parser = parse_span)]
+    pub(crate) grace: Duration,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LockArgs {
+    /// Lock service URL, e.g. redis://127.0.0.1:6379, zk://h:2181, etcd://h:2379,
+    /// mysql://user:pass@h/db, redlock://h1:7001,h2:7002,h3:7003.
+    ///
+    /// Every user of the host can read --url with `ps`: pass a URL with a password with
+    /// --url-file or DLOCK_URL_FILE (a file only the service user can read), or DLOCK_URL.
+    // Which of --url and --url-file is given is checked by `url()`, not clap: clap would
+    // name --url for DLOCK_URL, an option the user did not give.
+    #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
+    url: Option<String>,
+    /// Read the lock service URL from this file: one line, the final newline and surrounding
+    /// blanks ignored. For a URL with a password; make the file readable only by the user
+    /// dlock runs as.
+    #[arg(
+        long,
+        env = "DLOCK_URL_FILE",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
+    url_file: Option<PathBuf>,
+    /// The lock's name.
+    #[arg(long)]
+    pub(crate) key: String,
+    /// Lease time on the server without a renewal (renewed every ttl/3 while held); 100ms
+    /// to 1day.
+    #[arg(long, default_value = "15s", value_parser = parse_ttl)]
+    ttl: Duration,
+    /// How long to wait for a busy lock (default: forever); at most 1year.
+    #[arg(long, value_parser = parse_span, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Do not wait: exit 75 at once if the lock is busy.
+    #[arg(long)]
+    no_wait: bool,
+}
+
+impl LockArgs {
+    /// The lock service URL: --url or DLOCK_URL, or the content of --url-file or
+    /// DLOCK_URL_FILE.
+    pub(crate) fn url(&self) -> Result<String, LockError> {
+        match (&self.url, &self.url_file) {
+            (Some(url), None) => Ok(url.clone()),
+            (None, Some(path)) => read_url_file(path),
+            (Some(_), Some(_)) => Err(LockError::invalid_config(
+                "dlock",
+                "both --url (or DLOCK_URL) and --url-file (or DLOCK_URL_FILE) are given: give one",
+            )),
+            (None, None) => Err(LockError::invalid_config(
+                "dlock",
+                "no lock service URL: give --url-file (or DLOCK_URL_FILE), DLOCK_URL or --url",
+            )),
+        }
+    }
+
+    pub(crate) fn options(&self) -> LockOptions {
+        let wait = match (self.no_wait, self.wait) {
+            (true, _) => Wait::No,
+            (false, Some(d)) => Wait::For(d),
+            (false, None) => Wait::Forever,
+        };
+        LockOptions::new().ttl(self.ttl).wait(wait)
+    }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    pub(crate) lock: LockArgs,
+    /// What to do to the command if the lease is lost: `term` sends SIGTERM, then SIGKILL
+    /// after --grace; `kill` sends SIGKILL; `ignore` lets it run (and warns).
+    #[arg(long, value_enum, default_value = "term")]
+    pub(crate) on_lost: OnLost,
+    /// Time between SIGTERM and SIGKILL with --on-lost term, and how long background jobs
+    /// the command left may keep the lock after it exits; at most 1year.
+    #[arg(long, default_value = "10s", value_parser = parse_span)]
+    pub(crate) grace: Duration,
+    /// Keep the command in dlock's process group (the default for an interactive terminal's
+    /// foreground job), so that it can read from the terminal; the terminal's signals reach
+    /// it directly, and --on-lost reaches the command alone.
+    #[arg(long)]
+    pub(crate) foreground: bool,
+    /// The command and its arguments.
+    #[arg(required = true, last = true)]
+    pub(crate) command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OnLost {
+    Term,
+    Kill,
+    Ignore,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct HoldArgs {
+    #[command(flatten)]
+    pub(crate) lock: LockArgs,
+    /// Release after this long (default: hold until SIGINT or SIGTERM); at most 1year.
+    #[arg(long = "for", value_parser = parse_span)]
+    pub(crate) hold_for: Option<Duration>,
+}
+
+/// The longest --wait, --for and --grace: a year as humantime counts it (365.25 days), and
+/// far from the limits of `Instant` arithmetic.
+const MAX_SPAN: Duration = Duration::from_secs(31_557_600);
+
+/// --ttl: a duration within the bounds every backend accepts, so that a wrong value is a
+/// usage error before anything is connected.
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if !(LockOptions::MIN_TTL..=LockOptions::MAX_TTL).contains(&ttl) {
+        return Err(format!(
+            "the ttl must be between {} and {}",
+            humantime::format_duration(LockOptions::MIN_TTL),
+            humantime::format_duration(LockOptions::MAX_TTL)
+        ));
+    }
+    Ok(ttl)
+}
+
+/// --wait, --for, --grace: a duration of at most [`MAX_SPAN`].
+fn parse_span(text: &str) -> Result<Duration, String> {
+    let span = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if span > MAX_SPAN {
+        return Err(format!(
+            "at most {} is accepted",
+            humantime::format_duration(MAX_SPAN)
+        ));
+    }
+    Ok(span)
+}
+
+/// The instant `span` from now. The options are bounded (at most [`MAX_SPAN`]), so this
+/// cannot overflow; if it did, now: the soonest end, which stops the command rather than
+/// letting it run on.
+pub(crate) fn after(span: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(span).unwrap_or(now)
+}
+
+/// The longest URL file read: a URL is far shorter; this stops at a wrong file (a log, a
+/// device) before reading it all.
+const URL_FILE_MAX: u64 = 64 * 1024;
+
+/// The URL a file holds: its one line, without the final newline and surrounding blanks.
+/// Errors name the file and never show what it holds (a password, or a wrong file's
+/// secrets).
+fn read_url_file(path: &Path) -> Result<String, LockError> {
+    use std::io::Read as _;
+    let bad =
+        |what: String| LockError::invalid_config("dlock", format!("URL file {path:?} {what}"));
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(URL_FILE_MAX + 1).read_to_end(&mut bytes))
+        .map_err(|e| bad(format!("cannot be read: {e}")))?;
+    if bytes.len() as u64 > URL_FILE_MAX {
+        return Err(bad(format!("is larger than {} KiB", URL_FILE_MAX / 1024)));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| bad("is not UTF-8 text".into()))?;
+    let url = text.trim();
+    if url.is_empty() {
+        return Err(bad("is empty".into()));
+    }
+    if url.contains(['\n', '\r']) {
+        return Err(bad("holds more than one line".into()));
+    }
+    Ok(url.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_bounded() {
+        assert_eq!(parse_ttl("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_ttl("100ms"), Ok(LockOptions::MIN_TTL));
+        assert_eq!(parse_ttl("1day"), Ok(LockOptions::MAX_TTL));
+        for ttl in ["99ms", "0s", "1day 1s", "400000000000y", "soon"] {
+            assert!(parse_ttl(ttl).is_err(), "{ttl}");
+        }
+        assert_eq!(parse_span("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_span("1year"), Ok(MAX_SPAN));
+        for span in [
+            "1year 1s",
+            "400000000000y",
+            "99999999999999999999999y",
+            "-1s",
+        ] {
+            assert!(parse_span(span).is_err(), "{span}");
+        }
+        assert_eq!(
+            parse_span("2years").unwrap_err(),
+            "at most 1year is accepted"
+        );
+        assert!(after(MAX_SPAN) > tokio::time::Instant::now());
+    }
+}

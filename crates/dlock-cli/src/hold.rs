@@ -1,0 +1,41 @@
+//! `dlock hold`: acquire the lock and hold it until --for elapses or a signal comes,
+//! printing what happens on stdout.
+
+use dlock::LockError;
+
+use crate::args::HoldArgs;
+use crate::exit;
+use crate::output::{out, shown_key};
+use crate::take::{Signals, take};
+
+pub(crate) async fn hold(args: HoldArgs) -> Result<u8, LockError> {
+    let url = args.lock.url()?;
+    let mut signals = Signals::install();
+    let lease = match take(&args.lock, &url, &mut signals).await? {
+        Ok(lease) => lease,
+        Err(code) => return Ok(code),
+    };
+    out!(
+        "acquired key={} token={}",
+        shown_key(lease.key()),
+        lease.fencing_token()
+    );
+    let elapsed = async {
+        match args.hold_for {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        reason = lease.lost() => {
+            out!("lost: {reason}");
+            let _ = lease.release().await;
+            return Ok(exit::SOFTWARE);
+        }
+        _ = elapsed => {}
+        _ = signals.next() => {}
+    }
+    lease.release().await?;
+    out!("released");
+    Ok(0)
+}

@@ -1,0 +1,188 @@
+//! `dlock run`: acquire the lock, run the command under it (in a process group of its own
+//! unless it is a terminal's foreground job), pass signals on, stop it if the lease is
+//! lost, and release once it and what it started are done.
+
+use std::time::Duration;
+
+use dlock::{ErrorKind, LockError};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::process::Command;
+
+use crate::args::{OnLost, RunArgs, after};
+use crate::exit;
+use crate::guard::Guard;
+use crate::message;
+use crate::output::say;
+use crate::processes::{GROUP_POLL, Target, group_alive, group_ends_by, signal_command};
+use crate::take::{Signals, take};
+
+pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
+    let url = args.lock.url()?;
+    let mut signals = Signals::install();
+    let lease = match take(&args.lock, &url, &mut signals).await? {
+        Ok(lease) => lease,
+        Err(code) => return Ok(code),
+    };
+    let (program, rest) = args.command.split_first().expect("clap requires a command");
+    // An interactive foreground job keeps the command in the terminal's foreground group,
+    // where it may prompt and gets the terminal's signals itself.
+    let group = !args.foreground && !in_terminal_foreground();
+    let mut command = Command::new(program);
+    command
+        .args(rest)
+        // The lock service URL may carry a password: the command does not need it.
+        .env_remove("DLOCK_URL")
+        .env_remove("DLOCK_URL_FILE")
+        .env("DLOCK_KEY", lease.key())
+        .env("DLOCK_FENCING_TOKEN", lease.fencing_token().to_string());
+    if group {
+        command.process_group(0);
+    }
+    // The guard starts first, so that the command is watched the moment it runs.
+    let mut guard = match args.on_lost {
+        OnLost::Ignore => None,
+        on_lost => Guard::start(group, on_lost == OnLost::Kill, args.grace),
+    };
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            say!("dlock: cannot run {program:?}: {e}");
+            if let Some(guard) = guard {
+                guard.stand_down().await;
+            }
+            let _ = lease.release().await;
+            return Ok(127);
+        }
+    };
+    let target = child.id().map(|id| Target {
+        pid: Pid::from_raw(id as i32),
+        group,
+    });
+    if let (Some(guard), Some(target)) = (guard.as_mut(), target) {
+        guard.watch(target.pid).await;
+    }
+    let mut lost_reported = false;
+    let mut exited = None;
+    // Once the command exited: when the background jobs it left must be done.
+    let mut jobs_until = None;
+    let status = loop {
+        tokio::select! {
+            // Loss first: a loss that comes with the child's exit must not be missed.
+            biased;
+            reason = lease.lost(), if !lost_reported => {
+                lost_reported = true;
+                say!("dlock: lease on {:?} lost: {reason}", lease.key());
+                match args.on_lost {
+                    OnLost::Ignore => say!("dlock: --on-lost ignore: the command keeps running without the lock"),
+                    OnLost::Kill => signal_command(target, Signal::SIGKILL),
+                    OnLost::Term => break terminate(target, &mut child, args.grace).await,
+                }
+            }
+            status = child.wait(), if exited.is_none() => {
+                match target.filter(|t| t.group && group_alive(t.pid)) {
+                    // What the command started in the background still works under the
+                    // lock: it keeps the lock (as flock(1)'s does while it has the file
+                    // open) for up to --grace.
+                    Some(_) => {
+                        exited = Some(status);
+                        jobs_until = Some(after(args.grace));
+                    }
+                    None => break status,
+                }
+            }
+            () = tokio::time::sleep(GROUP_POLL), if exited.is_some() => {
+                let t = target.expect("a group was waited for");
+                if !group_alive(t.pid) {
+                    break exited.take().expect("the command exited");
+                }
+                if jobs_until.is_some_and(|until| tokio::time::Instant::now() >= until) {
+                    say!(
+                        "dlock: processes the command started still run {:?} after it exited; stopping them before the release",
+                        args.grace
+                    );
+                    let _ = terminate(target, &mut child, args.grace).await;
+                    break exited.take().expect("the command exited");
+                }
+            }
+            sig = signals.next() => match group {
+                true => signal_command(target, sig),
+                // The terminal already signalled its whole foreground group, command
+                // included; passing INT, QUIT or HUP on again would make it twice.
+                false if sig == Signal::SIGTERM => signal_command(target, sig),
+                false => {}
+            },
+        }
+    };
+    // The command and what it started are done: nothing is left for the guard to stop.
+    if let Some(guard) = guard {
+        guard.stand_down().await;
+    }
+    if !lost_reported && lease.is_lost() {
+        lost_reported = true;
+        say!(
+            "dlock: lease on {:?} was lost while the command ran",
+            lease.key()
+        );
+    }
+    let code = match status {
+        Ok(status) => status
+            .code()
+            .map(|c| c as u8)
+            .or_else(|| {
+                std::os::unix::process::ExitStatusExt::signal(&status).map(|s| 128 + s as u8)
+            })
+            .unwrap_or(exit::SOFTWARE),
+        Err(e) => {
+            say!("dlock: waiting for the command failed: {e}");
+            exit::SOFTWARE
+        }
+    };
+    let released = lease.release().await;
+    let lost = lost_reported
+        || matches!(
+            released.as_ref().map_err(LockError::kind),
+            Err(ErrorKind::NotHeld | ErrorKind::LeaseLost)
+        );
+    if lost && args.on_lost != OnLost::Ignore {
+        return Ok(exit::SOFTWARE);
+    }
+    if let Err(e) = released {
+        say!("dlock: release: {}", message(&e));
+    }
+    Ok(code)
+}
+
+/// Whether dlock runs as the foreground job of a terminal (an interactive shell): it has a
+/// controlling terminal whose foreground group is dlock's own. Not under cron, systemd or a
+/// background job.
+fn in_terminal_foreground() -> bool {
+    std::fs::File::open("/dev/tty")
+        .ok()
+        .and_then(|tty| nix::unistd::tcgetpgrp(&tty).ok())
+        .is_some_and(|foreground| foreground == nix::unistd::getpgrp())
+}
+
+/// SIGTERM the command, then SIGKILL whatever of it is still running after `grace`: the
+/// command itself, or with a process group anything it started, even once it has exited.
+async fn terminate(
+    target: Option<Target>,
+    child: &mut tokio::process::Child,
+    grace: Duration,
+) -> std::io::Result<std::process::ExitStatus> {
+    signal_command(target, Signal::SIGTERM);
+    let deadline = after(grace);
+    let status = match tokio::time::timeout_at(deadline, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            signal_command(target, Signal::SIGKILL);
+            return child.wait().await;
+        }
+    };
+    if let Some(t) = target.filter(|t| t.group)
+        && !group_ends_by(t.pid, deadline).await
+    {
+        let _ = killpg(t.pid, Signal::SIGKILL);
+    }
+    status
+}

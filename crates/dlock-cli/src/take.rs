@@ -1,0 +1,68 @@
+//! Taking the lock: acquire it unless one of the signals dlock catches comes first, and
+//! those signals, caught from before the acquire to the end.
+
+use dlock::{Lease, LockError};
+use nix::sys::signal::Signal;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::args::LockArgs;
+use crate::output::say;
+
+/// Acquire the lock, unless SIGINT, SIGTERM, SIGHUP or SIGQUIT comes first: then give the
+/// wait up and answer `Err(exit code)` (128 + the signal's number).
+pub(crate) async fn take(
+    args: &LockArgs,
+    url: &str,
+    signals: &mut Signals,
+) -> Result<Result<Lease, u8>, LockError> {
+    let acquire = async {
+        let lock = dlock::connect(url).await?;
+        lock.acquire(&args.key, &args.options()).await
+    };
+    let sig = tokio::select! {
+        lease = acquire => return Ok(Ok(lease?)),
+        sig = signals.next() => sig,
+    };
+    say!(
+        "dlock: {sig} while waiting for {:?}: gave up the wait",
+        args.key
+    );
+    Ok(Err(128 + sig as u8))
+}
+
+/// The signals dlock catches from before the acquire to the end: SIGINT, SIGTERM, SIGHUP
+/// (the terminal went away) and SIGQUIT.
+pub(crate) struct Signals([(Signal, Option<tokio::signal::unix::Signal>); 4]);
+
+impl Signals {
+    pub(crate) fn install() -> Self {
+        let catch = |sig, kind| (sig, signal(kind).ok());
+        Self([
+            catch(Signal::SIGINT, SignalKind::interrupt()),
+            catch(Signal::SIGTERM, SignalKind::terminate()),
+            catch(Signal::SIGHUP, SignalKind::hangup()),
+            catch(Signal::SIGQUIT, SignalKind::quit()),
+        ])
+    }
+
+    /// The next of these signals.
+    pub(crate) async fn next(&mut self) -> Signal {
+        async fn recv(caught: &mut (Signal, Option<tokio::signal::unix::Signal>)) -> Signal {
+            let received = match &mut caught.1 {
+                Some(stream) => stream.recv().await.is_some(),
+                None => false,
+            };
+            if !received {
+                std::future::pending::<()>().await;
+            }
+            caught.0
+        }
+        let [int, term, hup, quit] = &mut self.0;
+        tokio::select! {
+            sig = recv(int) => sig,
+            sig = recv(term) => sig,
+            sig = recv(hup) => sig,
+            sig = recv(quit) => sig,
+        }
+    }
+}
