@@ -53,7 +53,7 @@ pub(crate) fn process_alive(pid: Pid) -> bool {
     }
 }
 
-/// The state and process group in a /proc/<pid>/stat line ("pid (comm) state ppid pgrp
+/// The state and process group in a `/proc/PID/stat` line ("pid (comm) state ppid pgrp
 /// …"; the command name may hold spaces and parentheses).
 fn stat_fields(stat: &str) -> (Option<&str>, Option<i32>) {
     let mut fields = stat
