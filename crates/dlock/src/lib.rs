@@ -207,7 +207,10 @@ mod tests {
         assert_eq!(Scheme::parse("REDIS://h").unwrap(), Scheme::Redis);
         assert_eq!(Scheme::parse("zookeeper://h").unwrap(), Scheme::ZooKeeper);
         assert_eq!(Scheme::parse("mariadb://u:p@h/db").unwrap(), Scheme::MySql);
-        assert_eq!(Scheme::parse("PostgreSQL://u:p@h/db").unwrap(), Scheme::Postgres);
+        assert_eq!(
+            Scheme::parse("PostgreSQL://u:p@h/db").unwrap(),
+            Scheme::Postgres
+        );
     }
 
     #[test]
