@@ -21,6 +21,7 @@ const EXPECTED_PORTS: &[u16] = &[
     5432,  // PostgreSQL
     6380,  // Redis for the torture run (restarted by it)
     3307,  // MySQL / MariaDB for the torture run (restarted by it)
+    5433,  // PostgreSQL for the torture run (restarted by it)
 ];
 
 const BEGIN_MARK: &str = "# BEGIN CLIENT PORTS";
