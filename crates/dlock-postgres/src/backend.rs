@@ -229,16 +229,13 @@ impl Inner {
             let reused = lent.reused;
             let result = match bind {
                 None => self.run(&mut lent, sql, op).await,
-                Some(value) => timeout(
-                    self.config.response_timeout,
-                    sqlx::query(sql).bind(value).fetch_all(lent.raw()),
-                )
-                .await
-                .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut))
-                .map_err(|e| match e {
-                    sqlx::Error::PoolTimedOut => self.no_answer(op),
-                    e => Error::Sql { op, source: e },
-                }),
+                Some(value) => {
+                    let query = sqlx::query(sql).bind(value).fetch_all(lent.raw());
+                    match timeout(self.config.response_timeout, query).await {
+                        Ok(rows) => rows.map_err(Error::sql(op)),
+                        Err(_) => Err(self.no_answer(op)),
+                    }
+                }
             };
             match result {
                 Ok(rows) => {
