@@ -301,3 +301,43 @@ async fn the_holders_session_has_the_ttl_as_idle_timeout() {
         .await
         .expect("the pooled connection kept no 700 ms timeout");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_racing_to_create_a_key_share_one_id_and_take_it_in_turn() {
+    let h = harness();
+    let key = unique("race");
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(client(&h).await);
+    }
+    let o = opts(Duration::from_secs(5)).wait(Wait::For(Duration::from_secs(20)));
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|c| {
+            let (key, o) = (key.clone(), o.clone());
+            tokio::spawn(async move {
+                let lease = c.acquire(&key, &o).await?;
+                let token = lease.fencing_token();
+                sleep(Duration::from_millis(5)).await;
+                lease.release().await?;
+                Ok::<u64, dlock_core::LockError>(token)
+            })
+        })
+        .collect();
+    let mut tokens = Vec::new();
+    for task in tasks {
+        tokens.push(task.await.unwrap().expect("every client gets the key"));
+    }
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 8, "tokens are never handed out twice");
+    let mut admin = h.admin().await.unwrap();
+    let sql = format!("SELECT count(*) FROM {} WHERE name = $1", h.config().table);
+    let rows: i64 = sqlx::query_scalar(&sql)
+        .bind(&key)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1, "one row, one id");
+    assert_no_session_on(&h, &key).await;
+}

@@ -171,6 +171,12 @@ impl Harness for PostgresHarness {
                 ErrorKind::InvalidConfig,
             ),
             ("not a url".to_owned(), ErrorKind::InvalidConfig),
+            // A server of another kind (Redis) answers the startup message with text that
+            // is not the PostgreSQL protocol.
+            (
+                "postgres://dlock:secret-pw@127.0.0.1:6379/dlock?connect_timeout=1s".to_owned(),
+                ErrorKind::Unavailable,
+            ),
         ]
     }
 
