@@ -341,3 +341,41 @@ async fn clients_racing_to_create_a_key_share_one_id_and_take_it_in_turn() {
     assert_eq!(rows, 1, "one row, one id");
     assert_no_session_on(&h, &key).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_idle_connections_are_replaced() {
+    use dlock_conformance::Harness;
+    let h = harness();
+    let app = format!("dlock-replace-{:x}", rand_suffix());
+    let url = dlock_conformance::url_with_option(&h.url(), &format!("application_name={app}"));
+    let a = h.connect(&url).await.expect("connect");
+    let key = unique("replaced");
+    let o = opts(Duration::from_secs(5));
+    take(&*a, &key, &o).await.release().await.unwrap();
+    // As a server restart would: every idle session of this client ends.
+    let mut admin = h.admin().await.unwrap();
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(&app)
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(ended.len() >= 2, "a lock and a side connection: {ended:?}");
+    sleep(Duration::from_millis(200)).await;
+    // The next acquire notices the dead pooled connections and opens new ones.
+    take(&*a, &key, &o).await.release().await.unwrap();
+    take(&*a, &unique("fresh"), &o)
+        .await
+        .release()
+        .await
+        .unwrap();
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .subsec_nanos()
+        .into()
+}
