@@ -314,7 +314,7 @@ async fn clients_racing_to_create_a_key_share_one_id_and_take_it_in_turn() {
     let tasks: Vec<_> = clients
         .into_iter()
         .map(|c| {
-            let (key, o) = (key.clone(), o.clone());
+            let key = key.clone();
             tokio::spawn(async move {
                 let lease = c.acquire(&key, &o).await?;
                 let token = lease.fencing_token();
