@@ -69,6 +69,7 @@
 //!    `set_config('idle_session_timeout', ttl)`. NULL: busy.
 //! 4. Busy: `try_acquire`, or an acquire whose deadline passed, answers "held". Otherwise
 //!    one batch (an implicit transaction): `set_config('lock_timeout', time left, true)`
+//!    (and `statement_timeout` 0, whatever the server's or role's default)
 //!    then `pg_advisory_lock(namespace, id)` in a subquery, with the token and the idle
 //!    timeout as in 3 once it returns. The server's lock queue wakes it by granting the
 //!    lock (one waiter per release). At the deadline the server's `lock_timeout` ends the

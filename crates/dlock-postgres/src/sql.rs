@@ -98,12 +98,14 @@ impl Sql {
     }
 
     /// Wait for the lock at most `wait_ms` (`lock_timeout`, local to this batch's implicit
-    /// transaction); when granted, the token and the idle timeout as in
+    /// transaction, with no `statement_timeout` a server or role default might set); when
+    /// granted, the token and the idle timeout as in
     /// [`try_take`](Self::try_take). `OFFSET 0` keeps the lock in a subquery evaluated
     /// before the token is taken.
     pub(crate) fn wait_take(&self, id: i32, idle_ms: u64, wait_ms: u64) -> String {
         format!(
-            "SELECT set_config('lock_timeout', '{wait_ms}', true); \
+            "SELECT set_config('lock_timeout', '{wait_ms}', true), \
+               set_config('statement_timeout', '0', true); \
              SELECT nextval('{fence}'), set_config('idle_session_timeout', '{idle_ms}', false) \
              FROM (SELECT pg_advisory_lock({ns}, {id}) OFFSET 0) l",
             ns = self.namespace,
