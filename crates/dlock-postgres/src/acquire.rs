@@ -33,6 +33,11 @@ const CANCEL_GRACE: Duration = Duration::from_secs(1);
 const WAIT_ROUND: Duration = Duration::from_secs(60);
 
 type Answer = Result<Option<Grant>>;
+/// What a statement answered.
+type Rows = std::result::Result<Vec<PgRow>, Error>;
+/// A waiting statement that was stopped: why, and what it answered after the cancel, if it
+/// did.
+type Stopped = (Why, Option<Rows>);
 
 /// The way back to the caller of `acquire`, which may have gone away.
 struct Reply(Option<oneshot::Sender<Answer>>);
@@ -185,14 +190,12 @@ impl Attempt {
     /// Run the waiting `sql` on `lent` until it answers, the server stays silent until
     /// `silent`, or the caller goes away; in the last two cases cancel it on the server
     /// and return what it answered after the cancel, if it did.
-    #[allow(clippy::type_complexity)]
     async fn guarded(
         &mut self,
         lent: &mut Lent,
         sql: &str,
         silent: Instant,
-    ) -> std::result::Result<Result<Vec<PgRow>, Error>, (Why, Option<Result<Vec<PgRow>, Error>>)>
-    {
+    ) -> std::result::Result<Rows, Stopped> {
         let pid = lent.pid();
         let inner = &self.inner;
         let reply = &mut self.reply;
@@ -212,7 +215,7 @@ impl Attempt {
     /// The connection of a stopped wait: if the statement answered (cancelled, or granted
     /// just before the cancel), drop whatever the session holds and return it to the pool;
     /// if it did not, or the connection is lost, close it (the server frees its locks).
-    async fn settle(&self, lent: Lent, late: Option<Result<Vec<PgRow>, Error>>) {
+    async fn settle(&self, lent: Lent, late: Option<Rows>) {
         match late {
             Some(Err(e)) if e.is_connection_lost() => {}
             Some(_) => self.inner.give_back_clean(lent, Sql::unlock_all()).await,
