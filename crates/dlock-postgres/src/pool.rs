@@ -1,12 +1,11 @@
-//! A small connection pool that knows each connection's server-side id.
+//! A small connection pool that knows each connection's backend pid.
 //!
 //! sqlx's pool pings a connection on every checkout and does not expose the backend pid
 //! that `pg_cancel_backend` needs; a lock connection is also special: it goes back to the
 //! pool only in a known clean state (no advisory lock, no idle timeout), and is closed
-//! otherwise.
-//! So the backend keeps its own: a stack of idle connections, a limit, and a connection id
-//! for each. Dropping a [`Lent`] connection closes it (the server then frees whatever its session
-//! held); only [`Lent::give_back`] returns it.
+//! otherwise. So the backend keeps its own: a stack of idle connections, a limit, and a
+//! pid for each. Dropping a [`Lent`] connection closes it (the server then frees whatever
+//! its session held); only [`Lent::give_back`] returns it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,7 +22,7 @@ use crate::sql::Sql;
 /// idle timeout, and a connection found dead is replaced at the cost of one failed call.
 const MAX_IDLE: Duration = Duration::from_secs(120);
 
-/// One connection and its session id.
+/// One connection and its backend pid.
 #[derive(Debug)]
 pub(crate) struct Conn {
     raw: PgConnection,
