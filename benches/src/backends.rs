@@ -1,4 +1,4 @@
-//! The six backends lockbench knows: their URLs, how to start them, and whether they answer.
+//! The seven backends lockbench knows: their URLs, how to start them, and whether they answer.
 
 use std::fmt;
 use std::str::FromStr;
@@ -19,16 +19,18 @@ pub(crate) enum Kind {
     Zookeeper,
     Etcd,
     Mysql,
+    Postgres,
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 6] = [
+    pub(crate) const ALL: [Kind; 7] = [
         Kind::Memory,
         Kind::Redis,
         Kind::Redlock,
         Kind::Zookeeper,
         Kind::Etcd,
         Kind::Mysql,
+        Kind::Postgres,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -39,6 +41,7 @@ impl Kind {
             Kind::Zookeeper => "zookeeper",
             Kind::Etcd => "etcd",
             Kind::Mysql => "mysql",
+            Kind::Postgres => "postgres",
         }
     }
 
@@ -51,6 +54,7 @@ impl Kind {
             Kind::Zookeeper => Some("DLOCK_ZK_URL"),
             Kind::Etcd => Some("DLOCK_ETCD_URL"),
             Kind::Mysql => Some("DLOCK_MYSQL_URL"),
+            Kind::Postgres => Some("DLOCK_POSTGRES_URL"),
         }
     }
 
@@ -65,6 +69,7 @@ impl Kind {
             Kind::Zookeeper => "zk://127.0.0.1:2181",
             Kind::Etcd => "etcd://127.0.0.1:2379",
             Kind::Mysql => "mysql://dlock:dlock@127.0.0.1:3306/dlock",
+            Kind::Postgres => "postgres://dlock:dlock@127.0.0.1:5432/dlock",
         }
     }
 
@@ -85,6 +90,7 @@ impl Kind {
             Kind::Zookeeper => Some("scripts/backends up zookeeper"),
             Kind::Etcd => Some("scripts/backends up etcd"),
             Kind::Mysql => Some("scripts/backends up mariadb"),
+            Kind::Postgres => Some("scripts/backends up postgres"),
         }
     }
 
@@ -97,6 +103,7 @@ impl Kind {
             Kind::Zookeeper => cfg!(feature = "zookeeper"),
             Kind::Etcd => cfg!(feature = "etcd"),
             Kind::Mysql => cfg!(feature = "mysql"),
+            Kind::Postgres => cfg!(feature = "postgres"),
         }
     }
 }
@@ -118,9 +125,10 @@ impl FromStr for Kind {
             "zookeeper" | "zk" => Kind::Zookeeper,
             "etcd" => Kind::Etcd,
             "mysql" | "mariadb" => Kind::Mysql,
+            "postgres" | "postgresql" | "pg" => Kind::Postgres,
             other => {
                 return Err(format!(
-                    "unknown backend {other:?} (expected all, or a list of: memory, redis, redlock, zookeeper, etcd, mysql)"
+                    "unknown backend {other:?} (expected all, or a list of: memory, redis, redlock, zookeeper, etcd, mysql, postgres)"
                 ));
             }
         })
@@ -319,6 +327,7 @@ mod tests {
             assert_eq!(kind.name().parse::<Kind>().unwrap(), kind);
         }
         assert_eq!("mariadb".parse::<Kind>().unwrap(), Kind::Mysql);
-        assert!("postgres".parse::<Kind>().is_err());
+        assert_eq!("PostgreSQL".parse::<Kind>().unwrap(), Kind::Postgres);
+        assert!("cockroach".parse::<Kind>().is_err());
     }
 }

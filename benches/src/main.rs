@@ -36,7 +36,8 @@ use crate::run::{Plan, RawOp, Workload};
 #[derive(Debug, Parser)]
 #[command(name = "lockbench", version)]
 struct Args {
-    /// `all`, or a comma-separated list of: memory, redis, redlock, zookeeper, etcd, mysql.
+    /// `all`, or a comma-separated list of: memory, redis, redlock, zookeeper, etcd, mysql,
+    /// postgres.
     #[arg(long, default_value = "all")]
     backends: String,
     /// Client counts for the contended and spread workloads (and the raw baseline).
@@ -418,7 +419,7 @@ mod tests {
             selected("redis,memory,zk").unwrap(),
             (vec![Kind::Memory, Kind::Redis, Kind::Zookeeper], true)
         );
-        assert!(selected("redis,postgres").is_err());
+        assert!(selected("redis,cockroach").is_err());
         assert!(selected(",").is_err());
     }
 }

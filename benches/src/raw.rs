@@ -9,6 +9,7 @@
 //! | zookeeper | `exists /` | `create` ephemeral node + `delete` |
 //! | etcd | `get key` (linearizable read) | `put key` + `delete key` |
 //! | mysql | `SELECT 1` | `BEGIN` / `SELECT … FOR UPDATE` / `COMMIT` on a row of a temporary table |
+//! | postgres | `SELECT 1` | `pg_advisory_lock` + `pg_advisory_unlock` on one connection |
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +47,12 @@ pub(crate) enum RawConn {
         conn: sqlx::MySqlConnection,
         key: String,
     },
+    #[cfg(feature = "postgres")]
+    Postgres {
+        conn: sqlx::PgConnection,
+        /// The advisory lock's two numbers.
+        id: (i32, i32),
+    },
 }
 
 impl std::fmt::Debug for RawConn {
@@ -63,6 +70,7 @@ pub(crate) fn describe(kind: Kind) -> (Option<&'static str>, &'static str) {
         Kind::Zookeeper => (Some("exists /"), "create ephemeral + delete"),
         Kind::Etcd => (Some("get"), "put + delete"),
         Kind::Mysql => (Some("SELECT 1"), "BEGIN; SELECT … FOR UPDATE; COMMIT"),
+        Kind::Postgres => (Some("SELECT 1"), "pg_advisory_lock + pg_advisory_unlock"),
     }
 }
 
@@ -223,6 +231,19 @@ impl RawConn {
                     .map_err(err)?;
                 Ok(RawConn::Mysql { conn, key })
             }
+            #[cfg(feature = "postgres")]
+            Kind::Postgres => {
+                let conn = pg_connect(&parts, timeout).await?;
+                // A namespace of lockbench's own ("lbnc"), apart from dlock's, and an id
+                // from the key.
+                let id = key
+                    .bytes()
+                    .fold(0i32, |h, b| h.wrapping_mul(31).wrapping_add(b.into()));
+                Ok(RawConn::Postgres {
+                    conn,
+                    id: (0x6c62_6e63, id),
+                })
+            }
             #[allow(unreachable_patterns)]
             other => Err(format!("lockbench was built without its `{other}` feature")),
         }
@@ -255,6 +276,16 @@ impl RawConn {
                     .fetch_one(conn)
                     .await
                     .map_err(err)?;
+                if one != 1 {
+                    return Err(format!("SELECT 1 answered {one}"));
+                }
+                Ok(())
+            }
+            #[cfg(feature = "postgres")]
+            RawConn::Postgres { conn, .. } => {
+                use sqlx::{Executor as _, Row as _};
+                let row = conn.fetch_one("SELECT 1").await.map_err(err)?;
+                let one: i32 = row.try_get(0).map_err(err)?;
                 if one != 1 {
                     return Err(format!("SELECT 1 answered {one}"));
                 }
@@ -315,6 +346,24 @@ impl RawConn {
                 }
                 tx.commit().await.map_err(err)
             }
+            #[cfg(feature = "postgres")]
+            RawConn::Postgres { conn, id } => {
+                // Text queries (the simple protocol, one message each way), as the backend
+                // sends them.
+                use sqlx::{Executor as _, Row as _};
+                let (ns, id) = *id;
+                conn.execute(format!("SELECT pg_advisory_lock({ns}, {id})").as_str())
+                    .await
+                    .map_err(err)?;
+                let row = conn
+                    .fetch_one(format!("SELECT pg_advisory_unlock({ns}, {id})").as_str())
+                    .await
+                    .map_err(err)?;
+                if !row.try_get::<bool, _>(0).map_err(err)? {
+                    return Err(format!("pg_advisory_unlock({ns}, {id}) found it not held"));
+                }
+                Ok(())
+            }
         }
     }
 
@@ -344,6 +393,12 @@ impl RawConn {
             RawConn::Mysql { conn, .. } => {
                 use sqlx::Connection as _;
                 // The temporary table goes with the session.
+                let _ = conn.close().await;
+            }
+            #[cfg(feature = "postgres")]
+            RawConn::Postgres { conn, .. } => {
+                use sqlx::Connection as _;
+                // Session locks go with the session.
                 let _ = conn.close().await;
             }
         }
@@ -398,6 +453,19 @@ async fn mysql_connect(parts: &Parts, timeout: Duration) -> Result<sqlx::MySqlCo
         timeout,
         "mysql connect",
         sqlx::MySqlConnection::connect(&url),
+    )
+    .await
+}
+
+#[cfg(feature = "postgres")]
+async fn pg_connect(parts: &Parts, timeout: Duration) -> Result<sqlx::PgConnection, String> {
+    use sqlx::Connection as _;
+    let host = parts.hosts.first().ok_or("no host in the URL")?;
+    let url = parts.single("postgres", host, true);
+    bounded(
+        timeout,
+        "postgres connect",
+        sqlx::PgConnection::connect(&url),
     )
     .await
 }
@@ -481,6 +549,18 @@ pub(crate) async fn server_version(
             };
             let number = version.split('-').next().unwrap_or(&version);
             Ok(format!("{flavour} {number}"))
+        }
+        #[cfg(feature = "postgres")]
+        Kind::Postgres => {
+            use sqlx::Connection as _;
+            let mut conn = pg_connect(&parts, timeout).await?;
+            let version: String = sqlx::query_scalar("SHOW server_version")
+                .fetch_one(&mut conn)
+                .await
+                .map_err(err)?;
+            let _ = conn.close().await;
+            let number = version.split_whitespace().next().unwrap_or(&version);
+            Ok(format!("PostgreSQL {number}"))
         }
         #[allow(unreachable_patterns)]
         other => Err(format!("lockbench was built without its `{other}` feature")),

@@ -85,7 +85,8 @@ pub(crate) struct GuardArgs {
 #[derive(Debug, Args)]
 pub(crate) struct LockArgs {
     /// Lock service URL, e.g. redis://127.0.0.1:6379, zk://h:2181, etcd://h:2379,
-    /// mysql://user:pass@h/db, redlock://h1:7001,h2:7002,h3:7003.
+    /// mysql://user:pass@h/db, postgres://user:pass@h/db,
+    /// redlock://h1:7001,h2:7002,h3:7003.
     ///
     /// Every user of the host can read --url with `ps`: pass a URL with a password with
     /// --url-file or DLOCK_URL_FILE (a file only the service user can read), or DLOCK_URL.

@@ -18,8 +18,10 @@ const EXPECTED_PORTS: &[u16] = &[
     2379, // etcd single member
     23791, 23792, 23793, // etcd cluster
     3306,  // MySQL / MariaDB
+    5432,  // PostgreSQL
     6380,  // Redis for the torture run (restarted by it)
     3307,  // MySQL / MariaDB for the torture run (restarted by it)
+    5433,  // PostgreSQL for the torture run (restarted by it)
 ];
 
 const BEGIN_MARK: &str = "# BEGIN CLIENT PORTS";

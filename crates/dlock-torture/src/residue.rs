@@ -1,5 +1,5 @@
 //! What a run left on the servers, read with each server's own client: lock keys, nodes
-//! and rows whose name starts with the run's key stem. Fence counters, which outlive
+//! rows and advisory locks whose name starts with the run's key stem. Fence counters, which outlive
 //! holders by design, are not residue.
 
 use std::time::Duration;
@@ -29,6 +29,7 @@ pub(crate) async fn residue(url: &str, stem: &str) -> Result<Vec<String>, String
             "zk" | "zookeeper" => zookeeper_nodes(url, stem).await,
             "etcd" | "etcds" => etcd_keys(url, stem).await,
             "mysql" | "mariadb" => mysql_rows(url, stem).await,
+            "postgres" | "postgresql" => postgres_locks(url, stem).await,
             // In-process: nothing on a server.
             _ => Ok(Vec::new()),
         }
@@ -157,6 +158,39 @@ async fn mysql_rows(url: &str, stem: &str) -> Result<Vec<String>, String> {
     Ok(rows.into_iter().map(|r| format!("row {r}")).collect())
 }
 
+/// Advisory locks held or waited for on keys under `stem` (the key table's rows, one per
+/// key ever locked, stay by design and are not residue).
+async fn postgres_locks(url: &str, stem: &str) -> Result<Vec<String>, String> {
+    use sqlx::Connection;
+    let config = dlock_postgres::PostgresConfig::from_url(url).map_err(|e| e.to_string())?;
+    let mut options = sqlx::postgres::PgConnectOptions::new_without_pgpass()
+        .host(&config.host)
+        .port(config.port)
+        .username(&config.user)
+        .database(&config.database);
+    if let Some(password) = &config.password {
+        options = options.password(password.expose());
+    }
+    let mut conn = sqlx::postgres::PgConnection::connect_with(&options)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let sql = format!(
+        "SELECT k.name || CASE WHEN l.granted THEN ' (held)' ELSE ' (waited for)' END \
+         FROM pg_locks l JOIN {} k ON l.locktype = 'advisory' AND l.objsubid = 2 \
+         AND l.classid = ($2::int)::oid AND l.objid = k.id::oid \
+         WHERE left(k.name, length($1)) = $1",
+        config.table
+    );
+    let rows: Vec<String> = sqlx::query_scalar(&sql)
+        .bind(stem)
+        .bind(config.namespace)
+        .fetch_all(&mut conn)
+        .await
+        .map_err(|e| format!("{sql}: {e}"))?;
+    let _ = conn.close().await;
+    Ok(rows.into_iter().map(|r| format!("lock {r}")).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +209,11 @@ mod tests {
                 "DLOCK_MYSQL_URL",
                 "mysql://dlock:dlock@127.0.0.1:3306/dlock",
                 "mariadb",
+            ),
+            (
+                "DLOCK_POSTGRES_URL",
+                "postgres://dlock:dlock@127.0.0.1:5432/dlock",
+                "postgres",
             ),
         ];
         for (var, default, setup) in servers {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// Units that other tests use all the time: never stopped by a torture run.
-pub(crate) const SHARED_UNITS: &[&str] = &["redis", "zookeeper", "etcd", "mariadb"];
+pub(crate) const SHARED_UNITS: &[&str] = &["redis", "zookeeper", "etcd", "mariadb", "postgres"];
 
 /// A lock URL taken apart by dlock-core's URL layer, to find its servers and to point it at
 /// proxies in front of them.

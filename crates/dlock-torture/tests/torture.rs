@@ -170,6 +170,22 @@ fn mysql() {
     );
 }
 
+#[test]
+fn postgres() {
+    torture(
+        "postgres",
+        &Case {
+            env: "DLOCK_TORTURE_POSTGRES_URL",
+            default: "postgres://dlock:dlock@127.0.0.1:5433/dlock",
+            options: "",
+            setup: "torture-postgres",
+            duration: "25s",
+            seed: 16,
+            faults: ONE_SERVER_FAULTS,
+        },
+    );
+}
+
 /// The checks catch a lock that does not exclude: with memory://, each worker process has
 /// a lock of its own, so holds overlap across processes and stale writes reach the store.
 #[test]

@@ -24,6 +24,7 @@
 //! | `zk://`, `zookeeper://`, `zks://` | ZooKeeper | `zookeeper` | `dlock-zookeeper` |
 //! | `etcd://`, `etcds://` | etcd v3 | `etcd` | `dlock-etcd` |
 //! | `mysql://`, `mariadb://` | MySQL 8 / MariaDB row lock | `mysql` | `dlock-mysql` |
+//! | `postgres://`, `postgresql://` | PostgreSQL advisory lock | `postgres` | `dlock-postgres` |
 //!
 //! All features are on by default.
 //!
@@ -65,6 +66,8 @@ pub enum Scheme {
     Etcd,
     /// `mysql://`, `mariadb://`
     MySql,
+    /// `postgres://`, `postgresql://`
+    Postgres,
 }
 
 impl Scheme {
@@ -82,6 +85,8 @@ impl Scheme {
         ("etcds", Scheme::Etcd),
         ("mysql", Scheme::MySql),
         ("mariadb", Scheme::MySql),
+        ("postgres", Scheme::Postgres),
+        ("postgresql", Scheme::Postgres),
     ];
 
     /// The backend a URL names. Looks only at the scheme, so nothing else of the URL (a
@@ -127,6 +132,7 @@ impl Scheme {
             Scheme::ZooKeeper => "zookeeper",
             Scheme::Etcd => "etcd",
             Scheme::MySql => "mysql",
+            Scheme::Postgres => "postgres",
         }
     }
 
@@ -139,6 +145,7 @@ impl Scheme {
             Scheme::ZooKeeper => cfg!(feature = "zookeeper"),
             Scheme::Etcd => cfg!(feature = "etcd"),
             Scheme::MySql => cfg!(feature = "mysql"),
+            Scheme::Postgres => cfg!(feature = "postgres"),
         }
     }
 
@@ -177,6 +184,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
         Scheme::Etcd => Ok(Arc::new(dlock_etcd::from_url(url).await?)),
         #[cfg(feature = "mysql")]
         Scheme::MySql => Ok(Arc::new(dlock_mysql::from_url(url).await?)),
+        #[cfg(feature = "postgres")]
+        Scheme::Postgres => Ok(Arc::new(dlock_postgres::from_url(url).await?)),
         // Reached only when a backend's feature is off.
         #[allow(unreachable_patterns)]
         _ => Err(LockError::invalid_config(
@@ -200,14 +209,18 @@ mod tests {
         assert_eq!(Scheme::parse("zookeeper://h").unwrap(), Scheme::ZooKeeper);
         assert_eq!(Scheme::parse("ZKS://h?ca=/c").unwrap(), Scheme::ZooKeeper);
         assert_eq!(Scheme::parse("mariadb://u:p@h/db").unwrap(), Scheme::MySql);
+        assert_eq!(
+            Scheme::parse("PostgreSQL://u:p@h/db").unwrap(),
+            Scheme::Postgres
+        );
     }
 
     #[test]
     fn unknown_scheme_names_it_but_not_the_rest_of_the_url() {
-        let err = Scheme::parse("postgres://user:hunter22@h/db").unwrap_err();
+        let err = Scheme::parse("cockroach://user:hunter22@h/db").unwrap_err();
         let text = err.to_string();
         assert_eq!(err.kind(), ErrorKind::InvalidConfig);
-        assert!(text.contains("postgres"), "{text}");
+        assert!(text.contains("cockroach"), "{text}");
         assert!(!text.contains("hunter22"), "{text}");
         assert!(Scheme::parse("just-a-host:6379").is_err());
         let err = Scheme::parse("admin:hunter22@redis.local/0?cb=http://x").unwrap_err();

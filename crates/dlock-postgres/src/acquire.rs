@@ -1,0 +1,275 @@
+//! Acquiring a key: `pg_try_advisory_lock`, then, if the key is busy and the deadline
+//! allows, a waiting `pg_advisory_lock` under a `lock_timeout` that ends at the deadline.
+//!
+//! Every acquire runs in a task of its own that owns its lock connection. The caller's future
+//! only waits for the task's answer, so dropping it never leaves a statement half-read: the
+//! task notices, cancels the waiting statement from a side connection
+//! (`pg_cancel_backend`, then `pg_terminate_backend` if that is not enough), drops a grant
+//! that raced the cancel, and only then returns the connection to the pool.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use dlock_core::Result;
+use dlock_core::raw::{Deadline, Grant};
+use futures::Future;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep_until, timeout};
+
+use crate::backend::{Inner, run_raw};
+use crate::error::Error;
+use crate::held::PostgresHeld;
+use crate::pool::Lent;
+use crate::sql::{Sql, millis};
+
+/// How long a cancelled statement gets to answer before the next, stronger step.
+const CANCEL_GRACE: Duration = Duration::from_secs(1);
+/// The longest one waiting statement runs (its `lock_timeout`) before the client checks
+/// in again: a server that stays silent past it plus the response timeout is unreachable.
+const WAIT_ROUND: Duration = Duration::from_secs(60);
+
+type Answer = Result<Option<Grant>>;
+/// What a statement answered.
+type Rows = std::result::Result<Vec<PgRow>, Error>;
+/// A waiting statement that was stopped: why, and what it answered after the cancel, if it
+/// did.
+type Stopped = (Why, Option<Rows>);
+
+/// The way back to the caller of `acquire`, which may have gone away.
+struct Reply(Option<oneshot::Sender<Answer>>);
+
+impl Reply {
+    /// Answer the caller (once). Returns the grant if nobody took it, so it can be released.
+    fn send(&mut self, answer: Answer) -> Option<Grant> {
+        let unclaimed = match self.0.take() {
+            Some(tx) => tx.send(answer).err()?,
+            None => answer,
+        };
+        unclaimed.ok().flatten()
+    }
+
+    /// Resolves when the caller dropped its `acquire` future.
+    async fn gone(&mut self) {
+        match &mut self.0 {
+            Some(tx) => tx.closed().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Why a waiting statement was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// The server stayed silent past the lock timeout and the response timeout.
+    Silent,
+    /// The caller dropped the acquire future.
+    CallerGone,
+}
+
+/// One acquire, running in its own task.
+pub(crate) struct Attempt {
+    inner: Arc<Inner>,
+    key: String,
+    idle_ms: u64,
+    deadline: Deadline,
+    reply: Reply,
+}
+
+impl Attempt {
+    /// An acquire of `key` for a lease of `ttl`, answering on `reply`.
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        key: &str,
+        ttl: Duration,
+        deadline: Deadline,
+        reply: oneshot::Sender<Answer>,
+    ) -> Self {
+        Self {
+            inner,
+            key: key.to_owned(),
+            idle_ms: millis(ttl),
+            deadline,
+            reply: Reply(Some(reply)),
+        }
+    }
+
+    pub(crate) async fn run(mut self) {
+        let answer = self.take().await;
+        if let Some(grant) = self.reply.send(answer) {
+            tracing::debug!(key = %self.key, "acquire abandoned after the grant; releasing");
+            let mut held = grant.held;
+            let _ = held.release().await;
+        }
+    }
+
+    async fn take(&mut self) -> Answer {
+        // The deadline covers the id look-up and getting a connection too.
+        let Some(id) = self.deadline.run(self.inner.lock_id(&self.key)).await else {
+            return Ok(None);
+        };
+        let id = id?;
+        let Some(lent) = self.deadline.run(self.inner.locks.get()).await else {
+            return Ok(None);
+        };
+        let mut lent = lent?;
+        let sent_at = Instant::now();
+        let tried = match self
+            .inner
+            .run(
+                &mut lent,
+                &self.inner.sql.try_take(id, self.idle_ms),
+                "acquire",
+            )
+            .await
+        {
+            // An idle connection had died (server restart): a fresh one, once.
+            Err(e) if e.is_connection_lost() && lent.reused => {
+                self.inner.locks.clear_idle();
+                lent = self.inner.locks.get().await?;
+                self.inner
+                    .run(
+                        &mut lent,
+                        &self.inner.sql.try_take(id, self.idle_ms),
+                        "acquire",
+                    )
+                    .await
+            }
+            other => other,
+        };
+        if let Some(token) = token(&tried?)? {
+            return self.granted(lent, id, token, sent_at);
+        }
+        while self.deadline.may_wait() {
+            let wait = match self.deadline {
+                Deadline::At(at) => at.saturating_duration_since(Instant::now()).min(WAIT_ROUND),
+                Deadline::TryOnce | Deadline::Never => WAIT_ROUND,
+            };
+            if wait < Duration::from_millis(1) {
+                break;
+            }
+            let sql = self.inner.sql.wait_take(id, self.idle_ms, millis(wait));
+            let sent_at = Instant::now();
+            let silent = sent_at + wait + self.inner.config.response_timeout;
+            match self.guarded(&mut lent, &sql, silent).await {
+                Ok(Ok(rows)) => {
+                    self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+                    return match token(&rows)? {
+                        Some(token) => self.granted(lent, id, token, sent_at),
+                        None => Err(Error::Unexpected {
+                            op: "acquire",
+                            what: "the granted lock returned no token".into(),
+                        }
+                        .into()),
+                    };
+                }
+                // The lock timeout ran out: the deadline (or a round) passed, nothing left
+                // behind on the server.
+                Ok(Err(e)) if e.is_lock_timeout() => continue,
+                Ok(Err(e)) => return Err(e.into()),
+                Err((why, late)) => {
+                    let answer = match why {
+                        Why::CallerGone => Ok(None),
+                        Why::Silent => Err(self.inner.no_answer("acquire").into()),
+                    };
+                    // Answer at once, then put the connection right.
+                    let _ = self.reply.send(answer);
+                    self.settle(lent, late).await;
+                    return Ok(None);
+                }
+            }
+        }
+        // Busy past the deadline: the session holds nothing; answer, then give it back.
+        lent.give_back();
+        Ok(None)
+    }
+
+    /// Run the waiting `sql` on `lent` until it answers, the server stays silent until
+    /// `silent`, or the caller goes away; in the last two cases cancel it on the server
+    /// and return what it answered after the cancel, if it did.
+    async fn guarded(
+        &mut self,
+        lent: &mut Lent,
+        sql: &str,
+        silent: Instant,
+    ) -> std::result::Result<Rows, Stopped> {
+        let pid = lent.pid();
+        let inner = &self.inner;
+        let reply = &mut self.reply;
+        let run = run_raw(lent, sql, "acquire");
+        tokio::pin!(run);
+        let why = tokio::select! {
+            biased;
+            out = &mut run => return Ok(out),
+            () = sleep_until(silent) => Why::Silent,
+            () = reply.gone() => Why::CallerGone,
+        };
+        let late = inner.interrupt(pid, run.as_mut()).await;
+        tracing::debug!(pid, ?why, finished = late.is_some(), "wait stopped");
+        Err((why, late))
+    }
+
+    /// The connection of a stopped wait: if the statement answered (cancelled, or granted
+    /// just before the cancel), drop whatever the session holds and return it to the pool;
+    /// if it did not, or the connection is lost, close it (the server frees its locks).
+    async fn settle(&self, lent: Lent, late: Option<Rows>) {
+        match late {
+            Some(Err(e)) if e.is_connection_lost() => {}
+            Some(_) => self.inner.give_back_clean(lent, Sql::unlock_all()).await,
+            None => {}
+        }
+    }
+
+    fn granted(&self, lent: Lent, id: i32, token: u64, sent_at: Instant) -> Answer {
+        let held = PostgresHeld::new(self.inner.clone(), self.key.clone(), id, lent, self.idle_ms);
+        Ok(Some(Grant::new(token, Box::new(held), sent_at)))
+    }
+}
+
+/// The fencing token in the first column of the last row: `None` when NULL (busy).
+fn token(rows: &[PgRow]) -> Result<Option<u64>> {
+    let Some(row) = rows.last() else {
+        return Err(Error::Unexpected {
+            op: "acquire",
+            what: "no row".into(),
+        }
+        .into());
+    };
+    let token: Option<i64> = row.try_get(0).map_err(Error::sql("acquire"))?;
+    Ok(token.map(|t| u64::try_from(t).unwrap_or(0)))
+}
+
+impl Inner {
+    /// Stop the statement running on backend `pid` so that it can never take the lock
+    /// later, and wait (briefly) for `run` to see it end. `pg_cancel_backend` first, which
+    /// keeps the session; then `pg_terminate_backend`, which ends it. Returns what `run`
+    /// answered, if it finished.
+    async fn interrupt<F, T>(&self, pid: i32, mut run: Pin<&mut F>) -> Option<T>
+    where
+        F: Future<Output = T>,
+    {
+        let grace = CANCEL_GRACE.min(self.config.response_timeout);
+        let cancel = format!("SELECT pg_cancel_backend({pid})");
+        match self.side("cancel", &cancel, None).await {
+            Ok(_) => {
+                if let Ok(out) = timeout(grace, run.as_mut()).await {
+                    return Some(out);
+                }
+            }
+            Err(e) => tracing::warn!(pid, error = %e, "pg_cancel_backend failed"),
+        }
+        tracing::warn!(
+            pid,
+            "the waiting statement did not stop; ending its session"
+        );
+        let terminate = format!("SELECT pg_terminate_backend({pid})");
+        if let Err(e) = self.side("cancel", &terminate, None).await {
+            tracing::warn!(pid, error = %e, "pg_terminate_backend failed; closing the connection");
+            return None;
+        }
+        timeout(grace, run.as_mut()).await.ok()
+    }
+}

@@ -1,0 +1,410 @@
+//! [`PostgresBackend`]: connecting (a pool of lock connections and one of side
+//! connections), preparing the key table, mapping keys to lock ids, and running statements.
+//!
+//! An acquire runs in a task of its own (`acquire`); the granted lock is a connection whose
+//! session holds the advisory lock (`held`), which renews, notices a lost session and
+//! releases.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use dlock_core::raw::{Backend, Deadline, Grant};
+use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, Result, Wakeup};
+use futures::TryStreamExt;
+use sqlx::postgres::PgRow;
+use sqlx::{Either, Executor, Row};
+use tokio::sync::oneshot;
+use tokio::time::timeout;
+
+use crate::NAME;
+use crate::acquire::Attempt;
+use crate::config::PostgresConfig;
+use crate::error::Error;
+use crate::pool::{Lent, Pool};
+use crate::sql::Sql;
+
+/// Connections for short side statements: id look-ups, cancels.
+const SIDE_CONNECTIONS: u32 = 8;
+/// Most key → id mappings kept in memory; past it the cache starts over.
+const MAX_CACHED_IDS: usize = 100_000;
+
+/// The PostgreSQL backend: a session-level advisory lock held on a dedicated connection.
+///
+/// Use it through [`PostgresLock`](crate::PostgresLock) (a
+/// [`LockClient`](dlock_core::raw::LockClient) of this backend), made by
+/// [`from_url`](crate::from_url) or [`PostgresBackend::connect`]. Cloning is cheap and shares
+/// the connections.
+#[derive(Clone)]
+pub struct PostgresBackend {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: PostgresConfig,
+    pub(crate) sql: Sql,
+    /// Connections that hold or wait for a lock.
+    pub(crate) locks: Arc<Pool>,
+    /// Connections for side statements.
+    pub(crate) side: Arc<Pool>,
+    /// Key → lock id; a mapping never changes once made.
+    ids: Mutex<HashMap<String, i32>>,
+    pub(crate) wakeups: AtomicU64,
+}
+
+impl PostgresBackend {
+    /// Connect to the server `config` names and create the key table and its sequences if
+    /// missing.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for a bad config (before any network I/O; a TLS file
+    /// that cannot be read counts); [`LockError::Unavailable`] when the server cannot be
+    /// reached within the connect timeout; [`LockError::Backend`] when it refuses
+    /// (credentials, privileges, unknown database, a failed TLS check).
+    ///
+    /// Logs one warning when a password would go to a remote server that is not verified.
+    pub async fn connect(config: PostgresConfig) -> Result<Self> {
+        config.validate()?;
+        config.check_tls_files()?;
+        // sqlx builds its rustls configuration from the process-default crypto provider when
+        // it verifies: make sure there is one (never a panic).
+        dlock_core::raw::install_crypto_provider();
+        let options = config.connect_options()?;
+        let addr = config.addr();
+        if config.login_exposed() {
+            tracing::warn!(
+                server = %addr,
+                sslmode = config.ssl_mode()?.name(),
+                "the PostgreSQL password goes to a remote server that is not verified (set \
+                 sslmode=verify-full and sslrootcert to verify it)"
+            );
+        }
+        let inner = Inner {
+            locks: Pool::new(
+                "lock",
+                options.clone(),
+                addr.clone(),
+                config.connect_timeout,
+                config.max_connections,
+            ),
+            side: Pool::new(
+                "side",
+                options,
+                addr,
+                config.connect_timeout,
+                SIDE_CONNECTIONS,
+            ),
+            sql: Sql::new(&config.table, config.namespace),
+            config,
+            ids: Mutex::new(HashMap::new()),
+            wakeups: AtomicU64::new(0),
+        };
+        inner.prepare().await?;
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The configuration this backend was made from.
+    pub fn config(&self) -> &PostgresConfig {
+        &self.inner.config
+    }
+}
+
+impl fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("config", &self.inner.config)
+            .field("wakeups", &self.inner.wakeups.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Backend for PostgresBackend {
+    const NAME: &'static str = NAME;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            // The lock manager queues waiters in order, but a wait of more than a round
+            // (60 s) re-queues at the back, and nothing in the docs promises the order.
+            fair: false,
+            // A sequence: nextval never hands out a value twice, even after a rollback or a
+            // crash (the commit is flushed before the holder hears of the token).
+            fencing: Fencing::Strict,
+            // The holding session's idle_session_timeout is the ttl, renewed by pings.
+            expiry: Expiry::Ttl,
+            releases_on_disconnect: true,
+            // The lock manager grants the lock to one waiter per release.
+            wakeup: Wakeup::Notification {
+                one_per_release: true,
+                max_per_waiter: 1,
+            },
+            max_key_len: 1024,
+            faults: dlock_core::Faults {
+                holder_paused: dlock_core::FaultSafety::Fenced,
+                server_restart: dlock_core::FaultSafety::Fenced,
+                ..Default::default()
+            },
+        }
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        ttl: std::time::Duration,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        let (tx, rx) = oneshot::channel();
+        let attempt = Attempt::new(self.inner.clone(), key, ttl, deadline, tx);
+        // Counted as clean-up: once the caller gives up, the task still cancels the waiting
+        // statement and tidies the connection.
+        if !dlock_core::raw::spawn_cleanup(attempt.run()) {
+            return Err(LockError::backend(NAME, "acquire", "no tokio runtime"));
+        }
+        rx.await.unwrap_or_else(|_| {
+            Err(LockError::backend(
+                NAME,
+                "acquire",
+                "the acquire task ended without an answer",
+            ))
+        })
+    }
+
+    fn stats(&self) -> LockStats {
+        LockStats::with_wakeups(self.inner.wakeups.load(Ordering::Relaxed))
+    }
+}
+
+/// Run `sql` (one or more statements, the simple query protocol) on `lent`: the rows.
+pub(crate) async fn run_raw(
+    lent: &mut Lent,
+    sql: &str,
+    op: &'static str,
+) -> Result<Vec<PgRow>, Error> {
+    lent.raw()
+        .fetch_many(sql)
+        .try_filter_map(|item| async move {
+            Ok(match item {
+                Either::Left(_) => None,
+                Either::Right(row) => Some(row),
+            })
+        })
+        .try_collect()
+        .await
+        .map_err(Error::sql(op))
+}
+
+impl Inner {
+    pub(crate) fn no_answer(&self, op: &'static str) -> Error {
+        Error::NoAnswer {
+            op,
+            addr: self.config.addr(),
+            after: self.config.response_timeout,
+        }
+    }
+
+    /// Run `sql` on `lent` within the response timeout.
+    pub(crate) async fn run(
+        &self,
+        lent: &mut Lent,
+        sql: &str,
+        op: &'static str,
+    ) -> Result<Vec<PgRow>, Error> {
+        timeout(self.config.response_timeout, run_raw(lent, sql, op))
+            .await
+            .unwrap_or_else(|_| Err(self.no_answer(op)))
+    }
+
+    /// Run `sql` on a side connection; with `bind`, as one statement with `$1` bound. An
+    /// idle connection found dead is replaced once.
+    pub(crate) async fn side(
+        &self,
+        op: &'static str,
+        sql: &str,
+        bind: Option<&str>,
+    ) -> Result<Vec<PgRow>, Error> {
+        let mut replaced = false;
+        loop {
+            let mut lent = self.side.get().await?;
+            let reused = lent.reused;
+            let result = match bind {
+                None => self.run(&mut lent, sql, op).await,
+                Some(value) => {
+                    let query = sqlx::query(sql).bind(value).fetch_all(lent.raw());
+                    match timeout(self.config.response_timeout, query).await {
+                        Ok(rows) => rows.map_err(Error::sql(op)),
+                        Err(_) => Err(self.no_answer(op)),
+                    }
+                }
+            };
+            match result {
+                Ok(rows) => {
+                    lent.give_back();
+                    return Ok(rows);
+                }
+                Err(e) if e.is_connection_lost() && reused && !replaced => {
+                    self.side.clear_idle();
+                    replaced = true;
+                }
+                // The connection is dropped (closed): its state is unknown.
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The lock id of `key`: from the cache, the table, or a new row (insert-if-missing).
+    pub(crate) async fn lock_id(&self, key: &str) -> Result<i32, Error> {
+        if let Some(id) = self.cached(key) {
+            return Ok(id);
+        }
+        let lookup = self.sql.lookup();
+        let mut rows = self.side("key id", &lookup, Some(key)).await?;
+        if rows.is_empty() {
+            match self.side("key id", &self.sql.insert(), Some(key)).await {
+                Ok(inserted) => rows = inserted,
+                Err(e) if e.is_duplicate() => {}
+                Err(e) => return Err(e),
+            }
+            if rows.is_empty() {
+                // Another client inserted it at the same moment: it exists now.
+                rows = self.side("key id", &lookup, Some(key)).await?;
+            }
+        }
+        let id: i32 = rows
+            .first()
+            .ok_or_else(|| Error::Unexpected {
+                op: "key id",
+                what: "the key's row is missing after its insert".into(),
+            })?
+            .try_get(0)
+            .map_err(Error::sql("key id"))?;
+        let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+        if ids.len() >= MAX_CACHED_IDS {
+            ids.clear();
+        }
+        ids.insert(key.to_owned(), id);
+        Ok(id)
+    }
+
+    fn cached(&self, key: &str) -> Option<i32> {
+        let ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+        ids.get(key).copied()
+    }
+
+    /// Run `sql` (which leaves the session holding nothing) and return the connection to
+    /// the pool if it went through; close it otherwise (the server then frees its locks).
+    pub(crate) async fn give_back_clean(&self, mut lent: Lent, sql: &str) {
+        match self.run(&mut lent, sql, "clean up").await {
+            Ok(_) => lent.give_back(),
+            Err(e) => tracing::debug!(error = %e, "closing a connection that could not be cleaned"),
+        }
+    }
+
+    /// Create the key table and its sequences if missing.
+    async fn prepare(&self) -> Result<()> {
+        let exists = |rows: &[PgRow]| -> bool {
+            rows.first()
+                .and_then(|r| r.try_get::<Option<bool>, _>(0).ok().flatten())
+                .unwrap_or(false)
+        };
+        if exists(&self.side("connect", &self.sql.exists(), None).await?) {
+            return Ok(());
+        }
+        self.side("create table", &self.sql.create(), None).await?;
+        if !exists(&self.side("connect", &self.sql.exists(), None).await?) {
+            return Err(LockError::backend(
+                NAME,
+                "create table",
+                format!(
+                    "`{}` or its sequences are not visible after CREATE (check search_path)",
+                    self.config.table
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// What `connect` logs, and its error, for `url`. The hosts used are TEST-NET-1
+    /// addresses (RFC 5737: never routed) with a 100 ms connect timeout: the connection
+    /// fails quickly, after the warning.
+    fn connect_logging(url: &str) -> (String, LockError) {
+        #[derive(Clone, Default)]
+        struct Log(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Log {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let log = Log::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        let config = PostgresConfig::from_url(url).unwrap();
+        let err = tracing::subscriber::with_default(subscriber, || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(PostgresBackend::connect(config))
+                .expect_err("nothing answers at a TEST-NET-1 address")
+        });
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        (text, err)
+    }
+
+    #[test]
+    fn a_password_to_an_unverified_remote_server_is_warned_about_once_without_secrets() {
+        let (log, err) = connect_logging(
+            "postgres://app-user:hunter2-pw@192.0.2.1:5433/d?connect_timeout=100ms",
+        );
+        assert_eq!(err.kind(), dlock_core::ErrorKind::Unavailable, "{err}");
+        assert_eq!(log.matches(" WARN ").count(), 1, "{log}");
+        assert!(
+            log.contains("server=192.0.2.1:5433")
+                && log.contains("sslmode=\"prefer\"")
+                && log.contains("not verified"),
+            "{log}"
+        );
+        for secret in ["hunter2-pw", "app-user"] {
+            assert!(!log.contains(secret), "the log shows {secret:?}: {log}");
+        }
+
+        let (log, _) = connect_logging(
+            "postgres://app-user:hunter2-pw@192.0.2.1/d?connect_timeout=100ms&sslmode=require",
+        );
+        assert!(log.contains("sslmode=\"require\""), "{log}");
+    }
+
+    #[test]
+    fn no_warning_for_a_verified_server_or_no_password() {
+        for url in [
+            "postgres://app:pw@192.0.2.1/d?connect_timeout=100ms&sslmode=verify-full",
+            "postgres://app@192.0.2.1/d?connect_timeout=100ms",
+        ] {
+            let (log, err) = connect_logging(url);
+            assert_eq!(
+                err.kind(),
+                dlock_core::ErrorKind::Unavailable,
+                "{url}: {err}"
+            );
+            assert!(log.is_empty(), "{url}: {log}");
+        }
+    }
+}

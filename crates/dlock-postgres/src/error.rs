@@ -1,0 +1,164 @@
+//! The backend's private error, and its one conversion into [`LockError`].
+
+use std::time::Duration;
+
+use dlock_core::LockError;
+
+use crate::NAME;
+
+/// `lock_not_available`: `lock_timeout` ran out while waiting for the lock.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// `unique_violation` (two clients creating the same key row, or the same table, at once).
+const UNIQUE_VIOLATION: &str = "23505";
+/// `duplicate_table` / `duplicate_object`: a concurrent `CREATE … IF NOT EXISTS`.
+const DUPLICATE: &[&str] = &["42P07", "42710"];
+/// SQLSTATEs that mean the session is gone: `admin_shutdown` (terminated, server stopping),
+/// `crash_shutdown`, `cannot_connect_now`, `idle_session_timeout`, and the connection
+/// exception class `08`.
+const SESSION_GONE: &[&str] = &["57P01", "57P02", "57P03", "57P05"];
+
+/// What went wrong talking to the server.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Error {
+    /// The client library or the server reported an error.
+    #[error("{source}")]
+    Sql {
+        op: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// Every connection of the pool was in use for the connect timeout.
+    #[error("all {limit} connections stayed in use for {after:?} (see max_connections)")]
+    Exhausted { limit: u32, after: Duration },
+    /// The TLS handshake failed: the server's certificate did not pass the `sslmode` check,
+    /// or the server refused ours. Trying again gives the same answer.
+    #[error("TLS handshake refused: {source}")]
+    TlsRefused {
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The server did not answer within the response (or connect) timeout.
+    #[error("no answer from {addr} within {after:?}")]
+    NoAnswer {
+        op: &'static str,
+        addr: String,
+        after: Duration,
+    },
+    /// The server answered something the backend cannot use.
+    #[error("{op}: {what}")]
+    Unexpected { op: &'static str, what: String },
+}
+
+impl Error {
+    pub(crate) fn sql(op: &'static str) -> impl FnOnce(sqlx::Error) -> Self {
+        move |source| Self::Sql { op, source }
+    }
+
+    /// For a failed connect: rustls reports a rejected certificate as an I/O error of kind
+    /// `InvalidData`, which the socket never gives otherwise.
+    pub(crate) fn connect(source: sqlx::Error) -> Self {
+        match &source {
+            sqlx::Error::Io(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                Self::TlsRefused { source }
+            }
+            sqlx::Error::Tls(_) => Self::TlsRefused { source },
+            _ => Self::Sql {
+                op: "connect",
+                source,
+            },
+        }
+    }
+
+    fn code(&self) -> Option<String> {
+        match self {
+            Self::Sql {
+                source: sqlx::Error::Database(e),
+                ..
+            } => e.code().map(|c| c.into_owned()),
+            _ => None,
+        }
+    }
+
+    /// `lock_timeout` ran out: the key stayed held until the deadline.
+    pub(crate) fn is_lock_timeout(&self) -> bool {
+        self.code().as_deref() == Some(LOCK_NOT_AVAILABLE)
+    }
+
+    /// A concurrent creation of the same row or table; trying again finds it.
+    pub(crate) fn is_duplicate(&self) -> bool {
+        self.code()
+            .is_some_and(|c| c == UNIQUE_VIOLATION || DUPLICATE.contains(&c.as_str()))
+    }
+
+    /// The connection is unusable: closed, reset, terminated, or silent. Whatever its
+    /// session held is gone (or will be, when the server notices).
+    pub(crate) fn is_connection_lost(&self) -> bool {
+        match self {
+            Self::NoAnswer { .. } => true,
+            Self::Exhausted { .. } | Self::TlsRefused { .. } | Self::Unexpected { .. } => false,
+            Self::Sql { source, .. } => match source {
+                sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
+                sqlx::Error::Database(_) => self
+                    .code()
+                    .is_some_and(|c| c.starts_with("08") || SESSION_GONE.contains(&c.as_str())),
+                _ => false,
+            },
+        }
+    }
+}
+
+impl From<Error> for LockError {
+    fn from(e: Error) -> Self {
+        let op = match &e {
+            Error::Sql { op, .. } | Error::NoAnswer { op, .. } | Error::Unexpected { op, .. } => {
+                *op
+            }
+            Error::Exhausted { .. } | Error::TlsRefused { .. } => "connect",
+        };
+        if e.is_connection_lost() {
+            return LockError::unavailable(NAME, op, e);
+        }
+        match &e {
+            Error::Exhausted { .. } => LockError::unavailable(NAME, op, e),
+            Error::Sql {
+                source: sqlx::Error::Configuration(_),
+                ..
+            } => LockError::InvalidConfig {
+                backend: NAME,
+                message: format!("{op}: {e}"),
+                source: Some(Box::new(e)),
+            },
+            _ => LockError::backend(NAME, op, e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlock_core::ErrorKind;
+
+    #[test]
+    fn io_and_silence_are_unavailable_refusals_are_backend() {
+        let io = Error::Sql {
+            op: "connect",
+            source: sqlx::Error::Io(std::io::ErrorKind::ConnectionRefused.into()),
+        };
+        assert_eq!(LockError::from(io).kind(), ErrorKind::Unavailable);
+        let silent = Error::NoAnswer {
+            op: "acquire",
+            addr: "127.0.0.1:5432".into(),
+            after: Duration::from_secs(5),
+        };
+        assert_eq!(LockError::from(silent).kind(), ErrorKind::Unavailable);
+        let busy = Error::Exhausted {
+            limit: 100,
+            after: Duration::from_secs(5),
+        };
+        assert_eq!(LockError::from(busy).kind(), ErrorKind::Unavailable);
+        let rejected = std::io::Error::new(std::io::ErrorKind::InvalidData, "UnknownIssuer");
+        let tls = Error::connect(sqlx::Error::Io(rejected));
+        assert!(matches!(tls, Error::TlsRefused { .. }));
+        assert_eq!(LockError::from(tls).kind(), ErrorKind::Backend);
+    }
+}

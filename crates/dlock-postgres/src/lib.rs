@@ -1,0 +1,222 @@
+//! A dlock backend on PostgreSQL: a key is a session-level advisory lock
+//! (`pg_advisory_lock`), held by a dedicated connection.
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock_core::Result<()> {
+//! use std::time::Duration;
+//! use dlock_core::{DistributedLock, LockOptions, Wait};
+//!
+//! let lock = dlock_postgres::from_url("postgres://app:secret@db.internal:5432/app").await?;
+//! let opts = LockOptions::new().wait(Wait::For(Duration::from_secs(5)));
+//! let lease = lock.acquire("reports/nightly", &opts).await?;
+//! // ... work, passing lease.fencing_token() to storage that checks it ...
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Built on [sqlx](https://docs.rs/sqlx)'s PostgreSQL driver. Needs PostgreSQL ≥ 14
+//! (`idle_session_timeout`, `client_connection_check_interval`); tested on 15.
+//!
+//! # Protocol
+//!
+//! A key is the advisory lock `pg_advisory_lock(namespace, id)`: the two-`int4` form, whose
+//! first number (`namespace`, default `0x646c6f63`, "dloc") keeps dlock's locks apart from
+//! other users of advisory locks in the database, most of which use the one-`bigint` form (a
+//! separate space on the server). The `id` comes from a table, created if missing with two
+//! sequences:
+//!
+//! ```sql
+//! CREATE SEQUENCE dlock_keys_id AS integer;      -- lock ids
+//! CREATE SEQUENCE dlock_keys_fence AS bigint;    -- fencing tokens
+//! CREATE TABLE dlock_keys (
+//!   name text PRIMARY KEY,                        -- the key, as given
+//!   id integer NOT NULL UNIQUE DEFAULT nextval('dlock_keys_id'),
+//!   created timestamptz NOT NULL DEFAULT now());
+//! ```
+//!
+//! **Why a table, not a hash.** A key hashed to 64 bits (or 32) can collide with another
+//! key, and two keys sharing a lock would block each other or, worse, a client would think
+//! it holds a key it shares. With the table two names can never share an id (`UNIQUE`), no
+//! matter how many keys there are, at the cost of one look-up per key per client (ids are
+//! cached in the client: a mapping never changes). Key names are stored as given (up to
+//! 1024 bytes, compared byte for byte: `A` and `a` are two keys) and only ever sent as bound
+//! parameters.
+//!
+//! **Taking a lock by hand** (another application, `psql`), excluding dlock's holders of
+//! the key:
+//!
+//! ```sql
+//! SELECT pg_advisory_lock(1684828003, id) FROM dlock_keys WHERE name = 'reports/nightly';
+//! -- ... work ...
+//! SELECT pg_advisory_unlock(1684828003, id) FROM dlock_keys WHERE name = 'reports/nightly';
+//! ```
+//!
+//! (the key needs its row: dlock creates it at the key's first acquire; by hand,
+//! `INSERT INTO dlock_keys (name) VALUES ('reports/nightly') ON CONFLICT DO NOTHING`).
+//! `pg_locks` shows holders and waiters: `locktype = 'advisory'`, `classid` = namespace,
+//! `objid` = id, `objsubid = 2`.
+//!
+//! **Acquire** (each in a task of its own that owns its connection):
+//! 1. The key's id: from the client's cache, else `SELECT id FROM dlock_keys WHERE name =
+//!    $1`, else `INSERT … ON CONFLICT (name) DO NOTHING RETURNING id` (and the `SELECT`
+//!    again if another client inserted it first).
+//! 2. Take a lock connection from the client's pool (it stays out of the pool while the key
+//!    is held or waited for). Each connection was set up once with `synchronous_commit =
+//!    on`, `client_connection_check_interval = 1s` and server-side TCP keepalives
+//!    (5 s idle, 1 s interval, 3 probes).
+//! 3. One statement: `pg_try_advisory_lock(namespace, id)`; if granted, in the same
+//!    statement, `nextval('dlock_keys_fence')` (the fencing token) and
+//!    `set_config('idle_session_timeout', ttl)`. NULL: busy.
+//! 4. Busy: `try_acquire`, or an acquire whose deadline passed, answers "held". Otherwise
+//!    one batch (an implicit transaction): `set_config('lock_timeout', time left, true)`
+//!    (and `statement_timeout` 0, whatever the server's or role's default)
+//!    then `pg_advisory_lock(namespace, id)` in a subquery, with the token and the idle
+//!    timeout as in 3 once it returns. The server's lock queue wakes it by granting the
+//!    lock (one waiter per release). At the deadline the server's `lock_timeout` ends the
+//!    wait itself (SQLSTATE `55P03`): the waiter leaves the queue, the batch rolls back
+//!    (the `lock_timeout` setting with it), nothing is left behind. Waits longer than
+//!    60 s run in rounds of 60 s (re-queuing), so a silent server is noticed.
+//! 5. When the caller drops the acquire future while it waits, the task cancels the waiting
+//!    statement with `pg_cancel_backend(pid)` from a side connection (then
+//!    `pg_terminate_backend`, ending the session, if it does not stop within 1 s), so a
+//!    waiter that gave up never takes the key later; a grant that raced the cancel is
+//!    dropped with `pg_advisory_unlock_all()` before the connection is pooled again.
+//!
+//! **Extend** (the watchdog, every ttl/3): a ping on the holding connection
+//! (`set_config('idle_session_timeout', …)` when the ttl changed). Any failure means the
+//! session, and with it the lock, is gone or cannot be trusted:
+//! [`NotHeld`](dlock_core::LockError::NotHeld), and `lost()` fires.
+//!
+//! **Release**: one statement, `pg_advisory_unlock(namespace, id)` and the idle timeout
+//! back to 0; the lock goes to the next waiter in the server's queue. `false` (the session
+//! did not hold it) is [`NotHeld`](dlock_core::LockError::NotHeld). The connection goes
+//! back to the pool.
+//!
+//! **Crash**: a dead client's connection closes; the server ends its session and frees
+//! its advisory locks at once.
+//!
+//! | operation | round trips | measured p50 (loopback, PostgreSQL 15) |
+//! |---|---|---|
+//! | `try_acquire`, key free (id cached) | 1 | 0.12 ms |
+//! | `try_acquire`, key held | 1 | 0.11 ms |
+//! | first acquire of a key by a client | + 1 (id found) or + 2 (id made) | — |
+//! | `acquire` with a wake-up | 2 + the wait: try, wait batch | — |
+//! | contended hand-off, `release` called → waiter holds | unlock → grant | 0.24 ms |
+//! | `extend` | 1 | 0.07 ms |
+//! | `release` | 1 | 0.07 ms |
+//! | holder's session ends (`pg_terminate_backend`, crash) → waiter holds | the server frees → grant | 0.88 ms |
+//! | `acquire` with a 300 ms deadline on a held key | the wait, ended by `lock_timeout` | 300.7 ms |
+//!
+//! A server round trip (`SELECT 1`) measured 0.06 ms, a raw `pg_advisory_lock` +
+//! `pg_advisory_unlock` pair on one connection 0.14 ms. Medians of
+//! `cargo run --release -p dlock-postgres --example latency` on a shared 2-core machine.
+//!
+//! # Capabilities
+//!
+//! | capability | value | why |
+//! |---|---|---|
+//! | fair | no | the lock manager queues waiters in arrival order, but PostgreSQL does not document it as a promise, and a wait longer than a 60 s round re-queues at the back |
+//! | fencing | strict | `nextval` of a sequence, taken in the granting statement: a sequence never hands a value out twice, even after a rollback or a crash (it WAL-logs values ahead of use, flushed at commit with `synchronous_commit = on`, which the backend sets); needs `fsync` on and no failover to an asynchronous standby |
+//! | expiry | ttl | the holding session's `idle_session_timeout` is the ttl (milliseconds), restarted by every ping; a silent holder's session is ended by the server ttl after its last statement |
+//! | releases on disconnect | yes | a closed session's advisory locks are freed at once |
+//! | wake-up | notification, one per release | the lock manager grants the lock to one waiter |
+//! | max key length | 1024 bytes | names are stored as given in the key table |
+//!
+//! Tokens are global (one sequence for every key), so they increase across all keys, and
+//! strictly per key.
+//!
+//! # URL
+//!
+//! `postgres://user[:password]@host[:port]/database[?option=value&…]`, or
+//! `postgresql://` (the same). User name, password and database are percent-decoded.
+//! Options (sqlx's spellings for the connection ones):
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `table` | `dlock_keys` | key table (`{table}_id` and `{table}_fence` are its sequences); lower-case letters, digits, `_`, at most 57 characters; found through the role's `search_path` |
+//! | `namespace` | `1684828003` (`0x646c6f63`) | first number of every advisory lock; two key tables in one database need two namespaces |
+//! | `connect_timeout` | `5s` | bound on opening a connection (`500ms`, `5s`, `2m`; a bare number is refused) |
+//! | `response_timeout` | `5s` | bound on every statement that does not wait for a lock |
+//! | `max_connections` | `100` | connections for holding and waiting (each held key and each waiter uses one) |
+//! | `application_name` | `dlock` | what `pg_stat_activity` shows |
+//! | `sslmode` (`ssl-mode`) | `verify-full` if a certificate file is given, else `prefer` | `disable`, `allow`, `prefer`, `require`, `verify-ca`, `verify-full` |
+//! | `sslrootcert` (`ssl-root-cert`) | none | PEM file of the CA(s) the server's certificate must chain to |
+//! | `sslcert`, `sslkey` (`ssl-cert`, `ssl-key`) | none | PEM client certificate and its key, together |
+//!
+//! An unknown option, a bad value, TLS options that would be silently ignored (a root
+//! certificate with a mode that does not check it, files with `disable`/`allow`/`prefer`,
+//! `verify-ca` without a root certificate, a certificate without its key), a table name
+//! that is not a plain identifier, or a missing host, user or database is
+//! [`InvalidConfig`](dlock_core::LockError::InvalidConfig) before any network I/O. No
+//! error, log or `Debug` output shows the password; a password sent to a remote host
+//! without a verified server is warned about once (host and mode only), as in
+//! `dlock-mysql`.
+//!
+//! # What stays on the server
+//!
+//! The key table keeps one row per key ever locked, by design: a row deleted while some
+//! client still has its id cached (or is about to lock it) would let the key get a second
+//! id, and two holders. Delete rows only of keys retired for good, with every client
+//! stopped. The sequences never go back. Advisory locks live only as long as the sessions
+//! holding them.
+//!
+//! The role needs `CREATE` on the schema the first time (or create the table and
+//! sequences beforehand), then `SELECT`, `INSERT` on the table and `USAGE` on the
+//! sequences. Cancelling or terminating one's own sessions needs no privilege.
+//!
+//! # Failure modes
+//!
+//! - **Holder crash**: the kernel closes the connection, the server ends the session, the
+//!   key is free at once.
+//! - **Holder partitioned**: its pings fail, so `lost()` fires before the ttl ends; the
+//!   server ends the silent session ttl after its last statement (`idle_session_timeout`),
+//!   then the key is free.
+//! - **Client gone while waiting** (process killed mid-wait): the server checks every
+//!   second that the client is still there (`client_connection_check_interval`) and ends
+//!   the session, taking it out of the queue; a partitioned waiter is found dead by the
+//!   TCP keepalives within about 8 s.
+//! - **Server restart**: every session ends and every lock is freed; holders' next ping
+//!   fails and `lost()` fires. Tokens continue from the sequence, above every value handed
+//!   out. Idle pooled connections found dead are replaced on first use.
+//! - **Server unreachable or silent**: connecting fails with
+//!   [`Unavailable`](dlock_core::LockError::Unavailable) within `connect_timeout`; every
+//!   statement that does not wait is bounded by `response_timeout`, and a waiting one by
+//!   its lock timeout (the time left, at most 60 s) + `response_timeout`.
+//! - **Connection poolers**: PgBouncer in transaction or statement mode hands a session to
+//!   other clients between transactions, which breaks session-level locks; connect
+//!   directly or use session mode.
+
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
+
+mod acquire;
+mod backend;
+mod config;
+mod error;
+mod held;
+mod pool;
+mod sql;
+
+use dlock_core::Result;
+use dlock_core::raw::LockClient;
+
+pub use backend::PostgresBackend;
+pub use config::PostgresConfig;
+
+/// The PostgreSQL lock: a [`LockClient`] of a [`PostgresBackend`].
+pub type PostgresLock = LockClient<PostgresBackend>;
+
+/// URL schemes this backend serves.
+pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
+
+pub(crate) const NAME: &str = "postgres";
+
+/// Parse `url`, connect (bounded by its `connect_timeout`), and create the key table and
+/// its sequences if missing.
+///
+/// # Errors
+/// [`InvalidConfig`](dlock_core::LockError::InvalidConfig) for a bad URL, before any network
+/// I/O; otherwise as [`PostgresBackend::connect`].
+pub async fn from_url(url: &str) -> Result<PostgresLock> {
+    let config = PostgresConfig::from_url(url)?;
+    Ok(LockClient::new(PostgresBackend::connect(config).await?))
+}

@@ -1,0 +1,146 @@
+//! The statements, in one place. Table and sequence names are checked identifiers
+//! (`config::check_table`); lock ids, namespaces and durations are integers; key names are
+//! only ever sent as bound parameters.
+
+use std::time::Duration;
+
+/// The statements of one configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct Sql {
+    table: String,
+    id_seq: String,
+    fence_seq: String,
+    namespace: i32,
+}
+
+/// Milliseconds for a `set_config` of a duration setting: rounded up, at least 1 (0 would
+/// mean "no limit").
+pub(crate) fn millis(d: Duration) -> u64 {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms)
+        .unwrap_or(u64::MAX)
+        .clamp(1, i32::MAX as u64)
+}
+
+impl Sql {
+    pub(crate) fn new(table: &str, namespace: i32) -> Self {
+        Self {
+            table: table.to_owned(),
+            id_seq: format!("{table}_id"),
+            fence_seq: format!("{table}_fence"),
+            namespace,
+        }
+    }
+
+    /// Run once per new connection: its backend pid (for `pg_cancel_backend`), durable
+    /// commits (a fencing token is on disk before the holder hears of it), a check every
+    /// second that the client is still there while a statement runs (a client killed while
+    /// waiting leaves the lock queue at once), and TCP keepalives from the server's side.
+    pub(crate) fn session_setup() -> &'static str {
+        "SELECT pg_backend_pid(), \
+         set_config('synchronous_commit', 'on', false), \
+         set_config('client_connection_check_interval', '1000', false), \
+         set_config('tcp_keepalives_idle', '5', false), \
+         set_config('tcp_keepalives_interval', '1', false), \
+         set_config('tcp_keepalives_count', '3', false)"
+    }
+
+    /// Whether the table and both sequences exist.
+    pub(crate) fn exists(&self) -> String {
+        format!(
+            "SELECT to_regclass('{}') IS NOT NULL AND to_regclass('{}') IS NOT NULL \
+             AND to_regclass('{}') IS NOT NULL",
+            self.table, self.id_seq, self.fence_seq
+        )
+    }
+
+    /// Create the table and sequences, serialised between clients by a transaction-level
+    /// advisory lock on id 0 of the namespace (ids start at 1).
+    pub(crate) fn create(&self) -> String {
+        let (t, ids, fence, ns) = (&self.table, &self.id_seq, &self.fence_seq, self.namespace);
+        format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({ns}, 0); \
+             CREATE SEQUENCE IF NOT EXISTS {ids} AS integer; \
+             CREATE SEQUENCE IF NOT EXISTS {fence} AS bigint; \
+             CREATE TABLE IF NOT EXISTS {t} (\
+               name text PRIMARY KEY, \
+               id integer NOT NULL UNIQUE DEFAULT nextval('{ids}'), \
+               created timestamptz NOT NULL DEFAULT now()); \
+             ALTER SEQUENCE {ids} OWNED BY {t}.id; \
+             COMMIT"
+        )
+    }
+
+    /// `$1` = key: its id, if it has one.
+    pub(crate) fn lookup(&self) -> String {
+        format!("SELECT id FROM {} WHERE name = $1", self.table)
+    }
+
+    /// `$1` = key: give it an id unless it has one (then nothing is returned).
+    pub(crate) fn insert(&self) -> String {
+        format!(
+            "INSERT INTO {} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING RETURNING id",
+            self.table
+        )
+    }
+
+    /// Take the lock without waiting; when granted, take a fencing token and start the
+    /// session's idle timeout, in the same statement. One row: the token, or NULL when busy.
+    pub(crate) fn try_take(&self, id: i32, idle_ms: u64) -> String {
+        format!(
+            "SELECT t.token, CASE WHEN t.token IS NOT NULL THEN \
+               set_config('idle_session_timeout', '{idle_ms}', false) END \
+             FROM (SELECT CASE WHEN pg_try_advisory_lock({ns}, {id}) \
+               THEN nextval('{fence}') END AS token OFFSET 0) t",
+            ns = self.namespace,
+            fence = self.fence_seq,
+        )
+    }
+
+    /// Wait for the lock at most `wait_ms` (`lock_timeout`, local to this batch's implicit
+    /// transaction, with no `statement_timeout` a server or role default might set); when
+    /// granted, the token and the idle timeout as in
+    /// [`try_take`](Self::try_take). `OFFSET 0` keeps the lock in a subquery evaluated
+    /// before the token is taken.
+    pub(crate) fn wait_take(&self, id: i32, idle_ms: u64, wait_ms: u64) -> String {
+        format!(
+            "SELECT set_config('lock_timeout', '{wait_ms}', true), \
+               set_config('statement_timeout', '0', true); \
+             SELECT nextval('{fence}'), set_config('idle_session_timeout', '{idle_ms}', false) \
+             FROM (SELECT pg_advisory_lock({ns}, {id}) OFFSET 0) l",
+            ns = self.namespace,
+            fence = self.fence_seq,
+        )
+    }
+
+    /// Renew with a new ttl: the session's idle timeout.
+    pub(crate) fn keep(idle_ms: u64) -> String {
+        format!("SELECT set_config('idle_session_timeout', '{idle_ms}', false)")
+    }
+
+    /// Release: one row, whether the lock was held; the session back to its defaults.
+    pub(crate) fn release(&self, id: i32) -> String {
+        format!(
+            "SELECT pg_advisory_unlock({}, {id}), set_config('idle_session_timeout', '0', false)",
+            self.namespace
+        )
+    }
+
+    /// After a stopped wait: drop whatever the session may have been granted.
+    pub(crate) fn unlock_all() -> &'static str {
+        "SELECT pg_advisory_unlock_all(), set_config('idle_session_timeout', '0', false)"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_round_up_and_never_mean_forever() {
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_micros(1500)), 2);
+        assert_eq!(millis(Duration::from_secs(2)), 2000);
+        assert_eq!(millis(Duration::from_secs(u64::MAX)), i32::MAX as u64);
+    }
+}
