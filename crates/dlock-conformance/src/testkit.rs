@@ -109,3 +109,43 @@ pub fn summary(what: &str, times: &[Duration]) -> (Duration, String) {
     );
     (median, line)
 }
+
+/// Run `f` on a fresh current-thread runtime while capturing what it logs at `WARN` and
+/// above (plain text, no colours); returns the log and `f`'s output. For tests that check
+/// what a backend warns about, and that the warning shows no secret.
+pub fn warnings_of<T, Fut>(f: impl FnOnce() -> Fut) -> (String, T)
+where
+    Fut: Future<Output = T>,
+{
+    #[derive(Clone, Default)]
+    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl Write for Log {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a current-thread runtime")
+            .block_on(f())
+    });
+    let text =
+        String::from_utf8_lossy(&log.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned();
+    (text, out)
+}

@@ -330,43 +330,19 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
 
     /// What `connect` logs, and its error, for `url`. The hosts used are TEST-NET-1
     /// addresses (RFC 5737: never routed) with a 100 ms connect timeout: the connection
     /// fails quickly, after the warning.
     fn connect_logging(url: &str) -> (String, LockError) {
-        #[derive(Clone, Default)]
-        struct Log(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Log {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let log = Log::default();
-        let writer = log.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
-            .finish();
         let config = PostgresConfig::from_url(url).unwrap();
-        let err = tracing::subscriber::with_default(subscriber, || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(PostgresBackend::connect(config))
-                .expect_err("nothing answers at a TEST-NET-1 address")
-        });
-        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
-        (text, err)
+        let (log, result) =
+            dlock_conformance::testkit::warnings_of(|| PostgresBackend::connect(config));
+        (
+            log,
+            result.expect_err("nothing answers at a TEST-NET-1 address"),
+        )
     }
 
     #[test]
