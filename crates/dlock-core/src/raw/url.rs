@@ -84,7 +84,8 @@ impl fmt::Display for Secret {
 }
 
 /// One `host:port` of a URL. An IPv6 address is kept without its brackets; `Display`
-/// writes them back (`[::1]:2379`).
+/// writes them back (`[::1]:2379`). Port 0 is no port (a backend without a default port,
+/// such as `memory://NAME`): `Display` writes the name alone, so that it parses back.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Host {
     /// Host name or IP address.
@@ -157,9 +158,14 @@ impl Host {
 impl fmt::Display for Host {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.name.contains(':') {
-            write!(f, "[{}]:{}", self.name, self.port)
+            write!(f, "[{}]", self.name)?;
         } else {
-            write!(f, "{}:{}", self.name, self.port)
+            f.write_str(&self.name)?;
+        }
+        // Port 0 comes only from a default of 0: "h:0" would not parse back.
+        match self.port {
+            0 => Ok(()),
+            port => write!(f, ":{port}"),
         }
     }
 }
@@ -597,6 +603,27 @@ mod tests {
             parse("redis://u@h").unwrap().to_string(),
             "redis://u@h:6379"
         );
+    }
+
+    /// Found by fuzzing (fuzz/fuzz_targets/url.rs): with a default port of 0 (memory://,
+    /// and `redact` of an unknown scheme) `expose()` wrote `memory://n:0`, which is refused.
+    #[test]
+    fn a_url_without_a_default_port_writes_back_no_port() {
+        for (url, written) in [
+            ("y://n", "y://n"),
+            ("memory://name", "memory://name"),
+            ("memory://[::1]/", "memory://[::1]/"),
+            ("x://a,b:1", "x://a,b:1"),
+        ] {
+            let parsed = LockUrl::parse("test", url, &[], 0).unwrap();
+            assert_eq!(parsed.expose(), written, "{url}");
+            assert_eq!(parsed.to_string(), written, "{url}");
+            let again = LockUrl::parse("test", &parsed.expose(), &[], 0).unwrap();
+            assert_eq!(again, parsed, "{url}");
+        }
+        assert_eq!(Host::new("h", 0).to_string(), "h");
+        assert_eq!(Host::new("::1", 0).to_string(), "[::1]");
+        assert_eq!(Host::new("::1", 1).to_string(), "[::1]:1");
     }
 
     #[test]
