@@ -329,11 +329,18 @@ impl LockUrl {
 }
 
 impl fmt::Display for LockUrl {
-    /// The URL with `***` for the password.
+    /// The URL with `***` for the password. The user name is written as in the URL (still
+    /// percent-encoded), so the text parses back and a decoded `%0A` cannot break a log line.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The user part is what precedes the first ':' of the user information.
+        let user = self
+            .raw_userinfo
+            .as_ref()
+            .and_then(|info| info.expose().split(':').next())
+            .unwrap_or("");
         let userinfo = match (&self.username, &self.password) {
-            (_, Some(_)) => Some(format!("{}:***", self.username.as_deref().unwrap_or(""))),
-            (Some(user), None) => Some(user.clone()),
+            (_, Some(_)) => Some(format!("{user}:***")),
+            (Some(_), None) => Some(user.to_owned()),
             (None, None) => None,
         };
         f.write_str(&self.render(userinfo.as_deref()))
@@ -624,6 +631,28 @@ mod tests {
         assert_eq!(Host::new("h", 0).to_string(), "h");
         assert_eq!(Host::new("::1", 0).to_string(), "[::1]");
         assert_eq!(Host::new("::1", 1).to_string(), "[::1]:1");
+    }
+
+    /// Found by fuzzing (fuzz/fuzz_targets/url.rs): `Display` (and so `redact`) wrote the
+    /// decoded user name, so `m://%3F:pw@` became `m://?:***@`, which does not parse, and
+    /// `%0A` in a user name became a line break in a log line.
+    #[test]
+    fn display_writes_the_user_name_as_written() {
+        for (url, written) in [
+            ("m://%3F:pw@", "m://%3F:***@"),
+            ("m://a%0Ab:pw@h:1", "m://a%0Ab:***@h:1"),
+            ("m://a%2Fb@h:1", "m://a%2Fb@h:1"),
+            ("m://a%40b%3Ac:p:w@h:1/x", "m://a%40b%3Ac:***@h:1/x"),
+            ("m://:pw@h:1", "m://:***@h:1"),
+            ("m://@h:1", "m://h:1"),
+        ] {
+            let parsed = LockUrl::parse("test", url, &[], 0).unwrap();
+            assert_eq!(parsed.to_string(), written, "{url}");
+            let again = LockUrl::parse("test", written, &[], 0).unwrap();
+            assert_eq!(again.username(), parsed.username(), "{url}");
+            assert_eq!(again.hosts(), parsed.hosts(), "{url}");
+        }
+        assert_eq!(redact("redis://a%0Ab:pw@h"), "redis://a%0Ab:***@h:6379");
     }
 
     #[test]
