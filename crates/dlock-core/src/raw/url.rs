@@ -258,7 +258,7 @@ impl LockUrl {
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
             let name = decode(backend, &format!("the option name {name:?}"), name)?;
-            let value = decode(backend, &format!("the value of option {name}"), value)?;
+            let value = decode(backend, &format!("the value of option {name:?}"), value)?;
             options.push((name, value));
         }
         Ok(Self {
@@ -578,7 +578,10 @@ mod tests {
             ("redis://%FF:sekrit@h", "user name is not valid"),
             ("redis://h/%FF", "path"),
             ("redis://h?%FF=1", "option name"),
-            ("redis://h?a=%FF", "value of option a"),
+            ("redis://h?a=%FF", "value of option \"a\""),
+            // Found by fuzzing: the decoded name was shown as it is, control characters
+            // and all.
+            ("redis://h?%1F%0A=%FF", "value of option \"\\u{1f}\\n\""),
         ];
         for (url, needle) in cases {
             let err = parse(url).expect_err(url);
@@ -586,6 +589,7 @@ mod tests {
             let text = format!("{err} {err:?}");
             assert!(text.contains(needle), "{url}: {text}");
             assert!(!text.contains("sekrit"), "{url}: {text}");
+            assert!(!err.to_string().contains(char::is_control), "{url}: {err}");
         }
     }
 
