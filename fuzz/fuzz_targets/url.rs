@@ -79,7 +79,11 @@ fn check(url: &str, secret: bool) {
     }
 
     let redacted = url::redact(url);
-    assert_eq!(url::redact(&redacted), redacted, "redact({url:?}) is idempotent");
+    assert_eq!(
+        url::redact(&redacted),
+        redacted,
+        "redact({url:?}) is idempotent"
+    );
     if !url.contains(char::is_control) {
         assert!(
             !redacted.contains(char::is_control),
