@@ -145,9 +145,10 @@ impl Host {
         };
         let port = match port {
             None => default_port,
-            Some(p) => p
-                .parse::<u16>()
-                .ok()
+            // Digits only: u16's FromStr also takes a leading '+'.
+            Some(p) => Some(p)
+                .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|p| p.parse::<u16>().ok())
                 .filter(|p| *p != 0)
                 .ok_or_else(|| bad("the port is not a number from 1 to 65535"))?,
         };
@@ -563,6 +564,9 @@ mod tests {
             ("redis://h:0", "port"),
             ("redis://h:70000", "port"),
             ("redis://h:x", "port"),
+            ("redis://h:+80", "port"),
+            ("redis://h:-1", "port"),
+            ("redis://h: 80", "port"),
             ("redis://u:sekrit@h:x", "port"),
             ("redis://a,,b", "no host name"),
             ("redis://h st", "host name"),
