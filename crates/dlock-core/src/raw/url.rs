@@ -663,6 +663,132 @@ mod tests {
         assert_eq!(redact("redis://a%0Ab:pw@h"), "redis://a%0Ab:***@h:6379");
     }
 
+    /// Inputs the fuzzer found (`scripts/fuzz`, target `url`), a short one per branch of the
+    /// parser, kept as written (`\u{fffd}` stands for bytes that were not UTF-8). `Zq9Xk`
+    /// and `W7pQv` mark the passwords the target builds. Each must give the same answer as
+    /// when it was found (the URL `expose()` writes back, or a word of the error) and keep
+    /// the target's properties, with any scheme and a default port of 0 (as `redact` parses)
+    /// and as a `redis://` URL: see [`check_properties`].
+    #[test]
+    fn the_fuzz_corpus_keeps_its_answers_and_properties() {
+        let cases: &[(&str, std::result::Result<&str, &str>)] = &[
+            ("memry://", Ok("memry://")),
+            ("eTcd://h", Ok("etcd://h")),
+            ("R1DIS://s@cra", Ok("r1dis://s@cra")),
+            ("zk:///zk1", Ok("zk:///zk1")),
+            ("zk://k/.", Ok("zk://k/.")),
+            ("ri://jdi?%", Ok("ri://jdi?%")),
+            ("Zk://zk1?sess&u", Ok("zk://zk1?sess&u")),
+            ("mariadb://u,0m", Ok("mariadb://u,0m")),
+            ("redlockS://pw@a,.pem", Ok("redlocks://pw@a,.pem")),
+            ("etcd://e1:@3", Ok("etcd://e1:@3")),
+            (
+                "rEdlocks://:@wmql?ca=/ca.pem",
+                Ok("redlocks://:@wmql?ca=/ca.pem"),
+            ),
+            ("etcds://alices%@h/y", Ok("etcds://alices%@h/y")),
+            ("res://u:pw@[::1]:638", Ok("res://u:pw@[::1]:638")),
+            (
+                "zookeeper://[::1]/a/b?root=&/r",
+                Ok("zookeeper://[::1]/a/b?root=&/r"),
+            ),
+            (
+                "rediss://u:pw@1,zk181,zku/z&c",
+                Ok("rediss://u:pw@1,zk181,zku/z&c"),
+            ),
+            ("Px://:Zq9XkW7pQvZq9Xk@", Ok("px://:Zq9XkW7pQvZq9Xk@")),
+            ("r://ss:Zq9XkW7pQvZq9Xk@", Ok("r://ss:Zq9XkW7pQvZq9Xk@")),
+            (
+                "mysqL://[pe9,r2:7t@79,r2:7,836,r2:9,r2:7,8F",
+                Ok("mysql://[pe9,r2:7t@79,r2:7,836,r2:9,r2:7,8F"),
+            ),
+            (
+                "rss://u:p%@//u:p%\u{fffd}[\u{f}",
+                Ok("rss://u:p%@//u:p%\u{fffd}[\u{f}"),
+            ),
+            (
+                "etcds://ret\u{1}\0\0\0\0\0\0\u{b}@@h:1/?\u{b}a=/ca&oma",
+                Ok("etcds://ret\u{1}\0\0\0\0\0\0\u{b}@@h:1/?\u{b}a=/ca&oma"),
+            ),
+            // The three property violations the fuzzer found, minimized.
+            ("y://n", Ok("y://n")),
+            ("m://%3F:Zq9XkW7pQvZq9Xk@", Ok("m://%3F:Zq9XkW7pQvZq9Xk@")),
+            ("y://?%1F=%ca", Err("the value of option \"\\u{1f}\"")),
+            ("?", Err("not a URL")),
+            ("://", Err("the scheme of this URL")),
+            ("Diss://h#fag", Err("fragment")),
+            ("c://\u{14d}\u{fffd}\u{fffd}k", Err("letters, digits")),
+            ("s://kz:@[:\n", Err("closing ']'")),
+            ("d://u9pw@[::1]\u{1}mariadbl:", Err("expected :port")),
+            ("r://:pm", Err("no host name")),
+            ("iss://u:@[]y=/=re", Err("not an IPv6 address")),
+            ("zk://zk1:l", Err("port")),
+            ("rediss://upw@R:", Err("port")),
+            ("r://h:+80", Err("port")),
+            ("Zcds://?q?q@", Err("'@' after its host list")),
+            (
+                "REDIS://@://:Zq9XkW7pQvZq9Xk@",
+                Err("'@' after its host list"),
+            ),
+            ("redsi://h?%FF", Err("the option name \"%FF\"")),
+            (
+                "ereds://aliceome:s%ca40che:tr@mr/",
+                Err("the password is not"),
+            ),
+            ("i://aist@/%ca\u{fffd}", Err("the path")),
+            ("spp://%F3%F:Zq9XkW7pQvpZq9Xk@", Err("the user name is not")),
+        ];
+        for (url, want) in cases {
+            match (LockUrl::parse("test", url, &[], 0), want) {
+                (Ok(parsed), Ok(exposed)) => assert_eq!(parsed.expose(), *exposed, "{url:?}"),
+                (Err(e), Err(needle)) => assert!(e.to_string().contains(needle), "{url:?}: {e}"),
+                (got, _) => panic!("{url:?}: {got:?}, expected {want:?}"),
+            }
+            check_properties(url, &[], 0);
+            check_properties(url, SCHEMES, 6379);
+        }
+    }
+
+    /// The properties the fuzz target `url` asserts of `LockUrl::parse` and `redact`.
+    fn check_properties(url: &str, schemes: &[&str], default_port: u16) {
+        let mut shown = vec![redact(url)];
+        assert_eq!(redact(&shown[0]), shown[0], "{url:?}: redact is idempotent");
+        match LockUrl::parse("test", url, schemes, default_port) {
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url:?}");
+                assert!(!e.to_string().contains(char::is_control), "{url:?}: {e}");
+                shown.push(format!("{e} {e:?}"));
+            }
+            Ok(parsed) => {
+                let exposed = parsed.expose();
+                let again = LockUrl::parse("test", &exposed, schemes, default_port)
+                    .unwrap_or_else(|e| panic!("{url:?}: {exposed:?} does not parse: {e}"));
+                assert_eq!(again, parsed, "{url:?}: expose() parses back");
+                let written = parsed.to_string();
+                let again = LockUrl::parse("test", &written, schemes, default_port)
+                    .unwrap_or_else(|e| panic!("{url:?}: {written:?} does not parse: {e}"));
+                assert_eq!(again.username(), parsed.username(), "{written:?}");
+                assert_eq!(
+                    again.password().map(Secret::expose),
+                    parsed.password().map(|_| "***"),
+                    "{written:?}"
+                );
+                assert_eq!(again.hosts(), parsed.hosts(), "{written:?}");
+                assert_eq!(again.path(), parsed.path(), "{written:?}");
+                assert_eq!(again.options(), parsed.options(), "{written:?}");
+                shown.push(format!("{parsed:?} {parsed}"));
+            }
+        }
+        if url.contains("Zq9Xk") {
+            for text in shown {
+                assert!(
+                    !text.contains("Zq9Xk") && !text.contains("W7pQv"),
+                    "{url:?}: {text}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn redact_shows_no_password_even_of_urls_that_do_not_parse() {
         for (url, want) in [
