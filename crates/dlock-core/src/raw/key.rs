@@ -149,7 +149,7 @@ mod tests {
         |_| false,
         |c| c.is_ascii_hexdigit(),
         |c| !c.is_ascii(),
-        |c| c.is_ascii() && (c as u32) % 2 == 0,
+        |c| c.is_ascii() && (c as u32).is_multiple_of(2),
     ];
 
     /// Inputs the fuzzer found (`scripts/fuzz`, target `key`): `(max_len, keep, a, b)`,
