@@ -137,4 +137,183 @@ mod tests {
         let prefix = short.split("%%").next().unwrap();
         assert!(prefix.len().is_multiple_of(3), "{prefix}");
     }
+
+    /// The characters the fuzz target `key` asks [`escape`] to keep: each backend's, and
+    /// edge cases (everything, nothing, hex digits, only multi-byte characters, half of
+    /// ASCII).
+    const KEEPS: [fn(char) -> bool; 8] = [
+        |c| c != '/',
+        |c| c.is_ascii_alphanumeric() || "._:@-".contains(c),
+        |c| c.is_ascii_alphanumeric() || "-_./:@+=,~".contains(c),
+        |_| true,
+        |_| false,
+        |c| c.is_ascii_hexdigit(),
+        |c| !c.is_ascii(),
+        |c| c.is_ascii() && (c as u32).is_multiple_of(2),
+    ];
+
+    /// Inputs the fuzzer found (`scripts/fuzz`, target `key`): `(max_len, keep, a, b)`,
+    /// a short one for each way `shorten` cuts and for pairs of keys, `\u{fffd}` standing for
+    /// bytes that were not UTF-8. Each keeps the target's properties (see
+    /// [`check_names`]), and two different keys get different names.
+    #[test]
+    fn the_fuzz_corpus_keeps_its_properties() {
+        let cases: &[(usize, usize, &str, Option<&str>)] = &[
+            (
+                132,
+                1,
+                "\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\0\0\u{fffd}\u{fffd}\u{fffd}",
+                None,
+            ),
+            (
+                100,
+                1,
+                "\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\0\u{fffd}\u{fffd}",
+                None,
+            ),
+            (
+                80,
+                2,
+                "o\0\u{fffd}\u{6}éééé\u{fffd}é\u{1d}\u{fffd}é\0ёé\u{fffd}",
+                None,
+            ),
+            (
+                80,
+                2,
+                "\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}&\u{fffd}\u{fffd}ᯆ",
+                None,
+            ),
+            (
+                207,
+                5,
+                "\u{fffd}\u{fffd}%\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}%\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}%\u{fffd}\u{fffd}\u{fffd}\0\0\0\u{fffd}u",
+                None,
+            ),
+            (
+                100,
+                5,
+                "/\u{fffd}\u{fffd}\u{fffd}%密🔒\u{fffd}\u{fffd}%\u{fffd}%%\u{fffd}\u{fffd}%%密🔒\u{fffd}\u{fffd}%埔\u{fffd}%/密\u{1}\0",
+                None,
+            ),
+            (
+                85,
+                7,
+                "\u{fffd}/,/\u{fffd}\u{fffd}/-//\u{fffd}🔒/////-/",
+                None,
+            ),
+            (
+                100,
+                7,
+                "__%\0____2E______\\_%\0____2E______\\______\\_//_\\_////",
+                None,
+            ),
+            (
+                100,
+                4,
+                ".;\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r-\r\u{fffd}\u{fffd}w\r\r\r\r\u{fffd}\r\r\r\r\r\r\r\r\r\u{fffd}",
+                None,
+            ),
+            (80, 0, "%", None),
+            (84, 6, "\0", None),
+            (204, 3, "%%", None),
+            (335, 3, "密🔒%🔒", None),
+            (100, 4, "...d", None),
+            (100, 7, "", None),
+            (126, 1, "", Some("0")),
+            (100, 1, "Ò", Some(".")),
+            (100, 1, "..", Some("0")),
+            (81, 4, "a", Some("a b")),
+            (100, 6, "....", Some(".")),
+            (197, 3, "\0\u{fffd}", Some("\0")),
+            (90, 0, "\u{fffd}\u{fffd}", Some("\u{fffd}\u{fffd}\n")),
+            (80, 2, "\0\0%'", Some("\0")),
+            (179, 0, "cccccc", Some("cc")),
+            (80, 0, "\0*a-B", Some("3ba")),
+            (335, 7, "..........", Some("")),
+            (
+                81,
+                0,
+                "\0\u{fffd}🔒%寶/🔒%\u{fffd}%\u{fffd}",
+                Some("\u{fffd}\u{fffd}"),
+            ),
+            (
+                80,
+                1,
+                "\0b\u{3}\u{fffd}\u{fffd}",
+                Some("\u{fffd}b\0:\u{fffd}\u{fffd}b"),
+            ),
+            (
+                80,
+                6,
+                "\u{fffd}\u{1}\0B\u{fffd}\u{fffd}\u{fffd}\u{fffd}`\u{fffd}",
+                Some("\u{fffd}\u{fffd}\""),
+            ),
+        ];
+        let mut shortened = 0;
+        for &(max_len, keep, a, b) in cases {
+            let names_a = check_names(a, max_len, KEEPS[keep]);
+            shortened += usize::from(names_a.0 != names_a.1);
+            if let Some(b) = b {
+                let names_b = check_names(b, max_len, KEEPS[keep]);
+                assert_ne!(names_a.0, names_b.0, "{a:?} and {b:?}: escape");
+                assert_ne!(names_a.1, names_b.1, "{a:?} and {b:?}: shorten");
+            }
+        }
+        assert_eq!(shortened, 9, "the first nine keys are shortened");
+    }
+
+    /// The properties the fuzz target `key` asserts of one key: `validate` refuses exactly
+    /// the bad keys; `escape` holds kept characters and `%XX` only and decodes back to the
+    /// key; `shorten` keeps names that fit and cuts the others between two characters, at
+    /// most one character short of the room, then `%%` and the digest. Returns the escaped
+    /// and the shortened name.
+    fn check_names(key: &str, max_len: usize, keep: fn(char) -> bool) -> (String, String) {
+        let valid = !key.is_empty() && key.len() <= max_len && !key.contains('\0');
+        match validate(key, max_len) {
+            Ok(()) => assert!(valid, "{key:?}"),
+            Err(e) => {
+                assert!(!valid, "{key:?}: {e}");
+                assert_eq!(e.kind(), ErrorKind::InvalidKey, "{key:?}");
+                assert!(!e.to_string().contains(char::is_control), "{key:?}: {e}");
+            }
+        }
+
+        let escaped = escape(key, keep);
+        let mut chars = escaped.chars();
+        while let Some(c) = chars.next() {
+            if c == '%' {
+                let hex = [chars.next(), chars.next()];
+                assert!(
+                    hex.iter()
+                        .all(|d| d.is_some_and(|d| d.is_ascii_digit() || ('A'..='F').contains(&d))),
+                    "{key:?} escapes to {escaped:?}"
+                );
+            } else {
+                assert!(keep(c), "{key:?} escapes to {escaped:?}, keeping {c:?}");
+            }
+        }
+        assert!(!escaped.contains("%%"), "{escaped:?}");
+        let decoded: Vec<u8> = percent_encoding::percent_decode_str(&escaped).collect();
+        assert_eq!(decoded, key.as_bytes(), "{key:?} escapes to {escaped:?}");
+
+        let short = shorten(&escaped, max_len);
+        if escaped.len() <= max_len {
+            assert_eq!(short, escaped);
+        } else {
+            assert!(short.len() <= max_len, "{short:?}");
+            let (prefix, digest) = short.rsplit_once("%%").expect("a digest");
+            assert!(digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()));
+            assert!(
+                escaped.starts_with(prefix),
+                "{escaped:?} shortened to {short:?}"
+            );
+            let tail = prefix.as_bytes().iter().rev().take(2);
+            assert!(
+                !tail.into_iter().any(|&b| b == b'%'),
+                "{short:?} cuts an escape"
+            );
+            assert!(prefix.len() + 66 + 3 >= max_len, "{short:?}: short prefix");
+        }
+        (escaped, short)
+    }
 }
