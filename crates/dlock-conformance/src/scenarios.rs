@@ -109,6 +109,7 @@ pub async fn mutual_exclusion(cx: Ctx) {
                     let start = Instant::now();
                     let seen = counter.load(Ordering::SeqCst);
                     tokio::task::yield_now().await;
+                    // A fixed pause, not a poll: it widens the read-modify-write window.
                     sleep(Duration::from_millis(1)).await;
                     counter.store(seen + 1, Ordering::SeqCst);
                     let end = Instant::now();
@@ -216,6 +217,7 @@ pub async fn waiter_is_woken_on_release(cx: Ctx) {
             (Instant::now(), lease)
         })
     };
+    // A fixed pause, not a poll: let the waiter queue (not observable) before the release.
     sleep(Duration::from_millis(500)).await;
     let released = Instant::now();
     lease.release().await.expect("release");
@@ -570,6 +572,7 @@ pub async fn independent_keys(cx: Ctx) {
         );
         async move { b.acquire(&key, &opts).await }
     });
+    // A fixed pause, not a poll: let the waiter park (not observable) before the next call.
     sleep(Duration::from_millis(200)).await;
     let other = tokio::time::timeout(
         Duration::from_secs(5),
@@ -619,6 +622,7 @@ pub async fn fairness(cx: Ctx) {
                 .expect("every waiter acquires");
             let start = Instant::now();
             order.lock().await.push(i);
+            // A fixed pause, not a poll: hold the key a moment, so an overlap would show.
             sleep(Duration::from_millis(20)).await;
             history.record(Hold {
                 client: i,
@@ -630,7 +634,7 @@ pub async fn fairness(cx: Ctx) {
             });
             lease.release().await.expect("release");
         }));
-        // Arrival order: give each waiter time to queue on the server.
+        // Arrival order: a fixed pause, not a poll (queueing is not observable), to queue.
         sleep(Duration::from_millis(300)).await;
     }
     holder.release().await.expect("release");
@@ -688,6 +692,7 @@ pub async fn no_herd(cx: Ctx) {
             lease.release().await.expect("release");
         }));
     }
+    // A fixed pause, not a poll: let every waiter queue (not observable) before the release.
     sleep(Duration::from_millis(1000)).await;
     let counted = || clients.iter().map(|c| c.stats().wakeups).sum::<u64>();
     let mut before = counted();
@@ -702,9 +707,11 @@ pub async fn no_herd(cx: Ctx) {
         // The losers' wake-ups: wait until the count has been still for 200 ms.
         let settled = Instant::now() + Duration::from_secs(5);
         let mut last = counted();
+        // A fixed first pause: a wake-up not yet counted cannot be polled for.
         sleep(Duration::from_millis(300)).await;
         while counted() != last && Instant::now() < settled {
             last = counted();
+            // The poll's interval: a count unchanged over it is still.
             sleep(Duration::from_millis(200)).await;
         }
         let now = counted();
@@ -757,6 +764,7 @@ pub async fn cancelled_acquire_leaves_nothing(cx: Ctx) {
     let lease = loop {
         match c.try_acquire(&key, &opts(&cx)).await.expect("try_acquire") {
             Some(lease) => break lease,
+            // The poll's interval, until the deadline.
             None if Instant::now() < deadline => sleep(Duration::from_millis(20)).await,
             None => panic!("a cancelled waiter still holds or blocks the key"),
         }
@@ -798,6 +806,7 @@ pub async fn bad_keys_are_rejected_before_io(cx: Ctx) {
         .release()
         .await
         .expect("release");
+    // A fixed pause, not a poll: the warm-up's background traffic has no end to wait for.
     sleep(Duration::from_millis(200)).await;
     cut.cut();
     let mut looks = Vec::new();
@@ -806,7 +815,8 @@ pub async fn bad_keys_are_rejected_before_io(cx: Ctx) {
         for key in &keys {
             refused_at_once(&*cut_client, key, &opts(&cx)).await;
         }
-        // Long enough for a request handed to another task to reach the wire.
+        // A fixed pause, not a poll (silence is what is checked): long enough for a request
+        // handed to another task to reach the wire.
         sleep(Duration::from_millis(100)).await;
         looks.push(cut.traffic_while_cut() - before);
         if looks.last() == Some(&0) {
@@ -823,6 +833,7 @@ pub async fn bad_keys_are_rejected_before_io(cx: Ctx) {
     let probe = (cx.key("probe"), opts(&cx));
     let tried = async {
         while cut.traffic_while_cut() == before {
+            // The poll's interval.
             sleep(Duration::from_millis(10)).await;
         }
     };
