@@ -44,12 +44,29 @@ fn every_backend_crate_calls_the_conformance_macro() {
     );
 }
 
-/// Every scenario written in `scenarios.rs` is one the `conformance!` macro stamps, so a new
-/// scenario cannot be forgotten by every backend at once.
+/// Every scenario written in any file of the `scenarios` module (`src/scenarios/*.rs`) is one
+/// the `conformance!` macro stamps, so a new scenario cannot be forgotten by every backend at
+/// once.
 #[test]
 fn the_macro_runs_every_scenario() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let scenarios = std::fs::read_to_string(src.join("scenarios.rs")).expect("read scenarios.rs");
+    let dir = src.join("scenarios");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|entry| entry.expect("dir entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "rs"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 2 && files.contains(&dir.join("mod.rs")),
+        "found {files:?}"
+    );
+    let scenarios: Vec<String> = files
+        .iter()
+        .map(|path| {
+            std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+        })
+        .collect();
     let lib = std::fs::read_to_string(src.join("lib.rs")).expect("read lib.rs");
     let start = lib
         .find("macro_rules! conformance")
@@ -61,7 +78,8 @@ fn the_macro_runs_every_scenario() {
         .map(|l| l.trim().trim_end_matches(','))
         .collect();
     let written: Vec<&str> = scenarios
-        .lines()
+        .iter()
+        .flat_map(|text| text.lines())
         .filter_map(|l| l.strip_prefix("pub async fn "))
         .filter_map(|l| l.split_once("(cx: Ctx)").map(|(name, _)| name))
         .collect();

@@ -1,0 +1,82 @@
+//! One scenario per promise of the contract (DESIGN.md, "The contract"). Each takes a
+//! [`Ctx`], uses keys under the context's fresh prefix, and ends with [`Ctx::finish`], which
+//! checks that nothing was left on the server.
+//!
+//! The scenarios are grouped by concern: one holder at a time (`exclusion`), waiting for a
+//! key (`waiters`), leases over time (`leases`), and what must be refused or reported
+//! (`errors`). All of them are re-exported here, at `scenarios::<name>`.
+
+mod errors;
+mod exclusion;
+mod leases;
+mod waiters;
+
+pub use errors::*;
+pub use exclusion::*;
+pub use leases::*;
+pub use waiters::*;
+
+use std::time::Duration;
+
+use dlock_core::{DistributedLock, Lease, LockOptions, Wait};
+
+use crate::Ctx;
+
+/// Extra time allowed over a computed bound, for a loaded 2-core machine.
+const SLACK: Duration = Duration::from_secs(3);
+
+fn opts(cx: &Ctx) -> LockOptions {
+    LockOptions::new().ttl(cx.harness().ttl())
+}
+
+fn waiting(cx: &Ctx, wait: Duration) -> LockOptions {
+    opts(cx).wait(Wait::For(wait))
+}
+
+async fn must_take(client: &dyn DistributedLock, key: &str, opts: &LockOptions) -> Lease {
+    match client.try_acquire(key, opts).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => panic!("{key} should be free, but try_acquire found it held"),
+        Err(e) => panic!("try_acquire({key}) failed: {e}"),
+    }
+}
+
+async fn must_be_held(client: &dyn DistributedLock, key: &str, opts: &LockOptions, why: &str) {
+    match client.try_acquire(key, opts).await {
+        Ok(None) => {}
+        Ok(Some(lease)) => panic!(
+            "{key} should be held ({why}), but another client took it (token {})",
+            lease.fencing_token()
+        ),
+        Err(e) => panic!("try_acquire({key}) failed: {e}"),
+    }
+}
+
+fn join_panics<T>(results: Vec<Result<T, tokio::task::JoinError>>) -> Vec<T> {
+    results
+        .into_iter()
+        .map(|r| match r {
+            Ok(v) => v,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => panic!("task failed: {e}"),
+        })
+        .collect()
+}
+
+/// The first few violations of a history, one a line.
+fn violations_report(violations: &[crate::Violation]) -> String {
+    const SHOWN: usize = 5;
+    let mut lines: Vec<String> = violations
+        .iter()
+        .take(SHOWN)
+        .map(ToString::to_string)
+        .collect();
+    if violations.len() > SHOWN {
+        lines.push(format!("… and {} more", violations.len() - SHOWN));
+    }
+    format!(
+        "{} history violations:\n  {}",
+        violations.len(),
+        lines.join("\n  ")
+    )
+}
