@@ -42,6 +42,11 @@ impl Names {
     /// # Errors
     /// [`LockError::InvalidKey`](dlock_core::LockError::InvalidKey) for such a key.
     pub fn check(prefix: &str, key: &str) -> dlock_core::Result<()> {
+        // With a prefix that does not start with `{` no lock key starts with `{`: nothing to
+        // check, and nothing to allocate on every acquire.
+        if !prefix.is_empty() && !prefix.starts_with('{') {
+            return Ok(());
+        }
         let lock = format!("{prefix}{key}");
         let fence_shaped = lock.starts_with(&format!("{{{prefix}")) && lock.ends_with("}:fence");
         if fence_shaped {
