@@ -443,7 +443,7 @@ mod tests {
         async fn acquire(
             &self,
             _key: &str,
-            _ttl: Duration,
+            _opts: &LockOptions,
             _deadline: dlock_core::raw::Deadline,
         ) -> dlock::Result<Option<dlock_core::raw::Grant>> {
             let token = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
-use dlock_core::{Capabilities, Expiry, Fencing, LockStats, Result, Wakeup};
+use dlock_core::{Capabilities, Expiry, Fencing, LockOptions, LockStats, Result, Wakeup};
 use etcd_client::{Client, ConnectOptions};
 
 use crate::NAME;
@@ -134,7 +134,13 @@ impl Backend for EtcdBackend {
         LockStats::with_wakeups(self.conn.shared.wakeups.load(Ordering::Relaxed))
     }
 
-    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
+    async fn acquire(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        let ttl = opts.ttl;
         let mut lease = LeaseHandle::new(&self.conn, whole_seconds(ttl));
         let prefix = format!("{}/", self.config.lock_name(key));
         let attempt = Attempt {

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant, Held};
-use dlock_core::{Capabilities, Fencing, LockError, LockStats, LostReason, Result, Wakeup};
+use dlock_core::{
+    Capabilities, Fencing, LockError, LockOptions, LockStats, LostReason, Result, Wakeup,
+};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -285,7 +287,13 @@ impl Backend for MemoryBackend {
         LockStats::with_wakeups(self.wakeups.load(Ordering::Relaxed))
     }
 
-    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
+    async fn acquire(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        let ttl = opts.ttl;
         self.reachable("acquire")?;
         let mut waiter = {
             let mut state = self.server.lock();

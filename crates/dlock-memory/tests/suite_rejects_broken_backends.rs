@@ -111,7 +111,7 @@ macro_rules! wrapper {
             async fn acquire(
                 &self,
                 $key: &str,
-                $ttl: Duration,
+                $ttl: &LockOptions,
                 $deadline: Deadline,
             ) -> Result<Option<Grant>> {
                 let $me = self;
@@ -121,15 +121,15 @@ macro_rules! wrapper {
     };
 }
 
-wrapper!(LetsTwoIn, |me, key, ttl, _deadline| {
-    match me.0.acquire(key, ttl, Deadline::TryOnce).await? {
+wrapper!(LetsTwoIn, |me, key, opts, _deadline| {
+    match me.0.acquire(key, opts, Deadline::TryOnce).await? {
         Some(grant) => Ok(Some(grant)),
         None => Ok(Some(Grant::new(0, Box::new(Fake), Instant::now()))),
     }
 });
 
-wrapper!(ReleasesAnyone, |me, key, ttl, deadline| {
-    Ok(me.0.acquire(key, ttl, deadline).await?.map(|mut grant| {
+wrapper!(ReleasesAnyone, |me, key, opts, deadline| {
+    Ok(me.0.acquire(key, opts, deadline).await?.map(|mut grant| {
         let inner = std::mem::replace(&mut grant.held, Box::new(Fake));
         grant.held = Box::new(DeletesKey {
             inner,
@@ -140,16 +140,16 @@ wrapper!(ReleasesAnyone, |me, key, ttl, deadline| {
     }))
 });
 
-wrapper!(ConstantToken, |me, key, ttl, deadline| {
-    Ok(me.0.acquire(key, ttl, deadline).await?.map(|mut grant| {
+wrapper!(ConstantToken, |me, key, opts, deadline| {
+    Ok(me.0.acquire(key, opts, deadline).await?.map(|mut grant| {
         grant.fencing_token = 7;
         grant
     }))
 });
 
-wrapper!(FoldsKeys, |me, key, ttl, deadline| {
+wrapper!(FoldsKeys, |me, key, opts, deadline| {
     let folded = key.trim_end().to_lowercase();
-    me.0.acquire(&folded, ttl, deadline).await
+    me.0.acquire(&folded, opts, deadline).await
 });
 
 impl FromMemory for PerClientTokens {
@@ -170,8 +170,13 @@ impl Backend for PerClientTokens {
     fn stats(&self) -> LockStats {
         self.0.stats()
     }
-    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
-        Ok(self.0.acquire(key, ttl, deadline).await?.map(|mut grant| {
+    async fn acquire(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        Ok(self.0.acquire(key, opts, deadline).await?.map(|mut grant| {
             grant.fencing_token = self.1.fetch_add(1, Ordering::SeqCst) + 1;
             grant
         }))
@@ -216,7 +221,7 @@ async fn herd_acquire(
     memory: &MemoryBackend,
     wakeups: &AtomicU64,
     leak: bool,
-    (key, ttl, deadline): (&str, Duration, Deadline),
+    (key, opts, deadline): (&str, &LockOptions, Deadline),
 ) -> Result<Option<Grant>> {
     let channel = released(key);
     let mut subscriptions = 1;
@@ -224,7 +229,7 @@ async fn herd_acquire(
         let notified = channel.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if let Some(mut grant) = memory.acquire(key, ttl, Deadline::TryOnce).await? {
+        if let Some(mut grant) = memory.acquire(key, opts, Deadline::TryOnce).await? {
             let inner = std::mem::replace(&mut grant.held, Box::new(Fake));
             grant.held = Box::new(Broadcasts {
                 inner,
@@ -243,7 +248,7 @@ async fn herd_acquire(
         // One wake-up, and one try, per subscription the release reached.
         for _ in 0..subscriptions {
             wakeups.fetch_add(1, Ordering::SeqCst);
-            if let Some(mut grant) = memory.acquire(key, ttl, Deadline::TryOnce).await? {
+            if let Some(mut grant) = memory.acquire(key, opts, Deadline::TryOnce).await? {
                 let inner = std::mem::replace(&mut grant.held, Box::new(Fake));
                 grant.held = Box::new(Broadcasts {
                     inner,
@@ -282,10 +287,10 @@ macro_rules! herd {
             async fn acquire(
                 &self,
                 key: &str,
-                ttl: Duration,
+                opts: &LockOptions,
                 deadline: Deadline,
             ) -> Result<Option<Grant>> {
-                herd_acquire(&self.0, &self.1, $leak, (key, ttl, deadline)).await
+                herd_acquire(&self.0, &self.1, $leak, (key, opts, deadline)).await
             }
         }
     };
@@ -323,8 +328,13 @@ impl Backend for AsksFirst {
     fn stats(&self) -> LockStats {
         self.0.stats()
     }
-    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
-        self.0.acquire(key, ttl, deadline).await
+    async fn acquire(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        self.0.acquire(key, opts, deadline).await
     }
 }
 
@@ -334,7 +344,7 @@ struct AsksFirstClient(LockClient<Wired<AsksFirst>>);
 impl AsksFirstClient {
     /// One try for the key on the server, given back at once; its answer is not used.
     async fn ask(&self, key: &str, opts: &LockOptions) {
-        let asked = self.0.backend().acquire(key, opts.ttl, Deadline::TryOnce);
+        let asked = self.0.backend().acquire(key, opts, Deadline::TryOnce);
         if let Ok(Some(mut grant)) = asked.await {
             let _ = grant.held.release().await;
         }

@@ -7,11 +7,12 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
-use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, Result, Wakeup};
+use dlock_core::{
+    Capabilities, Expiry, Fencing, LockError, LockOptions, LockStats, Result, Wakeup,
+};
 use futures::StreamExt;
 use sqlx::mysql::MySqlRow;
 use sqlx::{Either, Executor, Row};
@@ -149,7 +150,13 @@ impl Backend for MysqlBackend {
         }
     }
 
-    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
+    async fn acquire(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        let ttl = opts.ttl;
         let (tx, rx) = oneshot::channel();
         let attempt = Attempt::new(self.inner.clone(), key, ttl, deadline, tx);
         // Counted as clean-up: once the caller gives up, the task still stops the waiting

@@ -154,9 +154,10 @@ impl Backend for PostgresBackend {
     async fn acquire(
         &self,
         key: &str,
-        ttl: std::time::Duration,
+        opts: &dlock_core::LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
+        let ttl = opts.ttl;
         let (tx, rx) = oneshot::channel();
         let attempt = Attempt::new(self.inner.clone(), key, ttl, deadline, tx);
         // Counted as clean-up: once the caller gives up, the task still cancels the waiting

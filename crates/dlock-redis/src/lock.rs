@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant, Held};
-use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, LostReason, Result, Wakeup};
+use dlock_core::{
+    Capabilities, Expiry, Fencing, LockError, LockOptions, LockStats, LostReason, Result, Wakeup,
+};
 use tokio::time::Instant;
 
 use crate::NAME;
@@ -74,7 +76,13 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
+    async fn acquire(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        let ttl = opts.ttl;
         let names = Names::new(&self.prefix, key);
         let token = scripts::new_token();
         let nodes = std::slice::from_ref(&self.node);

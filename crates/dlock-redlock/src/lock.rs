@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
-use dlock_core::{Capabilities, Expiry, Fencing, LockStats, Result, Wakeup};
+use dlock_core::{Capabilities, Expiry, Fencing, LockOptions, LockStats, Result, Wakeup};
 use dlock_redis::server::{Attempt, InFlight, Names, Node, NodeError, View, Waiter, new_token};
 use futures::future::join_all;
 use rand::Rng;
@@ -233,7 +233,13 @@ impl Backend for RedlockBackend {
         }
     }
 
-    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
+    async fn acquire(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        let ttl = opts.ttl;
         let c = &*self.cluster;
         let names = Names::new(&self.prefix, key);
         let token = new_token();

@@ -54,7 +54,7 @@ impl Backend for ZookeeperBackend {
     async fn acquire(
         &self,
         key: &str,
-        _ttl: Duration,
+        _opts: &dlock_core::LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
         let dir = self.config.key_dir(key);

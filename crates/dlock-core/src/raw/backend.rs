@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use crate::{Capabilities, Deadline, LockStats, LostReason, Result};
+use crate::{Capabilities, Deadline, LockOptions, LockStats, LostReason, Result};
 
 /// One lock service: the server protocol, nothing else.
 ///
@@ -33,7 +33,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Cancel safety: if the returned future is dropped, nothing may be left on the server
     /// that could delay another client past the lease's ttl (delete a queued node, revoke a
     /// lease, kill a waiting query).
-    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>>;
+    ///
+    /// `opts` are the caller's options, already checked: the lease's `ttl`, and whether
+    /// the core will renew it (`auto_renew`), which lets a backend keep auto-renewed holds
+    /// alive together (one shared lease or session) while a hold that must end after its
+    /// ttl gets its own. `opts.wait` is already folded into `deadline`.
+    async fn acquire(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>>;
 
     /// Refuse, before any I/O, a key this backend cannot hold safely beyond the checks
     /// every key gets (non-empty, [`Capabilities::max_key_len`], no NUL): for example a key

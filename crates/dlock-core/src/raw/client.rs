@@ -64,7 +64,7 @@ impl<B: Backend> LockClient<B> {
             return Ok(None);
         };
         loop {
-            let Some(grant) = self.backend.acquire(key, opts.ttl, deadline).await? else {
+            let Some(grant) = self.backend.acquire(key, opts, deadline).await? else {
                 return Ok(None);
             };
             let mut grant = Unclaimed {
@@ -312,7 +312,7 @@ mod tests {
         async fn acquire(
             &self,
             _key: &str,
-            _ttl: Duration,
+            _opts: &LockOptions,
             _deadline: Deadline,
         ) -> Result<Option<Grant>> {
             self.acquires.fetch_add(1, Ordering::SeqCst);

@@ -1,6 +1,6 @@
 //! The renewal loop: one task per lease.
 //!
-//! It renews every `ttl / 3` (with a little jitter), measuring from when each renewal was
+//! It renews every `ttl / 3` (less a random twelfth of the ttl at most, drawn anew each time), measuring from when each renewal was
 //! *sent*, so it knows the latest instant the server may still consider the lease alive.
 //! When renewals keep failing it fires the lost signal a safety margin before that instant,
 //! so the holder hears of the loss before another client can take the key. Release aborts
@@ -31,8 +31,10 @@ pub(crate) async fn run(
 ) {
     let mut backend_lost = backend_lost.unwrap_or_else(|| std::future::pending().boxed());
     let mut timing = state.timing.subscribe();
-    // Drawn once, so re-planning after a wake-up does not move the renewal.
-    let jitter: f64 = rand::rng().random_range(0.0..0.05);
+    // Drawn again after each renewal, so leases taken in one burst drift apart instead of
+    // renewing in step forever; fixed in between, so re-planning after a wake-up does not
+    // move the renewal.
+    let mut jitter = draw_jitter();
     let mut last_error: Option<String> = None;
     let mut retry_at: Option<Instant> = None;
     let lose = |state: &LeaseState, last_error: &mut Option<String>| {
@@ -104,6 +106,7 @@ pub(crate) async fn run(
             Ok(()) => {
                 last_error = None;
                 retry_at = None;
+                jitter = draw_jitter();
             }
             Err(e) if e.kind() == ErrorKind::NotHeld => return, // extend_held marked it lost
             Err(e) => {
@@ -115,7 +118,13 @@ pub(crate) async fn run(
     }
 }
 
-/// A third of the ttl after the last renewal was sent, less up to 5 % jitter (`jitter` is a
+/// Up to a twelfth of the ttl: renewals land between a quarter and a third of the ttl after
+/// the last one, spread over that window.
+fn draw_jitter() -> f64 {
+    rand::rng().random_range(0.0..1.0 / 12.0)
+}
+
+/// A third of the ttl after the last renewal was sent, less the jitter (`jitter` is a
 /// fraction of the ttl) so that many leases taken together do not renew together.
 fn next_renewal(valid_until: Instant, ttl: Duration, jitter: f64) -> Instant {
     valid_until - ttl + ttl / 3 - ttl.mul_f64(jitter)

@@ -63,11 +63,16 @@ impl<B: FromMemory> Backend for Wired<B> {
         self.inner.stats()
     }
 
-    async fn acquire(&self, key: &str, ttl: Duration, deadline: Deadline) -> Result<Option<Grant>> {
+    async fn acquire(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
         self.link.send();
         Ok(self
             .inner
-            .acquire(key, ttl, deadline)
+            .acquire(key, opts, deadline)
             .await?
             .map(|mut grant| {
                 let inner = std::mem::replace(&mut grant.held, Box::new(Gone));
