@@ -37,6 +37,11 @@ pub struct Capabilities {
     /// What exclusion survives of a paused holder and of server failures. The torture run
     /// (`crates/dlock-torture`) injects each fault and checks what is declared here.
     pub faults: Faults,
+    /// How many keys one client can hold at once, when something smaller than memory bounds
+    /// it (for example one server connection per held key); `None` when only memory does.
+    /// Taking one more fails with a clear error that names the limit and the option that
+    /// raises it. The conformance suite's many-holds scenario scales down to this.
+    pub max_held: Option<usize>,
 }
 
 impl Capabilities {
@@ -66,6 +71,7 @@ impl Default for Capabilities {
             wakeup: Wakeup::Polling,
             max_key_len: Self::DEFAULT_MAX_KEY_LEN,
             faults: Faults::default(),
+            max_held: None,
         }
     }
 }

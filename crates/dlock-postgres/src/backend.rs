@@ -148,6 +148,7 @@ impl Backend for PostgresBackend {
                 server_restart: dlock_core::FaultSafety::Fenced,
                 ..Default::default()
             },
+            max_held: None,
         }
     }
 
