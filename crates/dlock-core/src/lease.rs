@@ -55,6 +55,9 @@ pub(crate) struct LeaseState {
     pub(crate) backend: &'static str,
     pub(crate) key: Arc<str>,
     pub(crate) expiry: Expiry,
+    /// The backend keeps the hold alive and signals its loss (see `Grant::kept_alive`):
+    /// no renewals, no expiry timer.
+    kept_alive: bool,
     /// `None` once released. Locked for each server call, so calls never overlap.
     pub(crate) held: tokio::sync::Mutex<Option<Box<dyn Held>>>,
     status: watch::Sender<Status>,
@@ -94,8 +97,11 @@ impl LeaseState {
 
     /// When the lost signal must fire at the latest if nothing is heard from the server:
     /// a safety margin before the server may let the lease go. `None` when only the
-    /// backend's own signal can tell (a session that is not failing).
+    /// backend's own signal can tell (a session that is not failing, or a hold the backend keeps alive).
     pub(crate) fn fire_at(&self, timing: Timing, failing: bool) -> Option<Instant> {
+        if self.kept_alive {
+            return None;
+        }
         match self.expiry {
             Expiry::Ttl => Some(timing.valid_until - watchdog::safety_margin(timing.ttl)),
             // The last successful renewal proves the session was alive when it was sent.
@@ -210,6 +216,7 @@ impl Lease {
             backend,
             key: Arc::from(key),
             expiry,
+            kept_alive: grant.kept_alive,
             held: tokio::sync::Mutex::new(Some(grant.held)),
             status: watch::Sender::new(Status::Held),
             timing: watch::Sender::new(Timing {
@@ -217,7 +224,8 @@ impl Lease {
                 valid_until: grant.sent_at + opts.ttl,
             }),
         });
-        let watchdog = tokio::spawn(watchdog::run(state.clone(), opts.auto_renew, grant.lost));
+        let renews = opts.auto_renew && !grant.kept_alive;
+        let watchdog = tokio::spawn(watchdog::run(state.clone(), renews, grant.lost));
         Self {
             state,
             token: grant.fencing_token,

@@ -76,6 +76,12 @@ pub struct Grant {
     /// Resolves when the backend learns the lease is gone (session expired, connection
     /// killed). Optional: backends whose only evidence is a failed renewal leave it `None`.
     pub lost: Option<BoxFuture<'static, LostReason>>,
+    /// The backend keeps this hold alive together with the client's other holds (a
+    /// session, a lease they share, the connection they share) and reports its loss
+    /// through [`lost`](Self::lost): the watchdog sends no renewals for it and sets no
+    /// expiry timer of its own, so holding many keys costs nothing per key. See
+    /// [`Grant::kept_alive`].
+    pub kept_alive: bool,
 }
 
 impl Grant {
@@ -86,12 +92,27 @@ impl Grant {
             held,
             sent_at,
             lost: None,
+            kept_alive: false,
         }
     }
 
     /// Attach the backend's own loss signal.
     pub fn with_lost(mut self, lost: BoxFuture<'static, LostReason>) -> Self {
         self.lost = Some(lost);
+        self
+    }
+
+    /// Mark the hold as kept alive by the backend, whose `lost` signal (required) fires,
+    /// before the server can give the key to another client, when what keeps it alive is
+    /// gone. [`Held::extend`] is then only called for a manual
+    /// [`Lease::extend`](crate::Lease::extend), and should answer from what the backend
+    /// already knows rather than with a request per hold.
+    pub fn kept_alive(mut self) -> Self {
+        debug_assert!(
+            self.lost.is_some(),
+            "a kept-alive grant needs its lost signal"
+        );
+        self.kept_alive = true;
         self
     }
 }
@@ -102,6 +123,7 @@ impl fmt::Debug for Grant {
             .field("fencing_token", &self.fencing_token)
             .field("held", &self.held)
             .field("sent_at", &self.sent_at)
+            .field("kept_alive", &self.kept_alive)
             .finish_non_exhaustive()
     }
 }

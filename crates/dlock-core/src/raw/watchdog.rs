@@ -198,6 +198,35 @@ mod tests {
         assert_eq!(reason, LostReason::SessionEnded("expired".into()));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_kept_alive_hold_is_not_renewed_and_outlives_its_ttl_until_the_backend_says() {
+        let gate = Arc::new(crate::raw::gate::Gate::default());
+        let permit = gate.enter("k", crate::Deadline::TryOnce).await.unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let lost = async move {
+            let _ = rx.await;
+            LostReason::SessionEnded("gone".into())
+        };
+        let held = Scripted::new(Some(Duration::ZERO));
+        let extends = held.extends.clone();
+        let grant = Grant::new(1, Box::new(held), Instant::now())
+            .with_lost(Box::pin(lost))
+            .kept_alive();
+        let opts = LockOptions::new().ttl(Duration::from_millis(300));
+        let lease = crate::Lease::start("test", "k", grant, &opts, crate::Expiry::Ttl, permit);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            !lease.is_lost(),
+            "ten ttls later the backend still keeps it"
+        );
+        assert!(extends.lock().unwrap().is_empty(), "no renewal was sent");
+        tx.send(()).unwrap();
+        let reason = tokio::time::timeout(Duration::from_secs(1), lease.lost())
+            .await
+            .expect("the backend's loss signal is heard");
+        assert_eq!(reason, LostReason::SessionEnded("gone".into()));
+    }
+
     /// A handle that records every extend's ttl and counts releases; each extend takes
     /// `delay` (forever when `None`).
     #[derive(Debug, Clone)]
