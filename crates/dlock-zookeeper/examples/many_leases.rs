@@ -99,7 +99,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         released.len(),
         started.elapsed(),
         errors.len(),
-        errors.first().map(|e| format!(", e.g. {e}")).unwrap_or_default()
+        errors
+            .first()
+            .map(|e| format!(", e.g. {e}"))
+            .unwrap_or_default()
     );
     Ok(())
 }
