@@ -12,7 +12,7 @@ use zookeeper_client::{self as zk, Acls, CreateMode};
 use crate::NAME;
 use crate::acquire::Budget;
 use crate::error::{is_session_over, is_uncertain};
-use crate::held::{ZookeeperHeld, watch_lease};
+use crate::held::{ZookeeperHeld, watch_lease, watch_node};
 use crate::nodes;
 use crate::request::{MAX_RETRIES, delete, delete_dir_if_empty, delete_node_and_dir, retry};
 use crate::session::connected;
@@ -227,12 +227,14 @@ impl Contender {
         let node = self.node.take().expect("a held contender has its node");
         let path = format!("{}/{}", self.dir, node.name);
         let timeout = self.client.session_timeout();
-        let lost = watch_lease(self.client.clone(), path.clone(), timeout);
+        let gone = watch_node(self.client.clone(), path.clone());
+        let lost = watch_lease(self.client.clone(), path.clone(), gone.clone(), timeout);
         let held = ZookeeperHeld {
             client: self.client.clone(),
             key: key.to_owned(),
             dir: std::mem::take(&mut self.dir),
             path,
+            gone,
         };
         Ok(Grant::new(fencing_token, Box::new(held), sent_at).with_lost(Box::pin(lost)))
     }

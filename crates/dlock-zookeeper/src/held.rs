@@ -1,31 +1,48 @@
-//! A held lock: renewal (a check that the node is still ours), release, and the watch that
-//! reports the lease lost.
+//! A held lock: renewal (answered from the session and our node's watch, without a
+//! request), release, and the watch that reports the lease lost.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::raw::{Deadline, Held};
 use dlock_core::{LockError, LostReason, Result};
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use tokio::time::Instant;
 use zookeeper_client::{self as zk, EventType, SessionState};
 
 use crate::NAME;
 use crate::error::{Error, is_session_over};
-use crate::request::{delete_node_and_dir, retry};
+use crate::request::delete_node_and_dir;
 use crate::session::{connected, lost_after_disconnect};
 
+/// Resolves when our node is gone: deleted, or its session ended. One per held node,
+/// shared by the lease's loss signal and its extends, so an extend knows of a deletion as
+/// soon as the client has read the notification, without a request of its own.
+pub(crate) type NodeGone = Shared<BoxFuture<'static, LostReason>>;
+
 /// A held lock: our node, on our session.
-#[derive(Debug)]
 pub(crate) struct ZookeeperHeld {
     pub(crate) client: zk::Client,
     pub(crate) key: String,
     pub(crate) dir: String,
     pub(crate) path: String,
+    pub(crate) gone: NodeGone,
+}
+
+impl std::fmt::Debug for ZookeeperHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZookeeperHeld")
+            .field("key", &self.key)
+            .field("path", &self.path)
+            .field("session", &self.client.session_id())
+            .finish_non_exhaustive()
+    }
 }
 
 impl ZookeeperHeld {
-    fn not_held(&self) -> LockError {
-        LockError::not_held(NAME, &self.key, LostReason::NotHeld)
+    fn not_held(&self, reason: LostReason) -> LockError {
+        LockError::not_held(NAME, &self.key, reason)
     }
 
     fn until(&self) -> Instant {
@@ -35,19 +52,34 @@ impl ZookeeperHeld {
 
 #[async_trait]
 impl Held for ZookeeperHeld {
-    /// The session keeps the node alive, so there is nothing to extend: this checks that
-    /// the node is still ours (an operator may have deleted it).
+    /// The session keeps the node alive, so there is nothing to extend and nothing to ask
+    /// the server: the session's heartbeats prove it alive for every lease at once, and the
+    /// watch on our node says when it was deleted. Connected and not deleted: `Ok` at once.
+    /// `NotHeld` once the node's deletion was notified or the session ended. While the
+    /// client is disconnected, waits for it to connect again (the lease's loss signal fires
+    /// if that takes too long).
     async fn extend(&mut self, _ttl: Duration) -> Result<()> {
-        let session = self.client.session_id().0;
-        match retry(&self.client, self.until(), || {
-            self.client.check_stat(&self.path)
-        })
-        .await
-        {
-            Ok(Some(stat)) if stat.ephemeral_owner == session => Ok(()),
-            Ok(_) => Err(self.not_held()),
-            Err(e) if is_session_over(&e) => Err(self.not_held()),
-            Err(e) => Err(Error::zk("extend", e).into()),
+        loop {
+            // Polls the shared watch here, so a notification the client has read counts
+            // even before the loss signal's task runs.
+            if let Some(reason) = self.gone.clone().now_or_never() {
+                return Err(self.not_held(reason));
+            }
+            match self.client.state() {
+                SessionState::SyncConnected | SessionState::ConnectedReadOnly => return Ok(()),
+                SessionState::Disconnected => {
+                    let reconnected = tokio::select! {
+                        reason = self.gone.clone() => return Err(self.not_held(reason)),
+                        reconnected = connected(&self.client) => reconnected,
+                    };
+                    if let Err(e) = reconnected {
+                        return Err(self.not_held(LostReason::SessionEnded(e.to_string())));
+                    }
+                }
+                ended => {
+                    return Err(self.not_held(LostReason::SessionEnded(format!("session {ended}"))));
+                }
+            }
         }
     }
 
@@ -57,8 +89,8 @@ impl Held for ZookeeperHeld {
     async fn release(&mut self) -> Result<()> {
         match delete_node_and_dir(&self.client, &self.path, &self.dir, self.until()).await {
             Ok(true) => Ok(()),
-            Ok(false) => Err(self.not_held()),
-            Err(e) if is_session_over(&e) => Err(self.not_held()),
+            Ok(false) => Err(self.not_held(LostReason::NotHeld)),
+            Err(e) if is_session_over(&e) => Err(self.not_held(LostReason::NotHeld)),
             Err(e) => {
                 let (client, path, dir) =
                     (self.client.clone(), self.path.clone(), self.dir.clone());
@@ -77,10 +109,10 @@ impl Held for ZookeeperHeld {
 pub(crate) async fn watch_lease(
     client: zk::Client,
     path: String,
+    node: NodeGone,
     session_timeout: Duration,
 ) -> LostReason {
     let mut states = client.state_watcher();
-    let node = watch_node(&client, &path);
     tokio::pin!(node);
     let mut lost_at: Option<Instant> = None;
     let mut state = states.peek_state();
@@ -116,8 +148,16 @@ pub(crate) async fn watch_lease(
     }
 }
 
-/// Resolves when our node is deleted (or its session ends).
-async fn watch_node(client: &zk::Client, path: &str) -> LostReason {
+/// The watch on our node at `path`: resolves when the node is deleted (or its session
+/// ends). It sets its watch when first polled, by the lease's loss signal as soon as the
+/// lease starts.
+pub(crate) fn watch_node(client: zk::Client, path: String) -> NodeGone {
+    async move { node_gone(&client, &path).await }
+        .boxed()
+        .shared()
+}
+
+async fn node_gone(client: &zk::Client, path: &str) -> LostReason {
     loop {
         match client.check_and_watch_stat(path).await {
             Ok((None, _)) => return LostReason::NotHeld,
