@@ -236,7 +236,11 @@ impl Contender {
             path,
             gone,
         };
-        Ok(Grant::new(fencing_token, Box::new(held), sent_at).with_lost(Box::pin(lost)))
+        // The session keeps every node of the client alive; `watch_lease` reports the end
+        // of the session and the deletion of our node.
+        Ok(Grant::new(fencing_token, Box::new(held), sent_at)
+            .with_lost(Box::pin(lost))
+            .kept_alive())
     }
 }
 

@@ -65,8 +65,9 @@
 //! **Extend / renewal**: the session keeps the node, so nothing is extended on the server,
 //! the lease's ttl is not used, and nothing is asked of the server either: the session's
 //! heartbeats keep every node of the client alive at once, and each lease's watch on its
-//! own node (see Loss) says when it was deleted. [`Lease::extend`](dlock_core::Lease::extend)
-//! and the watchdog's renewals answer `Ok` at once while the client is connected and no
+//! own node (see Loss) says when it was deleted. The grant is marked
+//! [kept alive](dlock_core::raw::Grant::kept_alive): the watchdog sends no renewals and keeps
+//! no timer per lease. [`Lease::extend`](dlock_core::Lease::extend) answers `Ok` at once while the client is connected and no
 //! deletion of our node has been notified; `NotHeld` once it has, or once the session
 //! ended; while the client is disconnected they wait for it to reconnect (the loss signal
 //! bounds that wait). So holding many keys costs no requests per renewal, and a busy server
@@ -93,7 +94,7 @@
 //! | `try_acquire`, key held | 2 | the above, then `delete` node + `delete` dir, pipelined |
 //! | `acquire` that waits | 2 to queue | the above, then `getData` with a watch on the predecessor |
 //! | contended hand-off | 2 from the release call | the release's `delete` (1/2), the watch notification to the next waiter only (1/2), its `getChildren` (1) |
-//! | `extend` / each renewal (every ttl/3) | 0 | none: the session's state and the node's watch answer |
+//! | `extend` (by hand; the watchdog sends none) | 0 | none: the session's state and the node's watch answer |
 //! | after each grant | none waited for | `exists` with a watch on our node, sent by the loss signal |
 //! | `release` | 1 | `delete` node + `delete` dir, pipelined |
 //! | first use of a new base path | +2 | `create` the base path's nodes, then start again |
