@@ -252,6 +252,7 @@
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 mod acquire;
+mod auth;
 mod config;
 mod contender;
 mod error;
@@ -262,7 +263,8 @@ mod session;
 #[cfg(feature = "tls")]
 mod tls;
 
-pub use config::{Digest, Tls, ZookeeperConfig};
+pub use auth::{Digest, Sasl};
+pub use config::{Tls, ZookeeperConfig};
 pub use session::ZookeeperBackend;
 
 use dlock_core::Result;
