@@ -199,6 +199,7 @@ pub(crate) fn describe_user(config: &ZookeeperConfig) -> String {
 /// of sessions in a burst, the race digest auth avoids by authenticating after the connect:
 /// see `session::open_session`). A new attempt usually passes. Plain TCP and digest auth
 /// never retry: there "no member" means no member.
+#[cfg(feature = "tls")]
 pub(crate) fn tls_sasl_retries(config: &ZookeeperConfig) -> usize {
     if config.sasl.is_some() && config.tls.is_some() {
         3
