@@ -11,6 +11,7 @@ use dlock_core::raw::url::{Host, LockUrl};
 use dlock_core::{LockError, Result, Secret};
 
 use crate::NAME;
+use crate::auth::{Digest, Sasl, Scheme};
 
 /// The default port when a host names none (for `zks://` too: ZooKeeper has no standard
 /// secure port; `secureClientPort` is often 2281).
@@ -24,8 +25,9 @@ const MAX_SEGMENT: usize = 240;
 /// How to reach the ensemble, as whom, and where the lock nodes live.
 ///
 /// Built from a URL with [`ZookeeperConfig::from_url`] (see the crate docs for the grammar)
-/// or field by field with [`ZookeeperConfig::with_option`] and
-/// [`ZookeeperConfig::with_digest`]. `Debug` never shows the password.
+/// or field by field with [`ZookeeperConfig::with_option`],
+/// [`ZookeeperConfig::with_digest`] and [`ZookeeperConfig::with_sasl`]. `Debug` never shows
+/// the password.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ZookeeperConfig {
     /// The ensemble members, `host:port` each. At least one.
@@ -44,79 +46,14 @@ pub struct ZookeeperConfig {
     /// session. With them, every node the lock creates gets a digest-only ACL (see
     /// [Security](crate#security)). Default none: nodes are open to anyone.
     pub digest: Option<Digest>,
+    /// SASL `DIGEST-MD5` credentials (the URL's `user:password@` with `auth=sasl`), sent on
+    /// every connection of every session. With them, every node the lock creates gets a
+    /// `sasl:{user}`-only ACL (see [Security](crate#security)). Exclusive with
+    /// [`digest`](Self::digest). Default none.
+    pub sasl: Option<Sasl>,
     /// TLS (the `zks://` scheme), with the PEM files it reads when a session is opened.
     /// Default none: plain TCP.
     pub tls: Option<Tls>,
-}
-
-/// ZooKeeper `digest` credentials: the session is identified as
-/// `digest:{user}:{base64(sha1("{user}:{password}"))}`. `Debug` never shows the password.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Digest {
-    user: String,
-    password: Secret,
-}
-
-impl Digest {
-    /// Credentials for `user` (not empty, no `:`) with `password` (not empty).
-    ///
-    /// # Errors
-    /// [`LockError::InvalidConfig`] for an empty user name or password, or a user name with
-    /// a `:` (the server splits `user:password` at the first `:`). The message never shows
-    /// the password.
-    pub fn new(user: impl Into<String>, password: impl Into<Secret>) -> Result<Self> {
-        let (user, password) = (user.into(), password.into());
-        if user.is_empty() {
-            return Err(LockError::invalid_config(
-                NAME,
-                "digest auth needs a user name: zk://user:password@host",
-            ));
-        }
-        if user.contains(':') {
-            return Err(LockError::invalid_config(
-                NAME,
-                "a digest user name cannot hold ':' (ZooKeeper splits user:password at the first ':')",
-            ));
-        }
-        if password.expose().is_empty() {
-            return Err(LockError::invalid_config(
-                NAME,
-                "digest auth needs a password: zk://user:password@host",
-            ));
-        }
-        Ok(Self { user, password })
-    }
-
-    /// The user name.
-    pub fn user(&self) -> &str {
-        &self.user
-    }
-
-    /// The password.
-    pub fn password(&self) -> &Secret {
-        &self.password
-    }
-
-    /// The id ZooKeeper gives a session authenticated with these credentials,
-    /// `{user}:{base64(sha1("{user}:{password}"))}` (what `getAcl` shows after `digest:`,
-    /// and what an operator writes in `setAcl {path} digest:{id}:cdrwa`). It is derived
-    /// from the password: keep it as private as the password itself (it can be attacked
-    /// offline).
-    pub fn id(&self) -> String {
-        use base64::Engine as _;
-        use sha1::Digest as _;
-        let hash = sha1::Sha1::digest(self.auth_data());
-        format!(
-            "{}:{}",
-            self.user,
-            base64::engine::general_purpose::STANDARD.encode(hash)
-        )
-    }
-
-    /// `user:password`, the auth data of ZooKeeper's `digest` scheme.
-    pub(crate) fn auth_data(&self) -> Vec<u8> {
-        format!("{}:{}", self.user, self.password.expose()).into_bytes()
-    }
 }
 
 /// TLS settings: the CA that signed the servers' certificates, and optionally a client
@@ -148,6 +85,9 @@ pub(crate) enum ConfigKey {
     Cert,
     /// `key`: see [`Tls::key`].
     Key,
+    /// `auth`: how the URL's credentials authenticate, `digest` (the default) or `sasl`
+    /// (SASL `DIGEST-MD5`): see [`ZookeeperConfig::digest`] and [`ZookeeperConfig::sasl`].
+    Auth,
 }
 
 impl ConfigKey {
@@ -160,17 +100,19 @@ impl ConfigKey {
             Self::Ca => "ca",
             Self::Cert => "cert",
             Self::Key => "key",
+            Self::Auth => "auth",
         }
     }
 
     /// Every key, in the order the docs list them.
-    const ALL: [Self; 6] = [
+    const ALL: [Self; 7] = [
         Self::Root,
         Self::SessionTimeout,
         Self::ConnectTimeout,
         Self::Ca,
         Self::Cert,
         Self::Key,
+        Self::Auth,
     ];
 }
 
@@ -186,7 +128,7 @@ impl FromStr for ConfigKey {
                     NAME,
                     format!(
                         "unknown option {s:?} (known: root, session_timeout, connect_timeout, \
-                         ca, cert, key)"
+                         ca, cert, key, auth)"
                     ),
                 )
             })
@@ -222,19 +164,20 @@ impl ZookeeperConfig {
             session_timeout: Self::DEFAULT_SESSION_TIMEOUT,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             digest: None,
+            sasl: None,
             tls: None,
         })
     }
 
-    /// Parse `zk://[user:password@]host1:port,host2:port[/chroot][?root=/dlock&session_timeout=10s&connect_timeout=5s]`,
+    /// Parse `zk://[user:password@]host1:port,host2:port[/chroot][?root=/dlock&session_timeout=10s&connect_timeout=5s&auth=sasl]`,
     /// or `zks://…?ca=PATH[&cert=PATH&key=PATH]` for TLS. Nothing is contacted and no file
     /// is read.
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] naming what is wrong: another scheme, no host, a bad port,
     /// a user without a password (or the reverse), a bad path, an unknown option, a bad
-    /// value, TLS options without `zks://`, `zks://` without `ca`. The message never shows
-    /// the password.
+    /// value, TLS options without `zks://`, `zks://` without `ca`, `auth=` without
+    /// credentials or with Kerberos (not supported). The message never shows the password.
     pub fn from_url(url: &str) -> Result<Self> {
         let url = LockUrl::parse(NAME, url, crate::SCHEMES, DEFAULT_PORT)?;
         let hosts: Vec<String> = url.hosts().iter().map(Host::to_string).collect();
@@ -291,8 +234,9 @@ impl ZookeeperConfig {
     }
 
     /// Set one option from its string form, with its URL query spelling (`root`,
-    /// `session_timeout`, `connect_timeout`, `ca`, `cert`, `key`). `root` replaces the whole
-    /// [`base`](Self::base) path; `ca`, `cert` and `key` turn TLS on.
+    /// `session_timeout`, `connect_timeout`, `ca`, `cert`, `key`, `auth`). `root` replaces
+    /// the whole [`base`](Self::base) path; `ca`, `cert` and `key` turn TLS on; `auth`
+    /// moves the credentials already set to the scheme it names.
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] naming the option when it is unknown or its value is bad.
@@ -311,16 +255,43 @@ impl ZookeeperConfig {
     /// [`LockError::InvalidConfig`] as [`Digest::new`].
     pub fn with_digest(mut self, user: &str, password: impl Into<Secret>) -> Result<Self> {
         self.digest = Some(Digest::new(user, password)?);
+        self.sasl = None;
         Ok(self)
     }
 
-    /// Check that the settings fit together: TLS needs `ca`; `cert` and `key` go together.
+    /// Authenticate every session with SASL `DIGEST-MD5` as `user` (checked by the server
+    /// against its JAAS `Server` section), and create every node with an ACL for
+    /// `sasl:{user}` only (see [Security](crate#security)). Needs the `sasl` feature (on by
+    /// default) when connecting.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] as [`Sasl::new`].
+    pub fn with_sasl(mut self, user: &str, password: impl Into<Secret>) -> Result<Self> {
+        self.sasl = Some(Sasl::new(user, password)?);
+        self.digest = None;
+        Ok(self)
+    }
+
+    /// Check that the settings fit together: TLS needs `ca`; `cert` and `key` go together;
+    /// digest and SASL credentials exclude each other; SASL needs the `sasl` feature.
     /// [`from_url`](Self::from_url) and [`ZookeeperBackend::connect`](crate::ZookeeperBackend::connect)
     /// call it.
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] naming the conflict.
     pub fn validate(&self) -> Result<()> {
+        if self.digest.is_some() && self.sasl.is_some() {
+            return Err(LockError::invalid_config(
+                NAME,
+                "digest and SASL credentials exclude each other: set one",
+            ));
+        }
+        if self.sasl.is_some() && !cfg!(feature = "sasl") {
+            return Err(LockError::invalid_config(
+                NAME,
+                "auth=sasl needs the `sasl` feature of dlock-zookeeper, which is not enabled in this build",
+            ));
+        }
         let Some(tls) = &self.tls else {
             return Ok(());
         };
@@ -360,6 +331,29 @@ impl ZookeeperConfig {
                     value,
                     Duration::from_millis(1)..=Duration::from_secs(600),
                 )?;
+            }
+            ConfigKey::Auth => {
+                let scheme = Scheme::parse(value)?;
+                match (scheme, self.digest.take(), self.sasl.take()) {
+                    (Scheme::Sasl, Some(digest), None) => {
+                        self.sasl = Some(Sasl::new(digest.user(), digest.password().clone())?)
+                    }
+                    (Scheme::Digest, None, Some(sasl)) => {
+                        self.digest = Some(Digest::new(sasl.user(), sasl.password().clone())?);
+                    }
+                    (_, digest, sasl) if digest.is_some() || sasl.is_some() => {
+                        (self.digest, self.sasl) = (digest, sasl);
+                    }
+                    _ => {
+                        return Err(LockError::invalid_config(
+                            NAME,
+                            format!(
+                                "option auth={value} needs credentials: \
+                                 zk://user:password@host?auth={value}"
+                            ),
+                        ));
+                    }
+                }
             }
             ConfigKey::Ca | ConfigKey::Cert | ConfigKey::Key => {
                 let Some(tls) = self.tls.as_mut() else {

@@ -324,3 +324,71 @@ fn the_shared_url_table_passes() {
         |url| ZookeeperConfig::from_url(url).map(|c| format!("{c:?}")),
     );
 }
+
+#[test]
+fn auth_sasl_moves_the_credentials_to_sasl() {
+    let c = ZookeeperConfig::from_url("zk://app:pw@a?auth=sasl").unwrap();
+    assert_eq!(c.digest, None);
+    let sasl = c.sasl.as_ref().expect("SASL credentials");
+    assert_eq!((sasl.user(), sasl.password().expose()), ("app", "pw"));
+    assert_eq!(
+        crate::auth::acl_identity(&c),
+        Some(("sasl", "app".to_owned()))
+    );
+    let shown = format!("{c:?}");
+    assert!(
+        !shown.contains("pw") && shown.contains("<redacted>"),
+        "{shown}"
+    );
+    assert_eq!(c.validate().is_ok(), cfg!(feature = "sasl"));
+
+    let digest = ZookeeperConfig::from_url("zk://app:pw@a?auth=digest").unwrap();
+    assert!(digest.digest.is_some() && digest.sasl.is_none());
+    let back = c.clone().with_option("auth", "digest").unwrap();
+    assert_eq!(back.digest.as_ref().map(Digest::user), Some("app"));
+    assert_eq!(back.sasl, None);
+
+    let coded = ZookeeperConfig::new(["a"])
+        .unwrap()
+        .with_digest("x", "y")
+        .unwrap()
+        .with_sasl("app", "pw")
+        .unwrap();
+    assert_eq!(
+        (coded.digest.is_none(), coded.sasl.as_ref().map(Sasl::user)),
+        (true, Some("app"))
+    );
+}
+
+#[test]
+fn bad_auth_options_are_refused_before_any_io() {
+    for (url, why) in [
+        ("zk://a?auth=sasl", "needs credentials"),
+        ("zk://a?auth=digest", "needs credentials"),
+        ("zk://app:pw@a?auth=gssapi", "not supported"),
+        ("zk://app:pw@a?auth=kerberos", "not supported"),
+        ("zk://app:pw@a?auth=plain", "unknown scheme"),
+        ("zk://a%40realm:pw@a?auth=sasl", "'@'"),
+        ("zk://svc%2Fhost:pw@a?auth=sasl", "'/'"),
+    ] {
+        let err = ZookeeperConfig::from_url(url).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}");
+        assert!(err.to_string().contains(why), "{url}: {err}");
+        assert!(!format!("{err} {err:?}").contains(":pw"), "{url}: {err:?}");
+    }
+    let mut both = ZookeeperConfig::new(["a"])
+        .unwrap()
+        .with_sasl("app", "pw")
+        .unwrap();
+    both.digest = Some(Digest::new("app", "pw").unwrap());
+    let err = both.validate().unwrap_err();
+    assert!(err.to_string().contains("exclude each other"), "{err}");
+    for (user, password, why) in [
+        ("", "pw", "user name"),
+        ("a:b", "pw", "':'"),
+        ("app", "", "password"),
+    ] {
+        let err = Sasl::new(user, password).unwrap_err();
+        assert!(err.to_string().contains(why), "{user}: {err}");
+    }
+}

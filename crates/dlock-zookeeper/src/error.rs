@@ -25,6 +25,10 @@ fn describe(e: &zk::Error) -> String {
         zk::Error::NoAuth => "not authorized (NoAuth): the node's ACL does not grant this \
                               session's identity; are the credentials missing or wrong?"
             .into(),
+        // Only a `sasl:` ACL can be invalid here: the server has no SASL provider.
+        zk::Error::InvalidAcl => "invalid ACL (InvalidACL): with auth=sasl the server needs \
+                                  authProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider"
+            .into(),
         e => e.to_string(),
     }
 }

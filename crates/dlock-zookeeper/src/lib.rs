@@ -99,6 +99,7 @@
 //! | `release` | 1 | `delete` node + `delete` dir, pipelined |
 //! | first use of a new base path | +2 | `create` the base path's nodes, then start again |
 //! | [`from_url`] with credentials | +2 | `auth` once the session is open, then `getACL` on the base path |
+//! | [`from_url`] with `auth=sasl` | +2 (by the protocol, not measured) | the `DIGEST-MD5` exchange (two `sasl` packets, the first pipelined with the connect request), then `whoAmI` and `getACL` on the base path, pipelined; again on every reconnection |
 //!
 //! On loopback (standalone 3.8.0 server, 2 shared cores): `try_acquire` + `release` p50
 //! 2.5 ms (p99 14 ms); release-to-waiter hand-off p50 2.2 ms (p99 8 ms).
@@ -118,6 +119,7 @@
 //!
 //! ```text
 //! zk://[user:password@]host1[:port],host2[:port]...[/chroot][?option=value&...]
+//! zk://user:password@host1[:port],...[/chroot]?auth=sasl[&...]
 //! zks://[user:password@]host1[:port],...[/chroot]?ca=/path/ca.pem[&cert=/path/client.pem&key=/path/client.key][&...]
 //! ```
 //! `zookeeper://` is accepted too. The port defaults to 2181 (for `zks://` too; the
@@ -128,6 +130,12 @@
 //! the lock creates (see [Security](#security)); percent-encode the password's reserved
 //! characters (`@` as `%40`, `/` as `%2F`, `:` may stay). The user name cannot hold a `:`,
 //! and neither may be empty. `Debug` and errors never show the password.
+//!
+//! With `auth=sasl` the same `user:password@` logs in with SASL `DIGEST-MD5` instead
+//! (feature `sasl`, on by default), and the nodes get `sasl:{user}`-only ACLs (see
+//! [Security](#security)). The user name cannot hold `:`, `/` or `@`. Kerberos (`GSSAPI`)
+//! is not supported: `auth=gssapi` (or `kerberos`) is refused with
+//! [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig).
 //!
 //! `zks://` is TLS (feature `tls`, on by default; rustls with `ring`): every member is
 //! reached over TLS, its certificate checked against `ca` and against the host name or IP
@@ -150,6 +158,7 @@
 //! | `connect_timeout` | `5s` | how long opening a session may take (TLS handshake and auth included), in [`from_url`] and when an expired session is replaced |
 //! | `ca` | none; required by `zks://` | PEM file of the CA certificate(s) that signed the members' certificates |
 //! | `cert`, `key` | none | PEM client certificate (chain) and its private key, for servers with `ssl.clientAuth=need` (or `want`) |
+//! | `auth` | `digest` | how `user:password@` authenticates: `digest` (ZooKeeper's `digest` scheme, `addauth digest`) or `sasl` (SASL `DIGEST-MD5`); needs credentials |
 //!
 //! There is no option to skip the certificate or host name check, nor a `domain` to check
 //! the certificate against another name (the client library has neither safely).
@@ -169,7 +178,7 @@
 //! `x-lock-0000000000` child that every client then waits behind forever, or read which
 //! keys are in use. Use it only on an ensemble only trusted clients reach.
 //!
-//! **With credentials** (`user:password@`) every session authenticates with the `digest`
+//! **With credentials** (`user:password@`, `auth=digest` by default) every session authenticates with the `digest`
 //! scheme (on every connection: ZooKeeper keeps credentials per connection, and the client
 //! sends them again when it reconnects), and every node the lock creates (lock nodes, key directories, and the base path
 //! nodes it creates when missing) gets one ACL entry, `digest:{user}:{hash}:cdrwa`
@@ -211,9 +220,42 @@
 //! The `dump` four-letter word lists every session's ephemeral nodes, keys included, to
 //! whoever may use it (`4lw.commands.whitelist`).
 //!
-//! SASL (`DIGEST-MD5`, Kerberos) is not supported: it needs the client library's `sasl`
-//! features (Kerberos also needs the system's GSSAPI library) and a JAAS configuration on
-//! the server; digest auth over TLS covers the same threat.
+//! **With SASL** (`user:password@` and `auth=sasl`) every connection logs in with SASL
+//! `DIGEST-MD5` (the client library runs the exchange right after the connect request, on
+//! every reconnection too), and every node the lock creates gets the one ACL entry
+//! `sasl:{user}:cdrwa`. What the digest ACLs above protect, these protect the same way: a
+//! client without a SASL login as the same user, whether it has no credentials or is
+//! logged in as another SASL user, gets `NoAuth` for deleting a holder's node, planting a
+//! child in a key directory or changing ACLs (`tests/sasl_auth.rs`). The differences:
+//!
+//! - The server checks the password: a wrong password or an unknown user is refused at
+//!   connect with [`LockError::Backend`](dlock_core::LockError::Backend) naming SASL
+//!   authentication (`AuthFailed`; the server then closes the connection), and no base
+//!   path is ever created for a wrong identity. The password never crosses the network
+//!   (challenge and response), though a captured exchange can be attacked offline.
+//! - The server needs a JAAS `Server` section with a `user_{name}="{password}"` entry per
+//!   user (`org.apache.zookeeper.server.auth.DigestLoginModule`, passed with
+//!   `-Djava.security.auth.login.config=...`) and the SASL provider
+//!   (`authProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider` in
+//!   `zoo.cfg`). A server that logs nobody in (no JAAS section) is refused at connect (a
+//!   `whoAmI` check, ZooKeeper 3.7+); one without the provider answers the first acquire
+//!   with `InvalidACL`. `enforce.auth.enabled=true` with `enforce.auth.schemes=sasl`
+//!   (3.7+) makes the server refuse clients that do not log in at all.
+//! - The identity is the user name, so give each deployment a user of its own; the server's
+//!   `kerberos.removeRealmFromPrincipal`-style rewriting does not apply to names without
+//!   `/` or `@`, which is why those are refused. Create the base path with
+//!   `sasl:{user}:cdrwa` beforehand, as for digest auth.
+//! - Without TLS, SASL protects the password but not the connection (ZooKeeper negotiates
+//!   no SASL integrity layer): anyone on the path can read or inject requests on an
+//!   authenticated connection. `zks://` with `auth=sasl` works; over TLS, the SASL packet
+//!   sent right behind the connect request is sometimes answered first by the server
+//!   (3.8, Netty) and the client library gives up on that connection, so a TLS connect with
+//!   SASL that no member accepted is tried again, up to three more times.
+//!
+//! Kerberos (`GSSAPI`) is not supported: the client library takes tickets only from the
+//! system's Kerberos credential cache, needs the system's GSSAPI library to build, and
+//! testing it needs a KDC; digest or `DIGEST-MD5` auth over `zks://` covers the same
+//! threats.
 //!
 //! # Failure modes
 //!
@@ -260,6 +302,7 @@
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 mod acquire;
+mod auth;
 mod config;
 mod contender;
 mod error;
@@ -270,7 +313,8 @@ mod session;
 #[cfg(feature = "tls")]
 mod tls;
 
-pub use config::{Digest, Tls, ZookeeperConfig};
+pub use auth::{Digest, Sasl};
+pub use config::{Tls, ZookeeperConfig};
 pub use session::ZookeeperBackend;
 
 use dlock_core::Result;

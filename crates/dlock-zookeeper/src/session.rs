@@ -33,7 +33,8 @@ impl ZookeeperBackend {
     /// Open a session to the ensemble `config` names, within its connect timeout: over TLS
     /// if configured, then authenticated if configured.
     ///
-    /// With [digest credentials](ZookeeperConfig::digest), the session must also be allowed
+    /// With [digest](ZookeeperConfig::digest) or [SASL](ZookeeperConfig::sasl) credentials,
+    /// the session must also be allowed
     /// to read the base path's ACL when that path exists: a
     /// [`LockError::Backend`](dlock_core::LockError::Backend) otherwise (a wrong password,
     /// or a base path that belongs to another identity). A base path that anyone may write
@@ -49,9 +50,12 @@ impl ZookeeperBackend {
     pub async fn connect(config: ZookeeperConfig) -> Result<Self> {
         config.validate()?;
         let client = open_session(&config).await?;
-        if config.digest.is_some() {
+        if config.digest.is_some() || config.sasl.is_some() {
             let deadline = Deadline::At(tokio::time::Instant::now() + config.connect_timeout);
-            check_base_access(&client, &config, deadline).await?;
+            tokio::try_join!(
+                crate::auth::check_sasl_login(&client, &config, deadline),
+                check_base_access(&client, &config, deadline),
+            )?;
         }
         let backend = Self {
             acl: node_acl(&config),
@@ -115,7 +119,7 @@ impl ZookeeperBackend {
 }
 
 /// The ACL of every node the lock creates: with credentials, all permissions for their
-/// digest identity and nobody else (see [Security](crate#security)); without, all
+/// digest or SASL identity and nobody else (see [Security](crate#security)); without, all
 /// permissions for anyone.
 ///
 /// Not ZooKeeper's `auth` ACL (`Acls::creator_all`): that one grants every identity the
@@ -123,16 +127,14 @@ impl ZookeeperBackend {
 /// certificate's `x509:` identity, so any client holding a certificate with the same
 /// subject, credentials or not, could delete the lock's nodes.
 fn node_acl(config: &ZookeeperConfig) -> Arc<[Acl]> {
-    match &config.digest {
-        Some(digest) => Arc::new([Acl::new(
-            Permission::ALL,
-            AuthId::new("digest", &digest.id()),
-        )]),
+    match crate::auth::acl_identity(config) {
+        Some((scheme, id)) => Arc::new([Acl::new(Permission::ALL, AuthId::new(scheme, &id))]),
         None => Acls::anyone_all().iter().cloned().collect(),
     }
 }
 
-/// Open a session: TLS when configured, then digest auth when configured.
+/// Open a session: TLS when configured, SASL when configured (the client library runs it
+/// right after the connect request, on every connection), then digest auth when configured.
 ///
 /// ZooKeeper keeps credentials per connection, not per session: the client library sends
 /// them again first thing on every reconnection of the session, and a replaced session
@@ -164,16 +166,29 @@ async fn open_session(config: &ZookeeperConfig) -> Result<zk::Client> {
         }
         None => false,
     };
+    #[cfg(feature = "sasl")]
+    if let Some(sasl) = &config.sasl {
+        connector = connector.with_sasl(sasl.options());
+    }
     let connect = async {
         let client = match secure {
             #[cfg(feature = "tls")]
-            true => match connector.secure_connect(&hosts).await {
-                Err(zk::Error::NoHosts) => return Err(tls_refusal(config).await),
-                answer => answer,
-            },
+            true => {
+                let mut answer = connector.clone().secure_connect(&hosts).await;
+                for _ in 0..crate::auth::tls_sasl_retries(config) {
+                    if !matches!(answer, Err(zk::Error::NoHosts)) {
+                        break;
+                    }
+                    answer = connector.clone().secure_connect(&hosts).await;
+                }
+                match answer {
+                    Err(zk::Error::NoHosts) => return Err(tls_refusal(config).await),
+                    answer => answer,
+                }
+            }
             _ => connector.connect(&hosts).await,
         }
-        .map_err(|e| LockError::from(Error::zk("connect", e)))?;
+        .map_err(|e| crate::auth::connect_error(config, e))?;
         if let Some(digest) = &config.digest {
             client
                 .auth("digest", &digest.auth_data())
@@ -218,7 +233,7 @@ async fn check_base_access(
     deadline: Deadline,
 ) -> Result<()> {
     let base = &config.base;
-    let user = config.digest.as_ref().map_or("", |d| d.user());
+    let user = crate::auth::describe_user(config);
     let answer = deadline
         .run(client.get_acl(base))
         .await
@@ -236,8 +251,8 @@ async fn check_base_access(
                     backend = NAME,
                     base,
                     "anyone may create or delete nodes under the base path: other clients can \
-                     plant or remove key directories; give it this client's digest-only ACL \
-                     (setAcl {base} digest:<the user's digest id>:cdrwa)"
+                     plant or remove key directories; give it this client's ACL only \
+                     (setAcl {base} digest:<the user's digest id>:cdrwa, or sasl:<user>:cdrwa)"
                 );
             }
             Ok(())
@@ -247,7 +262,7 @@ async fn check_base_access(
             NAME,
             "connect",
             format!(
-                "digest user {user:?} may not read the ACL of the base path {base} (NoAuth): a \
+                "{user} may not read the ACL of the base path {base} (NoAuth): a \
                  wrong password, or the path belongs to another identity"
             ),
         )),

@@ -21,9 +21,20 @@ pub const SESSION_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct ZookeeperHarness {
     url: String,
     setup: &'static str,
-    /// The private TLS server this harness tests, with auth.
+    /// The private server this harness tests, with auth: over TLS with digest auth, or
+    /// over its plain port with SASL.
     #[cfg(feature = "tls")]
-    private: Option<&'static private::Server>,
+    private: Option<(&'static private::Server, Private)>,
+}
+
+/// How a harness reaches the private server.
+#[cfg(feature = "tls")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Private {
+    /// `zks://` with a client certificate, digest auth.
+    TlsDigest,
+    /// `zk://` on the plain port, SASL `DIGEST-MD5`, base path [`private::SASL_ROOT`].
+    Sasl,
 }
 
 impl ZookeeperHarness {
@@ -64,10 +75,32 @@ impl ZookeeperHarness {
             server.tls_query()
         );
         Self {
-            private: Some(server),
+            private: Some((server, Private::TlsDigest)),
             ..Self::new(
                 &url,
                 "zookeeper (a private TLS server the test starts)",
+                SESSION_TIMEOUT,
+            )
+        }
+    }
+
+    /// The private server's plain port (started on first use, one per test process), as
+    /// the SASL `DIGEST-MD5` user [`private::USER`], under [`private::SASL_ROOT`].
+    #[cfg(all(feature = "tls", feature = "sasl"))]
+    pub fn sasl() -> Self {
+        let server = private::shared();
+        let url = format!(
+            "zk://{}:{}@127.0.0.1:{}?auth=sasl&root={}",
+            private::USER,
+            private::PASSWORD,
+            server.plain_port(),
+            private::SASL_ROOT
+        );
+        Self {
+            private: Some((server, Private::Sasl)),
+            ..Self::new(
+                &url,
+                "zookeeper (a private server with SASL the test starts)",
                 SESSION_TIMEOUT,
             )
         }
@@ -98,8 +131,13 @@ impl ZookeeperHarness {
     /// A raw client of the server under test, for what an operator would do by hand.
     pub async fn raw(&self) -> Result<zk::Client, BoxError> {
         #[cfg(feature = "tls")]
-        if let Some(server) = self.private {
-            return Ok(server.raw(true).await?);
+        match self.private {
+            Some((server, Private::TlsDigest)) => return Ok(server.raw(true).await?),
+            Some((server, Private::Sasl)) => {
+                let user = (private::USER, private::PASSWORD);
+                return Ok(server.raw_plain(Some(user)).await?);
+            }
+            None => {}
         }
         let hosts = self.config().hosts.join(",");
         let connect = zk::Client::connector()
@@ -138,8 +176,10 @@ impl Harness for ZookeeperHarness {
 
     fn bad_urls(&self) -> Vec<(String, ErrorKind)> {
         #[cfg(feature = "tls")]
-        if let Some(server) = self.private {
-            return tls_bad_urls(server);
+        match self.private {
+            Some((server, Private::TlsDigest)) => return tls_bad_urls(server),
+            Some((server, Private::Sasl)) => return sasl_bad_urls(server),
+            None => {}
         }
         let mut urls: Vec<(String, ErrorKind)> = [
             "zk://",
@@ -276,6 +316,50 @@ fn tls_bad_urls(server: &private::Server) -> Vec<(String, ErrorKind)> {
         (format!("zks://127.0.0.1:{port}"), ErrorKind::InvalidConfig),
         (
             format!("zk://{USER}:{PASSWORD}@127.0.0.1:{port}?ca={ca}"),
+            ErrorKind::InvalidConfig,
+        ),
+    ]
+}
+
+/// What the private server's SASL port must refuse, and how.
+#[cfg(feature = "tls")]
+fn sasl_bad_urls(server: &private::Server) -> Vec<(String, ErrorKind)> {
+    use private::{PASSWORD, SASL_ROOT, USER};
+    let port = server.plain_port();
+    let q = format!("root={SASL_ROOT}&connect_timeout=3s");
+    vec![
+        // A wrong password: the server ends the SASL exchange with AuthFailed.
+        (
+            format!("zk://{USER}:wrong-password@127.0.0.1:{port}?auth=sasl&{q}"),
+            ErrorKind::Backend,
+        ),
+        // A user the server does not know.
+        (
+            format!("zk://nobody:{PASSWORD}@127.0.0.1:{port}?auth=sasl&{q}"),
+            ErrorKind::Backend,
+        ),
+        // Another valid user: the base path belongs to USER.
+        (
+            format!(
+                "zk://{}:{}@127.0.0.1:{port}?auth=sasl&{q}",
+                private::OTHER_USER,
+                private::OTHER_PASSWORD
+            ),
+            ErrorKind::Backend,
+        ),
+        // No credentials: NoAuth under the base path.
+        (format!("zk://127.0.0.1:{port}?{q}"), ErrorKind::Backend),
+        // Refused before any I/O.
+        (
+            format!("zk://127.0.0.1:{port}?auth=sasl&{q}"),
+            ErrorKind::InvalidConfig,
+        ),
+        (
+            format!("zk://{USER}:{PASSWORD}@127.0.0.1:{port}?auth=gssapi&{q}"),
+            ErrorKind::InvalidConfig,
+        ),
+        (
+            format!("zk://a%40b:{PASSWORD}@127.0.0.1:{port}?auth=sasl&{q}"),
             ErrorKind::InvalidConfig,
         ),
     ]

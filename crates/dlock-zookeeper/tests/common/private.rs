@@ -1,6 +1,8 @@
-//! A private ZooKeeper server with TLS (client certificates required) for the TLS and auth
-//! tests: Debian's ZooKeeper 3.8 jars run by `java`, a test CA made with `openssl`, its own
-//! port and data directory. The shared servers run neither TLS nor auth.
+//! A private ZooKeeper server for the TLS and auth tests: Debian's ZooKeeper 3.8 jars run by
+//! `java`, its own ports and data directory. Two client ports: TLS with client certificates
+//! required (a test CA made with `openssl`), and plain TCP; both accept digest auth and SASL
+//! `DIGEST-MD5` (a JAAS `Server` section with [`USER`] and [`OTHER_USER`], and ZooKeeper's
+//! SASL authentication provider). The shared servers run neither TLS nor auth.
 //!
 //! The JVM runs under a small `sh` guard that reads its stdin: when the owner drops the
 //! server, or the test process dies in any way, the pipe closes and the guard kills the JVM
@@ -20,8 +22,16 @@ use zookeeper_client as zk;
 
 /// The digest user every test client of the private server authenticates as.
 pub const USER: &str = "dlock";
-/// Its password.
+/// Its password (digest and SASL).
 pub const PASSWORD: &str = "s3cret-zk-pw";
+/// Another SASL user the server knows: a client of the same server with valid credentials
+/// of its own.
+pub const OTHER_USER: &str = "other";
+/// Its password.
+pub const OTHER_PASSWORD: &str = "0ther-zk-pw";
+/// The base path the SASL tests use on the shared server, created with the ACL
+/// `sasl:`[`USER`] only.
+pub const SASL_ROOT: &str = "/dlock-sasl";
 
 /// How long the server may take to start (a JVM on 2 busy cores takes 1 to 3 s).
 const STARTUP: Duration = Duration::from_secs(30);
@@ -43,6 +53,7 @@ const JARS: &[&str] = &[
 pub struct Server {
     dir: PathBuf,
     port: u16,
+    plain_port: u16,
 }
 
 /// A running private server; stopped and its files removed when dropped.
@@ -78,16 +89,19 @@ fn shared_dir(pid: u32) -> PathBuf {
 }
 
 /// One server for the whole test process, started on first use, its base path `/dlock`
-/// created with [`USER`]'s digest ACL; in a holder child process, the parent's.
+/// created with [`USER`]'s digest ACL (and [`SASL_ROOT`] with its SASL ACL); in a holder
+/// child process, the parent's.
 pub fn shared() -> &'static Server {
     static SHARED: std::sync::OnceLock<Server> = std::sync::OnceLock::new();
     static OWNED: std::sync::OnceLock<PrivateZk> = std::sync::OnceLock::new();
     SHARED.get_or_init(|| {
         let parent = shared_dir(std::os::unix::process::parent_id());
-        if let Ok(port) = std::fs::read_to_string(parent.join("port")) {
+        if let Ok(ports) = std::fs::read_to_string(parent.join("port")) {
+            let (port, plain_port) = ports.trim().split_once(' ').expect("the parent's ports");
             return Server {
                 dir: parent,
-                port: port.trim().parse().expect("the parent's port file"),
+                port: port.parse().expect("the parent's TLS port"),
+                plain_port: plain_port.parse().expect("the parent's plain port"),
             };
         }
         let dir = shared_dir(std::process::id());
@@ -104,9 +118,25 @@ pub fn shared() -> &'static Server {
                 .create("/dlock", &[], &options)
                 .await
                 .expect("create /dlock");
+            #[cfg(feature = "sasl")]
+            {
+                let client = owned
+                    .raw_plain(Some((USER, PASSWORD)))
+                    .await
+                    .expect("a raw SASL client");
+                let acl = [zk::Acl::new(
+                    zk::Permission::ALL,
+                    zk::AuthId::new("sasl", USER),
+                )];
+                let options = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&acl));
+                client
+                    .create(SASL_ROOT, &[], &options)
+                    .await
+                    .expect("create the SASL base path");
+            }
         });
-        std::fs::write(owned.dir.join("port"), owned.port.to_string())
-            .expect("write the port file");
+        let ports = format!("{} {}", owned.port, owned.plain_port);
+        std::fs::write(owned.dir.join("port"), ports).expect("write the port file");
         owned.server.clone()
     })
 }
@@ -158,8 +188,13 @@ impl PrivateZk {
         std::fs::create_dir_all(dir.join("data")).expect("create the server's directory");
         certificates(&dir);
         let port = free_port();
-        std::fs::write(dir.join("zoo.cfg"), zoo_cfg(&dir, port)).expect("write zoo.cfg");
+        let plain_port = std::iter::repeat_with(free_port)
+            .find(|p| *p != port)
+            .expect("a second port");
+        std::fs::write(dir.join("zoo.cfg"), zoo_cfg(&dir, port, plain_port))
+            .expect("write zoo.cfg");
         std::fs::write(dir.join("log4j.properties"), LOG4J).expect("write log4j.properties");
+        std::fs::write(dir.join("jaas.conf"), jaas_conf()).expect("write jaas.conf");
         let classpath = std::iter::once(dir.display().to_string())
             .chain(JARS.iter().map(|j| (*j).to_owned()))
             .collect::<Vec<_>>()
@@ -169,6 +204,7 @@ impl PrivateZk {
             java -Xms32m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
               -Djava.net.preferIPv4Stack=true -Dzookeeper.log.dir="$1" \
               -Dlog4j.configuration="file:$1/log4j.properties" -Dzookeeper.jmx.log4j.disable=true \
+              -Djava.security.auth.login.config="$1/jaas.conf" \
               -cp "$2" org.apache.zookeeper.server.quorum.QuorumPeerMain "$1/zoo.cfg" \
               >"$1/server.log" 2>&1 </dev/null &
             pid=$!
@@ -188,7 +224,11 @@ impl PrivateZk {
             .spawn()
             .expect("run sh");
         let server = Self {
-            server: Server { dir, port },
+            server: Server {
+                dir,
+                port,
+                plain_port,
+            },
             guard_stdin: guard.stdin.take(),
             guard: Some(guard),
         };
@@ -215,6 +255,41 @@ impl Server {
     /// The server's address.
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// The plain (no TLS) client port on 127.0.0.1, for the SASL tests.
+    pub fn plain_port(&self) -> u16 {
+        self.plain_port
+    }
+
+    /// The plain port's address.
+    pub fn plain_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.plain_port))
+    }
+
+    /// A raw client over plain TCP, authenticated with SASL `DIGEST-MD5` as `sasl`'s
+    /// `(user, password)` when given.
+    pub async fn raw_plain(&self, sasl: Option<(&str, &str)>) -> Result<zk::Client, zk::Error> {
+        #[allow(unused_mut)]
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(Duration::from_secs(10))
+            .with_fail_eagerly();
+        match sasl {
+            #[cfg(feature = "sasl")]
+            Some((user, password)) => {
+                connector = connector.with_sasl(zk::SaslOptions::digest_md5(
+                    user.to_owned(),
+                    password.to_owned(),
+                ));
+            }
+            #[cfg(not(feature = "sasl"))]
+            Some(_) => panic!("SASL needs dlock-zookeeper's `sasl` feature"),
+            None => {}
+        }
+        let addr = self.plain_addr().to_string();
+        tokio::time::timeout(Duration::from_secs(5), connector.connect(&addr))
+            .await
+            .unwrap_or(Err(zk::Error::Timeout))
     }
 
     /// The directory holding the certificates (`ca.pem`, `client.pem`, `client.key`,
@@ -276,6 +351,7 @@ impl Server {
             while started.elapsed() < STARTUP {
                 if TcpStream::connect_timeout(&self.addr(), Duration::from_millis(200)).is_ok()
                     && self.raw(false).await.is_ok()
+                    && self.raw_plain(None).await.is_ok()
                 {
                     return true;
                 }
@@ -376,7 +452,19 @@ fn certificates(dir: &Path) {
     );
 }
 
-fn zoo_cfg(dir: &Path, port: u16) -> String {
+/// The JAAS configuration: the server's SASL `DIGEST-MD5` users and their passwords.
+fn jaas_conf() -> String {
+    format!(
+        "Server {{\n  org.apache.zookeeper.server.auth.DigestLoginModule required\n  \
+         user_{USER}=\"{PASSWORD}\"\n  user_{OTHER_USER}=\"{OTHER_PASSWORD}\";\n}};\n"
+    )
+}
+
+/// TLS on `port`, plain TCP on `plain_port`; SASL through the JAAS file
+/// (`-Djava.security.auth.login.config`) and the SASL provider, which turns a SASL login
+/// into the session identity `sasl:{user}` that ACLs name. SASL is not required
+/// (`enforce.auth.enabled` stays off): the tests need clients without credentials.
+fn zoo_cfg(dir: &Path, port: u16, plain_port: u16) -> String {
     let dir = dir.display();
     format!(
         "tickTime=500\n\
@@ -385,6 +473,9 @@ fn zoo_cfg(dir: &Path, port: u16) -> String {
          dataDir={dir}/data\n\
          secureClientPort={port}\n\
          secureClientPortAddress=127.0.0.1\n\
+         clientPort={plain_port}\n\
+         clientPortAddress=127.0.0.1\n\
+         authProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider\n\
          serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
          ssl.keyStore.location={dir}/server.p12\n\
          ssl.keyStore.password=changeit\n\
