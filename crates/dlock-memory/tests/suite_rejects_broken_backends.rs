@@ -183,6 +183,74 @@ impl Backend for PerClientTokens {
     }
 }
 
+/// Renews as it should while it holds a few keys, but once one client holds more than
+/// [`DropsRenewalsUnderLoad::BUSY`], answers every renewal "done" without sending it, as a
+/// client whose renewal queue overflows silently would: the server lets the keys expire
+/// while the holder believes it has them.
+#[derive(Debug)]
+struct DropsRenewalsUnderLoad(MemoryBackend, Arc<AtomicU64>);
+
+impl DropsRenewalsUnderLoad {
+    const BUSY: u64 = 100;
+}
+
+impl FromMemory for DropsRenewalsUnderLoad {
+    fn from_memory(inner: MemoryBackend) -> Self {
+        Self(inner, Arc::default())
+    }
+    fn memory(&self) -> &MemoryBackend {
+        &self.0
+    }
+}
+
+#[async_trait]
+impl Backend for DropsRenewalsUnderLoad {
+    const NAME: &'static str = "broken";
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    fn stats(&self) -> LockStats {
+        self.0.stats()
+    }
+    async fn acquire(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        Ok(self.0.acquire(key, opts, deadline).await?.map(|mut grant| {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            let inner = std::mem::replace(&mut grant.held, Box::new(Fake));
+            grant.held = Box::new(SkipsRenewals {
+                inner,
+                held: self.1.clone(),
+            });
+            grant
+        }))
+    }
+}
+
+/// A held key of [`DropsRenewalsUnderLoad`]; `held` counts its client's held keys.
+#[derive(Debug)]
+struct SkipsRenewals {
+    inner: Box<dyn Held>,
+    held: Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl Held for SkipsRenewals {
+    async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        if self.held.load(Ordering::SeqCst) > DropsRenewalsUnderLoad::BUSY {
+            return Ok(());
+        }
+        self.inner.extend(ttl).await
+    }
+    async fn release(&mut self) -> Result<()> {
+        self.held.fetch_sub(1, Ordering::SeqCst);
+        self.inner.release().await
+    }
+}
+
 /// The broadcast every waiter on `key` listens to (keys are unique per scenario).
 fn released(key: &str) -> Arc<Notify> {
     static CHANNELS: OnceLock<Mutex<HashMap<String, Arc<Notify>>>> = OnceLock::new();
@@ -503,6 +571,17 @@ async fn no_herd_rejects_a_herd_that_costs_more_than_declared() {
     rejects_for::<LeaksListeners, _, _>(scenarios::no_herd, "wake-ups per release [8, ").await;
 }
 
+/// Each lease's renewals look fine to its watchdog, so no `lost()` fires: another client
+/// finding the keys free is what gives it away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_holds_rejects_a_backend_that_drops_renewals_under_load() {
+    rejects_for::<DropsRenewalsUnderLoad, _, _>(
+        scenarios::many_holds_at_once,
+        "but another client took it",
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_scenarios_pass_on_the_real_memory_backend() {
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::mutual_exclusion).await);
@@ -510,4 +589,5 @@ async fn the_same_scenarios_pass_on_the_real_memory_backend() {
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::independent_keys).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::bad_keys_are_rejected_before_io).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::no_herd).await);
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::many_holds_at_once).await);
 }
