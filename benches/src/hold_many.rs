@@ -6,6 +6,7 @@
 //! (`lost()` never fired) and released cleanly.
 
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,6 +36,8 @@ pub(crate) struct HoldMany {
     pub(crate) in_flight: usize,
     pub(crate) acquired: usize,
     pub(crate) acquire_failures: usize,
+    /// Keys not tried: after the first acquire failure no new acquire starts.
+    pub(crate) not_tried: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) first_acquire_error: Option<String>,
     /// First acquire call → last acquire returned.
@@ -68,9 +71,11 @@ impl HoldMany {
         let mut parts = Vec::new();
         if self.acquire_failures > 0 {
             parts.push(format!(
-                "{} of {} acquires failed (first: {})",
+                "{} of {} acquires failed, {} taken, {} not tried after that (first: {})",
                 self.acquire_failures,
                 self.keys,
+                self.acquired,
+                self.not_tried,
                 self.first_acquire_error.as_deref().unwrap_or("?")
             ));
         }
@@ -176,6 +181,7 @@ pub(crate) async fn run(
         in_flight: IN_FLIGHT,
         acquired,
         acquire_failures: acquire_errors.len(),
+        not_tried: keys - acquired - acquire_errors.len(),
         first_acquire_error: acquire_errors.into_iter().next(),
         acquire_ms: ms(acquire_time),
         acquire_per_sec: acquired as f64 / acquire_time.as_secs_f64().max(1e-9),
@@ -226,20 +232,30 @@ async fn watch(signals: Vec<(String, LostSignal)>, first: Arc<Mutex<Option<Strin
 }
 
 /// Take every key, [`IN_FLIGHT`] at a time: the leases and the errors (`key: error`).
+/// After the first failure no new acquire starts: a backend at its limit (each failure
+/// waiting out a connect timeout) is reported in one round, not one per key.
 async fn acquire_all(
     lock: &Arc<dyn DistributedLock>,
     names: Vec<String>,
     opts: LockOptions,
 ) -> (Vec<Lease>, Vec<String>) {
+    let failed = Arc::new(AtomicBool::new(false));
     let results: Vec<_> = stream::iter(names)
         .map(|key| {
-            let lock = lock.clone();
+            let (lock, failed) = (lock.clone(), failed.clone());
             async move {
+                if failed.load(Ordering::SeqCst) {
+                    return None;
+                }
                 let result = lock.acquire(&key, &opts).await;
-                result.map_err(|e| format!("{key}: {e}"))
+                if result.is_err() {
+                    failed.store(true, Ordering::SeqCst);
+                }
+                Some(result.map_err(|e| format!("{key}: {e}")))
             }
         })
         .buffer_unordered(IN_FLIGHT)
+        .filter_map(|r| async move { r })
         .collect()
         .await;
     let mut leases = Vec::with_capacity(results.len());
@@ -297,7 +313,11 @@ pub(crate) fn markdown(
             };
             let mut keys = h.acquired.to_string();
             if h.acquire_failures > 0 {
-                let _ = write!(keys, " of {} (**{} failed**)", h.keys, h.acquire_failures);
+                let _ = write!(
+                    keys,
+                    " of {} (**{} failed**, {} not tried)",
+                    h.keys, h.acquire_failures, h.not_tried
+                );
             }
             if let Some(max) = h.capped_by_max_held {
                 let _ = write!(keys, " (max_held {max} < {})", h.requested);
@@ -376,6 +396,7 @@ mod tests {
             in_flight: IN_FLIGHT,
             acquired: 10,
             acquire_failures: 0,
+            not_tried: 0,
             first_acquire_error: None,
             acquire_ms: 1.0,
             acquire_per_sec: 1.0,
