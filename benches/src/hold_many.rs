@@ -52,6 +52,10 @@ pub(crate) struct HoldMany {
     /// The server's counter delta over the hold window ÷ its wall time (server-wide).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) server_requests_per_sec: Option<f64>,
+    /// The same counter's rate before anything was acquired, over a quarter of the hold
+    /// (1–5 s): what the rest of the server's clients cause.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) server_idle_per_sec: Option<f64>,
     /// What the server counter is, or why there is none.
     pub(crate) server_counter: String,
     /// Leases whose `lost()` fired before their release was called.
@@ -129,6 +133,13 @@ pub(crate) async fn run(
         .map(|i| format!("{}/hold{requested}/{i}", plan.prefix))
         .collect();
 
+    let timeout = plan.connect_timeout;
+    let idle_window = (hold_for / 4).clamp(Duration::from_secs(1), Duration::from_secs(5));
+    let server_idle_per_sec = match counter.as_mut() {
+        Some((_, c)) => rate(c, idle_window, timeout).await,
+        None => None,
+    };
+
     let started = Instant::now();
     let (leases, acquire_errors) = acquire_all(&lock, names, opts).await;
     let acquire_time = started.elapsed();
@@ -142,7 +153,6 @@ pub(crate) async fn run(
         .collect();
     let watcher = tokio::spawn(watch(signals, first_loss.clone()));
 
-    let timeout = plan.connect_timeout;
     let counted_before = match counter.as_mut() {
         Some((_, c)) => c.read(timeout).await.ok(),
         None => None,
@@ -190,6 +200,7 @@ pub(crate) async fn run(
             .zip(cpu_after)
             .map(|(b, a)| round2(a.saturating_sub(b).as_secs_f64() / secs * 100.0)),
         server_requests_per_sec: counted.map(|n| round2(n as f64 / secs)),
+        server_idle_per_sec,
         server_counter: match (&counter, counted) {
             (Some((what, _)), Some(_)) => what.clone(),
             (Some((what, _)), None) => format!("{what}: not readable"),
@@ -205,6 +216,16 @@ pub(crate) async fn run(
 
 fn warn_no_counter(kind: Kind, e: &str) {
     eprintln!("lockbench: {kind}: the server's request counter cannot be read: {e}");
+}
+
+/// The counter's rate over `window` from now, its own reads not counted.
+async fn rate(counter: &mut Counter, window: Duration, timeout: Duration) -> Option<f64> {
+    let before = counter.read(timeout).await.ok()?;
+    let start = Instant::now();
+    sleep(window).await;
+    let after = counter.read(timeout).await.ok()?;
+    let n = after.saturating_sub(before + counter.own_per_read());
+    Some(round2(n as f64 / start.elapsed().as_secs_f64()))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -336,8 +357,11 @@ pub(crate) fn markdown(
                 fmt_us(Some(h.acquire_ms * 1000.0)),
                 fmt_rate(h.acquire_per_sec),
                 h.cpu_percent.map_or("—".into(), |c| format!("{c:.1} %")),
-                h.server_requests_per_sec
-                    .map_or("n/a".into(), |r| format!("{r:.1}")),
+                match (h.server_requests_per_sec, h.server_idle_per_sec) {
+                    (Some(r), Some(idle)) => format!("{} (idle {})", fmt_rate(r), fmt_rate(idle)),
+                    (Some(r), None) => fmt_rate(r),
+                    _ => "n/a".into(),
+                },
                 h.server_counter,
                 bold(h.false_losses),
                 bold(h.failed_releases),
@@ -349,7 +373,8 @@ pub(crate) fn markdown(
         s,
         "\nclient CPU: lockbench's own CPU time over the hold window ÷ its wall time (% of one \
          core; lockbench is idle meanwhile). server req/s: the server's counter over the same \
-         window, server-wide (other clients of the server count too). {IN_FLIGHT} acquires \
+         window, server-wide (other clients of the server count too; idle: the same counter \
+         before anything was acquired). {IN_FLIGHT} acquires \
          (releases) in flight."
     );
 }
@@ -403,6 +428,7 @@ mod tests {
             hold_ms: 1.0,
             cpu_percent: None,
             server_requests_per_sec: None,
+            server_idle_per_sec: None,
             server_counter: "n/a".into(),
             false_losses: 0,
             first_loss: None,
