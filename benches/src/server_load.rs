@@ -246,6 +246,28 @@ mod tests {
         assert!(field("nothing", "total:").is_err());
     }
 
+    #[tokio::test]
+    async fn every_server_counter_reads_and_never_goes_back() {
+        let timeout = Duration::from_secs(10);
+        for kind in crate::backends::test_backends() {
+            let start = kind.start_command().unwrap_or_default();
+            let counter = Counter::open(kind, &kind.url(), timeout)
+                .await
+                .unwrap_or_else(|e| panic!("{kind} unreachable ({e}); start it with `{start}`"));
+            let Some(mut counter) = counter else {
+                assert_eq!(kind, Kind::Memory);
+                continue;
+            };
+            let first = counter
+                .read(timeout)
+                .await
+                .unwrap_or_else(|e| panic!("{kind}: {}: {e}", counter.describe()));
+            let second = counter.read(timeout).await.expect("a second read");
+            assert!(second >= first, "{kind}: {first} then {second}");
+            eprintln!("{kind}: {} = {second}", counter.describe());
+        }
+    }
+
     #[test]
     fn cpu_time_grows_with_work() {
         let before = cpu_time().expect("getrusage");
