@@ -2,6 +2,8 @@
 //! backend, each of which a scenario must reject.
 
 mod common;
+#[path = "broken/drops_renewals.rs"]
+mod drops_renewals;
 
 use std::future::Future;
 use std::time::Duration;
@@ -16,6 +18,7 @@ use dlock_conformance::{Ctx, scenarios};
 use dlock_core::raw::{Backend, Deadline, Grant, Held, LockClient};
 use dlock_core::{Capabilities, DistributedLock, Lease, LockOptions, LockStats, Result, Wakeup};
 use dlock_memory::MemoryBackend;
+use drops_renewals::DropsRenewalsUnderLoad;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -180,74 +183,6 @@ impl Backend for PerClientTokens {
             grant.fencing_token = self.1.fetch_add(1, Ordering::SeqCst) + 1;
             grant
         }))
-    }
-}
-
-/// Renews as it should while it holds a few keys, but once one client holds more than
-/// [`DropsRenewalsUnderLoad::BUSY`], answers every renewal "done" without sending it, as a
-/// client whose renewal queue overflows silently would: the server lets the keys expire
-/// while the holder believes it has them.
-#[derive(Debug)]
-struct DropsRenewalsUnderLoad(MemoryBackend, Arc<AtomicU64>);
-
-impl DropsRenewalsUnderLoad {
-    const BUSY: u64 = 100;
-}
-
-impl FromMemory for DropsRenewalsUnderLoad {
-    fn from_memory(inner: MemoryBackend) -> Self {
-        Self(inner, Arc::default())
-    }
-    fn memory(&self) -> &MemoryBackend {
-        &self.0
-    }
-}
-
-#[async_trait]
-impl Backend for DropsRenewalsUnderLoad {
-    const NAME: &'static str = "broken";
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-    fn stats(&self) -> LockStats {
-        self.0.stats()
-    }
-    async fn acquire(
-        &self,
-        key: &str,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Grant>> {
-        Ok(self.0.acquire(key, opts, deadline).await?.map(|mut grant| {
-            self.1.fetch_add(1, Ordering::SeqCst);
-            let inner = std::mem::replace(&mut grant.held, Box::new(Fake));
-            grant.held = Box::new(SkipsRenewals {
-                inner,
-                held: self.1.clone(),
-            });
-            grant
-        }))
-    }
-}
-
-/// A held key of [`DropsRenewalsUnderLoad`]; `held` counts its client's held keys.
-#[derive(Debug)]
-struct SkipsRenewals {
-    inner: Box<dyn Held>,
-    held: Arc<AtomicU64>,
-}
-
-#[async_trait]
-impl Held for SkipsRenewals {
-    async fn extend(&mut self, ttl: Duration) -> Result<()> {
-        if self.held.load(Ordering::SeqCst) > DropsRenewalsUnderLoad::BUSY {
-            return Ok(());
-        }
-        self.inner.extend(ttl).await
-    }
-    async fn release(&mut self) -> Result<()> {
-        self.held.fetch_sub(1, Ordering::SeqCst);
-        self.inner.release().await
     }
 }
 
