@@ -4,7 +4,12 @@
 //! ```text
 //! cargo run --release -p lockbench -- [--backends all|memory,redis,…] [--clients 1,8,32]
 //!     [--duration 2s] [--warmup 500ms] [--hold 0ms] [--out target/lockbench]
+//! cargo run --release -p lockbench -- --hold-many 10000 [--hold-for 30s] [--ttl 30s] …
 //! ```
+//!
+//! With `--hold-many N`, lockbench runs only the hold-many workload on each selected
+//! backend: one client takes N keys, holds them with auto-renew and releases them (see
+//! [`hold_many`]).
 //!
 //! Every backend is reached through `dlock::connect(url)` only, with the URLs of
 //! `scripts/backends` unless `DLOCK_<BACKEND>_URL` says otherwise. Backends that do not
@@ -14,9 +19,11 @@
 
 mod backends;
 mod chart;
+mod hold_many;
 mod raw;
 mod report;
 mod run;
+mod server_load;
 mod stats;
 
 use std::path::PathBuf;
@@ -58,6 +65,14 @@ struct Args {
     /// Bound on connecting and on the reachability probe, per backend.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     connect_timeout: Duration,
+    /// Run only the hold-many workload: one client takes this many distinct keys (capped at
+    /// the backend's declared `max_held`), holds them for `--hold-for` with auto-renew at
+    /// `--ttl`, and releases them all.
+    #[arg(long, value_name = "N")]
+    hold_many: Option<usize>,
+    /// How long the hold-many workload holds its keys.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    hold_for: Duration,
     /// Where lockbench.json and lockbench.svg are written.
     #[arg(long, default_value = "target/lockbench")]
     out: PathBuf,
@@ -68,6 +83,7 @@ struct Args {
 enum Step {
     Raw(RawOp, usize),
     Lock(Workload, usize),
+    HoldMany(usize),
 }
 
 impl Step {
@@ -78,6 +94,7 @@ impl Step {
             Step::Lock(Workload::Uncontended, _) => "uncontended".into(),
             Step::Lock(Workload::Contended, n) => format!("contended ×{n}"),
             Step::Lock(Workload::Spread, n) => format!("spread ×{n}"),
+            Step::HoldMany(n) => format!("hold-many {n}"),
         }
     }
 }
@@ -120,8 +137,30 @@ fn selected(spec: &str) -> Result<(Vec<Kind>, bool), String> {
     Ok((kinds, true))
 }
 
-async fn measure(kind: Kind, url: &str, step: Step, plan: &Plan) -> ScenarioResult {
+async fn measure(
+    kind: Kind,
+    url: &str,
+    step: Step,
+    plan: &Plan,
+    hold_for: Duration,
+) -> ScenarioResult {
     match step {
+        Step::HoldMany(n) => {
+            let r = ScenarioResult::new(Scenario::HoldMany, 1);
+            match hold_many::run(kind, url, n, hold_for, plan).await {
+                Ok(h) => {
+                    let mut r = match h.problem() {
+                        Some(problem) => r.failed(problem, None),
+                        None => r,
+                    };
+                    r.count = h.acquired as u64;
+                    r.per_sec = h.acquire_per_sec;
+                    r.hold_many = Some(h);
+                    r
+                }
+                Err(e) => r.failed(e, None),
+            }
+        }
         Step::Raw(op, n) => {
             let mut r = ScenarioResult::new(Scenario::Raw, n);
             r.op = Some(match op {
@@ -179,6 +218,10 @@ async fn main() -> ExitCode {
     };
     if args.clients.is_empty() || args.clients.contains(&0) {
         eprintln!("lockbench: --clients needs counts of at least 1, e.g. 1,8,32");
+        return ExitCode::from(2);
+    }
+    if args.hold_many == Some(0) || args.hold_for.is_zero() {
+        eprintln!("lockbench: --hold-many and --hold-for must be more than zero");
         return ExitCode::from(2);
     }
     if args.duration.is_zero() {
@@ -245,7 +288,10 @@ async fn main() -> ExitCode {
 
     let plans: Vec<(Kind, Vec<Step>)> = targets
         .iter()
-        .map(|(kind, _, _)| (*kind, steps(*kind, &args.clients)))
+        .map(|(kind, _, _)| match args.hold_many {
+            Some(n) => (*kind, vec![Step::HoldMany(n)]),
+            None => (*kind, steps(*kind, &args.clients)),
+        })
         .collect();
     let total: usize = plans.iter().map(|(_, s)| s.len()).sum();
     let bar = ProgressBar::new(total as u64).with_style(
@@ -282,7 +328,7 @@ async fn main() -> ExitCode {
         };
         for step in steps {
             bar.set_message(format!("{kind} {}", step.label()));
-            let result = measure(*kind, url, step, &plan).await;
+            let result = measure(*kind, url, step, &plan, args.hold_for).await;
             if let Some(error) = &result.error {
                 bar.suspend(|| eprintln!("lockbench: {kind} {} FAILED: {error}", step.label()));
                 failures.push(Failure {
@@ -311,6 +357,8 @@ async fn main() -> ExitCode {
             ttl_ms: plan.ttl.as_millis() as u64,
             clients: args.clients.clone(),
             prefix: plan.prefix.clone(),
+            hold_many: args.hold_many,
+            hold_for_ms: args.hold_many.map(|_| args.hold_for.as_millis() as u64),
         },
         backends: backends_out,
         skipped,
@@ -335,11 +383,14 @@ async fn main() -> ExitCode {
                 status = 2;
             }
         }
-        match chart::write(&report, &svg) {
-            Ok(()) => eprintln!("lockbench: wrote {}", svg.display()),
-            Err(e) => {
-                eprintln!("lockbench: {e}");
-                status = 2;
+        // The chart compares the lock workloads; a hold-many run has none.
+        if args.hold_many.is_none() {
+            match chart::write(&report, &svg) {
+                Ok(()) => eprintln!("lockbench: wrote {}", svg.display()),
+                Err(e) => {
+                    eprintln!("lockbench: {e}");
+                    status = 2;
+                }
             }
         }
     }

@@ -75,12 +75,12 @@ pub(crate) fn describe(kind: Kind) -> (Option<&'static str>, &'static str) {
 }
 
 #[allow(dead_code)] // unused when every networked backend is compiled out
-fn err(e: impl std::fmt::Display) -> String {
+pub(crate) fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
 #[allow(dead_code)] // unused when every networked backend is compiled out
-async fn bounded<T, E: std::fmt::Display>(
+pub(crate) async fn bounded<T, E: std::fmt::Display>(
     timeout: Duration,
     what: &str,
     f: impl Future<Output = Result<T, E>>,
@@ -92,7 +92,7 @@ async fn bounded<T, E: std::fmt::Display>(
 }
 
 #[cfg(any(feature = "redis", feature = "redlock"))]
-async fn redis_connect(
+pub(crate) async fn redis_connect(
     url: &str,
     timeout: Duration,
 ) -> Result<redis::aio::MultiplexedConnection, String> {
@@ -148,7 +148,7 @@ async fn redis_ping(con: &mut redis::aio::MultiplexedConnection) -> Result<(), S
 }
 
 #[cfg(any(feature = "redis", feature = "redlock"))]
-fn redis_node_urls(parts: &Parts) -> Vec<String> {
+pub(crate) fn redis_node_urls(parts: &Parts) -> Vec<String> {
     let scheme = if parts.scheme == "rediss" || parts.scheme == "redlocks" {
         "rediss"
     } else {
@@ -406,7 +406,10 @@ impl RawConn {
 }
 
 #[cfg(feature = "zookeeper")]
-async fn zk_connect(parts: &Parts, timeout: Duration) -> Result<zookeeper_client::Client, String> {
+pub(crate) async fn zk_connect(
+    parts: &Parts,
+    timeout: Duration,
+) -> Result<zookeeper_client::Client, String> {
     if parts.hosts.is_empty() {
         return Err("no host in the URL".into());
     }
@@ -423,7 +426,10 @@ async fn zk_connect(parts: &Parts, timeout: Duration) -> Result<zookeeper_client
 }
 
 #[cfg(feature = "etcd")]
-async fn etcd_connect(parts: &Parts, timeout: Duration) -> Result<etcd_client::Client, String> {
+pub(crate) async fn etcd_connect(
+    parts: &Parts,
+    timeout: Duration,
+) -> Result<etcd_client::Client, String> {
     if parts.hosts.is_empty() {
         return Err("no host in the URL".into());
     }
@@ -445,7 +451,10 @@ async fn etcd_connect(parts: &Parts, timeout: Duration) -> Result<etcd_client::C
 }
 
 #[cfg(feature = "mysql")]
-async fn mysql_connect(parts: &Parts, timeout: Duration) -> Result<sqlx::MySqlConnection, String> {
+pub(crate) async fn mysql_connect(
+    parts: &Parts,
+    timeout: Duration,
+) -> Result<sqlx::MySqlConnection, String> {
     use sqlx::Connection as _;
     let host = parts.hosts.first().ok_or("no host in the URL")?;
     let url = parts.single("mysql", host, true);
@@ -458,7 +467,10 @@ async fn mysql_connect(parts: &Parts, timeout: Duration) -> Result<sqlx::MySqlCo
 }
 
 #[cfg(feature = "postgres")]
-async fn pg_connect(parts: &Parts, timeout: Duration) -> Result<sqlx::PgConnection, String> {
+pub(crate) async fn pg_connect(
+    parts: &Parts,
+    timeout: Duration,
+) -> Result<sqlx::PgConnection, String> {
     use sqlx::Connection as _;
     let host = parts.hosts.first().ok_or("no host in the URL")?;
     let url = parts.single("postgres", host, true);

@@ -7,6 +7,7 @@ use dlock::{Capabilities, Expiry, Fencing, Wakeup};
 use serde::Serialize;
 
 use crate::backends::{Kind, Skipped};
+use crate::hold_many::HoldMany;
 use crate::stats::{Histogram, jain};
 
 /// Everything one lockbench run found; written as `lockbench.json`.
@@ -58,6 +59,11 @@ pub(crate) struct Config {
     pub(crate) ttl_ms: u64,
     pub(crate) clients: Vec<usize>,
     pub(crate) prefix: String,
+    /// `--hold-many`: when set, the run measured only the hold-many workload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) hold_many: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) hold_for_ms: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -116,6 +122,9 @@ pub(crate) enum Scenario {
     Uncontended,
     Contended,
     Spread,
+    /// One client holding `--hold-many` keys.
+    #[serde(rename = "hold_many")]
+    HoldMany,
 }
 
 impl Scenario {
@@ -125,6 +134,7 @@ impl Scenario {
             Scenario::Uncontended => "uncontended",
             Scenario::Contended => "contended",
             Scenario::Spread => "spread",
+            Scenario::HoldMany => "hold-many",
         }
     }
 }
@@ -176,6 +186,9 @@ pub(crate) struct ScenarioResult {
     pub(crate) holds_checked: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) overlaps: Option<usize>,
+    /// The hold-many figures (present even when the run failed, for what it did hold).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) hold_many: Option<HoldMany>,
 }
 
 fn us(d: Option<Duration>) -> Option<f64> {
@@ -203,6 +216,7 @@ impl ScenarioResult {
             ratio_to_raw: None,
             holds_checked: None,
             overlaps: None,
+            hold_many: None,
         }
     }
 
@@ -275,7 +289,7 @@ impl BackendReport {
             .collect();
         for r in self.results.iter_mut().filter(|r| r.ok()) {
             r.ratio_to_raw = match r.scenario {
-                Scenario::Raw => None,
+                Scenario::Raw | Scenario::HoldMany => None,
                 Scenario::Uncontended | Scenario::Contended => match (r.p50_us, raw_p50) {
                     (Some(lock), Some(raw)) if raw > 0.0 => Some(lock / raw),
                     _ => None,
@@ -344,22 +358,48 @@ impl Report {
         let c = &self.config;
         let _ = writeln!(s, "## lockbench {}\n", self.lockbench);
         let _ = writeln!(s, "- machine: {} cores, {}, {}", m.cores, m.cpu, m.os);
-        let _ = writeln!(
-            s,
-            "- run: {} per measurement after a {} warm-up, hold {}, ttl {}, clients {}",
-            humantime::format_duration(Duration::from_millis(c.duration_ms)),
-            humantime::format_duration(Duration::from_millis(c.warmup_ms)),
-            humantime::format_duration(Duration::from_millis(c.hold_ms)),
-            humantime::format_duration(Duration::from_millis(c.ttl_ms)),
-            c.clients
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        );
+        if let (Some(n), Some(hold_for)) = (c.hold_many, c.hold_for_ms) {
+            let _ = writeln!(
+                s,
+                "- run: hold-many, {n} keys held for {} by one client, ttl {}",
+                humantime::format_duration(Duration::from_millis(hold_for)),
+                humantime::format_duration(Duration::from_millis(c.ttl_ms)),
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "- run: {} per measurement after a {} warm-up, hold {}, ttl {}, clients {}",
+                humantime::format_duration(Duration::from_millis(c.duration_ms)),
+                humantime::format_duration(Duration::from_millis(c.warmup_ms)),
+                humantime::format_duration(Duration::from_millis(c.hold_ms)),
+                humantime::format_duration(Duration::from_millis(c.ttl_ms)),
+                c.clients
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+        }
         for b in &self.backends {
             let _ = writeln!(s, "- {}: {} at `{}`", b.backend, b.server, b.url);
         }
+        if let (Some(_), Some(hold_for)) = (c.hold_many, c.hold_for_ms) {
+            let hold_for = Duration::from_millis(hold_for);
+            crate::hold_many::markdown(
+                &mut s,
+                &self.backends,
+                hold_for,
+                Duration::from_millis(c.ttl_ms),
+            );
+        } else {
+            self.lock_tables(&mut s);
+        }
+        self.skipped_and_failures(&mut s);
+        s
+    }
+
+    /// The raw, uncontended, contended and spread tables.
+    fn lock_tables(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "\nLatencies are medians (p50) and p99 over the measured window; `× raw` is what the \
@@ -462,7 +502,10 @@ impl Report {
                 let _ = writeln!(s, "| {} | {} | {cells} |", b.backend, r.clients);
             }
         }
+    }
 
+    /// What was not measured, and what failed.
+    fn skipped_and_failures(&self, s: &mut String) {
         let skipped: Vec<_> = self
             .skipped
             .iter()
@@ -495,51 +538,9 @@ impl Report {
                 );
             }
         }
-        s
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn formatting() {
-        assert_eq!(fmt_us(Some(0.25)), "250 ns");
-        assert_eq!(fmt_us(Some(3.21)), "3.2 µs");
-        assert_eq!(fmt_us(Some(321.0)), "321 µs");
-        assert_eq!(fmt_us(Some(1234.0)), "1.23 ms");
-        assert_eq!(fmt_us(Some(12345.0)), "12.3 ms");
-        assert_eq!(fmt_us(None), "—");
-        assert_eq!(fmt_rate(1234567.4), "1,234,567");
-        assert_eq!(fmt_rate(999.0), "999");
-        assert_eq!(fmt_rate(1000.0), "1,000");
-    }
-
-    #[test]
-    fn ratios_come_from_raw_results_of_the_same_run() {
-        let raw = |clients, p50, per_sec| {
-            let mut r = ScenarioResult::new(Scenario::Raw, clients);
-            r.op = Some("cycle");
-            r.p50_us = Some(p50);
-            r.per_sec = per_sec;
-            r
-        };
-        let mut unc = ScenarioResult::new(Scenario::Uncontended, 1);
-        unc.p50_us = Some(300.0);
-        let mut spread = ScenarioResult::new(Scenario::Spread, 8);
-        spread.per_sec = 2000.0;
-        let mut b = BackendReport {
-            backend: Kind::Redis,
-            url: String::new(),
-            server: String::new(),
-            capabilities: Capabilities::default().into(),
-            raw_ping: None,
-            raw_cycle: "",
-            results: vec![raw(1, 100.0, 10_000.0), raw(8, 50.0, 30_000.0), unc, spread],
-        };
-        b.compute_ratios();
-        assert_eq!(b.results[2].ratio_to_raw, Some(3.0));
-        assert_eq!(b.results[3].ratio_to_raw, Some(15.0));
-    }
-}
+#[path = "report_tests.rs"]
+mod tests;

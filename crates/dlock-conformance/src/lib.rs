@@ -392,6 +392,7 @@ macro_rules! conformance {
                 crash_release,
                 fencing_monotonic_after_crash,
                 renewal_keeps_lease,
+                many_holds_at_once,
                 key_frees_after_ttl_without_renewal,
                 manual_extend_moves_the_deadline,
                 lost_fires_when_lease_broken,

@@ -2,6 +2,8 @@
 //! backend, each of which a scenario must reject.
 
 mod common;
+#[path = "broken/drops_renewals.rs"]
+mod drops_renewals;
 
 use std::future::Future;
 use std::time::Duration;
@@ -16,6 +18,7 @@ use dlock_conformance::{Ctx, scenarios};
 use dlock_core::raw::{Backend, Deadline, Grant, Held, LockClient};
 use dlock_core::{Capabilities, DistributedLock, Lease, LockOptions, LockStats, Result, Wakeup};
 use dlock_memory::MemoryBackend;
+use drops_renewals::DropsRenewalsUnderLoad;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -503,6 +506,17 @@ async fn no_herd_rejects_a_herd_that_costs_more_than_declared() {
     rejects_for::<LeaksListeners, _, _>(scenarios::no_herd, "wake-ups per release [8, ").await;
 }
 
+/// Each lease's renewals look fine to its watchdog, so no `lost()` fires: another client
+/// finding the keys free is what gives it away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_holds_rejects_a_backend_that_drops_renewals_under_load() {
+    rejects_for::<DropsRenewalsUnderLoad, _, _>(
+        scenarios::many_holds_at_once,
+        "but another client took it",
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_scenarios_pass_on_the_real_memory_backend() {
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::mutual_exclusion).await);
@@ -510,4 +524,5 @@ async fn the_same_scenarios_pass_on_the_real_memory_backend() {
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::independent_keys).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::bad_keys_are_rejected_before_io).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::no_herd).await);
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::many_holds_at_once).await);
 }

@@ -3,17 +3,20 @@
 //! checks that nothing was left on the server.
 //!
 //! The scenarios are grouped by concern: one holder at a time (`exclusion`), waiting for a
-//! key (`waiters`), leases over time (`leases`), and what must be refused or reported
-//! (`errors`). All of them are re-exported here, at `scenarios::<name>`.
+//! key (`waiters`), leases over time (`leases`), one client holding many keys at once
+//! (`many`), and what must be refused or reported (`errors`). All of them are re-exported
+//! here, at `scenarios::<name>`.
 
 mod errors;
 mod exclusion;
 mod leases;
+mod many;
 mod waiters;
 
 pub use errors::*;
 pub use exclusion::*;
 pub use leases::*;
+pub use many::*;
 pub use waiters::*;
 
 use std::time::Duration;

@@ -1,0 +1,43 @@
+//! Tests of the report: formatting and ratios.
+
+use super::*;
+
+#[test]
+fn formatting() {
+    assert_eq!(fmt_us(Some(0.25)), "250 ns");
+    assert_eq!(fmt_us(Some(3.21)), "3.2 µs");
+    assert_eq!(fmt_us(Some(321.0)), "321 µs");
+    assert_eq!(fmt_us(Some(1234.0)), "1.23 ms");
+    assert_eq!(fmt_us(Some(12345.0)), "12.3 ms");
+    assert_eq!(fmt_us(None), "—");
+    assert_eq!(fmt_rate(1234567.4), "1,234,567");
+    assert_eq!(fmt_rate(999.0), "999");
+    assert_eq!(fmt_rate(1000.0), "1,000");
+}
+
+#[test]
+fn ratios_come_from_raw_results_of_the_same_run() {
+    let raw = |clients, p50, per_sec| {
+        let mut r = ScenarioResult::new(Scenario::Raw, clients);
+        r.op = Some("cycle");
+        r.p50_us = Some(p50);
+        r.per_sec = per_sec;
+        r
+    };
+    let mut unc = ScenarioResult::new(Scenario::Uncontended, 1);
+    unc.p50_us = Some(300.0);
+    let mut spread = ScenarioResult::new(Scenario::Spread, 8);
+    spread.per_sec = 2000.0;
+    let mut b = BackendReport {
+        backend: Kind::Redis,
+        url: String::new(),
+        server: String::new(),
+        capabilities: Capabilities::default().into(),
+        raw_ping: None,
+        raw_cycle: "",
+        results: vec![raw(1, 100.0, 10_000.0), raw(8, 50.0, 30_000.0), unc, spread],
+    };
+    b.compute_ratios();
+    assert_eq!(b.results[2].ratio_to_raw, Some(3.0));
+    assert_eq!(b.results[3].ratio_to_raw, Some(15.0));
+}
