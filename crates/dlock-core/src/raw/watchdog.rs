@@ -1,7 +1,8 @@
 //! The renewal loop: one task per lease.
 //!
-//! It renews every `ttl / 3` (less a random twelfth of the ttl at most, drawn anew each time), measuring from when each renewal was
-//! *sent*, so it knows the latest instant the server may still consider the lease alive.
+//! It renews every `ttl / 3` (less a random twelfth of the ttl at most, drawn anew each
+//! time, rounded down to a grid that leases renewing together share), measuring from when
+//! each renewal was *sent*, so it knows the latest instant the server may still consider the lease alive.
 //! When renewals keep failing it fires the lost signal a safety margin before that instant,
 //! so the holder hears of the loss before another client can take the key. Release aborts
 //! this task and takes the handle before the release request goes out.
@@ -47,7 +48,12 @@ pub(crate) async fn run(
         let now_timing = *timing.borrow_and_update();
         let fire_at = state.fire_at(now_timing, last_error.is_some());
         let renew_at = auto_renew.then(|| {
-            retry_at.unwrap_or_else(|| next_renewal(now_timing.valid_until, now_timing.ttl, jitter))
+            retry_at.unwrap_or_else(|| {
+                on_grid(
+                    next_renewal(now_timing.valid_until, now_timing.ttl, jitter),
+                    now_timing.ttl,
+                )
+            })
         });
         let wake = match (fire_at, renew_at) {
             (Some(f), Some(r)) => Some(f.min(r)),
@@ -130,6 +136,23 @@ fn next_renewal(valid_until: Instant, ttl: Duration, jitter: f64) -> Instant {
     valid_until - ttl + ttl / 3 - ttl.mul_f64(jitter)
 }
 
+/// `at` rounded down to a grid of a hundredth of the ttl (1 ms to 1 s), shared by every
+/// lease of the process: renewals that fall due close together wake together, in one timer
+/// tick, and a backend that batches (Redis) sends them as one request, so holding thousands
+/// of leases costs a few wake-ups per grid step instead of one per lease. Rounding down only
+/// ever renews a little early.
+fn on_grid(at: Instant, ttl: Duration) -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    let step = (ttl / 100).clamp(Duration::from_millis(1), Duration::from_secs(1));
+    let Some(since) = at.checked_duration_since(epoch) else {
+        return at;
+    };
+    let steps = since.as_nanos() / step.as_nanos();
+    let offset = u64::try_from(steps * step.as_nanos()).unwrap_or(u64::MAX);
+    epoch + Duration::from_nanos(offset)
+}
+
 fn retry_interval(ttl: Duration) -> Duration {
     (ttl / 10).max(Duration::from_millis(20))
 }
@@ -196,6 +219,24 @@ mod tests {
             .await
             .expect("the backend's loss signal is heard during a hung renewal");
         assert_eq!(reason, LostReason::SessionEnded("expired".into()));
+    }
+
+    #[test]
+    fn renewals_land_on_a_shared_grid_never_later_than_due() {
+        let ttl = Duration::from_secs(6);
+        let step = ttl / 100;
+        let base = on_grid(Instant::now() + ttl, ttl);
+        for offset_ms in [0, 1, 7, 59] {
+            let due = base + Duration::from_millis(offset_ms);
+            let at = on_grid(due, ttl);
+            assert!(
+                at <= due && due - at < step,
+                "{offset_ms} ms: {:?} early",
+                due - at
+            );
+            assert_eq!(at, base, "due within one step, woken together");
+        }
+        assert_eq!(on_grid(base + step, ttl), base + step);
     }
 
     #[tokio::test(start_paused = true)]
