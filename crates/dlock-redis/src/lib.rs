@@ -150,6 +150,7 @@ mod config;
 mod error;
 mod lock;
 mod node;
+mod renew;
 mod scripts;
 mod subscriber;
 #[cfg(feature = "tls")]

@@ -31,5 +31,6 @@
 pub use crate::error::Error as NodeError;
 pub use crate::lock::InFlight;
 pub use crate::node::{Attempt, Node};
+pub use crate::renew::HeldKey;
 pub use crate::scripts::{Names, new_token};
 pub use crate::wait::{Subscribed, View, Waiter, Wake};
