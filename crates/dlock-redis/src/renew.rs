@@ -174,6 +174,16 @@ impl Renewals {
 async fn run(node: Weak<Inner>, mut queue: mpsc::UnboundedReceiver<Renewal>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        // Let renewals that fell due in the same timer tick queue up behind the first: a
+        // yield, not a timer, so a lone renewal waits only for tasks already runnable.
+        if batch.len() < MAX_BATCH {
+            tokio::task::yield_now().await;
+            while batch.len() < MAX_BATCH
+                && let Ok(renewal) = queue.try_recv()
+            {
+                batch.push(renewal);
+            }
+        }
         // A caller that gave up (a Redlock per-node timeout) needs no renewal.
         batch.retain(|r| !r.answer.is_closed());
         if batch.is_empty() {
