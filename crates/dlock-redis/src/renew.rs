@@ -85,7 +85,8 @@ impl Node {
         {
             return result;
         }
-        // The renewal task is gone (its runtime shut down mid-batch): renew this key alone.
+        // No renewal task could take it (no runtime, or the task's runtime shut down
+        // mid-batch): renew this key alone.
         self.extend_one(key, ttl).await
     }
 
