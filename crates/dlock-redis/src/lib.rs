@@ -17,7 +17,8 @@
 //! gate, the deadline and the renewal watchdog to the protocol below. A client keeps two
 //! connections to the server: one multiplexed connection for every request of every task,
 //! and one subscriber connection (opened when an acquire first has to wait) that listens
-//! for the release of every key its waiters want.
+//! for the release of every key its waiters want. Holding keeps no subscription and no task
+//! per key in this crate: one renewal task per server serves every held key.
 //!
 //! # Protocol
 //!
@@ -44,8 +45,15 @@
 //!    released token, so a late message about an earlier holder wakes nobody. No polling
 //!    interval: only a key without expiry (another library's lock taken without a timeout)
 //!    is re-checked every second.
-//! 3. **Extend** (the watchdog, every ttl/3): `PEXPIRE lock ttl` if the lock still holds our
-//!    token; otherwise [`LockError::NotHeld`](dlock_core::LockError::NotHeld) and `lost()`.
+//! 3. **Extend** (the watchdog, every ttl/3 less a jitter): `PEXPIRE lock ttl` if the lock
+//!    still holds our token; otherwise [`LockError::NotHeld`](dlock_core::LockError::NotHeld)
+//!    and `lost()`. Renewals are coalesced per server: every extend of the client goes to
+//!    one queue, and one task sends whatever has queued (up to 512 keys) as one script call,
+//!    `KEYS` = the lock keys, `ARGV` = each key's token and ttl, answering one status per
+//!    key, so a key that is not ours fails only its own lease. There is no timer: a lone
+//!    extend goes out at once, and a batch is what queued while the previous one was in
+//!    flight. A batch that fails (timeout, broken connection) fails each of its extends,
+//!    which the watchdog retries as before.
 //! 4. **Release**: `DEL lock` if it still holds our token, then `PUBLISH channel token`; a
 //!    key that is not ours is left alone and the release reports `NotHeld`.
 //! 5. **Cancelled acquire**: if an acquire future is dropped while its request is in flight,
@@ -58,7 +66,7 @@
 //! | `try_acquire`, key free | 1 |
 //! | `try_acquire`, key held | 1 |
 //! | `acquire` that waits | 1 try, 1 `SUBSCRIBE` (on the subscriber connection, opened once per client), 1 re-try; then 1 re-try per wake-up |
-//! | `extend` (each renewal) | 1 |
+//! | `extend` (each renewal) | 1, shared with the renewals queued with it: N held keys cost about N / batch size requests (one server command each) per renewal round |
 //! | `release` | 1 (the `PUBLISH` is inside the script) |
 //! | contended hand-off | the release (1), the server pushes the message, the waiter re-tries (1): about 1.5 RTT from the release call to the next holder |
 //! | first use of a client | connect, then 1 pipelined `SCRIPT LOAD` of all scripts |
@@ -150,6 +158,7 @@ mod config;
 mod error;
 mod lock;
 mod node;
+mod renew;
 mod scripts;
 mod subscriber;
 #[cfg(feature = "tls")]

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use crate::NAME;
 use crate::config::RedisConfig;
 use crate::node::{Attempt, Node};
+use crate::renew::HeldKey;
 use crate::scripts::{self, Names};
 use crate::wait::{View, Waiter};
 
@@ -121,6 +122,7 @@ impl Backend for RedisBackend {
                     let held = RedisHeld {
                         node: self.node.clone(),
                         key: key.to_owned(),
+                        renewal: HeldKey::new(&names, &token),
                         names,
                         token,
                     };
@@ -214,6 +216,7 @@ pub(crate) struct RedisHeld {
     key: String,
     names: Names,
     token: String,
+    renewal: HeldKey,
 }
 
 impl RedisHeld {
@@ -225,7 +228,7 @@ impl RedisHeld {
 #[async_trait]
 impl Held for RedisHeld {
     async fn extend(&mut self, ttl: Duration) -> Result<()> {
-        match self.node.extend(&self.names, &self.token, ttl).await? {
+        match self.node.renew(&self.renewal, ttl).await? {
             true => Ok(()),
             false => Err(self.not_held()),
         }

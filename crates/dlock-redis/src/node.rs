@@ -2,7 +2,7 @@
 //! reopened on demand, the lock operations as single script calls, and a subscriber for
 //! release announcements.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use dlock_core::{LockError, Result};
@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::config::{RedisConfig, named};
 use crate::error::Error;
+use crate::renew::{HeldKey, Renewals};
 use crate::scripts::{self, Names};
 use crate::subscriber::{Notice, Subscriber, Subscription};
 
@@ -52,13 +53,14 @@ pub struct Node {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     addr: Arc<str>,
     client: Client,
     connect_timeout: Duration,
     connection_config: AsyncConnectionConfig,
     slot: Mutex<Slot>,
     subscriber: Subscriber,
+    pub(crate) renewals: Renewals,
 }
 
 #[derive(Default)]
@@ -128,6 +130,7 @@ impl Node {
                 connect_timeout: config.connect_timeout,
                 connection_config,
                 slot: Mutex::default(),
+                renewals: Renewals::default(),
             }),
         })
     }
@@ -192,11 +195,21 @@ impl Node {
 
     /// Reset the lock's ttl if it is still ours. `false`: it was not ours.
     ///
+    /// Batched with the other renewals on this server, as [`Node::renew`], which a holder
+    /// that renews repeatedly should call instead (it allocates nothing per renewal).
+    ///
     /// # Errors
     /// The server could not be reached, timed out, or refused the script.
     pub async fn extend(&self, names: &Names, token: &str, ttl: Duration) -> Result<bool, Error> {
+        self.renew(&HeldKey::new(names, token), ttl).await
+    }
+
+    /// Reset the ttl of one key, in a request of its own.
+    pub(crate) async fn extend_one(&self, key: &HeldKey, ttl: Duration) -> Result<bool, Error> {
         let mut call = scripts::EXTEND.prepare_invoke();
-        call.key(&names.key).arg(token).arg(scripts::millis(ttl));
+        call.key(key.key())
+            .arg(key.token())
+            .arg(scripts::millis(ttl));
         self.flag("extend", &call).await
     }
 
@@ -258,7 +271,7 @@ impl Node {
 
     /// The error for a failed request on connection `id`; a broken connection is dropped,
     /// so the next request opens a new one.
-    fn failure(&self, op: &'static str, id: u64, e: redis::RedisError) -> Error {
+    pub(crate) fn failure(&self, op: &'static str, id: u64, e: redis::RedisError) -> Error {
         let e = Error::redis(op, &self.inner.addr, e);
         if e.breaks_connection() {
             self.drop_connection(id);
@@ -315,7 +328,7 @@ impl Node {
         Error::timed_out(op, &self.inner.addr, after)
     }
 
-    fn reply(&self, op: &'static str, reply: impl std::fmt::Debug) -> Error {
+    pub(crate) fn reply(&self, op: &'static str, reply: impl std::fmt::Debug) -> Error {
         Error::Reply {
             op,
             addr: self.inner.addr.clone(),
@@ -324,7 +337,7 @@ impl Node {
     }
 
     /// The command connection, opening it if there is none or the last attempt failed.
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection), Error> {
+    pub(crate) async fn connection(&self) -> Result<(u64, MultiplexedConnection), Error> {
         let (id, connecting) = {
             let mut slot = self.slot();
             let usable = slot
@@ -374,6 +387,18 @@ impl Node {
                 Err(_) => Err(Error::timed_out("connect", &addr, limit)),
             }
         }
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
+    pub(crate) fn inner_weak(&self) -> Weak<Inner> {
+        Arc::downgrade(&self.inner)
+    }
+
+    pub(crate) fn from_inner(inner: Arc<Inner>) -> Self {
+        Self { inner }
     }
 
     fn slot(&self) -> MutexGuard<'_, Slot> {

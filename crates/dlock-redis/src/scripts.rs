@@ -142,6 +142,25 @@ end
 return 0
 ";
 
+/// Reset the ttl of every key given that is still ours: [`EXTEND`] for many keys in one
+/// call. A key that is not ours (or not a string any more) is left alone and answers 0;
+/// it does not fail the others.
+///
+/// `KEYS`: lock keys. `ARGV`: for each key in order, its token and its ttl ms. Returns one
+/// status per key: 1 when extended, 0 when not ours.
+pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_MANY_LUA));
+const EXTEND_MANY_LUA: &str = r"
+local statuses = {}
+for i, key in ipairs(KEYS) do
+  if redis.pcall('GET', key) == ARGV[2 * i - 1] then
+    statuses[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
+  else
+    statuses[i] = 0
+  end
+end
+return statuses
+";
+
 /// Make sure the lock is ours (create it if it is missing, e.g. on a node that restarted
 /// empty) and that the fence counter is at least a given token. Used by Redlock.
 ///
@@ -163,7 +182,13 @@ return 1
 ";
 
 /// The source of every script, for loading them when a connection opens.
-pub(crate) const SOURCES: [&str; 4] = [ACQUIRE_LUA, RELEASE_LUA, EXTEND_LUA, CLAIM_LUA];
+pub(crate) const SOURCES: [&str; 5] = [
+    ACQUIRE_LUA,
+    RELEASE_LUA,
+    EXTEND_LUA,
+    EXTEND_MANY_LUA,
+    CLAIM_LUA,
+];
 
 #[cfg(test)]
 mod tests {

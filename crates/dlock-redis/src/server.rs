@@ -9,6 +9,8 @@
 //!   connection). [`Node::acquire`] answers an [`Attempt`]: taken with a fencing token, or
 //!   busy with the holder's token and remaining ttl; [`Node::extend`] and
 //!   [`Node::release`] are owner-checked (they answer `false` when the key is not ours).
+//!   Renewals are batched per node: [`Node::renew`] takes a [`HeldKey`] (made once per
+//!   held key), and the node's renewal task sends what has queued as one script call.
 //! - [`Names`] (a lock key, its fence counter and its release channel, in one hash slot)
 //!   and [`new_token`] (a holder's random token, 128 bits).
 //! - [`Waiter`] and [`View`]: a waiting acquire subscribes to the key's release channel on
@@ -31,5 +33,6 @@
 pub use crate::error::Error as NodeError;
 pub use crate::lock::InFlight;
 pub use crate::node::{Attempt, Node};
+pub use crate::renew::HeldKey;
 pub use crate::scripts::{Names, new_token};
 pub use crate::wait::{Subscribed, View, Waiter, Wake};

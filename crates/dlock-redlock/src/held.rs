@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::raw::Held;
 use dlock_core::{LockError, LostReason, Result};
-use dlock_redis::server::Names;
+use dlock_redis::server::{HeldKey, Names};
 
 use crate::NAME;
 use crate::cluster::Cluster;
@@ -20,6 +20,8 @@ pub(crate) struct RedlockHeld {
     pub(crate) key: String,
     pub(crate) names: Names,
     pub(crate) token: String,
+    /// The key and token as the nodes' renewal batches take them.
+    pub(crate) renewal: HeldKey,
     pub(crate) fence: u64,
     pub(crate) ttl: Duration,
 }
@@ -35,9 +37,9 @@ impl Held for RedlockHeld {
     async fn extend(&mut self, ttl: Duration) -> Result<()> {
         let c = &*self.cluster;
         let limit = c.node_timeout(ttl);
-        let (names, token) = (&self.names, self.token.as_str());
+        let (names, token, renewal) = (&self.names, self.token.as_str(), &self.renewal);
         let answers = c
-            .on(&c.all(), limit, "extend", |n| n.extend(names, token, ttl))
+            .on(&c.all(), limit, "extend", |n| n.renew(renewal, ttl))
             .await;
         let mut extended = 0;
         let mut missing = Vec::new();

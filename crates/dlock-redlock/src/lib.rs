@@ -46,8 +46,10 @@
 //!    out. If nobody has a majority (a **split vote** between contenders, who give their
 //!    nodes back without announcing it), run the next round after a random pause of up to
 //!    four rounds' time (at most 100 ms); after 8 split votes in a row, wait as above.
-//! 5. **Extend** (the watchdog, every ttl/3): compare-and-`PEXPIRE` on every node in
-//!    parallel. With `Q` or more extended, the lease is kept, and nodes that lost the key
+//! 5. **Extend** (the watchdog, every ttl/3 less a jitter): compare-and-`PEXPIRE` on every
+//!    node in parallel, each node's renewals coalesced as in `dlock-redis` (one script call
+//!    per node for what queued while its previous batch was in flight, one status per key;
+//!    a batch that misses the per-node timeout is a vote against for each of its keys). With `Q` or more extended, the lease is kept, and nodes that lost the key
 //!    (restarted empty) get it back with `SET NX` and the fence (a node held by someone
 //!    else is left alone). If a majority answered "not ours", the lease is lost (`NotHeld`);
 //!    otherwise the outcome is unknown and the watchdog retries until `lost()` must fire.
@@ -63,7 +65,7 @@
 //! | `try_acquire`, key free | 2: the round, then the fence write-back to the granting nodes whose counter is behind |
 //! | `try_acquire`, key held | 2: the round, then giving back what it got |
 //! | `acquire` that waits | a failed round, subscribing on every node, another round; then a round per wake-up |
-//! | `extend` | 1 (2 when a node lost the key and gets it back) |
+//! | `extend` | 1 (2 when a node lost the key and gets it back); on each node shared with the renewals queued with it, so N held keys cost about N / batch size requests per node per renewal round, not 5 N |
 //! | `release` | 1 |
 //! | contended hand-off | the release (1), the announcements, the waiter's round and write-back (2) |
 //!

@@ -9,7 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{Capabilities, Expiry, Fencing, LockOptions, LockStats, Result, Wakeup};
-use dlock_redis::server::{Attempt, InFlight, Names, Node, NodeError, View, Waiter, new_token};
+use dlock_redis::server::{
+    Attempt, HeldKey, InFlight, Names, Node, NodeError, View, Waiter, new_token,
+};
 use futures::future::join_all;
 use rand::Rng;
 use tokio::time::Instant;
@@ -266,6 +268,7 @@ impl Backend for RedlockBackend {
                     let held = RedlockHeld {
                         cluster: self.cluster.clone(),
                         key: key.to_owned(),
+                        renewal: HeldKey::new(&names, &token),
                         names,
                         token,
                         fence,

@@ -1,0 +1,196 @@
+//! Renewals coalesced per server: every extend of every key held through one [`Node`] goes
+//! to one task, which sends whatever has queued as one script call (up to
+//! [`MAX_BATCH`] keys) and answers each caller from that key's own status.
+//!
+//! No timer: a lone extend goes out at once; a batch is what queued while the previous one
+//! was in flight. So N held keys cost about N / (keys per batch) requests per renewal
+//! round, not N, and the server runs one command per batch.
+
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use redis::{Cmd, ErrorKind, ServerErrorKind};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::Error;
+use crate::node::{Inner, Node};
+use crate::scripts::{self, Names};
+
+/// The most keys in one renewal request: large enough that 10,000 held keys renewing in
+/// the same moment take a few dozen requests, small enough that one batch stays well under
+/// a millisecond of server time.
+pub(crate) const MAX_BATCH: usize = 512;
+
+/// A key held with a token: what a renewal needs, cheap to clone (one shared allocation
+/// made when the key was taken, none per renewal).
+#[derive(Debug, Clone)]
+pub struct HeldKey(Arc<KeyAndToken>);
+
+#[derive(Debug)]
+struct KeyAndToken {
+    key: String,
+    token: String,
+}
+
+impl HeldKey {
+    /// The lock key of `names`, held with `token`.
+    pub fn new(names: &Names, token: &str) -> Self {
+        Self(Arc::new(KeyAndToken {
+            key: names.key.clone(),
+            token: token.to_owned(),
+        }))
+    }
+
+    /// The lock key on the server.
+    pub fn key(&self) -> &str {
+        &self.0.key
+    }
+
+    /// The holder's token.
+    pub fn token(&self) -> &str {
+        &self.0.token
+    }
+}
+
+/// One extend waiting for its batch.
+struct Renewal {
+    key: HeldKey,
+    ttl_ms: u64,
+    answer: oneshot::Sender<Result<bool, Error>>,
+}
+
+/// The queue into a node's renewal task, started on first use (and again if the runtime
+/// that ran the previous one shut down).
+#[derive(Default)]
+pub(crate) struct Renewals {
+    queue: Mutex<Option<mpsc::UnboundedSender<Renewal>>>,
+}
+
+impl Node {
+    /// Reset the ttl of `key` to `ttl` if it still holds our token, batched with the other
+    /// renewals on this server. `false`: the key is not ours.
+    ///
+    /// # Errors
+    /// The server could not be reached, timed out, or refused the script; every renewal
+    /// of the batch gets the same error.
+    pub async fn renew(&self, key: &HeldKey, ttl: Duration) -> Result<bool, Error> {
+        let (answer, answered) = oneshot::channel();
+        let renewal = Renewal {
+            key: key.clone(),
+            ttl_ms: scripts::millis(ttl),
+            answer,
+        };
+        if self.inner().renewals.send(self, renewal).is_ok()
+            && let Ok(result) = answered.await
+        {
+            return result;
+        }
+        // No renewal task could take it (no runtime, or the task's runtime shut down
+        // mid-batch): renew this key alone.
+        self.extend_one(key, ttl).await
+    }
+
+    /// Renew `batch` in one request and answer each renewal.
+    async fn renew_batch(&self, batch: &mut Vec<Renewal>) {
+        let result = self.extend_many(batch).await;
+        match result {
+            Ok(statuses) => {
+                for (renewal, status) in batch.drain(..).zip(statuses) {
+                    let _ = renewal.answer.send(match status {
+                        1 => Ok(true),
+                        0 => Ok(false),
+                        other => Err(self.reply("extend", other)),
+                    });
+                }
+            }
+            Err(e) => {
+                for renewal in batch.drain(..) {
+                    let _ = renewal.answer.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    /// One `EXTEND_MANY` call for `batch`; one status per key, in order.
+    async fn extend_many(&self, batch: &[Renewal]) -> Result<Vec<i64>, Error> {
+        let bytes: usize = batch
+            .iter()
+            .map(|r| r.key.key().len() + r.key.token().len() + 20)
+            .sum();
+        let mut cmd = Cmd::with_capacity(3 + 3 * batch.len(), bytes + 64);
+        cmd.arg("EVALSHA")
+            .arg(scripts::EXTEND_MANY.get_hash())
+            .arg(batch.len());
+        for r in batch {
+            cmd.arg(r.key.key());
+        }
+        for r in batch {
+            cmd.arg(r.key.token()).arg(r.ttl_ms);
+        }
+        let (id, mut conn) = self.connection().await?;
+        let statuses: Vec<i64> = match cmd.query_async(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                // The server lost its scripts (restart, SCRIPT FLUSH): load it, try again.
+                scripts::EXTEND_MANY
+                    .load_async(&mut conn)
+                    .await
+                    .map_err(|e| self.failure("extend", id, e))?;
+                cmd.query_async(&mut conn).await
+            }
+            other => other,
+        }
+        .map_err(|e| self.failure("extend", id, e))?;
+        if statuses.len() != batch.len() {
+            return Err(self.reply("extend", statuses.len()));
+        }
+        Ok(statuses)
+    }
+}
+
+impl Renewals {
+    /// Queue `renewal` for the node's renewal task, starting the task if there is none.
+    /// `Err`: no task could take it (no runtime).
+    fn send(&self, node: &Node, renewal: Renewal) -> Result<(), ()> {
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        let renewal = match queue.as_ref() {
+            Some(q) => match q.send(renewal) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::SendError(renewal)) => renewal,
+            },
+            None => renewal,
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(());
+        };
+        let (sender, receiver) = mpsc::unbounded_channel();
+        runtime.spawn(run(node.inner_weak(), receiver));
+        sender.send(renewal).map_err(|_| ())?;
+        *queue = Some(sender);
+        Ok(())
+    }
+}
+
+/// The renewal task of one node: take everything queued, send it as one request, repeat.
+/// Ends when the node is dropped (its queue closes).
+async fn run(node: Weak<Inner>, mut queue: mpsc::UnboundedReceiver<Renewal>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        // Let renewals that fell due in the same timer tick queue up behind the first: a
+        // yield, not a timer, so a lone renewal waits only for tasks already runnable.
+        if batch.len() < MAX_BATCH {
+            tokio::task::yield_now().await;
+            while batch.len() < MAX_BATCH
+                && let Ok(renewal) = queue.try_recv()
+            {
+                batch.push(renewal);
+            }
+        }
+        // A caller that gave up (a Redlock per-node timeout) needs no renewal.
+        batch.retain(|r| !r.answer.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let Some(inner) = node.upgrade() else { return };
+        Node::from_inner(inner).renew_batch(&mut batch).await;
+    }
+}
