@@ -10,10 +10,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use etcd_client::{Client, KeyValue, ResponseHeader, Txn, TxnOpResponse, TxnResponse};
+use etcd_client::{
+    Client, Compare, CompareOp, KeyValue, ResponseHeader, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
 
 use crate::NAME;
 use crate::error::{Error, never_sent};
+use crate::keywatch::HeldKeys;
+use crate::shared::SharedLeases;
 
 /// The client and what every request needs: its timeout, and the counters.
 #[derive(Clone)]
@@ -28,11 +32,17 @@ pub(crate) struct Conn {
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
     pub(crate) wakeups: AtomicU64,
+    /// Numbers the attempts' keys on shared leases.
+    pub(crate) attempts: AtomicU64,
     /// Leases granted (or being granted) and not yet seen gone, with the instant by which
     /// the server has certainly expired those no longer kept alive (a revoke that failed).
     /// Those are forgotten once that instant passes, so the map stays bounded by the leases
     /// alive now.
     leases: Mutex<HashMap<i64, Option<Instant>>>,
+    /// The leases shared by auto-renewed holds, one per ttl.
+    pub(crate) shared_leases: SharedLeases,
+    /// The watch stream on held keys.
+    pub(crate) keys: HeldKeys,
 }
 
 impl Shared {
@@ -109,6 +119,21 @@ impl Conn {
                 after: self.timeout,
             }),
         }
+    }
+
+    /// Delete `key`, only if its create revision is `rev` when given (one commit). `true`
+    /// when it was deleted (or nothing was to compare), `false` when it was not ours.
+    pub(crate) async fn delete_key(
+        &self,
+        op: &'static str,
+        key: &str,
+        rev: Option<i64>,
+    ) -> Result<bool, Error> {
+        let compare = rev.map(|rev| Compare::create_revision(key, CompareOp::Equal, rev));
+        let txn = Txn::new()
+            .when(compare.into_iter().collect::<Vec<_>>())
+            .and_then([TxnOp::delete(key, None)]);
+        Ok(self.txn(op, txn).await?.succeeded())
     }
 
     pub(crate) async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse, Error> {

@@ -191,8 +191,10 @@ mod config;
 mod connection;
 mod error;
 mod held;
+mod keywatch;
 mod lease;
 mod lock;
+mod shared;
 mod watch;
 
 use dlock_core::Result;
