@@ -207,7 +207,17 @@ async fn keep(conn: Conn, mut handle: LeaseHandle, lease: Arc<SharedLease>) {
             () = &mut idle => return,
             () = tokio::time::sleep_until(due) => {}
         }
-        let lost = match handle.keep_alive("keep-alive").await {
+        // Every hold's lost signal hangs on this answer: it must come before the lease
+        // may have expired, less the watchdog's margin.
+        let last_safe = handle.renewed_at + ttl - (ttl / 10 + Duration::from_millis(2));
+        let answer = tokio::time::timeout_at(last_safe, handle.keep_alive("keep-alive")).await;
+        let answer = answer.unwrap_or_else(|_| {
+            Err(Error::TimedOut {
+                op: "keep-alive",
+                after: last_safe.saturating_duration_since(handle.renewed_at),
+            })
+        });
+        let lost = match answer {
             Ok(()) => {
                 retry_at = None;
                 lease.state.send_replace(State::Alive {
