@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use etcd_client::{
-    Client, Compare, CompareOp, KeyValue, ResponseHeader, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Client, Compare, CompareOp, GetOptions, KeyValue, ResponseHeader, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 
 use crate::NAME;
@@ -27,6 +27,11 @@ pub(crate) struct Conn {
     pub(crate) endpoints: usize,
     pub(crate) timeout: Duration,
     pub(crate) shared: Arc<Shared>,
+    /// A key read with each keep-alive of a shared lease (the bare lock prefix, which no
+    /// lock uses): a linearizable read needs a leader backed by a quorum, which a lease
+    /// renewal does not (a leader cut off from the others renews in memory until it
+    /// notices).
+    pub(crate) probe: Arc<str>,
 }
 
 #[derive(Debug, Default)]
@@ -134,6 +139,19 @@ impl Conn {
             .when(compare.into_iter().collect::<Vec<_>>())
             .and_then([TxnOp::delete(key, None)]);
         Ok(self.txn(op, txn).await?.succeeded())
+    }
+
+    /// Read [`Self::probe`] (linearizable: a quorum confirms the leader; no raft commit).
+    pub(crate) async fn confirm_quorum(&self, op: &'static str) -> Result<(), Error> {
+        let get = || {
+            let mut kv = self.client.kv_client();
+            let probe = self.probe.clone();
+            async move {
+                let options = GetOptions::new().with_keys_only().with_limit(1);
+                kv.get(probe.as_bytes(), Some(options)).await
+            }
+        };
+        self.call(op, get).await.map(drop)
     }
 
     pub(crate) async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse, Error> {

@@ -64,6 +64,10 @@ impl EtcdBackend {
                 endpoints: endpoints.len(),
                 timeout: config.request_timeout(),
                 shared: Arc::default(),
+                probe: match config.prefix() {
+                    "" => "dlock".into(),
+                    prefix => prefix.into(),
+                },
             };
             let status = || {
                 let mut maintenance = conn.client.maintenance_client();

@@ -209,8 +209,24 @@ async fn keep(conn: Conn, mut handle: LeaseHandle, lease: Arc<SharedLease>) {
         }
         // Every hold's lost signal hangs on this answer: it must come before the lease
         // may have expired, less the watchdog's margin.
+        let previous = handle.renewed_at;
         let last_safe = handle.renewed_at + ttl - (ttl / 10 + Duration::from_millis(2));
-        let answer = tokio::time::timeout_at(last_safe, handle.keep_alive("keep-alive")).await;
+        let renewal = async {
+            let (alive, quorum) = tokio::join!(
+                handle.keep_alive("keep-alive"),
+                conn.confirm_quorum("keep-alive")
+            );
+            match (alive, quorum) {
+                (Err(e), _) => Err(e),
+                (Ok(()), Ok(())) => Ok(()),
+                (Ok(()), Err(e)) => {
+                    // Not proof the lease lives: count it from the renewal before.
+                    handle.renewed_at = previous;
+                    Err(e)
+                }
+            }
+        };
+        let answer = tokio::time::timeout_at(last_safe, renewal).await;
         let answer = answer.unwrap_or_else(|_| {
             Err(Error::TimedOut {
                 op: "keep-alive",
