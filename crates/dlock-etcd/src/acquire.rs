@@ -32,6 +32,8 @@ pub(crate) enum Outcome {
     },
     /// The key is held and the deadline does not allow waiting.
     Busy,
+    /// The shared lease was gone on the server; no key was put.
+    LeaseGone,
 }
 
 /// A waiter's next step.
@@ -89,7 +91,13 @@ impl Attempt<'_> {
                 TxnOp::get(self.prefix.as_str(), Some(oldest)),
                 TxnOp::get(self.prefix.as_str(), Some(newest_two)),
             ]);
-        let answer = self.conn.txn(OP, txn).await?;
+        let answer = match self.conn.txn(OP, txn).await {
+            // The shared lease ended on the server before its keeper noticed.
+            Err(e) if e.is_lease_not_found() && matches!(lease, KeyLease::Shared(_)) => {
+                return Ok(Outcome::LeaseGone);
+            }
+            answer => answer?,
+        };
         if !answer.succeeded() {
             return Err(Error::Protocol {
                 op: OP,

@@ -11,7 +11,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, KeyValue, ResponseHeader, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Client, Compare, CompareOp, GetOptions, KeyValue, ResponseHeader, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
 };
 
 use crate::NAME;

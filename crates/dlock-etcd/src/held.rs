@@ -132,7 +132,9 @@ impl EtcdHeld {
     async fn move_to_new_lease(&mut self, asked: i64) -> Result<()> {
         const OP: &str = "extend";
         let mut fresh = match self.lease {
-            Some(KeyLease::Shared(_)) => KeyLease::Shared(SharedUse::join(&self.conn, asked).await?),
+            Some(KeyLease::Shared(_)) => {
+                KeyLease::Shared(SharedUse::join(&self.conn, asked).await?)
+            }
             _ => KeyLease::Own(LeaseHandle::new(&self.conn, asked)),
         };
         fresh.prepare(OP).await?;

@@ -8,8 +8,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchRequestSender,
-    WatchResponse,
+    Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -234,7 +233,10 @@ async fn handle(
                 }
                 w.from = answer.header().map_or(w.from, |h| h.revision() + 1);
                 if let Some(sender) = stream
-                    && sender.watch(w.key.as_str(), Some(options(&w))).await.is_err()
+                    && sender
+                        .watch(w.key.as_str(), Some(options(&w)))
+                        .await
+                        .is_err()
                 {
                     *stream = None;
                 }

@@ -146,49 +146,64 @@ impl Backend for EtcdBackend {
         opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
-        let join = KeyLease::for_options(&self.conn, opts);
-        let lease = match deadline {
-            Deadline::TryOnce => join.await?,
-            _ => match deadline.run(join).await {
-                Some(lease) => lease?,
-                None => return Ok(None),
-            },
-        };
-        let prefix = format!("{}/", self.config.lock_name(key));
-        let my_key = match &lease {
-            KeyLease::Own(own) => format!("{prefix}{:x}", own.id),
-            // One key per attempt on the shared lease, so that deleting a cancelled
-            // attempt's key can never delete a later attempt's.
-            KeyLease::Shared(shared) => format!(
-                "{prefix}{:x}-{:x}",
-                shared.lease.id,
-                self.conn.shared.attempts.fetch_add(1, Ordering::Relaxed)
-            ),
-        };
-        let mut pending = Pending {
-            conn: &self.conn,
-            my_key: my_key.clone(),
-            lease: Some(lease),
-        };
-        let attempt = Attempt {
-            conn: &self.conn,
-            key,
-            my_key: my_key.clone(),
-            prefix,
-        };
-        let outcome = {
-            let lease = pending.lease.as_mut().expect("taken only below");
-            match deadline {
-                Deadline::TryOnce => attempt.run(lease, deadline).await?,
-                // At the deadline the attempt is dropped and `pending` gives the key up.
-                _ => match deadline.run(attempt.run(lease, deadline)).await {
-                    Some(outcome) => outcome?,
+        // A shared lease found gone is replaced once by a fresh one.
+        let mut rounds = 0;
+        let (my_key, lease, outcome) = loop {
+            let join = KeyLease::for_options(&self.conn, opts);
+            let lease = match deadline {
+                Deadline::TryOnce => join.await?,
+                _ => match deadline.run(join).await {
+                    Some(lease) => lease?,
                     None => return Ok(None),
                 },
+            };
+            let prefix = format!("{}/", self.config.lock_name(key));
+            let my_key = match &lease {
+                KeyLease::Own(own) => format!("{prefix}{:x}", own.id),
+                // One key per attempt on the shared lease, so that deleting a cancelled
+                // attempt's key can never delete a later attempt's.
+                KeyLease::Shared(shared) => format!(
+                    "{prefix}{:x}-{:x}",
+                    shared.lease.id,
+                    self.conn.shared.attempts.fetch_add(1, Ordering::Relaxed)
+                ),
+            };
+            let mut pending = Pending {
+                conn: &self.conn,
+                my_key: my_key.clone(),
+                lease: Some(lease),
+            };
+            let attempt = Attempt {
+                conn: &self.conn,
+                key,
+                my_key: my_key.clone(),
+                prefix,
+            };
+            let outcome = {
+                let lease = pending.lease.as_mut().expect("taken only below");
+                match deadline {
+                    Deadline::TryOnce => attempt.run(lease, deadline).await?,
+                    // At the deadline the attempt is dropped and `pending` gives the key up.
+                    _ => match deadline.run(attempt.run(lease, deadline)).await {
+                        Some(outcome) => outcome?,
+                        None => return Ok(None),
+                    },
+                }
+            };
+            let lease = pending.lease.take().expect("taken once");
+            match (outcome, lease) {
+                (Outcome::LeaseGone, KeyLease::Shared(shared)) if rounds == 0 => {
+                    rounds += 1;
+                    shared.lease.declare_lost(&self.conn);
+                }
+                (Outcome::LeaseGone, _) => {
+                    return Err(Error::LeaseGone { op: "acquire" }.into());
+                }
+                (outcome, lease) => break (my_key, lease, outcome),
             }
         };
-        let lease = pending.lease.take().expect("taken once");
         match outcome {
+            Outcome::LeaseGone => unreachable!("handled above"),
             Outcome::Busy => {
                 // Revoking our own lease deletes our key, before the caller can try again.
                 match lease {

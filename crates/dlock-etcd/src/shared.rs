@@ -66,6 +66,17 @@ impl SharedLease {
         }
     }
 
+    /// The server said the lease is gone (a key put on it failed): lose every key on it
+    /// now, and serve a fresh lease to the next acquire.
+    pub(crate) fn declare_lost(&self, conn: &Conn) {
+        conn.shared.shared_leases.forget(self);
+        self.state
+            .send_replace(State::Lost(LostReason::SessionEnded(format!(
+                "the shared lease {:x} expired or was revoked",
+                self.id
+            ))));
+    }
+
     fn users(&self) -> MutexGuard<'_, usize> {
         self.users.lock().unwrap_or_else(|e| e.into_inner())
     }
