@@ -99,8 +99,16 @@ impl Conn {
         let attempts = 2 * self.endpoints + 1;
         self.call_once(op, async {
             let mut attempt = 1;
+            let mut backoff = Duration::from_millis(20);
             loop {
                 match request().await {
+                    // Refused before it was proposed (the apply backlog is long): the
+                    // request did nothing, so it is sent again, within the timeout.
+                    Err(e) if too_many_requests(&e) => {
+                        tracing::debug!(backend = NAME, op, "the server is overloaded; sending again");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_millis(500));
+                    }
                     Err(e) if attempt < attempts && never_sent(&e) => {
                         tracing::debug!(backend = NAME, op, error = %e, "connection refused; sending again");
                         attempt += 1;
@@ -177,6 +185,12 @@ impl Conn {
         self.shared.lease_closed(id);
         Ok(())
     }
+}
+
+/// etcd's `ErrTooManyRequests`: the server refuses new proposals while its applied index
+/// lags its committed index by more than 5,000 entries.
+fn too_many_requests(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(status) if status.message() == "etcdserver: too many requests")
 }
 
 /// The revision a response was served at.
