@@ -38,12 +38,7 @@ async fn main() {
     let gate = Arc::new(tokio::sync::Semaphore::new(128));
     let started = Instant::now();
     let leases = join_all((0..keys).map(|i| {
-        let (lock, gate, opts, key) = (
-            lock.clone(),
-            gate.clone(),
-            opts.clone(),
-            format!("{base}/{i}"),
-        );
+        let (lock, gate, opts, key) = (lock.clone(), gate.clone(), opts, format!("{base}/{i}"));
         async move {
             let _permit = gate.acquire().await.expect("semaphore");
             lock.try_acquire(&key, &opts)

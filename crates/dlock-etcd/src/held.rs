@@ -135,7 +135,7 @@ impl EtcdHeld {
             Some(KeyLease::Shared(_)) => {
                 KeyLease::Shared(SharedUse::join(&self.conn, asked).await?)
             }
-            _ => KeyLease::Own(LeaseHandle::new(&self.conn, asked)),
+            _ => KeyLease::Own(Box::new(LeaseHandle::new(&self.conn, asked))),
         };
         fresh.prepare(OP).await?;
         let txn = Txn::new()

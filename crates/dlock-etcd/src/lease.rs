@@ -236,7 +236,7 @@ impl<T> Exclusive<T> {
 /// The lease a key is put on: its own (a hold whose ttl must free the key: auto-renew
 /// off), or the client's shared lease of that ttl.
 pub(crate) enum KeyLease {
-    Own(LeaseHandle),
+    Own(Box<LeaseHandle>),
     Shared(SharedUse),
 }
 
@@ -247,7 +247,7 @@ impl KeyLease {
         let asked = whole_seconds(opts.ttl);
         Ok(match opts.auto_renew {
             true => Self::Shared(SharedUse::join(conn, asked).await?),
-            false => Self::Own(LeaseHandle::new(conn, asked)),
+            false => Self::Own(Box::new(LeaseHandle::new(conn, asked))),
         })
     }
 

@@ -108,7 +108,8 @@ impl SharedLeases {
 /// One hold's (or waiter's) place on a shared lease. Dropping it leaves the lease; the last
 /// to leave revokes it in the background.
 pub(crate) struct SharedUse {
-    conn: Conn,
+    /// The client's state, where its shared leases are listed.
+    client: Arc<crate::connection::Shared>,
     pub(crate) lease: Arc<SharedLease>,
 }
 
@@ -126,7 +127,7 @@ impl SharedUse {
                     .clone();
                 *lease.users() += 1;
                 Self {
-                    conn: conn.clone(),
+                    client: conn.shared.clone(),
                     lease,
                 }
             };
@@ -162,7 +163,7 @@ impl SharedUse {
 impl Drop for SharedUse {
     fn drop(&mut self) {
         // Under the map's lock, as `join` counts under it: nobody joins a lease being retired.
-        let mut map = self.conn.shared.shared_leases.map();
+        let mut map = self.client.shared_leases.map();
         let mut users = self.lease.users();
         *users -= 1;
         if *users == 0 {

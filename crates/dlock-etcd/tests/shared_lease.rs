@@ -50,7 +50,7 @@ async fn revoking_the_shared_lease_loses_exactly_the_holds_on_it() {
     let harness = EtcdHarness::from_env();
     let lock = harness.lock().await;
     let renewed = LockOptions::new().ttl(Duration::from_secs(20));
-    let own = renewed.clone().auto_renew(false);
+    let own = renewed.auto_renew(false);
     let other_ttl = LockOptions::new().ttl(Duration::from_secs(30));
     let (k1, k2, k3, k4) = (
         fresh_key("a"),
