@@ -14,7 +14,7 @@ use etcd_client::{
 use crate::NAME;
 use crate::connection::{Conn, ranged, revision};
 use crate::error::{Error, lease_lost};
-use crate::lease::LeaseHandle;
+use crate::lease::KeyLease;
 use crate::watch::{OWN_WATCH, OwnWatch, Seen};
 
 /// How many times in a row a waiter's watch may break (the stream fails, or the server
@@ -32,6 +32,8 @@ pub(crate) enum Outcome {
     },
     /// The key is held and the deadline does not allow waiting.
     Busy,
+    /// The shared lease was gone on the server; no key was put.
+    LeaseGone,
 }
 
 /// A waiter's next step.
@@ -61,11 +63,11 @@ pub(crate) struct Attempt<'a> {
 }
 
 impl Attempt<'_> {
-    /// Grant the lease, create our key and read the owner in one transaction, then wait
-    /// for our turn if the deadline allows.
-    pub(crate) async fn run(&self, lease: &mut LeaseHandle, deadline: Deadline) -> Result<Outcome> {
+    /// Grant an own lease (a shared one is granted already), create our key and read the
+    /// owner in one transaction, then wait for our turn if the deadline allows.
+    pub(crate) async fn run(&self, lease: &mut KeyLease, deadline: Deadline) -> Result<Outcome> {
         const OP: &str = "acquire";
-        lease.grant(OP).await?;
+        lease.prepare(OP).await?;
         let oldest = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
@@ -84,16 +86,22 @@ impl Attempt<'_> {
                 TxnOp::put(
                     self.my_key.as_str(),
                     "",
-                    Some(PutOptions::new().with_lease(lease.id)),
+                    Some(PutOptions::new().with_lease(lease.id())),
                 ),
                 TxnOp::get(self.prefix.as_str(), Some(oldest)),
                 TxnOp::get(self.prefix.as_str(), Some(newest_two)),
             ]);
-        let answer = self.conn.txn(OP, txn).await?;
+        let answer = match self.conn.txn(OP, txn).await {
+            // The shared lease ended on the server before its keeper noticed.
+            Err(e) if e.is_lease_not_found() && matches!(lease, KeyLease::Shared(_)) => {
+                return Ok(Outcome::LeaseGone);
+            }
+            answer => answer?,
+        };
         if !answer.succeeded() {
             return Err(Error::Protocol {
                 op: OP,
-                what: "the key of a fresh lease already existed",
+                what: "the key of a fresh attempt already existed",
             }
             .into());
         }
@@ -129,7 +137,7 @@ impl Attempt<'_> {
     /// gap: a deletion before it is seen by that read, one after it by the watch.
     async fn wait(
         &self,
-        lease: &mut LeaseHandle,
+        lease: &mut KeyLease,
         rev: i64,
         known: Option<(Vec<u8>, i64)>,
     ) -> Result<Outcome> {
@@ -172,8 +180,8 @@ impl Attempt<'_> {
                         Ok(None) => break Next::broken(false, "the watch stream ended"),
                         Err(e) => break Next::broken(false, e),
                     },
-                    _ = tokio::time::sleep_until(lease.renewal_due()) => {
-                        lease.renew_while_waiting(self.key).await?;
+                    () = lease.needs_tending() => {
+                        lease.tend(self.key).await?;
                         continue;
                     }
                 };

@@ -10,10 +10,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use etcd_client::{Client, KeyValue, ResponseHeader, Txn, TxnOpResponse, TxnResponse};
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, KeyValue, ResponseHeader, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
+};
 
 use crate::NAME;
 use crate::error::{Error, never_sent};
+use crate::keywatch::HeldKeys;
+use crate::shared::SharedLeases;
 
 /// The client and what every request needs: its timeout, and the counters.
 #[derive(Clone)]
@@ -23,16 +28,27 @@ pub(crate) struct Conn {
     pub(crate) endpoints: usize,
     pub(crate) timeout: Duration,
     pub(crate) shared: Arc<Shared>,
+    /// A key read with each keep-alive of a shared lease (the bare lock prefix, which no
+    /// lock uses): a linearizable read needs a leader backed by a quorum, which a lease
+    /// renewal does not (a leader cut off from the others renews in memory until it
+    /// notices).
+    pub(crate) probe: Arc<str>,
 }
 
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
     pub(crate) wakeups: AtomicU64,
+    /// Numbers the attempts' keys on shared leases.
+    pub(crate) attempts: AtomicU64,
     /// Leases granted (or being granted) and not yet seen gone, with the instant by which
     /// the server has certainly expired those no longer kept alive (a revoke that failed).
     /// Those are forgotten once that instant passes, so the map stays bounded by the leases
     /// alive now.
     leases: Mutex<HashMap<i64, Option<Instant>>>,
+    /// The leases shared by auto-renewed holds, one per ttl.
+    pub(crate) shared_leases: SharedLeases,
+    /// The watch stream on held keys.
+    pub(crate) keys: HeldKeys,
 }
 
 impl Shared {
@@ -83,8 +99,16 @@ impl Conn {
         let attempts = 2 * self.endpoints + 1;
         self.call_once(op, async {
             let mut attempt = 1;
+            let mut backoff = Duration::from_millis(20);
             loop {
                 match request().await {
+                    // Refused before it was proposed (the apply backlog is long): the
+                    // request did nothing, so it is sent again, within the timeout.
+                    Err(e) if too_many_requests(&e) => {
+                        tracing::debug!(backend = NAME, op, "the server is overloaded; sending again");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_millis(500));
+                    }
                     Err(e) if attempt < attempts && never_sent(&e) => {
                         tracing::debug!(backend = NAME, op, error = %e, "connection refused; sending again");
                         attempt += 1;
@@ -111,6 +135,34 @@ impl Conn {
         }
     }
 
+    /// Delete `key`, only if its create revision is `rev` when given (one commit). `true`
+    /// when it was deleted (or nothing was to compare), `false` when it was not ours.
+    pub(crate) async fn delete_key(
+        &self,
+        op: &'static str,
+        key: &str,
+        rev: Option<i64>,
+    ) -> Result<bool, Error> {
+        let compare = rev.map(|rev| Compare::create_revision(key, CompareOp::Equal, rev));
+        let txn = Txn::new()
+            .when(compare.into_iter().collect::<Vec<_>>())
+            .and_then([TxnOp::delete(key, None)]);
+        Ok(self.txn(op, txn).await?.succeeded())
+    }
+
+    /// Read [`Self::probe`] (linearizable: a quorum confirms the leader; no raft commit).
+    pub(crate) async fn confirm_quorum(&self, op: &'static str) -> Result<(), Error> {
+        let get = || {
+            let mut kv = self.client.kv_client();
+            let probe = self.probe.clone();
+            async move {
+                let options = GetOptions::new().with_keys_only().with_limit(1);
+                kv.get(probe.as_bytes(), Some(options)).await
+            }
+        };
+        self.call(op, get).await.map(drop)
+    }
+
     pub(crate) async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse, Error> {
         self.call(op, || {
             let (mut kv, txn) = (self.client.kv_client(), txn.clone());
@@ -133,6 +185,12 @@ impl Conn {
         self.shared.lease_closed(id);
         Ok(())
     }
+}
+
+/// etcd's `ErrTooManyRequests`: the server refuses new proposals while its applied index
+/// lags its committed index by more than 5,000 entries.
+fn too_many_requests(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(status) if status.message() == "etcdserver: too many requests")
 }
 
 /// The revision a response was served at.

@@ -1,25 +1,38 @@
-//! A held key ([`EtcdHeld`]): the fenced release, and extend (a keep-alive and a read of
-//! our key, or a move to a new lease for a new ttl).
+//! A held key ([`EtcdHeld`]): the fenced release; extend (on the shared lease, its state;
+//! on an own lease, a keep-alive and a read of our key; with a new ttl, a move to another
+//! lease); and the lost signal (our key deleted, or the shared lease lost).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::Result;
 use dlock_core::raw::Held;
+use dlock_core::{LockError, LostReason, Result};
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use futures::future::BoxFuture;
+use tokio::sync::watch;
+use tokio::time::Instant;
 
+use crate::NAME;
 use crate::connection::Conn;
 use crate::error::{Error, not_held};
-use crate::lease::{LeaseHandle, whole_seconds};
+use crate::keywatch::HeldWatch;
+use crate::lease::{KeyLease, LeaseHandle, whole_seconds};
+use crate::shared::{SharedLease, SharedUse, State, delete_in_background};
 
 /// A held key: our etcd key, its create revision (the fencing token) and its lease.
 pub(crate) struct EtcdHeld {
-    pub(crate) conn: Conn,
-    pub(crate) key: String,
-    pub(crate) my_key: String,
-    pub(crate) rev: i64,
-    pub(crate) lease: LeaseHandle,
+    conn: Conn,
+    key: String,
+    my_key: String,
+    rev: i64,
+    /// `None` once released.
+    lease: Option<KeyLease>,
+    /// The shared lease our key is on, for the lost signal (it changes with the ttl).
+    shared: watch::Sender<Option<Arc<SharedLease>>>,
+    /// The watch on our key, canceled when dropped.
+    _watch: HeldWatch,
 }
 
 impl fmt::Debug for EtcdHeld {
@@ -28,7 +41,7 @@ impl fmt::Debug for EtcdHeld {
             .field("key", &self.key)
             .field("etcd_key", &self.my_key)
             .field("create_revision", &self.rev)
-            .field("lease", &format_args!("{:x}", self.lease.id))
+            .field("lease", &format_args!("{:x}", self.lease_id()))
             .finish()
     }
 }
@@ -49,13 +62,82 @@ async fn still_ours(conn: &Conn, my_key: &str, rev: i64) -> Result<bool, Error> 
         .is_some_and(|kv| kv.create_revision() == rev))
 }
 
+fn shared_of(lease: &KeyLease) -> Option<Arc<SharedLease>> {
+    match lease {
+        KeyLease::Shared(shared) => Some(shared.lease.clone()),
+        KeyLease::Own(_) => None,
+    }
+}
+
 impl EtcdHeld {
-    /// etcd cannot change a lease's ttl: attach our key to a new lease of the new ttl (the
-    /// key, and so its create revision, stays), then revoke the old lease.
+    /// Hold `my_key` (create revision `rev`, known ours at revision `seen`) on `lease`, and
+    /// the signal that fires when it is lost: the key deleted (seen by the client's watch
+    /// on held keys), or the shared lease it is on lost.
+    pub(crate) fn start(
+        conn: &Conn,
+        key: &str,
+        my_key: String,
+        rev: i64,
+        seen: i64,
+        lease: KeyLease,
+    ) -> (Self, BoxFuture<'static, LostReason>) {
+        let (watch, deleted) = conn.watch_held(&my_key, rev, seen + 1);
+        let shared = watch::Sender::new(shared_of(&lease));
+        let mut current = shared.subscribe();
+        let lost = Box::pin(async move {
+            let lease_lost = async {
+                loop {
+                    let Some(lease) = current.borrow_and_update().clone() else {
+                        if current.changed().await.is_err() {
+                            return std::future::pending().await;
+                        }
+                        continue;
+                    };
+                    tokio::select! {
+                        reason = lease.lost() => return reason,
+                        changed = current.changed() => if changed.is_err() {
+                            return std::future::pending().await;
+                        },
+                    }
+                }
+            };
+            tokio::select! {
+                reason = lease_lost => reason,
+                // Canceled (released) rather than deleted: nothing to signal.
+                deleted = deleted => match deleted {
+                    Ok(()) => LostReason::NotHeld,
+                    Err(_) => std::future::pending().await,
+                },
+            }
+        });
+        let held = Self {
+            conn: conn.clone(),
+            key: key.to_owned(),
+            my_key,
+            rev,
+            lease: Some(lease),
+            shared,
+            _watch: watch,
+        };
+        (held, lost)
+    }
+
+    fn lease_id(&self) -> i64 {
+        self.lease.as_ref().map_or(0, KeyLease::id)
+    }
+
+    /// etcd cannot change a lease's ttl: attach our key to a lease of the new ttl (the
+    /// client's shared one, or a new own one; the key, and so its create revision, stays),
+    /// then leave the old lease.
     async fn move_to_new_lease(&mut self, asked: i64) -> Result<()> {
         const OP: &str = "extend";
-        let mut fresh = LeaseHandle::new(&self.conn, asked);
-        fresh.grant(OP).await?;
+        let mut fresh = match self.lease {
+            Some(KeyLease::Shared(_)) => {
+                KeyLease::Shared(SharedUse::join(&self.conn, asked).await?)
+            }
+            _ => KeyLease::Own(Box::new(LeaseHandle::new(&self.conn, asked))),
+        };
+        fresh.prepare(OP).await?;
         let txn = Txn::new()
             .when([Compare::create_revision(
                 self.my_key.as_str(),
@@ -65,13 +147,15 @@ impl EtcdHeld {
             .and_then([TxnOp::put(
                 self.my_key.as_str(),
                 "",
-                Some(PutOptions::new().with_lease(fresh.id)),
+                Some(PutOptions::new().with_lease(fresh.id())),
             )]);
         if !self.conn.txn(OP, txn).await?.succeeded() {
             return Err(not_held(&self.key));
         }
-        // The old lease holds no key any more.
-        std::mem::replace(&mut self.lease, fresh).revoke_in_background();
+        self.shared.send_replace(shared_of(&fresh));
+        // The old lease holds our key no more: an own one is revoked (in the background,
+        // when dropped); a shared one is left, and revoked if we were its last user.
+        self.lease = Some(fresh);
         Ok(())
     }
 }
@@ -79,48 +163,78 @@ impl EtcdHeld {
 #[async_trait]
 impl Held for EtcdHeld {
     async fn release(&mut self) -> Result<()> {
-        const OP: &str = "release";
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.my_key.as_str(),
-                CompareOp::Equal,
-                self.rev,
-            )])
-            .and_then([TxnOp::delete(self.my_key.as_str(), None)]);
-        let deleted = self.conn.txn(OP, txn).await;
-        // The key is gone (or was not ours): the lease only holds server memory now, so its
-        // revoke need not delay the caller. The lease is this acquisition's alone: revoking
-        // it removes nothing of anyone else.
-        self.lease.revoke_in_background();
-        if deleted?.succeeded() {
-            Ok(())
-        } else {
-            Err(not_held(&self.key))
+        let Some(lease) = self.lease.take() else {
+            return Err(not_held(&self.key));
+        };
+        let deleted = self
+            .conn
+            .delete_key("release", &self.my_key, Some(self.rev))
+            .await;
+        match lease {
+            // Our key is gone (or was not ours): the lease only holds server memory now, so
+            // its revoke need not delay the caller. It is this acquisition's alone.
+            KeyLease::Own(mut own) => own.revoke_in_background(),
+            // The shared lease outlives us: a key whose delete was not answered would stay
+            // on it, so the delete is sent again in the background.
+            KeyLease::Shared(shared) if deleted.is_err() => delete_in_background(
+                self.conn.clone(),
+                self.my_key.clone(),
+                Some(self.rev),
+                Some(shared),
+            ),
+            KeyLease::Shared(shared) => drop(shared),
+        }
+        match deleted? {
+            true => Ok(()),
+            false => Err(not_held(&self.key)),
         }
     }
 
     async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        let Some(lease) = &mut self.lease else {
+            return Err(not_held(&self.key));
+        };
         let asked = whole_seconds(ttl);
-        if asked != self.lease.asked {
+        if asked != lease.asked() {
             return self.move_to_new_lease(asked).await;
         }
-        let Self {
-            conn,
-            my_key,
-            rev,
-            lease,
-            key,
-        } = self;
-        let (alive, ours) =
-            tokio::join!(lease.keep_alive("extend"), still_ours(conn, my_key, *rev));
-        match alive {
-            Err(e) if e.is_lease_gone() => return Err(not_held(key)),
-            Err(e) => return Err(e.into()),
-            Ok(()) => {}
+        match lease {
+            // The shared lease's keeper renews it for every hold on it: its last answer is
+            // the check (no request of our own).
+            KeyLease::Shared(shared) => match shared.lease.state() {
+                State::Alive { renewed_at } => {
+                    let ttl = shared.lease.ttl();
+                    match Instant::now() < renewed_at + ttl - ttl / 10 {
+                        true => Ok(()),
+                        false => Err(LockError::unavailable(
+                            NAME,
+                            "extend",
+                            "the shared lease's keep-alives are not answered",
+                        )),
+                    }
+                }
+                State::Lost(_) | State::GrantFailed(_) => Err(not_held(&self.key)),
+                State::Granting => Err(LockError::unavailable(
+                    NAME,
+                    "extend",
+                    "the shared lease is not granted yet",
+                )),
+            },
+            KeyLease::Own(own) => {
+                let (alive, ours) = tokio::join!(
+                    own.keep_alive("extend"),
+                    still_ours(&self.conn, &self.my_key, self.rev)
+                );
+                match alive {
+                    Err(e) if e.is_lease_gone() => return Err(not_held(&self.key)),
+                    Err(e) => return Err(e.into()),
+                    Ok(()) => {}
+                }
+                match ours? {
+                    true => Ok(()),
+                    false => Err(not_held(&self.key)),
+                }
+            }
         }
-        if !ours? {
-            return Err(not_held(key));
-        }
-        Ok(())
     }
 }

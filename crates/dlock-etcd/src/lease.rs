@@ -1,11 +1,11 @@
-//! One acquisition's lease ([`LeaseHandle`]): grant, keep-alive, revoke (now, in the
+//! A lease of our own ([`LeaseHandle`]): grant, keep-alive, revoke (now, in the
 //! background, or on drop), and keeping it alive while waiting, on the core watchdog's
-//! schedule.
+//! schedule; and the lease a key is put on ([`KeyLease`]): its own or the shared one.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use dlock_core::Result;
+use dlock_core::{LockOptions, Result};
 use etcd_client::{LeaseGrantOptions, LeaseKeepAliveStream, LeaseKeeper};
 use rand::Rng;
 use tokio::time::Instant;
@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::NAME;
 use crate::connection::Conn;
 use crate::error::{Error, lease_lost};
+use crate::shared::{SharedUse, delete_in_background};
 
 /// A lease ttl in etcd's whole seconds, rounded up.
 pub(crate) fn whole_seconds(ttl: Duration) -> i64 {
@@ -229,5 +230,94 @@ struct Exclusive<T>(Mutex<T>);
 impl<T> Exclusive<T> {
     fn get(&mut self) -> &mut T {
         self.0.get_mut().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The lease a key is put on: its own (a hold whose ttl must free the key: auto-renew
+/// off), or the client's shared lease of that ttl.
+pub(crate) enum KeyLease {
+    Own(Box<LeaseHandle>),
+    Shared(SharedUse),
+}
+
+impl KeyLease {
+    /// The lease for a key of `opts`: the shared one (joined, and granted if need be) when
+    /// the core renews the hold, else a new one of its own, granted by [`Self::prepare`].
+    pub(crate) async fn for_options(conn: &Conn, opts: &LockOptions) -> Result<Self, Error> {
+        let asked = whole_seconds(opts.ttl);
+        Ok(match opts.auto_renew {
+            true => Self::Shared(SharedUse::join(conn, asked).await?),
+            false => Self::Own(Box::new(LeaseHandle::new(conn, asked))),
+        })
+    }
+
+    pub(crate) fn id(&self) -> i64 {
+        match self {
+            Self::Own(own) => own.id,
+            Self::Shared(shared) => shared.lease.id,
+        }
+    }
+
+    /// The ttl asked for, in whole seconds.
+    pub(crate) fn asked(&self) -> i64 {
+        match self {
+            Self::Own(own) => own.asked,
+            Self::Shared(shared) => shared.lease.asked,
+        }
+    }
+
+    /// Make the lease exist on the server: grant an own lease (one commit); a shared one
+    /// already is.
+    pub(crate) async fn prepare(&mut self, op: &'static str) -> Result<(), Error> {
+        match self {
+            Self::Own(own) => own.grant(op).await,
+            Self::Shared(_) => Ok(()),
+        }
+    }
+
+    /// When the last grant or keep-alive that succeeded was sent (long ago for a shared
+    /// lease that is lost).
+    pub(crate) fn renewed_at(&self) -> Instant {
+        match self {
+            Self::Own(own) => own.renewed_at,
+            Self::Shared(shared) => shared.alive_until().map_or_else(
+                || Instant::now() - shared.lease.ttl(),
+                |until| until - shared.lease.ttl(),
+            ),
+        }
+    }
+
+    /// While waiting: resolves when the lease needs tending ([`Self::tend`]): an own
+    /// lease's keep-alive is due, or the shared lease is lost.
+    pub(crate) async fn needs_tending(&self) {
+        match self {
+            Self::Own(own) => tokio::time::sleep_until(own.renewal_due()).await,
+            Self::Shared(shared) => {
+                shared.lease.lost().await;
+            }
+        }
+    }
+
+    /// While waiting: keep an own lease alive; fail with `LeaseLost` once the lease is gone.
+    pub(crate) async fn tend(&mut self, key: &str) -> Result<()> {
+        match self {
+            Self::Own(own) => own.renew_while_waiting(key).await,
+            Self::Shared(shared) => match shared.alive_until() {
+                Some(_) => Ok(()),
+                None => Err(lease_lost(
+                    key,
+                    "the shared lease of our waiting key expired or was revoked",
+                )),
+            },
+        }
+    }
+
+    /// Give the key up after an attempt that did not hold it (or a dropped one): revoke an
+    /// own lease, delete the key from a shared one; in the background.
+    pub(crate) fn abandon(self, conn: &Conn, my_key: String) {
+        match self {
+            Self::Own(mut own) => own.revoke_in_background(),
+            Self::Shared(shared) => delete_in_background(conn.clone(), my_key, None, Some(shared)),
+        }
     }
 }

@@ -22,50 +22,74 @@
 //! The key layout and the wait are those of Go's `concurrency.Mutex` (etcd 3.4 to 3.7):
 //! the lock `K` is the etcd prefix `{lock name}/`, where the lock name is
 //! [`EtcdConfig::lock_name`] (`{prefix}{K}`, with `%` and `/` percent-encoded), and each
-//! contender puts one key `{lock name}/{lease id in lowercase hex}` attached to its lease.
+//! contender puts one key under it attached to a lease: `{lock name}/{lease id in lowercase
+//! hex}` on a lease of its own, `{lock name}/{lease id}-{attempt number}` (hex) on the
+//! client's shared lease (below).
 //! The oldest key (lowest create revision) holds the lock; the others queue in creation
 //! order. `etcdctl lock <lock name>` and `concurrency.NewMutex(session, "<lock name>")`
 //! therefore queue in the same line as this crate: with the default prefix `dlock/`, the
 //! dlock key `cron` and `etcdctl lock dlock/cron` exclude each other (and with `prefix=`,
 //! empty, `etcdctl lock cron`).
 //!
+//! **Leases.** A hold the core renews (`auto_renew`, the default) puts its key on the
+//! client's *shared lease* of ⌈ttl⌉ seconds, as Go's `concurrency.Session` does: one per
+//! client and ttl, granted by the first acquire that needs it, kept alive by one task
+//! every ttl/3 on one keep-alive stream, each keep-alive with one linearizable read beside
+//! it (a leader cut off from its quorum renews leases in memory; the read proves a quorum
+//! backs it). When the last key on it is released, the lease is revoked in the
+//! background. A hold with auto-renew off gets a lease of its own, so that its ttl frees
+//! its key. Lease ids are picked at random by this client (so a grant whose answer is
+//! lost can still be revoked).
+//!
 //! **Acquire** (`my` = our key, `rev` = its create revision):
-//! 1. Grant a lease of ⌈ttl⌉ seconds under an id this client picks at random (so a grant
-//!    whose answer is lost can still be revoked).
+//! 1. Join the shared lease (granting it if there is none), or grant a lease of our own.
 //! 2. One transaction: if `create_revision(my) == 0`, put `my` with the lease, and read the
 //!    oldest key under the prefix and the two newest. `rev` is the transaction's revision.
 //! 3. If the oldest key is `my`, the lock is ours; the fencing token is `rev`.
-//! 4. Otherwise `try_acquire` revokes the lease (which deletes `my`) and answers `None`.
+//! 4. Otherwise `try_acquire` deletes `my` (revokes its own lease) and answers `None`. A
+//!    shared lease the put finds gone on the server is declared lost and replaced once.
 //! 5. `acquire` watches, on one watch stream, the deletion of `my` and the deletion of the
 //!    predecessor (the newest key created before `my`: the second newest read in step 2),
-//!    and keeps its lease alive every ttl/3 meanwhile. The predecessor's watch starts at
+//!    while the shared lease's keeper keeps our key alive (an own lease is kept alive
+//!    every ttl/3 meanwhile). The predecessor's watch starts at
 //!    the current revision, so etcd delivers its events at once (a watch that starts in
 //!    the past is caught up by a loop that runs every 100 ms, which is what Go's
 //!    `waitDeletes` pays under contention); if the store moved on between the read and
 //!    the watch, one read after the watch exists closes the gap.
 //! 6. When the predecessor is deleted (one wake-up per release), one read-only transaction
 //!    reads the newest key with `create_revision < rev` and `my`: `my` gone means the lease
-//!    expired or was revoked, and the acquire fails with [`LeaseLost`]; no older key means
+//!    expired or was revoked, and the acquire fails with [`LeaseLost`] (so does the loss of
+//!    the shared lease while waiting); no older key means
 //!    the lock is ours; otherwise wait for that key, as in step 5.
 //!    A lease can expire on the server a moment before its key is deleted, so a grant
 //!    whose keep-alive fell due while waiting (keep-alives failed, or a read was slow) is
 //!    confirmed with one extend (below) before it is handed out; [`dlock_core::raw::LockClient`]
 //!    does this for every ttl backend.
 //! 7. If `my` is deleted while waiting, the acquire fails with [`LeaseLost`] at once. At the
-//!    deadline, on cancellation (the future dropped) or an error, the lease is revoked in
-//!    the background, which deletes `my`: nobody queues behind an abandoned key.
+//!    deadline, on cancellation (the future dropped) or an error, `my` is deleted (an own
+//!    lease revoked) in the background: nobody queues behind an abandoned key. One key
+//!    name per attempt makes that delete safe without knowing `rev`.
 //!
-//! **Hold.** The watchdog calls extend every ttl/3: a keep-alive on the lease's stream and,
-//! concurrently, a read of `my` (it must still have create revision `rev`). Either saying
-//! no is [`NotHeld`] and fires `lost()`. A watch on `my` fires `lost()` as soon as the key
-//! is deleted (an operator, a broken lease). Extending with another ttl moves `my` to a new
-//! lease of that ttl (grant, then a transaction putting `my` with it if
-//! `create_revision(my) == rev`, then revoke the old lease): etcd cannot change a lease's
-//! ttl, and the key, its create revision and the token stay.
+//! **Hold.** The client watches every held key on one watch stream (one watch per key,
+//! created with one message, no round trip): a deletion of `my` (an operator, a broken
+//! lease) fires that hold's `lost()` at once. On the shared lease, the watchdog's extend
+//! costs no request: it answers from the keeper's last keep-alive (alive while the
+//! server-side deadline, less a tenth of the ttl, has not passed). Loss of the shared
+//! lease (a keep-alive says it is gone, or none is answered, with its quorum read, by a
+//! tenth of the ttl before it could expire) fires `lost()` on every hold on it, and only
+//! on those; the next acquire gets a fresh lease. On an own lease, extend is a
+//! keep-alive and, concurrently, a read of `my` (it must still have create revision
+//! `rev`); either saying no is [`NotHeld`]. Extending with another ttl moves `my` to a
+//! lease of that ttl (the shared one of that ttl, or a new own one; a transaction putting
+//! `my` with it if `create_revision(my) == rev`): etcd cannot change a lease's ttl, and
+//! the key, its create revision and the token stay.
 //!
 //! **Release.** A transaction deletes `my` only if `create_revision(my) == rev`
-//! ([`NotHeld`] otherwise). The lease, which holds nothing any more, is then revoked in the
-//! background, so the release answers after one commit.
+//! ([`NotHeld`] otherwise). An own lease is then revoked in the background; the shared
+//! lease is left (revoked if it holds no key any more). A delete on a shared lease that
+//! got no answer is sent again in the background (with backoff, 8 times), since the lease
+//! outlives the hold. A request etcd refuses as "too many requests" (its apply backlog)
+//! did nothing and is sent again within the request timeout.
 //!
 //! ## Round trips
 //!
@@ -75,25 +99,29 @@
 //!
 //! | operation | requests (sequential) | raft commits |
 //! |---|---|---|
-//! | `try_acquire`, free | lease grant, transaction | 2 |
-//! | `try_acquire`, held | lease grant, transaction, lease revoke | 3 |
-//! | `acquire` with a wake-up | grant, transaction, watch (and a read if the store moved meanwhile); on the release: one read | 2 |
-//! | extend (same ttl) | keep-alive ‖ read of `my` (in parallel) | 0 |
-//! | extend (new ttl) | grant, transaction (then a revoke in the background) | 2 (+1) |
-//! | release | transaction (fenced delete) (then a revoke in the background) | 1 (+1) |
+//! | `try_acquire`, free (shared lease alive) | transaction (put-if-absent, oldest key: its create revision compared with ours) | 1 |
+//! | `try_acquire`, held (shared lease alive) | transaction, delete | 2 |
+//! | first acquire of a ttl, or auto-renew off | lease grant, transaction | 2 |
+//! | `acquire` with a wake-up | transaction, watch (and a read if the store moved meanwhile); on the release: one read | 1 |
+//! | extend, shared lease | none (the keeper's last answer) | 0 |
+//! | extend, own lease | keep-alive ‖ read of `my` (in parallel) | 0 |
+//! | extend (new ttl) | (grant of that ttl's lease if none,) transaction | 1 (+1) |
+//! | release | transaction (fenced delete) (then a revoke in the background for an own lease, or the last key of a shared one) | 1 (+1) |
 //! | contended hand-off | the holder's delete → watch event → the waiter's read | 1 |
+//! | keeping N holds of one ttl | one keep-alive and one read per ttl/3, for all N | 0 |
 //!
-//! Each held lock also holds one watch (on `my`) and one keep-alive stream, multiplexed on
-//! the client's connection. While waiting, the lease is kept alive every ttl/3.
+//! Each client holds one keep-alive stream per ttl in use (plus one per own lease) and one
+//! watch stream for all its held keys, multiplexed on its connection. A waiter has its own
+//! watch stream while it waits.
 //!
 //! ## Differences from Go's `concurrency.Mutex`
 //!
-//! - **One lease per acquisition**, not one session lease per client: each acquisition's
-//!   ttl is honoured (a lease without renewal frees its key after its own ttl, which the
-//!   conformance suite checks), and release or cancellation revokes exactly what that
-//!   acquisition made. It costs a grant and a revoke per acquisition (the table above).
-//!   Re-entrance through a shared session (`Lock` twice on one session) does not exist:
-//!   the process-local queue of [`dlock_core::raw::LockClient`] serialises tasks of one client.
+//! - **One shared lease per client and ttl** for auto-renewed holds (a session per ttl),
+//!   but **a lease of its own** for a hold with auto-renew off, whose ttl must free its key
+//!   (the conformance suite checks it). Release and cancellation delete exactly the key
+//!   they made. Re-entrance through a shared session (`Lock` twice on one session) does
+//!   not exist: each attempt has its own key, and the process-local queue of
+//!   [`dlock_core::raw::LockClient`] serialises tasks of one client.
 //! - **Our key is checked after every wait**, and watched while waiting: a waiter whose key
 //!   vanished (its lease expired or was revoked) fails with [`LeaseLost`] instead of
 //!   believing it holds the lock (the 3.4 client lacks the check, etcd #11429; no released
@@ -105,8 +133,8 @@
 //!   it from the current revision**: Go's watch from the read's revision often lands in
 //!   etcd's unsynced watcher group under contention, which delays the hand-off by up to
 //!   100 ms (measured: 8 contending clients hand off 3× faster this way).
-//! - **Cancellation and timeouts revoke the lease**, deleting the queued key (Go deletes the
-//!   key only when `Lock`'s context is cancelled, and leaves the session's lease).
+//! - **Cancellation and timeouts delete the queued key** (Go deletes it only when `Lock`'s
+//!   context is cancelled).
 //! - **Loss is signalled**: `lost()` fires when the key is deleted, when a keep-alive says
 //!   the lease is gone, or when renewals keep failing until the lease could have expired
 //!   (Go's `Session.Done()` only closes after the keep-alive channel gives up).
@@ -117,8 +145,8 @@
 //!
 //! etcd counts lease ttls in whole seconds and has a minimum, ⌈1.5 × election timeout⌉
 //! (2 s with the default 1 s election timeout), which it applies silently. The lease is
-//! granted for ⌈ttl⌉ seconds; the watchdog still renews every ttl/3 and fires `lost()`
-//! before `ttl` from the last renewal sent, so rounding up only lengthens how long the
+//! granted for ⌈ttl⌉ seconds; it is renewed every third of that and `lost()` fires a tenth
+//! of it before it could expire, so rounding up only lengthens how long the
 //! server keeps the key of a crashed holder: at most max(⌈ttl⌉, minimum) plus the half
 //! second between the lessor's expiry checks.
 //!
@@ -191,8 +219,10 @@ mod config;
 mod connection;
 mod error;
 mod held;
+mod keywatch;
 mod lease;
 mod lock;
+mod shared;
 mod watch;
 
 use dlock_core::Result;

@@ -1,6 +1,7 @@
-//! [`EtcdBackend`]: connecting, and the [`Backend`] implementation, whose acquire gives each
-//! acquisition its own lease and [`Attempt`], and turns a won attempt into a [`Grant`] of an
-//! [`EtcdHeld`]. The protocol is described in the crate docs.
+//! [`EtcdBackend`]: connecting, and the [`Backend`] implementation, whose acquire puts each
+//! acquisition's key on the shared lease of its ttl (or on its own lease), runs its
+//! [`Attempt`], and turns a won attempt into a [`Grant`] of an [`EtcdHeld`]. The protocol
+//! is described in the crate docs.
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,15 +19,16 @@ use crate::config::EtcdConfig;
 use crate::connection::Conn;
 use crate::error::Error;
 use crate::held::EtcdHeld;
-use crate::lease::{LeaseHandle, whole_seconds};
-use crate::watch::lost_signal;
+use crate::lease::KeyLease;
+use crate::shared::delete_in_background;
 
 /// HTTP/2 keep-alive ping interval on busy connections, so a dead connection under a
 /// long-lived watch is noticed. etcd refuses pings more often than every 5 s.
 const H2_PING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// One etcd client: a gRPC channel balanced over the endpoints, shared by every lock it
-/// takes. Each acquisition gets its own lease (see the crate docs).
+/// takes. Auto-renewed holds share one lease per ttl; the others get their own (see the
+/// crate docs).
 pub struct EtcdBackend {
     conn: Conn,
     config: EtcdConfig,
@@ -62,6 +64,10 @@ impl EtcdBackend {
                 endpoints: endpoints.len(),
                 timeout: config.request_timeout(),
                 shared: Arc::default(),
+                probe: match config.prefix() {
+                    "" => "dlock".into(),
+                    prefix => prefix.into(),
+                },
             };
             let status = || {
                 let mut maintenance = conn.client.maintenance_client();
@@ -140,41 +146,87 @@ impl Backend for EtcdBackend {
         opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
-        let ttl = opts.ttl;
-        let mut lease = LeaseHandle::new(&self.conn, whole_seconds(ttl));
-        let prefix = format!("{}/", self.config.lock_name(key));
-        let attempt = Attempt {
-            conn: &self.conn,
-            key,
-            my_key: format!("{prefix}{:x}", lease.id),
-            prefix,
-        };
-        let outcome = match deadline {
-            Deadline::TryOnce => attempt.run(&mut lease, deadline).await?,
-            // At the deadline the attempt is dropped and `lease` revokes itself.
-            _ => match deadline.run(attempt.run(&mut lease, deadline)).await {
-                Some(outcome) => outcome?,
-                None => return Ok(None),
-            },
+        // A shared lease found gone is replaced once by a fresh one.
+        let mut rounds = 0;
+        let (my_key, lease, outcome) = loop {
+            let join = KeyLease::for_options(&self.conn, opts);
+            let lease = match deadline {
+                Deadline::TryOnce => join.await?,
+                _ => match deadline.run(join).await {
+                    Some(lease) => lease?,
+                    None => return Ok(None),
+                },
+            };
+            let prefix = format!("{}/", self.config.lock_name(key));
+            let my_key = match &lease {
+                KeyLease::Own(own) => format!("{prefix}{:x}", own.id),
+                // One key per attempt on the shared lease, so that deleting a cancelled
+                // attempt's key can never delete a later attempt's.
+                KeyLease::Shared(shared) => format!(
+                    "{prefix}{:x}-{:x}",
+                    shared.lease.id,
+                    self.conn.shared.attempts.fetch_add(1, Ordering::Relaxed)
+                ),
+            };
+            let mut pending = Pending {
+                conn: &self.conn,
+                my_key: my_key.clone(),
+                lease: Some(lease),
+            };
+            let attempt = Attempt {
+                conn: &self.conn,
+                key,
+                my_key: my_key.clone(),
+                prefix,
+            };
+            let outcome = {
+                let lease = pending.lease.as_mut().expect("taken only below");
+                match deadline {
+                    Deadline::TryOnce => attempt.run(lease, deadline).await?,
+                    // At the deadline the attempt is dropped and `pending` gives the key up.
+                    _ => match deadline.run(attempt.run(lease, deadline)).await {
+                        Some(outcome) => outcome?,
+                        None => return Ok(None),
+                    },
+                }
+            };
+            let lease = pending.lease.take().expect("taken once");
+            match (outcome, lease) {
+                (Outcome::LeaseGone, KeyLease::Shared(shared)) if rounds == 0 => {
+                    rounds += 1;
+                    shared.lease.declare_lost(&self.conn);
+                }
+                (Outcome::LeaseGone, _) => {
+                    return Err(Error::LeaseGone { op: "acquire" }.into());
+                }
+                (outcome, lease) => break (my_key, lease, outcome),
+            }
         };
         match outcome {
+            Outcome::LeaseGone => unreachable!("handled above"),
             Outcome::Busy => {
-                // Revoking deletes our key, before the caller can try again.
-                if let Err(e) = lease.revoke("acquire").await {
-                    tracing::debug!(backend = NAME, key, error = %e, "revoke after a busy try failed; retried in the background");
+                // Revoking our own lease deletes our key, before the caller can try again.
+                match lease {
+                    KeyLease::Own(mut own) => {
+                        if let Err(e) = own.revoke("acquire").await {
+                            tracing::debug!(backend = NAME, key, error = %e, "revoke after a busy try failed; retried in the background");
+                        }
+                    }
+                    KeyLease::Shared(shared) => {
+                        if let Err(e) = self.conn.delete_key("acquire", &my_key, None).await {
+                            tracing::debug!(backend = NAME, key, error = %e, "delete after a busy try failed; retried in the background");
+                            delete_in_background(self.conn.clone(), my_key, None, Some(shared));
+                        }
+                    }
                 }
                 Ok(None)
             }
             Outcome::Held { rev, seen, watch } => {
-                let sent_at = lease.renewed_at;
-                let lost = lost_signal(self.conn.clone(), attempt.my_key.clone(), seen, watch);
-                let held = EtcdHeld {
-                    conn: self.conn.clone(),
-                    key: key.to_owned(),
-                    my_key: attempt.my_key,
-                    rev,
-                    lease,
-                };
+                // The waiter's stream is not kept: the client's stream on held keys
+                // watches our key from where the waiter had seen it.
+                drop(watch);
+                let sent_at = lease.renewed_at();
+                let (held, lost) = EtcdHeld::start(&self.conn, key, my_key, rev, seen, lease);
                 let token = u64::try_from(rev).map_err(|_| Error::Protocol {
                     op: "acquire",
                     what: "a negative revision",
@@ -183,6 +235,22 @@ impl Backend for EtcdBackend {
                     Grant::new(token, Box::new(held), sent_at).with_lost(lost),
                 ))
             }
+        }
+    }
+}
+
+/// An attempt's lease until the attempt ends: dropped before (the deadline, or the acquire
+/// future dropped), the attempt's key is given up in the background.
+struct Pending<'a> {
+    conn: &'a Conn,
+    my_key: String,
+    lease: Option<KeyLease>,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.abandon(self.conn, std::mem::take(&mut self.my_key));
         }
     }
 }

@@ -1,12 +1,9 @@
-//! The watch on our own key: while waiting it shares a stream with the predecessor's watch
-//! ([`OwnWatch::classify`] tells a waiter what a response means); once the key is held, it
-//! is the lost signal.
+//! A waiter's watch stream: the watch on our own key shares it with the predecessor's
+//! ([`OwnWatch::classify`] tells a waiter what a response means). Once the key is held,
+//! the client's stream on held keys ([`crate::keywatch`]) watches it instead.
 
-use dlock_core::LostReason;
 use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchResponse, WatchStream};
-use futures::future::BoxFuture;
 
-use crate::NAME;
 use crate::connection::Conn;
 use crate::error::Error;
 
@@ -96,37 +93,4 @@ impl OwnWatch {
             _ => Seen::Nothing,
         }
     }
-}
-
-/// Resolves when our key is deleted while we hold it (an operator, `break_lease`, or the
-/// lease expiring on the server). Lease expiry without a deletion seen here is caught by
-/// the keep-alives in [`Held::extend`](dlock_core::raw::Held::extend).
-pub(crate) fn lost_signal(
-    conn: Conn,
-    my_key: String,
-    seen: i64,
-    watch: Option<Box<OwnWatch>>,
-) -> BoxFuture<'static, LostReason> {
-    Box::pin(async move {
-        let mut watch = match watch {
-            Some(watch) => watch,
-            None => match conn.watch_own("watch", &my_key, seen).await {
-                Ok(watch) => watch,
-                Err(e) => {
-                    tracing::debug!(backend = NAME, key = my_key, error = %e, "cannot watch our key; loss is detected by renewal");
-                    return std::future::pending().await;
-                }
-            },
-        };
-        loop {
-            match watch.stream.message().await {
-                Ok(Some(response)) => match watch.classify(&response, None) {
-                    Seen::OwnDeleted => return LostReason::NotHeld,
-                    Seen::Canceled(_) => return std::future::pending().await,
-                    _ => {}
-                },
-                Ok(None) | Err(_) => return std::future::pending().await,
-            }
-        }
-    })
 }

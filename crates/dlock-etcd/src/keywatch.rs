@@ -1,0 +1,260 @@
+//! The watch on held keys: one watch stream per client carries one watch per held key
+//! ([`Conn::watch_held`]), so a hold costs one message to watch (no round trip, no stream
+//! of its own) and nothing per renewal. A deletion fires that hold's lost signal.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::NAME;
+use crate::connection::Conn;
+
+/// How long to wait before opening the stream again after it broke.
+const REOPEN_AFTER: Duration = Duration::from_millis(200);
+
+/// The client's watch stream on held keys, started with the first hold.
+#[derive(Debug, Default)]
+pub(crate) struct HeldKeys {
+    commands: OnceLock<mpsc::UnboundedSender<Command>>,
+    next_id: AtomicI64,
+}
+
+#[derive(Debug)]
+enum Command {
+    Watch(Watched),
+    Cancel(i64),
+    /// A response read on the stream of that generation.
+    Response(u64, WatchResponse),
+    /// The stream of that generation ended or failed.
+    Broken(u64),
+    Reopen,
+}
+
+#[derive(Debug)]
+struct Watched {
+    id: i64,
+    key: String,
+    /// The key's create revision: a key of that name with another one is not ours.
+    rev: i64,
+    /// The first revision to watch from.
+    from: i64,
+    deleted: oneshot::Sender<()>,
+}
+
+/// A hold's watch: the watch is canceled when this is dropped.
+#[derive(Debug)]
+pub(crate) struct HeldWatch {
+    id: i64,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl Drop for HeldWatch {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Cancel(self.id));
+    }
+}
+
+impl Conn {
+    /// Watch the deletion of `key` (create revision `rev`) from revision `from` on. The
+    /// receiver resolves when it is deleted; it fails when the watch is canceled.
+    pub(crate) fn watch_held(
+        &self,
+        key: &str,
+        rev: i64,
+        from: i64,
+    ) -> (HeldWatch, oneshot::Receiver<()>) {
+        let keys = &self.shared.keys;
+        let commands = keys
+            .commands
+            .get_or_init(|| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(run(self.client.clone(), self.timeout, tx.downgrade(), rx));
+                tx
+            })
+            .clone();
+        let id = keys.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let (deleted, fired) = oneshot::channel();
+        let watched = Watched {
+            id,
+            key: key.to_owned(),
+            rev,
+            from,
+            deleted,
+        };
+        let _ = commands.send(Command::Watch(watched));
+        (HeldWatch { id, commands }, fired)
+    }
+}
+
+fn options(w: &Watched) -> WatchOptions {
+    WatchOptions::new()
+        .with_start_revision(w.from)
+        .with_filters([WatchFilterType::NoPut])
+        .with_watch_id(w.id)
+}
+
+/// The stream's task: the requests go out from here; a reader task forwards the responses.
+/// It ends when every sender (the client and its holds) is gone.
+async fn run(
+    client: Client,
+    timeout: Duration,
+    me: mpsc::WeakUnboundedSender<Command>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+) {
+    let mut watched: HashMap<i64, Watched> = HashMap::new();
+    let mut stream: Option<WatchRequestSender> = None;
+    let mut generation = 0u64;
+    let mut reopening = false;
+    while let Some(command) = commands.recv().await {
+        match command {
+            Command::Watch(w) => {
+                if let Some(sender) = &mut stream {
+                    let sent = sender.watch(w.key.as_str(), Some(options(&w))).await;
+                    watched.insert(w.id, w);
+                    if sent.is_err() {
+                        // Reopened with every watch, this one included.
+                        let _ = me.upgrade().map(|tx| tx.send(Command::Broken(generation)));
+                    }
+                } else {
+                    watched.insert(w.id, w);
+                    reopening = true;
+                    let _ = me.upgrade().map(|tx| tx.send(Command::Reopen));
+                }
+            }
+            Command::Cancel(id) => {
+                if watched.remove(&id).is_some()
+                    && let Some(sender) = &mut stream
+                {
+                    let _ = sender.cancel(id).await;
+                }
+            }
+            Command::Response(g, response) if g == generation => {
+                handle(&client, timeout, &mut watched, &mut stream, response).await;
+            }
+            Command::Broken(g) if g == generation => {
+                stream = None;
+                if !reopening {
+                    reopening = true;
+                    let me = me.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(REOPEN_AFTER).await;
+                        let _ = me.upgrade().map(|tx| tx.send(Command::Reopen));
+                    });
+                }
+            }
+            Command::Reopen => {
+                reopening = false;
+                if stream.is_some() || watched.is_empty() {
+                    continue;
+                }
+                generation += 1;
+                match open(&client, timeout, &watched, generation, me.clone()).await {
+                    Ok(sender) => stream = Some(sender),
+                    Err(e) => {
+                        tracing::debug!(backend = NAME, error = %e, "cannot open the watch on held keys; retrying");
+                        let _ = me.upgrade().map(|tx| tx.send(Command::Broken(generation)));
+                    }
+                }
+            }
+            Command::Response(..) | Command::Broken(_) => {} // from an old stream
+        }
+    }
+}
+
+/// Open a stream carrying a watch for each of `watched`, and its reader task.
+async fn open(
+    client: &Client,
+    timeout: Duration,
+    watched: &HashMap<i64, Watched>,
+    generation: u64,
+    me: mpsc::WeakUnboundedSender<Command>,
+) -> Result<WatchRequestSender, String> {
+    let mut all = watched.values();
+    let Some(first) = all.next() else {
+        return Err("nothing to watch".into());
+    };
+    let mut watch_client = client.watch_client();
+    let opened = watch_client.watch(first.key.as_str(), Some(options(first)));
+    let (mut sender, mut responses) = match tokio::time::timeout(timeout, opened).await {
+        Ok(Ok(stream)) => stream.split(),
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err(format!("no answer within {timeout:?}")),
+    };
+    tokio::spawn(async move {
+        loop {
+            let command = match responses.message().await {
+                Ok(Some(response)) => Command::Response(generation, response),
+                Ok(None) | Err(_) => Command::Broken(generation),
+            };
+            let broken = matches!(command, Command::Broken(_));
+            match me.upgrade() {
+                Some(tx) if tx.send(command).is_ok() && !broken => {}
+                _ => return,
+            }
+        }
+    });
+    for w in all {
+        sender
+            .watch(w.key.as_str(), Some(options(w)))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(sender)
+}
+
+/// A deletion fires its hold's signal. A watch the server canceled (its start revision
+/// was compacted) is replaced by one read of the key and a watch from that read on.
+async fn handle(
+    client: &Client,
+    timeout: Duration,
+    watched: &mut HashMap<i64, Watched>,
+    stream: &mut Option<WatchRequestSender>,
+    response: WatchResponse,
+) {
+    let id = response.watch_id();
+    if response.canceled() {
+        let Some(mut w) = watched.remove(&id) else {
+            return;
+        };
+        let mut kv = client.kv_client();
+        let read = kv.get(w.key.as_str(), Some(GetOptions::new().with_keys_only()));
+        match tokio::time::timeout(timeout, read).await {
+            Ok(Ok(answer)) => {
+                let ours = answer.kvs().first().map(|kv| kv.create_revision()) == Some(w.rev);
+                if !ours {
+                    let _ = w.deleted.send(());
+                    return;
+                }
+                w.from = answer.header().map_or(w.from, |h| h.revision() + 1);
+                if let Some(sender) = stream
+                    && sender
+                        .watch(w.key.as_str(), Some(options(&w)))
+                        .await
+                        .is_err()
+                {
+                    *stream = None;
+                }
+                watched.insert(id, w);
+            }
+            // The key stays unwatched: its loss is then found at release.
+            _ => tracing::debug!(backend = NAME, key = w.key, "cannot re-watch a held key"),
+        }
+        return;
+    }
+    let deleted = response
+        .events()
+        .iter()
+        .any(|e| e.event_type() == EventType::Delete);
+    if deleted && let Some(w) = watched.remove(&id) {
+        let _ = w.deleted.send(());
+        if let Some(sender) = stream {
+            let _ = sender.cancel(id).await;
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! The client's shared leases: every auto-renewed hold (and every waiter that will become
+//! one) of a given ttl puts its key on one lease per client, as Go's `concurrency.Session`
+//! does, kept alive by one task and one keep-alive stream ([`SharedLeases`]). A hold joins a
+//! lease with a [`SharedUse`]; the last use to leave revokes the lease.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use dlock_core::LostReason;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use crate::NAME;
+use crate::connection::Conn;
+use crate::error::Error;
+use crate::lease::LeaseHandle;
+
+/// What is known of a shared lease.
+#[derive(Clone, Debug)]
+pub(crate) enum State {
+    /// The grant has not been answered yet.
+    Granting,
+    /// The last grant or keep-alive that succeeded was sent at `renewed_at`: the server
+    /// keeps the lease at least its ttl from then.
+    Alive { renewed_at: Instant },
+    /// The grant failed; nothing was ever attached to the lease.
+    GrantFailed(String),
+    /// The lease is gone, or may be: every key on it is lost.
+    Lost(LostReason),
+}
+
+/// One lease shared by the holds of one ttl.
+#[derive(Debug)]
+pub(crate) struct SharedLease {
+    pub(crate) id: i64,
+    /// The ttl asked for, in whole seconds.
+    pub(crate) asked: i64,
+    state: watch::Sender<State>,
+    /// How many holds and waiters have a key on this lease (or are about to).
+    users: Mutex<usize>,
+    /// Told when the last user left: the keeper revokes the lease and stops.
+    idle: Notify,
+}
+
+impl SharedLease {
+    pub(crate) fn ttl(&self) -> Duration {
+        Duration::from_secs(self.asked.unsigned_abs())
+    }
+
+    pub(crate) fn state(&self) -> State {
+        self.state.borrow().clone()
+    }
+
+    /// Resolves when the lease is lost (at once if it already is).
+    pub(crate) async fn lost(&self) -> LostReason {
+        let mut state = self.state.subscribe();
+        let lost = state
+            .wait_for(|s| matches!(s, State::Lost(_) | State::GrantFailed(_)))
+            .await;
+        match lost.as_deref() {
+            Ok(State::Lost(reason)) => reason.clone(),
+            Ok(State::GrantFailed(e)) => LostReason::Unreachable(e.clone()),
+            // The sender lives as long as this lease.
+            _ => LostReason::Expired,
+        }
+    }
+
+    /// The server said the lease is gone (a key put on it failed): lose every key on it
+    /// now, and serve a fresh lease to the next acquire.
+    pub(crate) fn declare_lost(&self, conn: &Conn) {
+        conn.shared.shared_leases.forget(self);
+        self.state
+            .send_replace(State::Lost(LostReason::SessionEnded(format!(
+                "the shared lease {:x} expired or was revoked",
+                self.id
+            ))));
+    }
+
+    fn users(&self) -> MutexGuard<'_, usize> {
+        self.users.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The client's shared leases, one per ttl (in whole seconds).
+#[derive(Debug, Default)]
+pub(crate) struct SharedLeases {
+    by_ttl: Mutex<HashMap<i64, Arc<SharedLease>>>,
+}
+
+impl SharedLeases {
+    fn map(&self) -> MutexGuard<'_, HashMap<i64, Arc<SharedLease>>> {
+        self.by_ttl.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forget `lease` if it is still the one served for its ttl.
+    fn forget(&self, lease: &SharedLease) {
+        let mut map = self.map();
+        if map
+            .get(&lease.asked)
+            .is_some_and(|l| std::ptr::eq(l.as_ref(), lease))
+        {
+            map.remove(&lease.asked);
+        }
+    }
+}
+
+/// One hold's (or waiter's) place on a shared lease. Dropping it leaves the lease; the last
+/// to leave revokes it in the background.
+pub(crate) struct SharedUse {
+    /// The client's state, where its shared leases are listed.
+    client: Arc<crate::connection::Shared>,
+    pub(crate) lease: Arc<SharedLease>,
+}
+
+impl SharedUse {
+    /// Join the client's lease of `asked` seconds, granting one if there is none (or the
+    /// last was lost), and wait until it is granted. Costs nothing on the server when a
+    /// lease of that ttl is alive.
+    pub(crate) async fn join(conn: &Conn, asked: i64) -> Result<Self, Error> {
+        loop {
+            let joined = {
+                let mut map = conn.shared.shared_leases.map();
+                let lease = map
+                    .entry(asked)
+                    .or_insert_with(|| start(conn.clone(), asked))
+                    .clone();
+                *lease.users() += 1;
+                Self {
+                    client: conn.shared.clone(),
+                    lease,
+                }
+            };
+            let mut state = joined.lease.state.subscribe();
+            let granted = state
+                .wait_for(|s| !matches!(s, State::Granting))
+                .await
+                .map(|s| s.clone());
+            match granted {
+                Ok(State::Alive { .. }) => return Ok(joined),
+                Ok(State::GrantFailed(what)) => {
+                    return Err(Error::etcd(
+                        "acquire",
+                        etcd_client::Error::LeaseKeepAliveError(what),
+                    ));
+                }
+                // Lost since it was served: its keeper already forgot it, so the next turn
+                // gets a fresh lease.
+                _ => continue,
+            }
+        }
+    }
+
+    /// The server-side instant before which the lease certainly lives, if it is alive.
+    pub(crate) fn alive_until(&self) -> Option<Instant> {
+        match self.lease.state() {
+            State::Alive { renewed_at } => Some(renewed_at + self.lease.ttl()),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for SharedUse {
+    fn drop(&mut self) {
+        // Under the map's lock, as `join` counts under it: nobody joins a lease being retired.
+        let mut map = self.client.shared_leases.map();
+        let mut users = self.lease.users();
+        *users -= 1;
+        if *users == 0 {
+            let asked = self.lease.asked;
+            if map.get(&asked).is_some_and(|l| Arc::ptr_eq(l, &self.lease)) {
+                map.remove(&asked);
+            }
+            self.lease.idle.notify_one();
+        }
+    }
+}
+
+/// A new shared lease of `asked` seconds, and its keeper task.
+fn start(conn: Conn, asked: i64) -> Arc<SharedLease> {
+    let handle = LeaseHandle::new(&conn, asked);
+    let lease = Arc::new(SharedLease {
+        id: handle.id,
+        asked,
+        state: watch::Sender::new(State::Granting),
+        users: Mutex::new(0),
+        idle: Notify::new(),
+    });
+    tokio::spawn(keep(conn, handle, lease.clone()));
+    lease
+}
+
+/// The keeper: grant the lease, then keep it alive every third of its ttl on one
+/// keep-alive stream, until the last user leaves (then revoke it) or it is lost (then tell
+/// every user, through [`SharedLease::lost`]).
+async fn keep(conn: Conn, mut handle: LeaseHandle, lease: Arc<SharedLease>) {
+    let idle = lease.idle.notified();
+    tokio::pin!(idle);
+    // Registered now, so a notification sent before the first await is kept.
+    idle.as_mut().enable();
+    let granted = tokio::select! {
+        granted = handle.grant("acquire") => granted,
+        () = &mut idle => return, // dropping `handle` revokes it in the background
+    };
+    if let Err(e) = granted {
+        tracing::debug!(backend = NAME, lease = handle.id, error = %e, "granting a shared lease failed");
+        conn.shared.shared_leases.forget(&lease);
+        lease.state.send_replace(State::GrantFailed(e.to_string()));
+        return;
+    }
+    lease.state.send_replace(State::Alive {
+        renewed_at: handle.renewed_at,
+    });
+    let ttl = lease.ttl();
+    let mut retry_at: Option<Instant> = None;
+    loop {
+        let due = retry_at.unwrap_or_else(|| dlock_core::raw::renewal_due(handle.renewed_at, ttl));
+        tokio::select! {
+            () = &mut idle => return,
+            () = tokio::time::sleep_until(due) => {}
+        }
+        // Every hold's lost signal hangs on this answer: it must come before the lease
+        // may have expired, less the watchdog's margin.
+        let previous = handle.renewed_at;
+        let last_safe = handle.renewed_at + ttl - (ttl / 10 + Duration::from_millis(2));
+        let renewal = async {
+            let (alive, quorum) = tokio::join!(
+                handle.keep_alive("keep-alive"),
+                conn.confirm_quorum("keep-alive")
+            );
+            match (alive, quorum) {
+                (Err(e), _) => Err(e),
+                (Ok(()), Ok(())) => Ok(()),
+                (Ok(()), Err(e)) => {
+                    // Not proof the lease lives: count it from the renewal before.
+                    handle.renewed_at = previous;
+                    Err(e)
+                }
+            }
+        };
+        let answer = tokio::time::timeout_at(last_safe, renewal).await;
+        let answer = answer.unwrap_or_else(|_| {
+            Err(Error::TimedOut {
+                op: "keep-alive",
+                after: last_safe.saturating_duration_since(handle.renewed_at),
+            })
+        });
+        let lost = match answer {
+            Ok(()) => {
+                retry_at = None;
+                lease.state.send_replace(State::Alive {
+                    renewed_at: handle.renewed_at,
+                });
+                continue;
+            }
+            Err(e) if e.is_lease_gone() => LostReason::SessionEnded(format!(
+                "the shared lease {:x} expired or was revoked",
+                handle.id
+            )),
+            Err(e) => {
+                let now = Instant::now();
+                match dlock_core::raw::renewal_retry(handle.renewed_at, ttl, now) {
+                    Some(retry) => {
+                        tracing::debug!(backend = NAME, lease = handle.id, error = %e, "keep-alive of a shared lease failed; retrying");
+                        retry_at = Some(retry);
+                        continue;
+                    }
+                    None => LostReason::Unreachable(e.to_string()),
+                }
+            }
+        };
+        tracing::warn!(backend = NAME, lease = handle.id, reason = %lost, "a shared lease is lost; so is every key on it");
+        conn.shared.shared_leases.forget(&lease);
+        lease.state.send_replace(State::Lost(lost));
+        // A lease that may still exist is revoked when `handle` drops, so its keys free now.
+        return;
+    }
+}
+
+/// How many times a key on a shared lease is deleted again after a delete failed: the
+/// lease outlives the hold, so the key would otherwise stay until the client stops.
+const DELETE_ATTEMPTS: u32 = 8;
+
+/// Delete `key` in the background (only if its create revision is `rev`, when known),
+/// retrying with backoff, and leave the shared lease (`lease`) once that is done.
+pub(crate) fn delete_in_background(
+    conn: Conn,
+    key: String,
+    rev: Option<i64>,
+    lease: Option<SharedUse>,
+) {
+    let spawned = dlock_core::raw::spawn_cleanup(async move {
+        let mut pause = Duration::from_millis(100);
+        for attempt in 1..=DELETE_ATTEMPTS {
+            match conn.delete_key("release", &key, rev).await {
+                Ok(_) => break,
+                Err(e) if attempt == DELETE_ATTEMPTS => {
+                    tracing::warn!(backend = NAME, key, error = %e, "cannot delete a key on a shared lease; it stays until the lease ends");
+                }
+                Err(e) => {
+                    tracing::debug!(backend = NAME, key, error = %e, "deleting a key failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        drop(lease);
+    });
+    if !spawned {
+        tracing::debug!(
+            backend = NAME,
+            "no runtime to delete a key; it stays until its lease ends"
+        );
+    }
+}
