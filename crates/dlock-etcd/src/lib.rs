@@ -72,8 +72,10 @@
 //!
 //! **Hold.** The client watches every held key on one watch stream (one watch per key,
 //! created with one message, no round trip): a deletion of `my` (an operator, a broken
-//! lease) fires that hold's `lost()` at once. On the shared lease, the watchdog's extend
-//! costs no request: it answers from the keeper's last keep-alive (alive while the
+//! lease) fires that hold's `lost()` at once. A hold on the shared lease is granted
+//! [kept alive](dlock_core::raw::Grant::kept_alive): the watchdog keeps no timer and sends
+//! no renewal for it, and an extend by hand costs no request: it answers from the keeper's
+//! last keep-alive (alive while the
 //! server-side deadline, less a tenth of the ttl, has not passed). Loss of the shared
 //! lease (a keep-alive says it is gone, or none is answered, with its quorum read, by a
 //! tenth of the ttl before it could expire) fires `lost()` on every hold on it, and only

@@ -226,14 +226,16 @@ impl Backend for EtcdBackend {
                 // watches our key from where the waiter had seen it.
                 drop(watch);
                 let sent_at = lease.renewed_at();
+                let shared = matches!(lease, KeyLease::Shared(_));
                 let (held, lost) = EtcdHeld::start(&self.conn, key, my_key, rev, seen, lease);
                 let token = u64::try_from(rev).map_err(|_| Error::Protocol {
                     op: "acquire",
                     what: "a negative revision",
                 })?;
-                Ok(Some(
-                    Grant::new(token, Box::new(held), sent_at).with_lost(lost),
-                ))
+                let grant = Grant::new(token, Box::new(held), sent_at).with_lost(lost);
+                // The shared lease's keeper renews every hold on it and fires `lost` on
+                // each when it is gone: no renewal timer per hold.
+                Ok(Some(if shared { grant.kept_alive() } else { grant }))
             }
         }
     }
