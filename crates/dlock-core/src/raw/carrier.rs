@@ -1,0 +1,607 @@
+//! Server sessions that carry many holds at once: the SQL backends' holder connections.
+//!
+//! A PostgreSQL session can hold any number of advisory locks, a MySQL / MariaDB session any
+//! number of named locks (`GET_LOCK`). Holding one connection per key would bound a client
+//! by its connection limit; a [`Carriers`] set instead runs each holder connection in a task
+//! of its own (a *carrier*) that takes, keeps and releases the locks of many holds:
+//!
+//! - **Take**: a try-once lock request ([`Session::try_lock`]) runs on a carrier of the
+//!   hold's group (auto-renewed holds of one ttl share carriers; a hold that must end after
+//!   its ttl gets a carrier of its own, which nobody pings). A waiting lock request is the
+//!   backend's, on a connection of its own; the connection that was granted becomes a
+//!   carrier of the group ([`Carriers::adopt`]).
+//! - **Keep**: every hold's renewal asks its carrier for one [`Session::keep`] sent after
+//!   the renewal started; requests that arrive within a short gap (a thirtieth of the ttl,
+//!   at most 1 s) share one, so a carrier of 10,000 holds sends a few pings per ttl, not
+//!   10,000.
+//! - **Release** ([`Session::unlock`]) goes ahead of every queued take and keep; a carrier
+//!   only ever runs short requests, so a release never waits behind a lock wait.
+//! - **Loss**: any failure of the session (a lost connection, a request that timed out)
+//!   ends the carrier; the holds it carried, and only those, see `lost()` fire, and their
+//!   extends and releases answer `NotHeld`.
+//! - A carrier that holds nothing and has nothing queued gives its session back
+//!   ([`Session::retire`]) and ends.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::{Instant, sleep_until};
+
+use crate::raw::{Grant, Held};
+use crate::{LockError, LostReason, Result};
+
+/// Why a session request failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// The session is gone or cannot be trusted (connection lost, request unanswered): so
+    /// is every lock it held.
+    Session(LockError),
+    /// This request failed; the session and its locks are fine.
+    Request(LockError),
+}
+
+/// One server session that can hold many locks, driven by one carrier task.
+///
+/// Each method is bounded by the backend's response timeout: a request that does not
+/// answer in time is a [`Failure::Session`].
+#[async_trait]
+pub trait Session: Send + 'static {
+    /// What names a lock on the server.
+    type Lock: Clone + Send + Sync + fmt::Debug + 'static;
+
+    /// Take `lock` without waiting and, when granted, its fencing token, and make the
+    /// server end the session when it stays silent for `idle`. `None`: held elsewhere.
+    async fn try_lock(&mut self, lock: &Self::Lock, idle: Duration)
+    -> Result<Option<u64>, Failure>;
+
+    /// Give `lock` back: `false` when the session did not hold it. With `last`, the session
+    /// holds nothing afterwards: reset its idle timeout so it can be pooled.
+    async fn unlock(&mut self, lock: &Self::Lock, last: bool) -> Result<bool, Failure>;
+
+    /// Prove the session is alive, restarting its idle clock; with `Some(idle)`, set the
+    /// idle timeout to that first.
+    async fn keep(&mut self, idle: Option<Duration>) -> Result<(), Failure>;
+
+    /// The session's id on the server, for logs.
+    fn id(&self) -> u64;
+
+    /// The session holds nothing and has its default idle timeout: pool it.
+    fn retire(self);
+}
+
+/// Which carriers a hold may share: auto-renewed holds of one ttl share; a hold that must
+/// end after its ttl gets a carrier of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Group {
+    idle: Duration,
+}
+
+enum Request<L> {
+    Take {
+        lock: L,
+        reply: oneshot::Sender<Result<Option<u64>>>,
+    },
+    Keep {
+        ttl: Duration,
+        reply: oneshot::Sender<Result<()>>,
+    },
+}
+
+struct Give<L> {
+    lock: L,
+    reply: Option<oneshot::Sender<Result<bool>>>,
+}
+
+/// The handle on one carrier task.
+struct Carrier<L> {
+    id: u64,
+    requests: mpsc::UnboundedSender<Request<L>>,
+    gives: mpsc::UnboundedSender<Give<L>>,
+    /// Requests sent and not answered yet; only changed under the registry's lock when
+    /// routing, so a carrier that sees 0 there knows nothing more is coming.
+    in_flight: AtomicUsize,
+    /// Set (once) to why the session ended.
+    dead: watch::Sender<Option<String>>,
+}
+
+type Registry<L> = Mutex<HashMap<Group, Vec<Arc<Carrier<L>>>>>;
+
+/// The carriers of one client.
+pub struct Carriers<S: Session> {
+    backend: &'static str,
+    groups: Arc<Registry<S::Lock>>,
+}
+
+impl<S: Session> fmt::Debug for Carriers<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Carriers")
+            .field("backend", &self.backend)
+            .field("carriers", &self.count())
+            .finish()
+    }
+}
+
+impl<S: Session> Carriers<S> {
+    /// An empty set for `backend` (its name in errors and logs).
+    pub fn new(backend: &'static str) -> Self {
+        Self {
+            backend,
+            groups: Arc::default(),
+        }
+    }
+
+    /// How many shared carriers are running.
+    pub fn count(&self) -> usize {
+        guard(&self.groups).values().map(Vec::len).sum()
+    }
+
+    /// Take `lock` for `key` without waiting, on a carrier of the hold's group: a running
+    /// one, or one on a session `open` makes. `Ok(None)`: held elsewhere. `shared` is the
+    /// caller's `auto_renew`: a hold that is not renewed gets a carrier of its own (whose
+    /// session the server ends ttl after its last request).
+    ///
+    /// # Errors
+    /// `open`'s error (the connection limit, an unreachable server), or the request's.
+    pub async fn try_take<F, Fut>(
+        &self,
+        key: &str,
+        lock: S::Lock,
+        ttl: Duration,
+        shared: bool,
+        open: F,
+    ) -> Result<Option<Grant>>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<S>>,
+    {
+        let group = Group { idle: ttl };
+        // A carrier may retire or die between routing and its answer: try another.
+        for _ in 0..3 {
+            let carrier = match shared.then(|| self.route(group)).flatten() {
+                Some(carrier) => carrier,
+                None => {
+                    let session = open().await?;
+                    let carrier = self.spawn(session, group, shared, 0);
+                    if shared {
+                        guard(&self.groups).entry(group).or_default().push(carrier.clone());
+                    }
+                    carrier.in_flight.fetch_add(1, Ordering::SeqCst);
+                    carrier
+                }
+            };
+            let sent_at = Instant::now();
+            let (reply, answer) = oneshot::channel();
+            let request = Request::Take {
+                lock: lock.clone(),
+                reply,
+            };
+            if carrier.requests.send(request).is_err() {
+                carrier.in_flight.fetch_sub(1, Ordering::SeqCst);
+                continue;
+            }
+            match answer.await {
+                Ok(Ok(Some(token))) => {
+                    return Ok(Some(self.grant(key, lock, carrier, token, sent_at)));
+                }
+                Ok(Ok(None)) => return Ok(None),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => continue,
+            }
+        }
+        Err(LockError::unavailable(
+            self.backend,
+            "acquire",
+            "holder connections kept ending under the request",
+        ))
+    }
+
+    /// A session that holds `lock` already (granted after a wait, with `token`, the grant's
+    /// request sent at `sent_at`) becomes a carrier: of the group when `shared`, else of
+    /// this hold alone.
+    pub fn adopt(
+        &self,
+        key: &str,
+        session: S,
+        lock: S::Lock,
+        token: u64,
+        ttl: Duration,
+        shared: bool,
+        sent_at: Instant,
+    ) -> Grant {
+        let group = Group { idle: ttl };
+        let carrier = self.spawn(session, group, shared, 1);
+        if shared {
+            guard(&self.groups)
+                .entry(group)
+                .or_default()
+                .push(carrier.clone());
+        }
+        self.grant(key, lock, carrier, token, sent_at)
+    }
+
+    /// The group's least busy carrier, counted as having one more request in flight.
+    fn route(&self, group: Group) -> Option<Arc<Carrier<S::Lock>>> {
+        let groups = guard(&self.groups);
+        let carrier = groups
+            .get(&group)?
+            .iter()
+            .filter(|c| c.dead.borrow().is_none())
+            .min_by_key(|c| c.in_flight.load(Ordering::SeqCst))?
+            .clone();
+        carrier.in_flight.fetch_add(1, Ordering::SeqCst);
+        Some(carrier)
+    }
+
+    fn spawn(&self, session: S, group: Group, shared: bool, held: usize) -> Arc<Carrier<S::Lock>> {
+        let (requests, requests_rx) = mpsc::unbounded_channel();
+        let (gives, gives_rx) = mpsc::unbounded_channel();
+        let carrier = Arc::new(Carrier {
+            id: session.id(),
+            requests,
+            gives,
+            in_flight: AtomicUsize::new(0),
+            dead: watch::Sender::new(None),
+        });
+        let task = Task {
+            backend: self.backend,
+            session: Some(session),
+            carrier: carrier.clone(),
+            registry: shared.then(|| (self.groups.clone(), group)),
+            idle: group.idle,
+            held,
+            keeps: Vec::new(),
+            wanted: None,
+            last_keep: None,
+            gap: if shared {
+                (group.idle / 30).min(Duration::from_secs(1))
+            } else {
+                Duration::ZERO
+            },
+        };
+        tokio::spawn(task.run(requests_rx, gives_rx));
+        carrier
+    }
+
+    fn grant(
+        &self,
+        key: &str,
+        lock: S::Lock,
+        carrier: Arc<Carrier<S::Lock>>,
+        token: u64,
+        sent_at: Instant,
+    ) -> Grant {
+        let mut dead = carrier.dead.subscribe();
+        let lost = async move {
+            let reason = match dead.wait_for(Option::is_some).await {
+                Ok(reason) => reason.clone().unwrap_or_default(),
+                Err(_) => "the holder connection's task ended".to_owned(),
+            };
+            LostReason::SessionEnded(reason)
+        };
+        let held = Carried {
+            backend: self.backend,
+            key: key.to_owned(),
+            lock,
+            carrier,
+            released: false,
+        };
+        Grant::new(token, Box::new(held), sent_at).with_lost(lost.boxed())
+    }
+}
+
+fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One carrier task: the session and what it holds.
+struct Task<S: Session> {
+    backend: &'static str,
+    session: Option<S>,
+    carrier: Arc<Carrier<S::Lock>>,
+    /// Where the carrier is registered, when it is shared.
+    registry: Option<(Arc<Registry<S::Lock>>, Group)>,
+    /// The session's idle timeout.
+    idle: Duration,
+    /// Locks the session holds.
+    held: usize,
+    /// Renewals waiting for the next keep.
+    keeps: Vec<oneshot::Sender<Result<()>>>,
+    /// The idle timeout renewals asked for, if it differs.
+    wanted: Option<Duration>,
+    last_keep: Option<Instant>,
+    gap: Duration,
+}
+
+impl<S: Session> Task<S> {
+    async fn run(
+        mut self,
+        mut requests: mpsc::UnboundedReceiver<Request<S::Lock>>,
+        mut gives: mpsc::UnboundedReceiver<Give<S::Lock>>,
+    ) {
+        loop {
+            let keep_at = (!self.keeps.is_empty())
+                .then(|| self.last_keep.map_or_else(Instant::now, |t| t + self.gap));
+            let outcome = tokio::select! {
+                biased;
+                Some(give) = gives.recv() => self.give(give).await,
+                // Due renewals go before queued takes, so a burst of acquires never
+                // starves the holds already taken.
+                () = sleep_until_some(keep_at), if keep_at.is_some() => self.keep().await,
+                Some(request) = requests.recv() => self.request(request).await,
+                else => return,
+            };
+            if let Err(reason) = outcome {
+                self.die(reason, &mut requests, &mut gives);
+                return;
+            }
+            if self.held == 0 && self.keeps.is_empty() && self.unregister() {
+                if let Some(session) = self.session.take() {
+                    session.retire();
+                }
+                return;
+            }
+        }
+    }
+
+    fn session(&mut self) -> &mut S {
+        self.session
+            .as_mut()
+            .expect("the session is present while the task runs")
+    }
+
+    async fn give(&mut self, give: Give<S::Lock>) -> Result<(), String> {
+        let last = self.held <= 1;
+        let outcome = self.session().unlock(&give.lock, last).await;
+        let (answer, result) = match outcome {
+            Ok(held) => {
+                if held {
+                    self.held = self.held.saturating_sub(1);
+                }
+                (Ok(held), Ok(()))
+            }
+            Err(Failure::Request(e)) => (Err(e), Ok(())),
+            Err(Failure::Session(e)) => {
+                let reason = e.to_string();
+                (Err(e), Err(reason))
+            }
+        };
+        if let Some(reply) = give.reply {
+            let _ = reply.send(answer);
+        }
+        result
+    }
+
+    async fn request(&mut self, request: Request<S::Lock>) -> Result<(), String> {
+        match request {
+            Request::Take { lock, reply } => {
+                let idle = self.idle;
+                let outcome = self.session().try_lock(&lock, idle).await;
+                let (answer, result) = match outcome {
+                    Ok(token) => {
+                        self.held += usize::from(token.is_some());
+                        (Ok(token), Ok(()))
+                    }
+                    Err(Failure::Request(e)) => (Err(e), Ok(())),
+                    Err(Failure::Session(e)) => {
+                        let reason = e.to_string();
+                        (Err(e), Err(reason))
+                    }
+                };
+                // Counted down before the answer, so the caller's next request sees it.
+                self.carrier.in_flight.fetch_sub(1, Ordering::SeqCst);
+                let _ = reply.send(answer);
+                result
+            }
+            Request::Keep { ttl, reply } => {
+                // A shared session keeps the largest idle timeout asked of it; a hold of
+                // its own follows its ttl.
+                let target = if self.registry.is_some() {
+                    ttl.max(self.idle)
+                } else {
+                    ttl
+                };
+                if target != self.idle {
+                    self.wanted = Some(target);
+                }
+                self.keeps.push(reply);
+                Ok(())
+            }
+        }
+    }
+
+    /// One keep for every renewal queued: each asked before it was sent.
+    async fn keep(&mut self) -> Result<(), String> {
+        let wanted = self.wanted.take();
+        self.last_keep = Some(Instant::now());
+        let outcome = self.session().keep(wanted).await;
+        let keeps = std::mem::take(&mut self.keeps);
+        match outcome {
+            Ok(()) => {
+                if let Some(idle) = wanted {
+                    self.idle = idle;
+                }
+                for reply in keeps {
+                    let _ = reply.send(Ok(()));
+                }
+                Ok(())
+            }
+            Err(Failure::Session(e) | Failure::Request(e)) => {
+                let reason = e.to_string();
+                for reply in keeps {
+                    let _ = reply.send(Err(self.not_held(&reason)));
+                }
+                Err(reason)
+            }
+        }
+    }
+
+    fn not_held(&self, reason: &str) -> LockError {
+        LockError::not_held(
+            self.backend,
+            "",
+            LostReason::SessionEnded(reason.to_owned()),
+        )
+    }
+
+    /// Leave the registry if nothing more can be routed here. A carrier of its own hold
+    /// always may.
+    fn unregister(&self) -> bool {
+        let Some((registry, group)) = &self.registry else {
+            return true;
+        };
+        let mut groups = guard(registry);
+        if self.carrier.in_flight.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
+        if let Some(list) = groups.get_mut(group) {
+            list.retain(|c| !Arc::ptr_eq(c, &self.carrier));
+            if list.is_empty() {
+                groups.remove(group);
+            }
+        }
+        true
+    }
+
+    /// The session failed: close it (the server frees its locks), fire `lost()` on the
+    /// holds it carried, and answer whatever is queued.
+    fn die(
+        &mut self,
+        reason: String,
+        requests: &mut mpsc::UnboundedReceiver<Request<S::Lock>>,
+        gives: &mut mpsc::UnboundedReceiver<Give<S::Lock>>,
+    ) {
+        tracing::warn!(backend = self.backend, session = self.carrier.id, held = self.held, %reason, "holder connection lost");
+        self.session = None;
+        self.carrier.dead.send_replace(Some(reason.clone()));
+        if let Some((registry, group)) = &self.registry {
+            if let Some(list) = guard(registry).get_mut(group) {
+                list.retain(|c| !Arc::ptr_eq(c, &self.carrier));
+            }
+        }
+        for reply in self.keeps.drain(..) {
+            let _ = reply.send(Err(LockError::not_held(
+                self.backend,
+                "",
+                LostReason::SessionEnded(reason.clone()),
+            )));
+        }
+        requests.close();
+        gives.close();
+        while let Ok(request) = requests.try_recv() {
+            // A take's caller retries elsewhere when its reply is dropped.
+            if let Request::Keep { reply, .. } = request {
+                let _ = reply.send(Err(self.not_held(&reason)));
+            }
+        }
+        while let Ok(give) = gives.try_recv() {
+            if let Some(reply) = give.reply {
+                let _ = reply.send(Err(self.not_held(&reason)));
+            }
+        }
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A hold on a carrier.
+struct Carried<L: Clone> {
+    backend: &'static str,
+    key: String,
+    lock: L,
+    carrier: Arc<Carrier<L>>,
+    released: bool,
+}
+
+impl<L: Clone + fmt::Debug> fmt::Debug for Carried<L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Carried")
+            .field("key", &self.key)
+            .field("lock", &self.lock)
+            .field("session", &self.carrier.id)
+            .finish()
+    }
+}
+
+impl<L: Clone> Carried<L> {
+    fn not_held(&self) -> LockError {
+        let reason = self
+            .carrier
+            .dead
+            .borrow()
+            .clone()
+            .unwrap_or_else(|| "the holder connection's task ended".to_owned());
+        LockError::not_held(self.backend, &self.key, LostReason::SessionEnded(reason))
+    }
+
+    /// Name the key in an error the carrier made without it.
+    fn with_key(&self, e: LockError) -> LockError {
+        match e {
+            LockError::NotHeld { reason, .. } => {
+                LockError::not_held(self.backend, &self.key, reason)
+            }
+            e => e,
+        }
+    }
+}
+
+#[async_trait]
+impl<L: Clone + Send + Sync + fmt::Debug + 'static> Held for Carried<L> {
+    async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        let (reply, answer) = oneshot::channel();
+        if self.carrier.dead.borrow().is_some()
+            || self.carrier.requests.send(Request::Keep { ttl, reply }).is_err()
+        {
+            return Err(self.not_held());
+        }
+        match answer.await {
+            Ok(outcome) => outcome.map_err(|e| self.with_key(e)),
+            Err(_) => Err(self.not_held()),
+        }
+    }
+
+    async fn release(&mut self) -> Result<()> {
+        self.released = true;
+        let (reply, answer) = oneshot::channel();
+        let give = Give {
+            lock: self.lock.clone(),
+            reply: Some(reply),
+        };
+        if self.carrier.gives.send(give).is_err() {
+            return Err(self.not_held());
+        }
+        match answer.await {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(LockError::not_held(
+                self.backend,
+                &self.key,
+                LostReason::NotHeld,
+            )),
+            Ok(Err(e)) => Err(self.with_key(e)),
+            Err(_) => Err(self.not_held()),
+        }
+    }
+}
+
+impl<L: Clone> Drop for Carried<L> {
+    fn drop(&mut self) {
+        if !self.released {
+            // Not released (the core releases on drop; this is the last resort): the
+            // carrier unlocks it, or its closing session frees it.
+            let _ = self.carrier.gives.send(Give {
+                lock: self.lock.clone(),
+                reply: None,
+            });
+        }
+    }
+}
