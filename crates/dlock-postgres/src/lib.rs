@@ -192,8 +192,8 @@ mod acquire;
 mod backend;
 mod config;
 mod error;
-mod held;
 mod pool;
+mod session;
 mod sql;
 
 use dlock_core::Result;

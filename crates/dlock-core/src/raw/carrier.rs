@@ -366,9 +366,10 @@ impl<S: Session> Task<S> {
                 (Ok(held), Ok(()))
             }
             Err(Failure::Request(e)) => (Err(e), Ok(())),
+            // The session, and with it the lock, is gone.
             Err(Failure::Session(e)) => {
                 let reason = e.to_string();
-                (Err(e), Err(reason))
+                (Err(self.not_held(&reason)), Err(reason))
             }
         };
         if let Some(reply) = give.reply {
@@ -395,7 +396,11 @@ impl<S: Session> Task<S> {
                 };
                 // Counted down before the answer, so the caller's next request sees it.
                 self.carrier.in_flight.fetch_sub(1, Ordering::SeqCst);
-                let _ = reply.send(answer);
+                if let Err(Ok(Some(_))) = reply.send(answer) {
+                    // The caller gave up while its take ran: nobody will release it.
+                    result?;
+                    return self.give(Give { lock, reply: None }).await;
+                }
                 result
             }
             Request::Keep { ttl, reply } => {
