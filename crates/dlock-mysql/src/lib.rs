@@ -230,6 +230,7 @@ mod backend;
 mod config;
 mod error;
 mod held;
+mod named;
 mod pool;
 mod sql;
 mod tls;
@@ -238,7 +239,7 @@ use dlock_core::Result;
 use dlock_core::raw::LockClient;
 
 pub use backend::MysqlBackend;
-pub use config::MysqlConfig;
+pub use config::{LockMode, MysqlConfig};
 
 /// The MySQL / MariaDB lock: a [`LockClient`] of a [`MysqlBackend`].
 pub type MysqlLock = LockClient<MysqlBackend>;
