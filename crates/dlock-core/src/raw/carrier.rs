@@ -116,6 +116,9 @@ type Registry<L> = Mutex<HashMap<Group, Vec<Arc<Carrier<L>>>>>;
 pub struct Carriers<S: Session> {
     backend: &'static str,
     groups: Arc<Registry<S::Lock>>,
+    /// Held while a shared carrier is being opened, so that a burst of first takes opens
+    /// one connection, not one each.
+    opening: tokio::sync::Mutex<()>,
 }
 
 impl<S: Session> fmt::Debug for Carriers<S> {
@@ -133,6 +136,7 @@ impl<S: Session> Carriers<S> {
         Self {
             backend,
             groups: Arc::default(),
+            opening: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -166,32 +170,29 @@ impl<S: Session> Carriers<S> {
             let carrier = match shared.then(|| self.route(group)).flatten() {
                 Some(carrier) => carrier,
                 None => {
+                    let opening = if shared {
+                        let opening = self.opening.lock().await;
+                        // Another take may have opened one meanwhile.
+                        if let Some(carrier) = self.route(group) {
+                            drop(opening);
+                            return self.take_on(key, lock, carrier).await;
+                        }
+                        Some(opening)
+                    } else {
+                        None
+                    };
                     let session = open().await?;
                     let carrier = self.spawn(session, group, shared, 0);
+                    carrier.in_flight.fetch_add(1, Ordering::SeqCst);
                     if shared {
                         guard(&self.groups).entry(group).or_default().push(carrier.clone());
                     }
-                    carrier.in_flight.fetch_add(1, Ordering::SeqCst);
+                    drop(opening);
                     carrier
                 }
             };
-            let sent_at = Instant::now();
-            let (reply, answer) = oneshot::channel();
-            let request = Request::Take {
-                lock: lock.clone(),
-                reply,
-            };
-            if carrier.requests.send(request).is_err() {
-                carrier.in_flight.fetch_sub(1, Ordering::SeqCst);
-                continue;
-            }
-            match answer.await {
-                Ok(Ok(Some(token))) => {
-                    return Ok(Some(self.grant(key, lock, carrier, token, sent_at)));
-                }
-                Ok(Ok(None)) => return Ok(None),
-                Ok(Err(e)) => return Err(e),
-                Err(_) => continue,
+            if let Some(answer) = self.send_take(key, lock.clone(), carrier).await {
+                return answer;
             }
         }
         Err(LockError::unavailable(
@@ -199,6 +200,49 @@ impl<S: Session> Carriers<S> {
             "acquire",
             "holder connections kept ending under the request",
         ))
+    }
+
+    /// [`send_take`](Self::send_take), retried once on a carrier that ended under it.
+    async fn take_on(
+        &self,
+        key: &str,
+        lock: S::Lock,
+        carrier: Arc<Carrier<S::Lock>>,
+    ) -> Result<Option<Grant>> {
+        match self.send_take(key, lock, carrier).await {
+            Some(answer) => answer,
+            None => Err(LockError::unavailable(
+                self.backend,
+                "acquire",
+                "the holder connection ended under the request",
+            )),
+        }
+    }
+
+    /// Ask `carrier` (already counted as having the request in flight) to take `lock`;
+    /// `None` when it ended before answering.
+    async fn send_take(
+        &self,
+        key: &str,
+        lock: S::Lock,
+        carrier: Arc<Carrier<S::Lock>>,
+    ) -> Option<Result<Option<Grant>>> {
+        let sent_at = Instant::now();
+        let (reply, answer) = oneshot::channel();
+        let request = Request::Take {
+            lock: lock.clone(),
+            reply,
+        };
+        if carrier.requests.send(request).is_err() {
+            carrier.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        match answer.await {
+            Ok(Ok(Some(token))) => Some(Ok(Some(self.grant(key, lock, carrier, token, sent_at)))),
+            Ok(Ok(None)) => Some(Ok(None)),
+            Ok(Err(e)) => Some(Err(e)),
+            Err(_) => None,
+        }
     }
 
     /// A session that holds `lock` already (granted after a wait, with `token`, the grant's
