@@ -22,11 +22,11 @@ use tokio::time::timeout;
 use crate::NAME;
 use crate::acquire::Attempt;
 use crate::config::{LockMode, MysqlConfig};
-use crate::named::{NamedAttempt, NamedSession};
-use dlock_core::raw::carrier::Carriers;
 use crate::error::Error;
+use crate::named::{NamedAttempt, NamedSession};
 use crate::pool::{Lent, Pool};
 use crate::sql::{self, Sql};
+use dlock_core::raw::carrier::Carriers;
 
 /// Connections for short side statements: fence counters, kills, clean-ups.
 const SIDE_CONNECTIONS: u32 = 8;

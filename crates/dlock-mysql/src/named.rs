@@ -105,7 +105,12 @@ impl Inner {
     /// On the connection that was just granted `lock`: its fencing token (autocommit: it
     /// stays taken whatever happens later), and the session's idle timeout. The grant came
     /// first, so a later holder's token is larger.
-    async fn named_fence(&self, lent: &mut Lent, lock: &NamedLock, idle: u32) -> Result<u64, Error> {
+    async fn named_fence(
+        &self,
+        lent: &mut Lent,
+        lock: &NamedLock,
+        idle: u32,
+    ) -> Result<u64, Error> {
         let sql = format!(
             "{};{}",
             Sql::keep(idle),
@@ -275,8 +280,7 @@ impl NamedAttempt {
         };
         loop {
             let round = deadline.map_or(LOCK_WAIT_ROUND, |at| {
-                sql::idle_seconds(at.saturating_duration_since(Instant::now()))
-                    .min(LOCK_WAIT_ROUND)
+                sql::idle_seconds(at.saturating_duration_since(Instant::now())).min(LOCK_WAIT_ROUND)
             });
             let sql = format!("SELECT GET_LOCK({}, {round})", literal(&self.lock.name));
             let sent_at = Instant::now();
@@ -357,7 +361,11 @@ mod tests {
         let a = lock_name("dlock_locks", &sql::row_name("a"));
         assert_eq!(a.len(), MAX_LOCK_NAME);
         assert!(a.starts_with(PREFIX));
-        assert!(a[PREFIX.len()..].bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(
+            a[PREFIX.len()..]
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
         assert_ne!(a, lock_name("dlock_locks", &sql::row_name("A")));
         assert_ne!(a, lock_name("other", &sql::row_name("a")));
         let long = "x".repeat(1024);

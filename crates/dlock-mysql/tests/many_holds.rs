@@ -31,7 +31,11 @@ async fn take_all(client: &dyn DistributedLock, keys: &[String], opts: &LockOpti
     for chunk in keys.chunks(8) {
         let taken = join_all(chunk.iter().map(|k| client.try_acquire(k, opts))).await;
         for (key, lease) in chunk.iter().zip(taken) {
-            leases.push(lease.expect("try_acquire").unwrap_or_else(|| panic!("{key} is free")));
+            leases.push(
+                lease
+                    .expect("try_acquire")
+                    .unwrap_or_else(|| panic!("{key} is free")),
+            );
         }
     }
     leases
@@ -53,7 +57,12 @@ async fn named_mode_two_thousand_keys_stay_held_through_many_renewals_and_releas
     assert_eq!(lost, 0, "{lost} of {} holds were lost", leases.len());
     let released = join_all(leases.into_iter().map(Lease::release)).await;
     let failed: Vec<_> = released.iter().filter_map(|r| r.as_ref().err()).collect();
-    assert!(failed.is_empty(), "{} releases failed: {:?}", failed.len(), failed.first());
+    assert!(
+        failed.is_empty(),
+        "{} releases failed: {:?}",
+        failed.len(),
+        failed.first()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,7 +87,11 @@ async fn named_mode_killing_a_holder_connection_fires_lost_on_exactly_its_holds(
 
     let holder = h.holder_of(&shared[0]).await.unwrap().expect("a holder");
     for key in &shared[1..] {
-        assert_eq!(h.holder_of(key).await.unwrap(), Some(holder), "{key} shares the connection");
+        assert_eq!(
+            h.holder_of(key).await.unwrap(),
+            Some(holder),
+            "{key} shares the connection"
+        );
     }
     assert_ne!(h.holder_of(&waited).await.unwrap(), Some(holder));
     h.kill_session(holder).await.unwrap();
@@ -89,9 +102,15 @@ async fn named_mode_killing_a_holder_connection_fires_lost_on_exactly_its_holds(
             .expect("lost() fires on every hold of the killed connection");
     }
     sleep(Duration::from_secs(1)).await;
-    assert!(!on_own.is_lost(), "a hold on another connection is untouched");
+    assert!(
+        !on_own.is_lost(),
+        "a hold on another connection is untouched"
+    );
     for lease in on_shared {
-        assert_eq!(lease.release().await.unwrap_err().kind(), ErrorKind::NotHeld);
+        assert_eq!(
+            lease.release().await.unwrap_err().kind(),
+            ErrorKind::NotHeld
+        );
     }
     on_own.release().await.expect("the untouched hold releases");
 }
@@ -105,7 +124,10 @@ async fn row_mode_holds_at_most_max_connections_keys_and_says_so() {
     let opts = LockOptions::new();
     let keys: Vec<String> = (0..3).map(|i| unique(&format!("row{i}"))).collect();
     let held = take_all(&*lock, &keys[..2], &opts).await;
-    let err = lock.try_acquire(&keys[2], &opts).await.expect_err("a third key");
+    let err = lock
+        .try_acquire(&keys[2], &opts)
+        .await
+        .expect_err("a third key");
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(err.to_string().contains("max_connections"), "{err}");
     for lease in held {

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use dlock_core::{LockOptions, Result};
 use dlock_core::raw::{Deadline, Grant};
+use dlock_core::{LockOptions, Result};
 use futures::Future;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -22,10 +22,10 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::backend::{Inner, run_raw};
 use crate::error::Error;
-use crate::session::PgSession;
-use sqlx::Connection;
 use crate::pool::Lent;
+use crate::session::PgSession;
 use crate::sql::{Sql, millis};
+use sqlx::Connection;
 
 /// How long a cancelled statement gets to answer before the next, stronger step.
 const CANCEL_GRACE: Duration = Duration::from_secs(1);
@@ -122,7 +122,10 @@ impl Attempt {
         // First without waiting, on a holder connection shared with other holds.
         let inner = self.inner.clone();
         let open = || open_session(inner.clone());
-        let tried = self.inner.carriers.try_take(&self.key, id, self.ttl, self.shared, open);
+        let tried = self
+            .inner
+            .carriers
+            .try_take(&self.key, id, self.ttl, self.shared, open);
         let Some(tried) = self.deadline.run(tried).await else {
             return Ok(None);
         };
@@ -224,7 +227,13 @@ impl Attempt {
         };
         let carriers = &self.inner.carriers;
         Ok(Some(carriers.adopt(
-            &self.key, session, id, token, self.ttl, self.shared, sent_at,
+            &self.key,
+            session,
+            id,
+            token,
+            self.ttl,
+            self.shared,
+            sent_at,
         )))
     }
 }

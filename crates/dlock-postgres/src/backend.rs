@@ -33,7 +33,7 @@ const SIDE_CONNECTIONS: u32 = 8;
 /// Most key → id mappings kept in memory; past it the cache starts over.
 const MAX_CACHED_IDS: usize = 100_000;
 
-/// The PostgreSQL backend: a session-level advisory lock held on a dedicated connection.
+/// The PostgreSQL backend: a session-level advisory lock, many per holder connection.
 ///
 /// Use it through [`PostgresLock`](crate::PostgresLock) (a
 /// [`LockClient`](dlock_core::raw::LockClient) of this backend), made by

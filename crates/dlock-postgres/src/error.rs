@@ -99,9 +99,7 @@ impl Error {
     /// This error, or [`Error::LockTableFull`] when it says the lock table is full.
     pub(crate) fn lock_table_full(self) -> Self {
         match self {
-            Self::Sql { source, .. }
-                if matches!(&source, sqlx::Error::Database(d) if d.code().as_deref() == Some(OUT_OF_SHARED_MEMORY)) =>
-            {
+            Self::Sql { source, .. } if matches!(&source, sqlx::Error::Database(d) if d.code().as_deref() == Some(OUT_OF_SHARED_MEMORY)) => {
                 Self::LockTableFull { source }
             }
             e => e,

@@ -29,7 +29,11 @@ impl PgSession {
         }
     }
 
-    async fn run(&mut self, sql: &str, op: &'static str) -> Result<Vec<sqlx::postgres::PgRow>, Failure> {
+    async fn run(
+        &mut self,
+        sql: &str,
+        op: &'static str,
+    ) -> Result<Vec<sqlx::postgres::PgRow>, Failure> {
         self.inner
             .run(&mut self.lent, sql, op)
             .await

@@ -30,7 +30,11 @@ async fn take_all(client: &dyn DistributedLock, keys: &[String], opts: &LockOpti
     for chunk in keys.chunks(8) {
         let taken = join_all(chunk.iter().map(|k| client.try_acquire(k, opts))).await;
         for (key, lease) in chunk.iter().zip(taken) {
-            leases.push(lease.expect("try_acquire").unwrap_or_else(|| panic!("{key} is free")));
+            leases.push(
+                lease
+                    .expect("try_acquire")
+                    .unwrap_or_else(|| panic!("{key} is free")),
+            );
         }
     }
     leases
@@ -50,7 +54,12 @@ async fn two_thousand_keys_stay_held_through_many_renewals_and_release_cleanly()
     assert_eq!(lost, 0, "{lost} of {} holds were lost", leases.len());
     let released = join_all(leases.into_iter().map(Lease::release)).await;
     let failed: Vec<_> = released.iter().filter_map(|r| r.as_ref().err()).collect();
-    assert!(failed.is_empty(), "{} releases failed: {:?}", failed.len(), failed.first());
+    assert!(
+        failed.is_empty(),
+        "{} releases failed: {:?}",
+        failed.len(),
+        failed.first()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,7 +85,11 @@ async fn terminating_a_holder_connection_fires_lost_on_exactly_its_holds() {
     let pids = h.sessions_on(&shared[0], true).await.unwrap();
     assert_eq!(pids.len(), 1, "{pids:?}");
     for key in &shared[1..] {
-        assert_eq!(h.sessions_on(key, true).await.unwrap(), pids, "{key} shares the connection");
+        assert_eq!(
+            h.sessions_on(key, true).await.unwrap(),
+            pids,
+            "{key} shares the connection"
+        );
     }
     assert_ne!(h.sessions_on(&waited, true).await.unwrap(), pids);
     h.kill_session(pids[0]).await.unwrap();
@@ -87,9 +100,15 @@ async fn terminating_a_holder_connection_fires_lost_on_exactly_its_holds() {
             .expect("lost() fires on every hold of the terminated connection");
     }
     sleep(Duration::from_secs(1)).await;
-    assert!(!on_own.is_lost(), "a hold on another connection is untouched");
+    assert!(
+        !on_own.is_lost(),
+        "a hold on another connection is untouched"
+    );
     for lease in on_shared {
-        assert_eq!(lease.release().await.unwrap_err().kind(), ErrorKind::NotHeld);
+        assert_eq!(
+            lease.release().await.unwrap_err().kind(),
+            ErrorKind::NotHeld
+        );
     }
     on_own.release().await.expect("the untouched hold releases");
 }

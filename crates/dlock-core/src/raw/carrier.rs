@@ -24,13 +24,13 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until};
 
 use crate::raw::{Grant, Held};
@@ -87,10 +87,6 @@ enum Request<L> {
         lock: L,
         reply: oneshot::Sender<Result<Option<u64>>>,
     },
-    Keep {
-        ttl: Duration,
-        reply: oneshot::Sender<Result<()>>,
-    },
 }
 
 struct Give<L> {
@@ -101,6 +97,8 @@ struct Give<L> {
 /// The handle on one carrier task.
 struct Carrier<L> {
     id: u64,
+    /// The ttl of the group: the holds' ttl when taken.
+    ttl: Duration,
     requests: mpsc::UnboundedSender<Request<L>>,
     gives: mpsc::UnboundedSender<Give<L>>,
     /// Requests sent and not answered yet; only changed under the registry's lock when
@@ -108,6 +106,14 @@ struct Carrier<L> {
     in_flight: AtomicUsize,
     /// Set (once) to why the session ended.
     dead: watch::Sender<Option<String>>,
+    /// When the last successful keep was sent: a renewal that began before it is done.
+    kept: watch::Sender<Option<Instant>>,
+    /// A renewal is waiting for the next keep; set by the first one, cleared when the keep
+    /// is sent, so one wake-up of the carrier serves every renewal of a gap.
+    keep_wanted: AtomicBool,
+    keep_asked: Notify,
+    /// A longer idle timeout a renewal asked for (a manual extend with another ttl).
+    wanted_idle: Mutex<Option<Duration>>,
 }
 
 type Registry<L> = Mutex<HashMap<Group, Vec<Arc<Carrier<L>>>>>;
@@ -185,7 +191,10 @@ impl<S: Session> Carriers<S> {
                     let carrier = self.spawn(session, group, shared, 0);
                     carrier.in_flight.fetch_add(1, Ordering::SeqCst);
                     if shared {
-                        guard(&self.groups).entry(group).or_default().push(carrier.clone());
+                        guard(&self.groups)
+                            .entry(group)
+                            .or_default()
+                            .push(carrier.clone());
                     }
                     drop(opening);
                     carrier
@@ -287,10 +296,15 @@ impl<S: Session> Carriers<S> {
         let (gives, gives_rx) = mpsc::unbounded_channel();
         let carrier = Arc::new(Carrier {
             id: session.id(),
+            ttl: group.idle,
             requests,
             gives,
             in_flight: AtomicUsize::new(0),
             dead: watch::Sender::new(None),
+            kept: watch::Sender::new(None),
+            keep_wanted: AtomicBool::new(false),
+            keep_asked: Notify::new(),
+            wanted_idle: Mutex::new(None),
         });
         let task = Task {
             backend: self.backend,
@@ -299,8 +313,7 @@ impl<S: Session> Carriers<S> {
             registry: shared.then(|| (self.groups.clone(), group)),
             idle: group.idle,
             held,
-            keeps: Vec::new(),
-            wanted: None,
+            keep_due: None,
             last_keep: None,
             gap: if shared {
                 (group.idle / 30).min(Duration::from_secs(1))
@@ -332,6 +345,7 @@ impl<S: Session> Carriers<S> {
             backend: self.backend,
             key: key.to_owned(),
             lock,
+            ttl: carrier.ttl,
             carrier,
             released: false,
         };
@@ -354,10 +368,8 @@ struct Task<S: Session> {
     idle: Duration,
     /// Locks the session holds.
     held: usize,
-    /// Renewals waiting for the next keep.
-    keeps: Vec<oneshot::Sender<Result<()>>>,
-    /// The idle timeout renewals asked for, if it differs.
-    wanted: Option<Duration>,
+    /// When the keep renewals wait for goes out.
+    keep_due: Option<Instant>,
     last_keep: Option<Instant>,
     gap: Duration,
 }
@@ -369,14 +381,19 @@ impl<S: Session> Task<S> {
         mut gives: mpsc::UnboundedReceiver<Give<S::Lock>>,
     ) {
         loop {
-            let keep_at = (!self.keeps.is_empty())
-                .then(|| self.last_keep.map_or_else(Instant::now, |t| t + self.gap));
+            let keep_due = self.keep_due;
+            let carrier = self.carrier.clone();
             let outcome = tokio::select! {
                 biased;
                 Some(give) = gives.recv() => self.give(give).await,
                 // Due renewals go before queued takes, so a burst of acquires never
                 // starves the holds already taken.
-                () = sleep_until_some(keep_at), if keep_at.is_some() => self.keep().await,
+                () = sleep_until_some(keep_due), if keep_due.is_some() => self.keep().await,
+                () = carrier.keep_asked.notified(), if keep_due.is_none() => {
+                    let now = Instant::now();
+                    self.keep_due = Some(self.last_keep.map_or(now, |t| (t + self.gap).max(now)));
+                    Ok(())
+                }
                 Some(request) = requests.recv() => self.request(request).await,
                 else => return,
             };
@@ -384,7 +401,7 @@ impl<S: Session> Task<S> {
                 self.die(reason, &mut requests, &mut gives);
                 return;
             }
-            if self.held == 0 && self.keeps.is_empty() && self.unregister() {
+            if self.held == 0 && self.keep_due.is_none() && self.unregister() {
                 if let Some(session) = self.session.take() {
                     session.retire();
                 }
@@ -423,8 +440,9 @@ impl<S: Session> Task<S> {
     }
 
     async fn request(&mut self, request: Request<S::Lock>) -> Result<(), String> {
-        match request {
-            Request::Take { lock, reply } => {
+        {
+            let Request::Take { lock, reply } = request;
+            {
                 let idle = self.idle;
                 let outcome = self.session().try_lock(&lock, idle).await;
                 let (answer, result) = match outcome {
@@ -447,46 +465,37 @@ impl<S: Session> Task<S> {
                 }
                 result
             }
-            Request::Keep { ttl, reply } => {
-                // A shared session keeps the largest idle timeout asked of it; a hold of
-                // its own follows its ttl.
-                let target = if self.registry.is_some() {
-                    ttl.max(self.idle)
-                } else {
-                    ttl
-                };
-                if target != self.idle {
-                    self.wanted = Some(target);
-                }
-                self.keeps.push(reply);
-                Ok(())
-            }
         }
     }
 
-    /// One keep for every renewal queued: each asked before it was sent.
+    /// One keep for every renewal waiting: each began before it was sent.
     async fn keep(&mut self) -> Result<(), String> {
-        let wanted = self.wanted.take();
-        self.last_keep = Some(Instant::now());
-        let outcome = self.session().keep(wanted).await;
-        let keeps = std::mem::take(&mut self.keeps);
-        match outcome {
+        self.keep_due = None;
+        // Cleared first: a renewal that sets it again from here on waits for the next keep.
+        self.carrier.keep_wanted.store(false, Ordering::SeqCst);
+        let asked = guard(&self.carrier.wanted_idle).take();
+        // A shared session keeps the largest idle timeout asked of it; a hold of its own
+        // follows its ttl.
+        let wanted = asked
+            .map(|ttl| {
+                if self.registry.is_some() {
+                    ttl.max(self.idle)
+                } else {
+                    ttl
+                }
+            })
+            .filter(|idle| *idle != self.idle);
+        let sent_at = Instant::now();
+        self.last_keep = Some(sent_at);
+        match self.session().keep(wanted).await {
             Ok(()) => {
                 if let Some(idle) = wanted {
                     self.idle = idle;
                 }
-                for reply in keeps {
-                    let _ = reply.send(Ok(()));
-                }
+                self.carrier.kept.send_replace(Some(sent_at));
                 Ok(())
             }
-            Err(Failure::Session(e) | Failure::Request(e)) => {
-                let reason = e.to_string();
-                for reply in keeps {
-                    let _ = reply.send(Err(self.not_held(&reason)));
-                }
-                Err(reason)
-            }
+            Err(Failure::Session(e) | Failure::Request(e)) => Err(e.to_string()),
         }
     }
 
@@ -533,21 +542,10 @@ impl<S: Session> Task<S> {
                 list.retain(|c| !Arc::ptr_eq(c, &self.carrier));
             }
         }
-        for reply in self.keeps.drain(..) {
-            let _ = reply.send(Err(LockError::not_held(
-                self.backend,
-                "",
-                LostReason::SessionEnded(reason.clone()),
-            )));
-        }
         requests.close();
         gives.close();
-        while let Ok(request) = requests.try_recv() {
-            // A take's caller retries elsewhere when its reply is dropped.
-            if let Request::Keep { reply, .. } = request {
-                let _ = reply.send(Err(self.not_held(&reason)));
-            }
-        }
+        // A take's caller retries elsewhere when its reply is dropped.
+        while requests.try_recv().is_ok() {}
         while let Ok(give) = gives.try_recv() {
             if let Some(reply) = give.reply {
                 let _ = reply.send(Err(self.not_held(&reason)));
@@ -569,6 +567,8 @@ struct Carried<L: Clone> {
     key: String,
     lock: L,
     carrier: Arc<Carrier<L>>,
+    /// The ttl of the hold's last renewal.
+    ttl: Duration,
     released: bool,
 }
 
@@ -607,15 +607,27 @@ impl<L: Clone> Carried<L> {
 #[async_trait]
 impl<L: Clone + Send + Sync + fmt::Debug + 'static> Held for Carried<L> {
     async fn extend(&mut self, ttl: Duration) -> Result<()> {
-        let (reply, answer) = oneshot::channel();
-        if self.carrier.dead.borrow().is_some()
-            || self.carrier.requests.send(Request::Keep { ttl, reply }).is_err()
-        {
+        let began = Instant::now();
+        let carrier = &self.carrier;
+        let mut dead = carrier.dead.subscribe();
+        let mut kept = carrier.kept.subscribe();
+        if dead.borrow().is_some() {
             return Err(self.not_held());
         }
-        match answer.await {
-            Ok(outcome) => outcome.map_err(|e| self.with_key(e)),
-            Err(_) => Err(self.not_held()),
+        if ttl != self.ttl {
+            self.ttl = ttl;
+            *guard(&carrier.wanted_idle) = Some(ttl);
+        }
+        if !carrier.keep_wanted.swap(true, Ordering::SeqCst) {
+            carrier.keep_asked.notify_one();
+        }
+        tokio::select! {
+            biased;
+            _ = dead.wait_for(Option::is_some) => Err(self.not_held()),
+            kept = kept.wait_for(|at| at.is_some_and(|at| at >= began)) => match kept {
+                Ok(_) => Ok(()),
+                Err(_) => Err(self.not_held()),
+            },
         }
     }
 
