@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::raw::carrier::{Failure, Session};
+use dlock_core::raw::carrier::{Failure, Granted, Session};
 use dlock_core::raw::{Deadline, Grant};
 use dlock_core::{LockOptions, Result};
 use sha2::{Digest, Sha256};
@@ -325,13 +325,15 @@ impl NamedAttempt {
                     };
                     let carriers = &self.inner.carriers;
                     return Ok(Some(carriers.adopt(
-                        &self.key,
                         session,
-                        self.lock.clone(),
-                        token,
-                        self.ttl,
-                        self.shared,
-                        sent_at,
+                        Granted {
+                            key: &self.key,
+                            lock: self.lock.clone(),
+                            token,
+                            ttl: self.ttl,
+                            shared: self.shared,
+                            sent_at,
+                        },
                     )));
                 }
                 // The round ran out.

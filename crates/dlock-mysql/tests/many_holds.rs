@@ -78,7 +78,7 @@ async fn named_mode_killing_a_holder_connection_fires_lost_on_exactly_its_holds(
     let blocker = b.try_acquire(&waited, &opts).await.unwrap().expect("free");
     let waiting = {
         let (a, key) = (a.clone(), waited.clone());
-        let opts = opts.clone().wait(Wait::For(Duration::from_secs(10)));
+        let opts = opts.wait(Wait::For(Duration::from_secs(10)));
         tokio::spawn(async move { a.acquire(&key, &opts).await })
     };
     sleep(Duration::from_millis(200)).await;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use dlock_core::raw::carrier::Granted;
 use dlock_core::raw::{Deadline, Grant};
 use dlock_core::{LockOptions, Result};
 use futures::Future;
@@ -227,13 +228,15 @@ impl Attempt {
         };
         let carriers = &self.inner.carriers;
         Ok(Some(carriers.adopt(
-            &self.key,
             session,
-            id,
-            token,
-            self.ttl,
-            self.shared,
-            sent_at,
+            Granted {
+                key: &self.key,
+                lock: id,
+                token,
+                ttl: self.ttl,
+                shared: self.shared,
+                sent_at,
+            },
         )))
     }
 }

@@ -118,6 +118,23 @@ struct Carrier<L> {
 
 type Registry<L> = Mutex<HashMap<Group, Vec<Arc<Carrier<L>>>>>;
 
+/// A lock a session was granted after a wait, for [`Carriers::adopt`].
+#[derive(Debug)]
+pub struct Granted<'a, L> {
+    /// The key, for errors.
+    pub key: &'a str,
+    /// The lock the session holds.
+    pub lock: L,
+    /// Its fencing token.
+    pub token: u64,
+    /// The hold's ttl.
+    pub ttl: Duration,
+    /// Auto-renewed: it may share its carrier with later holds.
+    pub shared: bool,
+    /// When the request that was granted was sent.
+    pub sent_at: Instant,
+}
+
 /// The carriers of one client.
 pub struct Carriers<S: Session> {
     backend: &'static str,
@@ -254,28 +271,24 @@ impl<S: Session> Carriers<S> {
         }
     }
 
-    /// A session that holds `lock` already (granted after a wait, with `token`, the grant's
-    /// request sent at `sent_at`) becomes a carrier: of the group when `shared`, else of
-    /// this hold alone.
-    pub fn adopt(
-        &self,
-        key: &str,
-        session: S,
-        lock: S::Lock,
-        token: u64,
-        ttl: Duration,
-        shared: bool,
-        sent_at: Instant,
-    ) -> Grant {
-        let group = Group { idle: ttl };
-        let carrier = self.spawn(session, group, shared, 1);
-        if shared {
+    /// A session that was granted a lock after a wait becomes a carrier: of the group
+    /// when the hold is shared, else of this hold alone.
+    pub fn adopt(&self, session: S, granted: Granted<'_, S::Lock>) -> Grant {
+        let group = Group { idle: granted.ttl };
+        let carrier = self.spawn(session, group, granted.shared, 1);
+        if granted.shared {
             guard(&self.groups)
                 .entry(group)
                 .or_default()
                 .push(carrier.clone());
         }
-        self.grant(key, lock, carrier, token, sent_at)
+        self.grant(
+            granted.key,
+            granted.lock,
+            carrier,
+            granted.token,
+            granted.sent_at,
+        )
     }
 
     /// The group's least busy carrier, counted as having one more request in flight.
@@ -537,10 +550,10 @@ impl<S: Session> Task<S> {
         tracing::warn!(backend = self.backend, session = self.carrier.id, held = self.held, %reason, "holder connection lost");
         self.session = None;
         self.carrier.dead.send_replace(Some(reason.clone()));
-        if let Some((registry, group)) = &self.registry {
-            if let Some(list) = guard(registry).get_mut(group) {
-                list.retain(|c| !Arc::ptr_eq(c, &self.carrier));
-            }
+        if let Some((registry, group)) = &self.registry
+            && let Some(list) = guard(registry).get_mut(group)
+        {
+            list.retain(|c| !Arc::ptr_eq(c, &self.carrier));
         }
         requests.close();
         gives.close();
