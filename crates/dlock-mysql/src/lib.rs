@@ -159,6 +159,23 @@
 //! | `extend` | 0 of its own: one ping per holder connection per renewal gap | — |
 //! | `release` | 1 | — |
 //!
+//! # Many keys
+//!
+//! One client, 10,000 keys taken with `try_acquire` (16 in flight) and held 30 s, by hand
+//! with `cargo run --release -p dlock --example many_holds -- URL 10000 TTL 30` (loopback,
+//! MariaDB 10.11, a shared 2-core machine):
+//!
+//! | | acquired | rate | client CPU while holding | lost | failed releases | release all |
+//! |---|---|---|---|---|---|---|
+//! | `mode=row`, ttl 30 s | 100 (then `Unavailable`: `max_connections`) | 20/s | 0.17 % (100 keys) | 0 | 0 | 47 ms |
+//! | `mode=row&max_connections=900`, ttl 30 s | 900 | 164/s | 0.77 % (900 keys) | 0 | 0 | 163 ms |
+//! | `mode=named`, ttl 30 s | 10,000 | 3,514/s | 1.87 % | 0 | 0 | 0.56 s |
+//! | `mode=named`, ttl 6 s | 10,000 | 3,871/s | 6.47 % | 0 | 0 | 0.61 s |
+//!
+//! The CPU is mostly dlock-core's renewal schedule, one timer per lease: the in-process
+//! memory backend costs 4.77 % for the same 10,000 keys at ttl 6 s. The holder connections
+//! add one ping per connection per renewal gap.
+//!
 //! # Capabilities
 //!
 //! Both modes; `max_held` is `Some(max_connections)` in row mode and `None` in named mode.

@@ -131,6 +131,22 @@
 //! `pg_advisory_unlock` pair on one connection 0.14 ms. Medians of
 //! `cargo run --release -p dlock-postgres --example latency` on a shared 2-core machine.
 //!
+//! # Many keys
+//!
+//! One client, 10,000 keys taken with `try_acquire` (16 in flight) and held 30 s, by hand
+//! with `cargo run --release -p dlock --example many_holds -- URL 10000 TTL 30` (loopback,
+//! PostgreSQL 15, a shared 2-core machine):
+//!
+//! | | acquired | rate | client CPU while holding | lost | failed releases | release all |
+//! |---|---|---|---|---|---|---|
+//! | one connection per key (before), ttl 30 s | 100 (then `Unavailable`: `max_connections`) | 19/s | 0.20 % (100 keys) | 0 | 0 | 8 ms |
+//! | holder connections, ttl 30 s | 10,000 | 2,422/s | 1.83 % | 0 | 0 | 2.2 s |
+//! | holder connections, ttl 6 s | 10,000 | 1,702/s | 6.33 % | 0 | 0 | 3.5 s |
+//!
+//! The CPU is mostly dlock-core's renewal schedule, one timer per lease: the in-process
+//! memory backend costs 4.77 % for the same 10,000 keys at ttl 6 s. The holder connections
+//! add one ping per connection per renewal gap.
+//!
 //! # Capabilities
 //!
 //! | capability | value | why |
