@@ -36,11 +36,15 @@ const MAX_RESTARTS: u32 = 100;
 type Answer = Result<Option<Grant>>;
 
 /// The way back to the caller of `acquire`, which may have gone away.
-struct Reply(Option<oneshot::Sender<Answer>>);
+pub(crate) struct Reply(Option<oneshot::Sender<Answer>>);
 
 impl Reply {
+    pub(crate) fn new(tx: oneshot::Sender<Answer>) -> Self {
+        Self(Some(tx))
+    }
+
     /// Answer the caller (once). Returns the grant if nobody took it, so it can be released.
-    fn send(&mut self, answer: Answer) -> Option<Grant> {
+    pub(crate) fn send(&mut self, answer: Answer) -> Option<Grant> {
         let unclaimed = match self.0.take() {
             Some(tx) => tx.send(answer).err()?,
             None => answer,
@@ -49,7 +53,7 @@ impl Reply {
     }
 
     /// Resolves when the caller dropped its `acquire` future.
-    async fn gone(&mut self) {
+    pub(crate) async fn gone(&mut self) {
         match &mut self.0 {
             Some(tx) => tx.closed().await,
             None => std::future::pending().await,
@@ -59,7 +63,7 @@ impl Reply {
 
 /// Why a running statement was stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Why {
+pub(crate) enum Why {
     /// The acquire's deadline passed.
     Deadline,
     /// The server stayed silent past the response timeout (or a lock wait round).
@@ -316,7 +320,7 @@ impl Attempt {
     }
 }
 
-async fn sleep_until_some(at: Option<Instant>) {
+pub(crate) async fn sleep_until_some(at: Option<Instant>) {
     match at {
         Some(at) => sleep_until(at).await,
         None => std::future::pending().await,
@@ -340,7 +344,7 @@ impl Inner {
     /// Stop the statement running on connection `id` so that it can never take the lock
     /// later, and wait (briefly) for `run` to see it end. `KILL QUERY` first, which keeps
     /// the session; then `KILL`, which ends it. Returns whether `run` finished.
-    async fn interrupt<F>(&self, id: u64, mut run: Pin<&mut F>) -> bool
+    pub(crate) async fn interrupt<F>(&self, id: u64, mut run: Pin<&mut F>) -> bool
     where
         F: Future<Output = ()>,
     {

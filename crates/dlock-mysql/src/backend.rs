@@ -21,10 +21,12 @@ use tokio::time::timeout;
 
 use crate::NAME;
 use crate::acquire::Attempt;
-use crate::config::MysqlConfig;
+use crate::config::{LockMode, MysqlConfig};
 use crate::error::Error;
+use crate::named::{NamedAttempt, NamedSession};
 use crate::pool::{Lent, Pool};
 use crate::sql::{self, Sql};
+use dlock_core::raw::carrier::Carriers;
 
 /// Connections for short side statements: fence counters, kills, clean-ups.
 const SIDE_CONNECTIONS: u32 = 8;
@@ -47,6 +49,8 @@ pub(crate) struct Inner {
     /// Connections for side statements.
     pub(crate) side: Arc<Pool>,
     pub(crate) wakeups: AtomicU64,
+    /// Named mode's holder connections, each carrying many holds.
+    pub(crate) carriers: Carriers<NamedSession>,
 }
 
 impl MysqlBackend {
@@ -98,6 +102,7 @@ impl MysqlBackend {
             sql: Sql::new(&config.table),
             config,
             wakeups: AtomicU64::new(0),
+            carriers: Carriers::new(NAME),
         };
         inner.prepare_tables().await?;
         Ok(Self {
@@ -146,6 +151,12 @@ impl Backend for MysqlBackend {
                 server_restart: dlock_core::FaultSafety::Fenced,
                 ..Default::default()
             },
+            // Row mode pins a connection per held key; named mode's holder connections
+            // carry any number.
+            max_held: match self.inner.config.mode {
+                LockMode::Row => Some(self.inner.config.max_connections as usize),
+                LockMode::Named => None,
+            },
             ..Default::default()
         }
     }
@@ -156,12 +167,20 @@ impl Backend for MysqlBackend {
         opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
-        let ttl = opts.ttl;
         let (tx, rx) = oneshot::channel();
-        let attempt = Attempt::new(self.inner.clone(), key, ttl, deadline, tx);
         // Counted as clean-up: once the caller gives up, the task still stops the waiting
         // statement and tidies the connection.
-        if !dlock_core::raw::spawn_cleanup(attempt.run()) {
+        let spawned = match self.inner.config.mode {
+            LockMode::Row => {
+                let attempt = Attempt::new(self.inner.clone(), key, opts.ttl, deadline, tx);
+                dlock_core::raw::spawn_cleanup(attempt.run())
+            }
+            LockMode::Named => {
+                let attempt = NamedAttempt::new(self.inner.clone(), key, opts, deadline, tx);
+                dlock_core::raw::spawn_cleanup(attempt.run())
+            }
+        };
+        if !spawned {
             return Err(LockError::backend(NAME, "acquire", "no tokio runtime"));
         }
         rx.await.unwrap_or_else(|_| {

@@ -43,10 +43,36 @@ pub struct MysqlConfig {
     /// server fails the call after it), and the time a waiting statement may stay silent
     /// past its server-side lock wait. Default 5 s.
     pub response_timeout: Duration,
-    /// Most connections open at once for holding and waiting: every held key and every
-    /// waiting acquire pins one. Default 100.
+    /// Most lock connections open at once. In [`LockMode::Row`] every held key and every
+    /// waiting acquire pins one; in [`LockMode::Named`] holder connections carry many keys
+    /// each and only waiting acquires take one of their own. Default 100.
     pub max_connections: u32,
+    /// How a key is held. Default [`LockMode::Row`].
+    pub mode: LockMode,
     tls: Tls,
+}
+
+/// How the MySQL backend holds a key (URL option `mode`). Every client of a key must use
+/// the same mode: a row lock and a named lock on one key do not exclude each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LockMode {
+    /// `row`: a row locked by `SELECT … FOR UPDATE` in a transaction kept open on a
+    /// connection of its own per held key (at most `max_connections` keys held at once).
+    #[default]
+    Row,
+    /// `named`: a named lock (`GET_LOCK`), many per holder connection; for clients that hold
+    /// many keys at once.
+    Named,
+}
+
+impl LockMode {
+    /// The URL spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Row => "row",
+            Self::Named => "named",
+        }
+    }
 }
 
 impl MysqlConfig {
@@ -81,6 +107,7 @@ impl MysqlConfig {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            mode: LockMode::Row,
             tls: Tls::default(),
         }
     }
@@ -167,6 +194,18 @@ impl MysqlConfig {
                             format!("option {key}={value:?} must be a number from 1 to 10000"),
                         )
                     })?;
+            }
+            ConfigKey::Mode => {
+                self.mode = match value {
+                    "row" => LockMode::Row,
+                    "named" => LockMode::Named,
+                    _ => {
+                        return Err(LockError::invalid_config(
+                            NAME,
+                            format!("option {key}={value:?} must be row or named"),
+                        ));
+                    }
+                };
             }
             ConfigKey::SslMode => {
                 self.tls.mode = Some(value.parse().map_err(|()| {
@@ -269,6 +308,8 @@ pub(crate) enum ConfigKey {
     ResponseTimeout,
     /// `max_connections`: [`MysqlConfig::max_connections`].
     MaxConnections,
+    /// `mode`: [`MysqlConfig::mode`], `row` or `named`.
+    Mode,
     /// `ssl-mode` (or `sslmode`).
     SslMode,
     /// `ssl-ca` (or `sslca`).
@@ -288,6 +329,7 @@ impl FromStr for ConfigKey {
             "connect_timeout" => Ok(Self::ConnectTimeout),
             "response_timeout" => Ok(Self::ResponseTimeout),
             "max_connections" => Ok(Self::MaxConnections),
+            "mode" => Ok(Self::Mode),
             "ssl-mode" | "sslmode" => Ok(Self::SslMode),
             "ssl-ca" | "sslca" => Ok(Self::SslCa),
             "ssl-cert" | "sslcert" => Ok(Self::SslCert),
@@ -296,7 +338,7 @@ impl FromStr for ConfigKey {
                 NAME,
                 format!(
                     "unknown option {other:?} (known: table, connect_timeout, response_timeout, \
-                     max_connections, ssl-mode, ssl-ca, ssl-cert, ssl-key)"
+                     max_connections, mode, ssl-mode, ssl-ca, ssl-cert, ssl-key)"
                 ),
             )),
         }
@@ -376,6 +418,7 @@ mod tests {
             ("mysql://u@h/d?response_timeout=1500ms", |c| {
                 c.response_timeout == Duration::from_millis(1500)
             }),
+            ("mysql://u@h/d?mode=named", |c| c.mode == LockMode::Named),
             ("mysql://u@h/d?max_connections=7", |c| {
                 c.max_connections == 7
             }),
@@ -417,6 +460,7 @@ mod tests {
             ("mysql://u@h/d?connect_timeout=0", "connect_timeout"),
             ("mysql://u@h/d?response_timeout=2h", "response_timeout"),
             ("mysql://u@h/d?max_connections=0", "max_connections"),
+            ("mysql://u@h/d?mode=fast", "mode"),
             ("mysql://u@h/d?ssl-mode=sometimes", "ssl-mode"),
             ("mysql://u@h/d?ssl-ca=", "ssl-ca"),
         ];

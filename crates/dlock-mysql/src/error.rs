@@ -32,7 +32,10 @@ pub(crate) enum Error {
         source: sqlx::Error,
     },
     /// Every connection of the pool was in use (holding or waiting) for the connect timeout.
-    #[error("all {limit} connections stayed in use for {after:?} (see max_connections)")]
+    #[error(
+        "all {limit} lock connections stayed in use for {after:?}: each waiting acquire and \
+         each holder connection takes one (raise the URL option max_connections)"
+    )]
     Exhausted { limit: u32, after: Duration },
     /// The TLS handshake failed: the server's certificate did not pass the check `ssl-mode`
     /// asks for (unknown CA, another name, expired), or the server refused ours. Not a

@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use dlock_core::Result;
+use dlock_core::raw::carrier::Granted;
 use dlock_core::raw::{Deadline, Grant};
+use dlock_core::{LockOptions, Result};
 use futures::Future;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -22,9 +23,10 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::backend::{Inner, run_raw};
 use crate::error::Error;
-use crate::held::PostgresHeld;
 use crate::pool::Lent;
+use crate::session::PgSession;
 use crate::sql::{Sql, millis};
+use sqlx::Connection;
 
 /// How long a cancelled statement gets to answer before the next, stronger step.
 const CANCEL_GRACE: Duration = Duration::from_secs(1);
@@ -74,6 +76,9 @@ enum Why {
 pub(crate) struct Attempt {
     inner: Arc<Inner>,
     key: String,
+    ttl: Duration,
+    /// Auto-renewed: the hold may share its holder connection.
+    shared: bool,
     idle_ms: u64,
     deadline: Deadline,
     reply: Reply,
@@ -84,13 +89,16 @@ impl Attempt {
     pub(crate) fn new(
         inner: Arc<Inner>,
         key: &str,
-        ttl: Duration,
+        opts: &LockOptions,
         deadline: Deadline,
         reply: oneshot::Sender<Answer>,
     ) -> Self {
+        let ttl = opts.ttl;
         Self {
             inner,
             key: key.to_owned(),
+            ttl,
+            shared: opts.auto_renew,
             idle_ms: millis(ttl),
             deadline,
             reply: Reply(Some(reply)),
@@ -112,37 +120,27 @@ impl Attempt {
             return Ok(None);
         };
         let id = id?;
+        // First without waiting, on a holder connection shared with other holds.
+        let inner = self.inner.clone();
+        let open = || open_session(inner.clone());
+        let tried = self
+            .inner
+            .carriers
+            .try_take(&self.key, id, self.ttl, self.shared, open);
+        let Some(tried) = self.deadline.run(tried).await else {
+            return Ok(None);
+        };
+        if let Some(grant) = tried? {
+            return Ok(Some(grant));
+        }
+        if !self.deadline.may_wait() {
+            return Ok(None);
+        }
+        // Busy: wait on a connection of its own, which then carries the hold.
         let Some(lent) = self.deadline.run(self.inner.locks.get()).await else {
             return Ok(None);
         };
         let mut lent = lent?;
-        let sent_at = Instant::now();
-        let tried = match self
-            .inner
-            .run(
-                &mut lent,
-                &self.inner.sql.try_take(id, self.idle_ms),
-                "acquire",
-            )
-            .await
-        {
-            // An idle connection had died (server restart): a fresh one, once.
-            Err(e) if e.is_connection_lost() && lent.reused => {
-                self.inner.locks.clear_idle();
-                lent = self.inner.locks.get().await?;
-                self.inner
-                    .run(
-                        &mut lent,
-                        &self.inner.sql.try_take(id, self.idle_ms),
-                        "acquire",
-                    )
-                    .await
-            }
-            other => other,
-        };
-        if let Some(token) = token(&tried?)? {
-            return self.granted(lent, id, token, sent_at);
-        }
         while self.deadline.may_wait() {
             let wait = match self.deadline {
                 Deadline::At(at) => at.saturating_duration_since(Instant::now()).min(WAIT_ROUND),
@@ -224,13 +222,41 @@ impl Attempt {
     }
 
     fn granted(&self, lent: Lent, id: i32, token: u64, sent_at: Instant) -> Answer {
-        let held = PostgresHeld::new(self.inner.clone(), self.key.clone(), id, lent, self.idle_ms);
-        Ok(Some(Grant::new(token, Box::new(held), sent_at)))
+        let session = PgSession {
+            inner: self.inner.clone(),
+            lent,
+        };
+        let carriers = &self.inner.carriers;
+        Ok(Some(carriers.adopt(
+            session,
+            Granted {
+                key: &self.key,
+                lock: id,
+                token,
+                ttl: self.ttl,
+                shared: self.shared,
+                sent_at,
+            },
+        )))
     }
 }
 
+/// A lock connection for a new holder connection: an idle one that still answers, or a
+/// new one (an idle connection found dead means the server restarted: the others go too).
+async fn open_session(inner: Arc<Inner>) -> Result<PgSession> {
+    let mut lent = inner.locks.get().await?;
+    if lent.reused {
+        let alive = timeout(inner.config.response_timeout, lent.raw().ping()).await;
+        if !matches!(alive, Ok(Ok(()))) {
+            inner.locks.clear_idle();
+            lent = inner.locks.get().await?;
+        }
+    }
+    Ok(PgSession { inner, lent })
+}
+
 /// The fencing token in the first column of the last row: `None` when NULL (busy).
-fn token(rows: &[PgRow]) -> Result<Option<u64>> {
+pub(crate) fn token(rows: &[PgRow]) -> Result<Option<u64>> {
     let Some(row) = rows.last() else {
         return Err(Error::Unexpected {
             op: "acquire",

@@ -24,14 +24,16 @@ use crate::acquire::Attempt;
 use crate::config::PostgresConfig;
 use crate::error::Error;
 use crate::pool::{Lent, Pool};
+use crate::session::PgSession;
 use crate::sql::Sql;
+use dlock_core::raw::carrier::Carriers;
 
 /// Connections for short side statements: id look-ups, cancels.
 const SIDE_CONNECTIONS: u32 = 8;
 /// Most key → id mappings kept in memory; past it the cache starts over.
 const MAX_CACHED_IDS: usize = 100_000;
 
-/// The PostgreSQL backend: a session-level advisory lock held on a dedicated connection.
+/// The PostgreSQL backend: a session-level advisory lock, many per holder connection.
 ///
 /// Use it through [`PostgresLock`](crate::PostgresLock) (a
 /// [`LockClient`](dlock_core::raw::LockClient) of this backend), made by
@@ -52,6 +54,8 @@ pub(crate) struct Inner {
     /// Key → lock id; a mapping never changes once made.
     ids: Mutex<HashMap<String, i32>>,
     pub(crate) wakeups: AtomicU64,
+    /// Holder connections, each carrying many holds.
+    pub(crate) carriers: Carriers<PgSession>,
 }
 
 impl PostgresBackend {
@@ -100,6 +104,7 @@ impl PostgresBackend {
             config,
             ids: Mutex::new(HashMap::new()),
             wakeups: AtomicU64::new(0),
+            carriers: Carriers::new(NAME),
         };
         inner.prepare().await?;
         Ok(Self {
@@ -158,9 +163,8 @@ impl Backend for PostgresBackend {
         opts: &dlock_core::LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
-        let ttl = opts.ttl;
         let (tx, rx) = oneshot::channel();
-        let attempt = Attempt::new(self.inner.clone(), key, ttl, deadline, tx);
+        let attempt = Attempt::new(self.inner.clone(), key, opts, deadline, tx);
         // Counted as clean-up: once the caller gives up, the task still cancels the waiting
         // statement and tidies the connection.
         if !dlock_core::raw::spawn_cleanup(attempt.run()) {

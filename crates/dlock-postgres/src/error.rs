@@ -8,6 +8,9 @@ use crate::NAME;
 
 /// `lock_not_available`: `lock_timeout` ran out while waiting for the lock.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// `out_of_memory` in the lock table: the server's advisory locks fill
+/// `max_locks_per_transaction × (max_connections + max_prepared_transactions)` entries.
+const OUT_OF_SHARED_MEMORY: &str = "53200";
 /// `unique_violation` (two clients creating the same key row, or the same table, at once).
 const UNIQUE_VIOLATION: &str = "23505";
 /// `duplicate_table` / `duplicate_object`: a concurrent `CREATE … IF NOT EXISTS`.
@@ -28,7 +31,10 @@ pub(crate) enum Error {
         source: sqlx::Error,
     },
     /// Every connection of the pool was in use for the connect timeout.
-    #[error("all {limit} connections stayed in use for {after:?} (see max_connections)")]
+    #[error(
+        "all {limit} lock connections stayed in use for {after:?}: each waiting acquire and \
+         each holder connection takes one (raise the URL option max_connections)"
+    )]
     Exhausted { limit: u32, after: Duration },
     /// The TLS handshake failed: the server's certificate did not pass the `sslmode` check,
     /// or the server refused ours. Trying again gives the same answer.
@@ -43,6 +49,17 @@ pub(crate) enum Error {
         op: &'static str,
         addr: String,
         after: Duration,
+    },
+    /// The server's shared lock table is full: every advisory lock held on the server (by
+    /// any client) takes an entry.
+    #[error(
+        "the server's lock table is full ({source}): raise the server setting \
+         max_locks_per_transaction (the table holds max_locks_per_transaction × \
+         (max_connections + max_prepared_transactions) locks, shared by all sessions)"
+    )]
+    LockTableFull {
+        #[source]
+        source: sqlx::Error,
     },
     /// The server answered something the backend cannot use.
     #[error("{op}: {what}")]
@@ -79,6 +96,16 @@ impl Error {
         }
     }
 
+    /// This error, or [`Error::LockTableFull`] when it says the lock table is full.
+    pub(crate) fn lock_table_full(self) -> Self {
+        match self {
+            Self::Sql { source, .. } if matches!(&source, sqlx::Error::Database(d) if d.code().as_deref() == Some(OUT_OF_SHARED_MEMORY)) => {
+                Self::LockTableFull { source }
+            }
+            e => e,
+        }
+    }
+
     /// `lock_timeout` ran out: the key stayed held until the deadline.
     pub(crate) fn is_lock_timeout(&self) -> bool {
         self.code().as_deref() == Some(LOCK_NOT_AVAILABLE)
@@ -95,7 +122,10 @@ impl Error {
     pub(crate) fn is_connection_lost(&self) -> bool {
         match self {
             Self::NoAnswer { .. } => true,
-            Self::Exhausted { .. } | Self::TlsRefused { .. } | Self::Unexpected { .. } => false,
+            Self::Exhausted { .. }
+            | Self::TlsRefused { .. }
+            | Self::Unexpected { .. }
+            | Self::LockTableFull { .. } => false,
             Self::Sql { source, .. } => match source {
                 sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
                 sqlx::Error::Database(_) => self
@@ -114,6 +144,7 @@ impl From<Error> for LockError {
                 *op
             }
             Error::Exhausted { .. } | Error::TlsRefused { .. } => "connect",
+            Error::LockTableFull { .. } => "acquire",
         };
         if e.is_connection_lost() {
             return LockError::unavailable(NAME, op, e);

@@ -126,6 +126,11 @@ impl Sql {
         )
     }
 
+    /// Release one of several locks the session holds: one row, whether it was held.
+    pub(crate) fn unlock(&self, id: i32) -> String {
+        format!("SELECT pg_advisory_unlock({}, {id})", self.namespace)
+    }
+
     /// After a stopped wait: drop whatever the session may have been granted.
     pub(crate) fn unlock_all() -> &'static str {
         "SELECT pg_advisory_unlock_all(), set_config('idle_session_timeout', '0', false)"

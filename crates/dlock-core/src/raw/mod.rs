@@ -13,6 +13,7 @@
 //! Applications use the crate root; nothing here is needed to take a lock.
 
 pub(crate) mod backend;
+pub mod carrier;
 pub(crate) mod client;
 pub(crate) mod deadline;
 mod duration;

@@ -39,6 +39,15 @@ impl MysqlHarness {
         }
     }
 
+    /// Clients of the same server in named-lock mode (`mode=named` added to the URL).
+    pub fn named() -> Self {
+        let mut harness = Self::from_env();
+        let sep = if harness.url.contains('?') { '&' } else { '?' };
+        harness.url = format!("{}{sep}mode=named", harness.url);
+        harness.config = MysqlConfig::from_url(&harness.url).expect("the named-mode URL parses");
+        harness
+    }
+
     /// Clients of this process's private TLS server ([`tls::TlsMariadb::shared`], started
     /// on first use), verified against its test CA (`ssl-mode=verify_identity`).
     pub fn tls() -> Self {

@@ -1,0 +1,377 @@
+//! Server sessions that carry many holds at once: the SQL backends' holder connections.
+//!
+//! A PostgreSQL session can hold any number of advisory locks, a MySQL / MariaDB session any
+//! number of named locks (`GET_LOCK`). Holding one connection per key would bound a client
+//! by its connection limit; a [`Carriers`] set instead runs each holder connection in a task
+//! of its own (a *carrier*) that takes, keeps and releases the locks of many holds:
+//!
+//! - **Take**: a try-once lock request ([`Session::try_lock`]) runs on a carrier of the
+//!   hold's group (auto-renewed holds of one ttl share carriers; a hold that must end after
+//!   its ttl gets a carrier of its own, which nobody pings). A waiting lock request is the
+//!   backend's, on a connection of its own; the connection that was granted becomes a
+//!   carrier of the group ([`Carriers::adopt`]).
+//! - **Keep**: every hold's renewal asks its carrier for one [`Session::keep`] sent after
+//!   the renewal started; requests that arrive within a short gap (a thirtieth of the ttl,
+//!   at most 1 s) share one, so a carrier of 10,000 holds sends a few pings per ttl, not
+//!   10,000.
+//! - **Release** ([`Session::unlock`]) goes ahead of every queued take and keep; a carrier
+//!   only ever runs short requests, so a release never waits behind a lock wait.
+//! - **Loss**: any failure of the session (a lost connection, a request that timed out)
+//!   ends the carrier; the holds it carried, and only those, see `lost()` fire, and their
+//!   extends and releases answer `NotHeld`.
+//! - A carrier that holds nothing and has nothing queued gives its session back
+//!   ([`Session::retire`]) and ends.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use crate::raw::Grant;
+use crate::{LockError, LostReason, Result};
+
+use held::Carried;
+use task::Task;
+
+mod held;
+mod task;
+
+/// Why a session request failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// The session is gone or cannot be trusted (connection lost, request unanswered): so
+    /// is every lock it held.
+    Session(LockError),
+    /// This request failed; the session and its locks are fine.
+    Request(LockError),
+}
+
+/// One server session that can hold many locks, driven by one carrier task.
+///
+/// Each method is bounded by the backend's response timeout: a request that does not
+/// answer in time is a [`Failure::Session`].
+#[async_trait]
+pub trait Session: Send + 'static {
+    /// What names a lock on the server.
+    type Lock: Clone + Send + Sync + fmt::Debug + 'static;
+
+    /// Take `lock` without waiting and, when granted, its fencing token, and make the
+    /// server end the session when it stays silent for `idle`. `None`: held elsewhere.
+    async fn try_lock(&mut self, lock: &Self::Lock, idle: Duration)
+    -> Result<Option<u64>, Failure>;
+
+    /// Give `lock` back: `false` when the session did not hold it. With `last`, the session
+    /// holds nothing afterwards: reset its idle timeout so it can be pooled.
+    async fn unlock(&mut self, lock: &Self::Lock, last: bool) -> Result<bool, Failure>;
+
+    /// Prove the session is alive, restarting its idle clock; with `Some(idle)`, set the
+    /// idle timeout to that first.
+    async fn keep(&mut self, idle: Option<Duration>) -> Result<(), Failure>;
+
+    /// The session's id on the server, for logs.
+    fn id(&self) -> u64;
+
+    /// The session holds nothing and has its default idle timeout: pool it.
+    fn retire(self);
+}
+
+/// Which carriers a hold may share: auto-renewed holds of one ttl share; a hold that must
+/// end after its ttl gets a carrier of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Group {
+    idle: Duration,
+}
+
+enum Request<L> {
+    Take {
+        lock: L,
+        reply: oneshot::Sender<Result<Option<u64>>>,
+    },
+}
+
+struct Give<L> {
+    lock: L,
+    reply: Option<oneshot::Sender<Result<bool>>>,
+}
+
+/// The handle on one carrier task.
+struct Carrier<L> {
+    id: u64,
+    /// The ttl of the group: the holds' ttl when taken.
+    ttl: Duration,
+    requests: mpsc::UnboundedSender<Request<L>>,
+    gives: mpsc::UnboundedSender<Give<L>>,
+    /// Requests sent and not answered yet; only changed under the registry's lock when
+    /// routing, so a carrier that sees 0 there knows nothing more is coming.
+    in_flight: AtomicUsize,
+    /// Set (once) to why the session ended.
+    dead: watch::Sender<Option<String>>,
+    /// When the last successful keep was sent: a renewal that began before it is done.
+    kept: watch::Sender<Option<Instant>>,
+    /// A renewal is waiting for the next keep; set by the first one, cleared when the keep
+    /// is sent, so one wake-up of the carrier serves every renewal of a gap.
+    keep_wanted: AtomicBool,
+    keep_asked: Notify,
+    /// A longer idle timeout a renewal asked for (a manual extend with another ttl).
+    wanted_idle: Mutex<Option<Duration>>,
+}
+
+type Registry<L> = Mutex<HashMap<Group, Vec<Arc<Carrier<L>>>>>;
+
+/// A lock a session was granted after a wait, for [`Carriers::adopt`].
+#[derive(Debug)]
+pub struct Granted<'a, L> {
+    /// The key, for errors.
+    pub key: &'a str,
+    /// The lock the session holds.
+    pub lock: L,
+    /// Its fencing token.
+    pub token: u64,
+    /// The hold's ttl.
+    pub ttl: Duration,
+    /// Auto-renewed: it may share its carrier with later holds.
+    pub shared: bool,
+    /// When the request that was granted was sent.
+    pub sent_at: Instant,
+}
+
+/// The carriers of one client.
+pub struct Carriers<S: Session> {
+    backend: &'static str,
+    groups: Arc<Registry<S::Lock>>,
+    /// Held while a shared carrier is being opened, so that a burst of first takes opens
+    /// one connection, not one each.
+    opening: tokio::sync::Mutex<()>,
+}
+
+impl<S: Session> fmt::Debug for Carriers<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Carriers")
+            .field("backend", &self.backend)
+            .field("carriers", &self.count())
+            .finish()
+    }
+}
+
+impl<S: Session> Carriers<S> {
+    /// An empty set for `backend` (its name in errors and logs).
+    pub fn new(backend: &'static str) -> Self {
+        Self {
+            backend,
+            groups: Arc::default(),
+            opening: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// How many shared carriers are running.
+    pub fn count(&self) -> usize {
+        guard(&self.groups).values().map(Vec::len).sum()
+    }
+
+    /// Take `lock` for `key` without waiting, on a carrier of the hold's group: a running
+    /// one, or one on a session `open` makes. `Ok(None)`: held elsewhere. `shared` is the
+    /// caller's `auto_renew`: a hold that is not renewed gets a carrier of its own (whose
+    /// session the server ends ttl after its last request).
+    ///
+    /// # Errors
+    /// `open`'s error (the connection limit, an unreachable server), or the request's.
+    pub async fn try_take<F, Fut>(
+        &self,
+        key: &str,
+        lock: S::Lock,
+        ttl: Duration,
+        shared: bool,
+        open: F,
+    ) -> Result<Option<Grant>>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<S>>,
+    {
+        let group = Group { idle: ttl };
+        // A carrier may retire or die between routing and its answer: try another.
+        for _ in 0..3 {
+            let carrier = match shared.then(|| self.route(group)).flatten() {
+                Some(carrier) => carrier,
+                None => {
+                    let opening = if shared {
+                        let opening = self.opening.lock().await;
+                        // Another take may have opened one meanwhile.
+                        if let Some(carrier) = self.route(group) {
+                            drop(opening);
+                            return self.take_on(key, lock, carrier).await;
+                        }
+                        Some(opening)
+                    } else {
+                        None
+                    };
+                    let session = open().await?;
+                    let carrier = self.spawn(session, group, shared, 0);
+                    carrier.in_flight.fetch_add(1, Ordering::SeqCst);
+                    if shared {
+                        guard(&self.groups)
+                            .entry(group)
+                            .or_default()
+                            .push(carrier.clone());
+                    }
+                    drop(opening);
+                    carrier
+                }
+            };
+            if let Some(answer) = self.send_take(key, lock.clone(), carrier).await {
+                return answer;
+            }
+        }
+        Err(LockError::unavailable(
+            self.backend,
+            "acquire",
+            "holder connections kept ending under the request",
+        ))
+    }
+
+    /// [`send_take`](Self::send_take), retried once on a carrier that ended under it.
+    async fn take_on(
+        &self,
+        key: &str,
+        lock: S::Lock,
+        carrier: Arc<Carrier<S::Lock>>,
+    ) -> Result<Option<Grant>> {
+        match self.send_take(key, lock, carrier).await {
+            Some(answer) => answer,
+            None => Err(LockError::unavailable(
+                self.backend,
+                "acquire",
+                "the holder connection ended under the request",
+            )),
+        }
+    }
+
+    /// Ask `carrier` (already counted as having the request in flight) to take `lock`;
+    /// `None` when it ended before answering.
+    async fn send_take(
+        &self,
+        key: &str,
+        lock: S::Lock,
+        carrier: Arc<Carrier<S::Lock>>,
+    ) -> Option<Result<Option<Grant>>> {
+        let sent_at = Instant::now();
+        let (reply, answer) = oneshot::channel();
+        let request = Request::Take {
+            lock: lock.clone(),
+            reply,
+        };
+        if carrier.requests.send(request).is_err() {
+            carrier.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        match answer.await {
+            Ok(Ok(Some(token))) => Some(Ok(Some(self.grant(key, lock, carrier, token, sent_at)))),
+            Ok(Ok(None)) => Some(Ok(None)),
+            Ok(Err(e)) => Some(Err(e)),
+            Err(_) => None,
+        }
+    }
+
+    /// A session that was granted a lock after a wait becomes a carrier: of the group
+    /// when the hold is shared, else of this hold alone.
+    pub fn adopt(&self, session: S, granted: Granted<'_, S::Lock>) -> Grant {
+        let group = Group { idle: granted.ttl };
+        let carrier = self.spawn(session, group, granted.shared, 1);
+        if granted.shared {
+            guard(&self.groups)
+                .entry(group)
+                .or_default()
+                .push(carrier.clone());
+        }
+        self.grant(
+            granted.key,
+            granted.lock,
+            carrier,
+            granted.token,
+            granted.sent_at,
+        )
+    }
+
+    /// The group's least busy carrier, counted as having one more request in flight.
+    fn route(&self, group: Group) -> Option<Arc<Carrier<S::Lock>>> {
+        let groups = guard(&self.groups);
+        let carrier = groups
+            .get(&group)?
+            .iter()
+            .filter(|c| c.dead.borrow().is_none())
+            .min_by_key(|c| c.in_flight.load(Ordering::SeqCst))?
+            .clone();
+        carrier.in_flight.fetch_add(1, Ordering::SeqCst);
+        Some(carrier)
+    }
+
+    fn spawn(&self, session: S, group: Group, shared: bool, held: usize) -> Arc<Carrier<S::Lock>> {
+        let (requests, requests_rx) = mpsc::unbounded_channel();
+        let (gives, gives_rx) = mpsc::unbounded_channel();
+        let carrier = Arc::new(Carrier {
+            id: session.id(),
+            ttl: group.idle,
+            requests,
+            gives,
+            in_flight: AtomicUsize::new(0),
+            dead: watch::Sender::new(None),
+            kept: watch::Sender::new(None),
+            keep_wanted: AtomicBool::new(false),
+            keep_asked: Notify::new(),
+            wanted_idle: Mutex::new(None),
+        });
+        let task = Task {
+            backend: self.backend,
+            session: Some(session),
+            carrier: carrier.clone(),
+            registry: shared.then(|| (self.groups.clone(), group)),
+            idle: group.idle,
+            held,
+            keep_due: None,
+            last_keep: None,
+            gap: if shared {
+                (group.idle / 30).min(Duration::from_secs(1))
+            } else {
+                Duration::ZERO
+            },
+        };
+        tokio::spawn(task.run(requests_rx, gives_rx));
+        carrier
+    }
+
+    fn grant(
+        &self,
+        key: &str,
+        lock: S::Lock,
+        carrier: Arc<Carrier<S::Lock>>,
+        token: u64,
+        sent_at: Instant,
+    ) -> Grant {
+        let mut dead = carrier.dead.subscribe();
+        let lost = async move {
+            let reason = match dead.wait_for(Option::is_some).await {
+                Ok(reason) => reason.clone().unwrap_or_default(),
+                Err(_) => "the holder connection's task ended".to_owned(),
+            };
+            LostReason::SessionEnded(reason)
+        };
+        let held = Carried {
+            backend: self.backend,
+            key: key.to_owned(),
+            lock,
+            ttl: carrier.ttl,
+            carrier,
+            released: false,
+        };
+        Grant::new(token, Box::new(held), sent_at).with_lost(lost.boxed())
+    }
+}
+
+fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,215 @@
+//! The carrier task: one session, the locks it holds, its keeps and releases.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep_until};
+
+use super::{Carrier, Failure, Give, Group, Registry, Request, Session, guard};
+use crate::{LockError, LostReason};
+
+/// One carrier task: the session and what it holds.
+pub(super) struct Task<S: Session> {
+    pub(super) backend: &'static str,
+    pub(super) session: Option<S>,
+    pub(super) carrier: Arc<Carrier<S::Lock>>,
+    /// Where the carrier is registered, when it is shared.
+    pub(super) registry: Option<(Arc<Registry<S::Lock>>, Group)>,
+    /// The session's idle timeout.
+    pub(super) idle: Duration,
+    /// Locks the session holds.
+    pub(super) held: usize,
+    /// When the keep renewals wait for goes out.
+    pub(super) keep_due: Option<Instant>,
+    pub(super) last_keep: Option<Instant>,
+    pub(super) gap: Duration,
+}
+
+impl<S: Session> Task<S> {
+    pub(super) async fn run(
+        mut self,
+        mut requests: mpsc::UnboundedReceiver<Request<S::Lock>>,
+        mut gives: mpsc::UnboundedReceiver<Give<S::Lock>>,
+    ) {
+        loop {
+            let keep_due = self.keep_due;
+            let carrier = self.carrier.clone();
+            let outcome = tokio::select! {
+                biased;
+                Some(give) = gives.recv() => self.give(give).await,
+                // Due renewals go before queued takes, so a burst of acquires never
+                // starves the holds already taken.
+                () = sleep_until_some(keep_due), if keep_due.is_some() => self.keep().await,
+                () = carrier.keep_asked.notified(), if keep_due.is_none() => {
+                    let now = Instant::now();
+                    self.keep_due = Some(self.last_keep.map_or(now, |t| (t + self.gap).max(now)));
+                    Ok(())
+                }
+                Some(request) = requests.recv() => self.request(request).await,
+                else => return,
+            };
+            if let Err(reason) = outcome {
+                self.die(reason, &mut requests, &mut gives);
+                return;
+            }
+            if self.held == 0 && self.keep_due.is_none() && self.unregister() {
+                if let Some(session) = self.session.take() {
+                    session.retire();
+                }
+                return;
+            }
+        }
+    }
+
+    fn session(&mut self) -> &mut S {
+        self.session
+            .as_mut()
+            .expect("the session is present while the task runs")
+    }
+
+    async fn give(&mut self, give: Give<S::Lock>) -> Result<(), String> {
+        let last = self.held <= 1;
+        let outcome = self.session().unlock(&give.lock, last).await;
+        let (answer, result) = match outcome {
+            Ok(held) => {
+                if held {
+                    self.held = self.held.saturating_sub(1);
+                }
+                (Ok(held), Ok(()))
+            }
+            Err(Failure::Request(e)) => (Err(e), Ok(())),
+            // The session, and with it the lock, is gone.
+            Err(Failure::Session(e)) => {
+                let reason = e.to_string();
+                (Err(self.not_held(&reason)), Err(reason))
+            }
+        };
+        if let Some(reply) = give.reply {
+            let _ = reply.send(answer);
+        }
+        result
+    }
+
+    async fn request(&mut self, request: Request<S::Lock>) -> Result<(), String> {
+        {
+            let Request::Take { lock, reply } = request;
+            {
+                let idle = self.idle;
+                let outcome = self.session().try_lock(&lock, idle).await;
+                let (answer, result) = match outcome {
+                    Ok(token) => {
+                        self.held += usize::from(token.is_some());
+                        (Ok(token), Ok(()))
+                    }
+                    Err(Failure::Request(e)) => (Err(e), Ok(())),
+                    Err(Failure::Session(e)) => {
+                        let reason = e.to_string();
+                        (Err(e), Err(reason))
+                    }
+                };
+                // Counted down before the answer, so the caller's next request sees it.
+                self.carrier.in_flight.fetch_sub(1, Ordering::SeqCst);
+                if let Err(Ok(Some(_))) = reply.send(answer) {
+                    // The caller gave up while its take ran: nobody will release it.
+                    result?;
+                    return self.give(Give { lock, reply: None }).await;
+                }
+                result
+            }
+        }
+    }
+
+    /// One keep for every renewal waiting: each began before it was sent.
+    async fn keep(&mut self) -> Result<(), String> {
+        self.keep_due = None;
+        // Cleared first: a renewal that sets it again from here on waits for the next keep.
+        self.carrier.keep_wanted.store(false, Ordering::SeqCst);
+        let asked = guard(&self.carrier.wanted_idle).take();
+        // A shared session keeps the largest idle timeout asked of it; a hold of its own
+        // follows its ttl.
+        let wanted = asked
+            .map(|ttl| {
+                if self.registry.is_some() {
+                    ttl.max(self.idle)
+                } else {
+                    ttl
+                }
+            })
+            .filter(|idle| *idle != self.idle);
+        let sent_at = Instant::now();
+        self.last_keep = Some(sent_at);
+        match self.session().keep(wanted).await {
+            Ok(()) => {
+                if let Some(idle) = wanted {
+                    self.idle = idle;
+                }
+                self.carrier.kept.send_replace(Some(sent_at));
+                Ok(())
+            }
+            Err(Failure::Session(e) | Failure::Request(e)) => Err(e.to_string()),
+        }
+    }
+
+    fn not_held(&self, reason: &str) -> LockError {
+        LockError::not_held(
+            self.backend,
+            "",
+            LostReason::SessionEnded(reason.to_owned()),
+        )
+    }
+
+    /// Leave the registry if nothing more can be routed here. A carrier of its own hold
+    /// always may.
+    fn unregister(&self) -> bool {
+        let Some((registry, group)) = &self.registry else {
+            return true;
+        };
+        let mut groups = guard(registry);
+        if self.carrier.in_flight.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
+        if let Some(list) = groups.get_mut(group) {
+            list.retain(|c| !Arc::ptr_eq(c, &self.carrier));
+            if list.is_empty() {
+                groups.remove(group);
+            }
+        }
+        true
+    }
+
+    /// The session failed: close it (the server frees its locks), fire `lost()` on the
+    /// holds it carried, and answer whatever is queued.
+    fn die(
+        &mut self,
+        reason: String,
+        requests: &mut mpsc::UnboundedReceiver<Request<S::Lock>>,
+        gives: &mut mpsc::UnboundedReceiver<Give<S::Lock>>,
+    ) {
+        tracing::warn!(backend = self.backend, session = self.carrier.id, held = self.held, %reason, "holder connection lost");
+        self.session = None;
+        self.carrier.dead.send_replace(Some(reason.clone()));
+        if let Some((registry, group)) = &self.registry
+            && let Some(list) = guard(registry).get_mut(group)
+        {
+            list.retain(|c| !Arc::ptr_eq(c, &self.carrier));
+        }
+        requests.close();
+        gives.close();
+        // A take's caller retries elsewhere when its reply is dropped.
+        while requests.try_recv().is_ok() {}
+        while let Ok(give) = gives.try_recv() {
+            if let Some(reply) = give.reply {
+                let _ = reply.send(Err(self.not_held(&reason)));
+            }
+        }
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,136 @@
+//! One client holding many keys: in named mode they share holder connections, stay held
+//! through many renewals, release cleanly, and a holder connection's end is felt by exactly
+//! its holds; in row mode the connection limit is the holding limit, with an error naming it.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::MysqlHarness;
+use dlock_conformance::Harness;
+use dlock_core::{DistributedLock, ErrorKind, Lease, LockOptions, Wait};
+use futures::future::join_all;
+use tokio::time::{sleep, timeout};
+
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos();
+    format!("my-many-{nanos:x}/{name}")
+}
+
+async fn client(h: &MysqlHarness) -> Arc<dyn DistributedLock> {
+    h.client().await.expect("the MySQL server answers")
+}
+
+/// Take `keys` with `try_acquire`, 8 at a time.
+async fn take_all(client: &dyn DistributedLock, keys: &[String], opts: &LockOptions) -> Vec<Lease> {
+    let mut leases = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(8) {
+        let taken = join_all(chunk.iter().map(|k| client.try_acquire(k, opts))).await;
+        for (key, lease) in chunk.iter().zip(taken) {
+            leases.push(
+                lease
+                    .expect("try_acquire")
+                    .unwrap_or_else(|| panic!("{key} is free")),
+            );
+        }
+    }
+    leases
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_mode_two_thousand_keys_stay_held_through_many_renewals_and_release_cleanly() {
+    let h = MysqlHarness::named();
+    let lock = client(&h).await;
+    assert_eq!(lock.capabilities().max_held, None);
+    // The server's idle timeout counts whole seconds: 2 s, renewed every ~0.67 s.
+    let ttl = Duration::from_secs(2);
+    let opts = LockOptions::new().ttl(ttl);
+    let keys: Vec<String> = (0..2000).map(|i| unique(&format!("k{i}"))).collect();
+    let leases = take_all(&*lock, &keys, &opts).await;
+    // Six renewal intervals (ttl/3 each).
+    sleep(ttl * 2).await;
+    let lost = leases.iter().filter(|l| l.is_lost()).count();
+    assert_eq!(lost, 0, "{lost} of {} holds were lost", leases.len());
+    let released = join_all(leases.into_iter().map(Lease::release)).await;
+    let failed: Vec<_> = released.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} releases failed: {:?}",
+        failed.len(),
+        failed.first()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_mode_killing_a_holder_connection_fires_lost_on_exactly_its_holds() {
+    let h = MysqlHarness::named();
+    let (a, b) = (client(&h).await, client(&h).await);
+    let opts = LockOptions::new().ttl(Duration::from_secs(1));
+    // Five holds taken at once share one holder connection.
+    let shared: Vec<String> = (0..5).map(|i| unique(&format!("shared{i}"))).collect();
+    let on_shared = take_all(&*a, &shared, &opts).await;
+    // A hold granted after a wait lives on the waiter's own connection.
+    let waited = unique("waited");
+    let blocker = b.try_acquire(&waited, &opts).await.unwrap().expect("free");
+    let waiting = {
+        let (a, key) = (a.clone(), waited.clone());
+        let opts = opts.wait(Wait::For(Duration::from_secs(10)));
+        tokio::spawn(async move { a.acquire(&key, &opts).await })
+    };
+    sleep(Duration::from_millis(200)).await;
+    blocker.release().await.unwrap();
+    let on_own = waiting.await.unwrap().expect("the waiter gets the key");
+
+    let holder = h.holder_of(&shared[0]).await.unwrap().expect("a holder");
+    for key in &shared[1..] {
+        assert_eq!(
+            h.holder_of(key).await.unwrap(),
+            Some(holder),
+            "{key} shares the connection"
+        );
+    }
+    assert_ne!(h.holder_of(&waited).await.unwrap(), Some(holder));
+    h.kill_session(holder).await.unwrap();
+
+    for lease in &on_shared {
+        timeout(Duration::from_secs(2), lease.lost())
+            .await
+            .expect("lost() fires on every hold of the killed connection");
+    }
+    sleep(Duration::from_secs(1)).await;
+    assert!(
+        !on_own.is_lost(),
+        "a hold on another connection is untouched"
+    );
+    for lease in on_shared {
+        assert_eq!(
+            lease.release().await.unwrap_err().kind(),
+            ErrorKind::NotHeld
+        );
+    }
+    on_own.release().await.expect("the untouched hold releases");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_mode_holds_at_most_max_connections_keys_and_says_so() {
+    let h = MysqlHarness::from_env();
+    let url = format!("{}?max_connections=2&connect_timeout=300ms", h.url());
+    let lock = h.connect(&url).await.expect("connect");
+    assert_eq!(lock.capabilities().max_held, Some(2));
+    let opts = LockOptions::new();
+    let keys: Vec<String> = (0..3).map(|i| unique(&format!("row{i}"))).collect();
+    let held = take_all(&*lock, &keys[..2], &opts).await;
+    let err = lock
+        .try_acquire(&keys[2], &opts)
+        .await
+        .expect_err("a third key");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("max_connections"), "{err}");
+    for lease in held {
+        lease.release().await.expect("release");
+    }
+}
