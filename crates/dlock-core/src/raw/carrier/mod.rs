@@ -10,10 +10,14 @@
 //!   its ttl gets a carrier of its own, which nobody pings). A waiting lock request is the
 //!   backend's, on a connection of its own; the connection that was granted becomes a
 //!   carrier of the group ([`Carriers::adopt`]).
-//! - **Keep**: every hold's renewal asks its carrier for one [`Session::keep`] sent after
-//!   the renewal started; requests that arrive within a short gap (a thirtieth of the ttl,
-//!   at most 1 s) share one, so a carrier of 10,000 holds sends a few pings per ttl, not
-//!   10,000.
+//! - **Keep**: a shared carrier that holds anything sends one [`Session::keep`] a third of
+//!   the ttl after the last one was sent, whatever number of holds it carries, and gives the
+//!   session up (firing `lost()` on its holds) if none is answered by a safety margin
+//!   before the server's idle timeout could end the session; its holds are granted
+//!   [kept alive](crate::raw::Grant::kept_alive), so the watchdog keeps no timer for them.
+//!   A manual extend (and each renewal of a hold on a carrier of its own) asks for one keep
+//!   sent after it started; requests within a short gap (a thirtieth of the ttl, at most
+//!   1 s) share one.
 //! - **Release** ([`Session::unlock`]) goes ahead of every queued take and keep; a carrier
 //!   only ever runs short requests, so a release never waits behind a lock wait.
 //! - **Loss**: any failure of the session (a lost connection, a request that timed out)
@@ -105,6 +109,9 @@ struct Carrier<L> {
     id: u64,
     /// The ttl of the group: the holds' ttl when taken.
     ttl: Duration,
+    /// Carries auto-renewed holds: the task keeps the session alive on its own schedule
+    /// and the holds are granted kept alive.
+    shared: bool,
     requests: mpsc::UnboundedSender<Request<L>>,
     gives: mpsc::UnboundedSender<Give<L>>,
     /// Requests sent and not answered yet; only changed under the registry's lock when
@@ -210,8 +217,10 @@ impl<S: Session> Carriers<S> {
                     } else {
                         None
                     };
+                    // The server's idle clock restarts no earlier than this.
+                    let opened_at = Instant::now();
                     let session = open().await?;
-                    let carrier = self.spawn(session, group, shared, 0);
+                    let carrier = self.spawn(session, group, shared, 0, opened_at);
                     carrier.in_flight.fetch_add(1, Ordering::SeqCst);
                     if shared {
                         guard(&self.groups)
@@ -281,7 +290,7 @@ impl<S: Session> Carriers<S> {
     /// when the hold is shared, else of this hold alone.
     pub fn adopt(&self, session: S, granted: Granted<'_, S::Lock>) -> Grant {
         let group = Group { idle: granted.ttl };
-        let carrier = self.spawn(session, group, granted.shared, 1);
+        let carrier = self.spawn(session, group, granted.shared, 1, granted.sent_at);
         if granted.shared {
             guard(&self.groups)
                 .entry(group)
@@ -310,12 +319,20 @@ impl<S: Session> Carriers<S> {
         Some(carrier)
     }
 
-    fn spawn(&self, session: S, group: Group, shared: bool, held: usize) -> Arc<Carrier<S::Lock>> {
+    fn spawn(
+        &self,
+        session: S,
+        group: Group,
+        shared: bool,
+        held: usize,
+        sent_at: Instant,
+    ) -> Arc<Carrier<S::Lock>> {
         let (requests, requests_rx) = mpsc::unbounded_channel();
         let (gives, gives_rx) = mpsc::unbounded_channel();
         let carrier = Arc::new(Carrier {
             id: session.id(),
             ttl: group.idle,
+            shared,
             requests,
             gives,
             in_flight: AtomicUsize::new(0),
@@ -334,6 +351,7 @@ impl<S: Session> Carriers<S> {
             held,
             keep_due: None,
             last_keep: None,
+            alive_as_of: sent_at,
             gap: if shared {
                 (group.idle / 30).min(Duration::from_secs(1))
             } else {
@@ -352,6 +370,7 @@ impl<S: Session> Carriers<S> {
         token: u64,
         sent_at: Instant,
     ) -> Grant {
+        let shared = carrier.shared;
         let mut dead = carrier.dead.subscribe();
         let lost = async move {
             let reason = match dead.wait_for(Option::is_some).await {
@@ -368,7 +387,10 @@ impl<S: Session> Carriers<S> {
             carrier,
             released: false,
         };
-        Grant::new(token, Box::new(held), sent_at).with_lost(lost.boxed())
+        let grant = Grant::new(token, Box::new(held), sent_at).with_lost(lost.boxed());
+        // A shared carrier keeps its session alive itself (a keep every ttl/3, the session
+        // given up before its idle timeout could end it): no renewal timer per hold.
+        if shared { grant.kept_alive() } else { grant }
     }
 }
 

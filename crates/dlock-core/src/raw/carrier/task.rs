@@ -25,6 +25,9 @@ pub(super) struct Task<S: Session> {
     pub(super) keep_due: Option<Instant>,
     pub(super) last_keep: Option<Instant>,
     pub(super) gap: Duration,
+    /// When the last request the server is known to have answered was sent: its idle
+    /// clock cannot have started earlier.
+    pub(super) alive_as_of: Instant,
 }
 
 impl<S: Session> Task<S> {
@@ -34,7 +37,10 @@ impl<S: Session> Task<S> {
         mut gives: mpsc::UnboundedReceiver<Give<S::Lock>>,
     ) {
         loop {
-            let keep_due = self.keep_due;
+            let keep_due = match (self.keep_due, self.renewal_due()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let carrier = self.carrier.clone();
             let outcome = tokio::select! {
                 biased;
@@ -42,7 +48,7 @@ impl<S: Session> Task<S> {
                 // Due renewals go before queued takes, so a burst of acquires never
                 // starves the holds already taken.
                 () = sleep_until_some(keep_due), if keep_due.is_some() => self.keep().await,
-                () = carrier.keep_asked.notified(), if keep_due.is_none() => {
+                () = carrier.keep_asked.notified(), if self.keep_due.is_none() => {
                     let now = Instant::now();
                     self.keep_due = Some(self.last_keep.map_or(now, |t| (t + self.gap).max(now)));
                     Ok(())
@@ -71,9 +77,11 @@ impl<S: Session> Task<S> {
 
     async fn give(&mut self, give: Give<S::Lock>) -> Result<(), String> {
         let last = self.held <= 1;
+        let sent_at = Instant::now();
         let outcome = self.session().unlock(&give.lock, last).await;
         let (answer, result) = match outcome {
             Ok(held) => {
+                self.alive_as_of = self.alive_as_of.max(sent_at);
                 if held {
                     self.held = self.held.saturating_sub(1);
                 }
@@ -97,9 +105,12 @@ impl<S: Session> Task<S> {
             let Request::Take { lock, reply } = request;
             {
                 let idle = self.idle;
+                let sent_at = Instant::now();
                 let outcome = self.session().try_lock(&lock, idle).await;
                 let (answer, result) = match outcome {
                     Ok(token) => {
+                        // Answered, so the server's idle clock restarted after this.
+                        self.alive_as_of = self.alive_as_of.max(sent_at);
                         self.held += usize::from(token.is_some());
                         (Ok(token), Ok(()))
                     }
@@ -121,6 +132,12 @@ impl<S: Session> Task<S> {
         }
     }
 
+    /// When a shared carrier that holds anything keeps its session alive next: a third of
+    /// the idle timeout after the last answered request was sent.
+    fn renewal_due(&self) -> Option<Instant> {
+        (self.carrier.shared && self.held > 0).then(|| self.alive_as_of + self.idle / 3)
+    }
+
     /// One keep for every renewal waiting: each began before it was sent.
     async fn keep(&mut self) -> Result<(), String> {
         self.keep_due = None;
@@ -140,8 +157,27 @@ impl<S: Session> Task<S> {
             .filter(|idle| *idle != self.idle);
         let sent_at = Instant::now();
         self.last_keep = Some(sent_at);
-        match self.session().keep(wanted).await {
+        // The holds are kept alive by this task alone: an answer later than the server's
+        // idle timeout, less the watchdog's margin, is a loss.
+        let safe_until = self.alive_as_of
+            + self
+                .idle
+                .saturating_sub(crate::raw::watchdog::safety_margin(self.idle));
+        let answer = match self.carrier.shared && self.held > 0 {
+            true => tokio::time::timeout_at(safe_until, self.session().keep(wanted))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Failure::Session(LockError::unavailable(
+                        self.backend,
+                        "keep",
+                        "the holder connection did not answer a ping before its idle timeout could end it",
+                    )))
+                }),
+            false => self.session().keep(wanted).await,
+        };
+        match answer {
             Ok(()) => {
+                self.alive_as_of = sent_at;
                 if let Some(idle) = wanted {
                     self.idle = idle;
                 }
