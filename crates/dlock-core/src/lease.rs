@@ -319,8 +319,11 @@ impl Lease {
     /// Dropping the returned future before the server answered sends the release again in
     /// the background, as dropping the lease does.
     pub async fn release(mut self) -> Result<()> {
-        self.watchdog.abort();
+        // A renewal in flight holds the handle: it finishes first (bounded by the lease's
+        // safe instant), since cutting a request off midway can leave a backend unable to
+        // trust its connection, and so unable to release.
         let mut slot = self.state.held.lock().await;
+        self.watchdog.abort();
         let Some(held) = slot.as_mut() else {
             return Err(self.state.not_held(LostReason::NotHeld));
         };
@@ -348,16 +351,20 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.watchdog.abort();
         let permit = self.permit.take();
         if self.state.held.try_lock().is_ok_and(|slot| slot.is_none()) {
+            self.watchdog.abort();
             return; // released
         }
         let state = self.state.clone();
-        // Waits for a renewal in flight (its task was just aborted) instead of skipping the
-        // release; local waiters go when the release is done.
+        let watchdog = self.watchdog.clone();
+        // Waits for a renewal in flight to finish (see `release`), then stops the watchdog,
+        // instead of skipping the release; local waiters go when the release is done.
         let spawned = crate::spawn_cleanup(async move {
-            let taken = state.held.lock().await.take();
+            let mut slot = state.held.lock().await;
+            watchdog.abort();
+            let taken = slot.take();
+            drop(slot);
             if let Some(mut held) = taken {
                 let result = held.release().await;
                 tracing::debug!(backend = state.backend, key = %state.key, ?result, "released on drop");
@@ -366,6 +373,7 @@ impl Drop for Lease {
             drop(permit);
         });
         if !spawned {
+            self.watchdog.abort();
             tracing::warn!(backend = self.state.backend, key = %self.state.key, "lease dropped outside a tokio runtime: the key frees when its ttl (or session) runs out");
         }
     }
