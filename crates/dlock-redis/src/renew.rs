@@ -90,9 +90,33 @@ impl Node {
         self.extend_one(key, ttl).await
     }
 
+    /// Reset the ttl of each of `keys` that still holds our token, in one request of its
+    /// own, not through this node's renewal queue: for a caller that batches renewals
+    /// itself, as Redlock does over its nodes (one request per node per batch, each under
+    /// its own timeout). One answer per key, in order: `false` where the key is not ours.
+    ///
+    /// # Errors
+    /// The server could not be reached, timed out, refused the script or answered
+    /// something else than a status per key: the outcome for every key is unknown.
+    pub async fn renew_many(&self, keys: &[(HeldKey, Duration)]) -> Result<Vec<bool>, Error> {
+        let statuses = self
+            .extend_many(keys.iter().map(|(key, ttl)| (key, scripts::millis(*ttl))))
+            .await?;
+        statuses
+            .into_iter()
+            .map(|status| match status {
+                1 => Ok(true),
+                0 => Ok(false),
+                other => Err(self.reply("extend", other)),
+            })
+            .collect()
+    }
+
     /// Renew `batch` in one request and answer each renewal.
     async fn renew_batch(&self, batch: &mut Vec<Renewal>) {
-        let result = self.extend_many(batch).await;
+        let result = self
+            .extend_many(batch.iter().map(|r| (&r.key, r.ttl_ms)))
+            .await;
         match result {
             Ok(statuses) => {
                 for (renewal, status) in batch.drain(..).zip(statuses) {
@@ -111,21 +135,26 @@ impl Node {
         }
     }
 
-    /// One `EXTEND_MANY` call for `batch`; one status per key, in order.
-    async fn extend_many(&self, batch: &[Renewal]) -> Result<Vec<i64>, Error> {
+    /// One `EXTEND_MANY` call for `batch` (each key with its ttl in ms); one status per
+    /// key, in order.
+    async fn extend_many<'k>(
+        &self,
+        batch: impl ExactSizeIterator<Item = (&'k HeldKey, u64)> + Clone,
+    ) -> Result<Vec<i64>, Error> {
+        let len = batch.len();
         let bytes: usize = batch
-            .iter()
-            .map(|r| r.key.key().len() + r.key.token().len() + 20)
+            .clone()
+            .map(|(key, _)| key.key().len() + key.token().len() + 20)
             .sum();
-        let mut cmd = Cmd::with_capacity(3 + 3 * batch.len(), bytes + 64);
+        let mut cmd = Cmd::with_capacity(3 + 3 * len, bytes + 64);
         cmd.arg("EVALSHA")
             .arg(scripts::EXTEND_MANY.get_hash())
-            .arg(batch.len());
-        for r in batch {
-            cmd.arg(r.key.key());
+            .arg(len);
+        for (key, _) in batch.clone() {
+            cmd.arg(key.key());
         }
-        for r in batch {
-            cmd.arg(r.key.token()).arg(r.ttl_ms);
+        for (key, ttl_ms) in batch {
+            cmd.arg(key.token()).arg(ttl_ms);
         }
         let (id, mut conn) = self.connection().await?;
         let statuses: Vec<i64> = match cmd.query_async(&mut conn).await {
@@ -140,7 +169,7 @@ impl Node {
             other => other,
         }
         .map_err(|e| self.failure("extend", id, e))?;
-        if statuses.len() != batch.len() {
+        if statuses.len() != len {
             return Err(self.reply("extend", statuses.len()));
         }
         Ok(statuses)

@@ -11,6 +11,8 @@
 //!   [`Node::release`] are owner-checked (they answer `false` when the key is not ours).
 //!   Renewals are batched per node: [`Node::renew`] takes a [`HeldKey`] (made once per
 //!   held key), and the node's renewal task sends what has queued as one script call.
+//!   A caller that batches renewals itself (Redlock, over all its nodes at once) sends
+//!   its batch with [`Node::renew_many`]: one script call, one answer per key.
 //! - [`Names`] (a lock key, its fence counter and its release channel, in one hash slot)
 //!   and [`new_token`] (a holder's random token, 128 bits).
 //! - [`Waiter`] and [`View`]: a waiting acquire subscribes to the key's release channel on

@@ -9,6 +9,7 @@ use dlock_redis::server::{Node, NodeError};
 use futures::future::join_all;
 
 use crate::error::{Error, Failures};
+use crate::renew::Renewals;
 
 /// The shortest per-node timeout, however short the ttl.
 const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -19,6 +20,8 @@ pub(crate) struct Cluster {
     pub(crate) nodes: Vec<Node>,
     pub(crate) quorum: usize,
     pub(crate) response_timeout: Duration,
+    /// The queue into this client's renewal task (see [`crate::renew`]).
+    pub(crate) renewals: Renewals,
 }
 
 impl Cluster {
@@ -81,6 +84,7 @@ mod tests {
             nodes: Vec::new(),
             quorum: 2,
             response_timeout: Duration::from_secs(2),
+            renewals: Renewals::default(),
         };
         assert_eq!(
             cluster.node_timeout(Duration::from_secs(2)),

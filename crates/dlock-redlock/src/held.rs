@@ -20,7 +20,7 @@ pub(crate) struct RedlockHeld {
     pub(crate) key: String,
     pub(crate) names: Names,
     pub(crate) token: String,
-    /// The key and token as the nodes' renewal batches take them.
+    /// The key and token as the cluster's renewal batches take them.
     pub(crate) renewal: HeldKey,
     pub(crate) fence: u64,
     pub(crate) ttl: Duration,
@@ -35,12 +35,11 @@ impl RedlockHeld {
 #[async_trait]
 impl Held for RedlockHeld {
     async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        // One request to the cluster's renewer, which sends it to every node in a batch.
+        let answers = self.cluster.renew(&self.renewal, ttl).await;
         let c = &*self.cluster;
         let limit = c.node_timeout(ttl);
-        let (names, token, renewal) = (&self.names, self.token.as_str(), &self.renewal);
-        let answers = c
-            .on(&c.all(), limit, "extend", |n| n.renew(renewal, ttl))
-            .await;
+        let (names, token) = (&self.names, self.token.as_str());
         let mut extended = 0;
         let mut missing = Vec::new();
         let mut failures = Vec::new();

@@ -47,9 +47,13 @@
 //!    nodes back without announcing it), run the next round after a random pause of up to
 //!    four rounds' time (at most 100 ms); after 8 split votes in a row, wait as above.
 //! 5. **Extend** (the watchdog, every ttl/3 less a jitter): compare-and-`PEXPIRE` on every
-//!    node in parallel, each node's renewals coalesced as in `dlock-redis` (one script call
-//!    per node for what queued while its previous batch was in flight, one status per key;
-//!    a batch that misses the per-node timeout is a vote against for each of its keys). With `Q` or more extended, the lease is kept, and nodes that lost the key
+//!    node in parallel. The client's renewals are coalesced over the cluster: each extend
+//!    is one request to the client's renewal task, which sends what queued meanwhile (the
+//!    leases the watchdog woke in the same tick) to every node as one script call per node
+//!    (one status per key), each call bounded by the per-node timeout (a late or failed
+//!    call is a vote against for each of its keys), and answers each extend once with
+//!    every node's vote. Batches run side by side, so a slow node never delays the next
+//!    one. With `Q` or more extended, the lease is kept, and nodes that lost the key
 //!    (restarted empty) get it back with `SET NX` and the fence (a node held by someone
 //!    else is left alone). If a majority answered "not ours", the lease is lost (`NotHeld`);
 //!    otherwise the outcome is unknown and the watchdog retries until `lost()` must fire.
@@ -65,7 +69,7 @@
 //! | `try_acquire`, key free | 2: the round, then the fence write-back to the granting nodes whose counter is behind |
 //! | `try_acquire`, key held | 2: the round, then giving back what it got |
 //! | `acquire` that waits | a failed round, subscribing on every node, another round; then a round per wake-up |
-//! | `extend` | 1 (2 when a node lost the key and gets it back); on each node shared with the renewals queued with it, so N held keys cost about N / batch size requests per node per renewal round, not 5 N |
+//! | `extend` | 1 (2 when a node lost the key and gets it back), shared with the client's renewals queued with it: N held keys cost about N / batch size requests per node per renewal round, not 5 N |
 //! | `release` | 1 |
 //! | contended hand-off | the release (1), the announcements, the waiter's round and write-back (2) |
 //!
@@ -136,6 +140,7 @@ mod config;
 mod error;
 mod held;
 mod lock;
+mod renew;
 
 use dlock_core::Result;
 use dlock_core::raw::LockClient;

@@ -20,6 +20,7 @@ use crate::NAME;
 use crate::cluster::Cluster;
 use crate::config::RedlockConfig;
 use crate::held::RedlockHeld;
+use crate::renew::Renewals;
 
 /// Split votes in a row that are re-tried after a random pause, before falling back to
 /// waiting for an announcement or a ttl.
@@ -79,6 +80,7 @@ impl RedlockBackend {
             quorum: config.quorum(),
             response_timeout: config.nodes[0].response_timeout,
             nodes,
+            renewals: Renewals::default(),
         };
         if cluster.nodes.len() - failures.len() < cluster.quorum {
             return Err(cluster.no_quorum("connect", failures));
