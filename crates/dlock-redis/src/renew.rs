@@ -21,6 +21,10 @@ use crate::scripts::{self, Names};
 /// a millisecond of server time.
 pub(crate) const MAX_BATCH: usize = 512;
 
+/// The most yields spent gathering one batch, so a steady stream of renewals cannot hold
+/// back the first of them for long.
+const MAX_GATHER_YIELDS: usize = 16;
+
 /// A key held with a token: what a renewal needs, cheap to clone (one shared allocation
 /// made when the key was taken, none per renewal).
 #[derive(Debug, Clone)]
@@ -204,14 +208,23 @@ impl Renewals {
 async fn run(node: Weak<Inner>, mut queue: mpsc::UnboundedReceiver<Renewal>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        // Let renewals that fell due in the same timer tick queue up behind the first: a
-        // yield, not a timer, so a lone renewal waits only for tasks already runnable.
-        if batch.len() < MAX_BATCH {
+        // Let renewals that fell due in the same timer tick queue up behind the first:
+        // yields, not a timer, so a lone renewal waits only for tasks already runnable.
+        // The leases of one tick are woken a few at a time and spread over the workers, so
+        // one yield catches only a handful: yield again while the queue still grows.
+        for _ in 0..MAX_GATHER_YIELDS {
+            if batch.len() >= MAX_BATCH {
+                break;
+            }
             tokio::task::yield_now().await;
+            let before = batch.len();
             while batch.len() < MAX_BATCH
                 && let Ok(renewal) = queue.try_recv()
             {
                 batch.push(renewal);
+            }
+            if batch.len() == before {
+                break;
             }
         }
         // A caller that gave up (a Redlock per-node timeout) needs no renewal.

@@ -21,6 +21,10 @@ use crate::cluster::Cluster;
 /// The most keys in one batch (per node, one script call).
 const MAX_BATCH: usize = 512;
 
+/// The most yields spent gathering one round of renewals, so a steady stream of extends
+/// cannot hold back the first of them for long.
+const MAX_GATHER_YIELDS: usize = 16;
+
 /// One key's renewal, as each node answered it: the node's index, and `true` (extended),
 /// `false` (not ours there) or the node's error.
 pub(crate) type Answers = Vec<(usize, Result<bool, NodeError>)>;
@@ -131,11 +135,19 @@ impl Renewals {
 async fn run(cluster: Weak<Cluster>, mut queue: mpsc::UnboundedReceiver<Renewal>) {
     let mut queued = Vec::new();
     while queue.recv_many(&mut queued, usize::MAX).await > 0 {
-        // Let renewals that fell due in the same timer tick queue up behind the first: a
-        // yield, not a timer, so a lone renewal waits only for tasks already runnable.
-        tokio::task::yield_now().await;
-        while let Ok(renewal) = queue.try_recv() {
-            queued.push(renewal);
+        // Let renewals that fell due in the same timer tick queue up behind the first:
+        // yields, not a timer, so a lone renewal waits only for tasks already runnable.
+        // The leases of one tick are woken a few at a time and spread over the workers, so
+        // one yield catches only a handful: yield again while the queue still grows.
+        for _ in 0..MAX_GATHER_YIELDS {
+            tokio::task::yield_now().await;
+            let before = queued.len();
+            while let Ok(renewal) = queue.try_recv() {
+                queued.push(renewal);
+            }
+            if queued.len() == before {
+                break;
+            }
         }
         let Some(cluster) = cluster.upgrade() else {
             return;
