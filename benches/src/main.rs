@@ -19,6 +19,7 @@
 
 mod backends;
 mod chart;
+mod connect;
 mod hold_many;
 mod raw;
 mod report;
@@ -263,7 +264,7 @@ async fn main() -> ExitCode {
         let url = kind.url();
         let probe_key = format!("{}/probe", plan.prefix);
         match backends::probe(kind, &url, &probe_key, plan.connect_timeout).await {
-            Ok(()) => match raw::server_version(kind, &url, plan.connect_timeout).await {
+            Ok(()) => match connect::server_version(kind, &url, plan.connect_timeout).await {
                 Ok(version) => targets.push((kind, url, version)),
                 Err(e) => skipped.push(Skipped {
                     backend: kind,

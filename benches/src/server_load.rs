@@ -76,9 +76,9 @@ impl Counter {
             #[cfg(feature = "etcd")]
             Kind::Etcd => Counter::Etcd(parts.hosts.clone()),
             #[cfg(feature = "mysql")]
-            Kind::Mysql => Counter::Mysql(crate::raw::mysql_connect(&parts, timeout).await?),
+            Kind::Mysql => Counter::Mysql(crate::connect::mysql_connect(&parts, timeout).await?),
             #[cfg(feature = "postgres")]
-            Kind::Postgres => Counter::Postgres(crate::raw::pg_connect(&parts, timeout).await?),
+            Kind::Postgres => Counter::Postgres(crate::connect::pg_connect(&parts, timeout).await?),
             #[allow(unreachable_patterns)]
             other => return Err(format!("lockbench was built without its `{other}` feature")),
         }))
