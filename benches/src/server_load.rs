@@ -42,6 +42,9 @@ pub(crate) enum Counter {
     Mysql(sqlx::MySqlConnection),
     #[cfg(feature = "postgres")]
     Postgres(sqlx::PgConnection),
+    /// Keeps the type inhabited when every networked backend is compiled out.
+    #[allow(dead_code)]
+    Never(std::convert::Infallible),
 }
 
 impl std::fmt::Debug for Counter {
@@ -52,6 +55,7 @@ impl std::fmt::Debug for Counter {
 
 impl Counter {
     /// A reader for `kind`'s server at `url`; `None` where the server cannot tell (memory).
+    #[allow(unreachable_code)] // with every networked backend compiled out
     pub(crate) async fn open(
         kind: Kind,
         url: &str,
@@ -97,6 +101,7 @@ impl Counter {
             Counter::Mysql(_) => "SHOW GLOBAL STATUS Questions",
             #[cfg(feature = "postgres")]
             Counter::Postgres(_) => "pg_stat_database xact_commit + xact_rollback",
+            Counter::Never(never) => match never {},
         }
     }
 
@@ -113,6 +118,7 @@ impl Counter {
             Counter::Mysql(_) => 1,
             #[cfg(feature = "postgres")]
             Counter::Postgres(_) => 1,
+            Counter::Never(never) => match *never {},
         }
     }
 
@@ -179,6 +185,7 @@ impl Counter {
                 .map_err(err)?;
                 Ok(n.max(0) as u64)
             }
+            Counter::Never(never) => match *never {},
         }
     }
 }

@@ -16,36 +16,6 @@ fn fresh_key(label: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thousands_of_holds_at_a_short_ttl_are_kept_and_released() {
-    let harness = EtcdHarness::from_env();
-    let lock = Arc::new(harness.lock().await);
-    let base = fresh_key("many");
-    let opts = LockOptions::new().ttl(Duration::from_secs(3));
-    let sem = Arc::new(tokio::sync::Semaphore::new(128));
-    let leases = join_all((0..2_500).map(|i| {
-        let (lock, sem, key) = (lock.clone(), sem.clone(), format!("{base}/{i}"));
-        async move {
-            let _permit = sem.acquire().await.expect("semaphore");
-            lock.try_acquire(&key, &opts)
-                .await
-                .expect("try_acquire")
-                .expect("a fresh key is free")
-        }
-    }))
-    .await;
-    // Several renewal intervals (every second at a 3 s ttl).
-    sleep(Duration::from_secs(10)).await;
-    let lost = leases.iter().filter(|l| l.is_lost()).count();
-    assert_eq!(lost, 0, "holds reported lost while the shared lease lives");
-    let failed = join_all(leases.into_iter().map(|l| l.release()))
-        .await
-        .into_iter()
-        .filter(Result::is_err)
-        .count();
-    assert_eq!(failed, 0, "releases failed");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoking_the_shared_lease_loses_exactly_the_holds_on_it() {
     let harness = EtcdHarness::from_env();
     let lock = harness.lock().await;

@@ -156,6 +156,7 @@
 
 mod config;
 mod error;
+mod gather;
 mod lock;
 mod node;
 mod renew;

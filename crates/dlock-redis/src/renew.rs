@@ -6,13 +6,14 @@
 //! was in flight. So N held keys cost about N / (keys per batch) requests per renewal
 //! round, not N, and the server runs one command per batch.
 
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, ServerErrorKind};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::Error;
+use crate::gather::{TaskQueue, gather};
 use crate::node::{Inner, Node};
 use crate::scripts::{self, Names};
 
@@ -20,10 +21,6 @@ use crate::scripts::{self, Names};
 /// the same moment take a few dozen requests, small enough that one batch stays well under
 /// a millisecond of server time.
 pub(crate) const MAX_BATCH: usize = 512;
-
-/// The most yields spent gathering one batch, so a steady stream of renewals cannot hold
-/// back the first of them for long.
-const MAX_GATHER_YIELDS: usize = 16;
 
 /// A key held with a token: what a renewal needs, cheap to clone (one shared allocation
 /// made when the key was taken, none per renewal).
@@ -57,18 +54,14 @@ impl HeldKey {
 }
 
 /// One extend waiting for its batch.
-struct Renewal {
+pub(crate) struct Renewal {
     key: HeldKey,
     ttl_ms: u64,
     answer: oneshot::Sender<Result<bool, Error>>,
 }
 
-/// The queue into a node's renewal task, started on first use (and again if the runtime
-/// that ran the previous one shut down).
-#[derive(Default)]
-pub(crate) struct Renewals {
-    queue: Mutex<Option<mpsc::UnboundedSender<Renewal>>>,
-}
+/// The queue into a node's renewal task.
+pub(crate) type Renewals = TaskQueue<Renewal>;
 
 impl Node {
     /// Reset the ttl of `key` to `ttl` if it still holds our token, batched with the other
@@ -84,7 +77,12 @@ impl Node {
             ttl_ms: scripts::millis(ttl),
             answer,
         };
-        if self.inner().renewals.send(self, renewal).is_ok()
+        let node = self.inner_weak();
+        if self
+            .inner()
+            .renewals
+            .send(renewal, |queue| run(node, queue))
+            .is_ok()
             && let Ok(result) = answered.await
         {
             return result;
@@ -180,53 +178,11 @@ impl Node {
     }
 }
 
-impl Renewals {
-    /// Queue `renewal` for the node's renewal task, starting the task if there is none.
-    /// `Err`: no task could take it (no runtime).
-    fn send(&self, node: &Node, renewal: Renewal) -> Result<(), ()> {
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        let renewal = match queue.as_ref() {
-            Some(q) => match q.send(renewal) {
-                Ok(()) => return Ok(()),
-                Err(mpsc::error::SendError(renewal)) => renewal,
-            },
-            None => renewal,
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return Err(());
-        };
-        let (sender, receiver) = mpsc::unbounded_channel();
-        runtime.spawn(run(node.inner_weak(), receiver));
-        sender.send(renewal).map_err(|_| ())?;
-        *queue = Some(sender);
-        Ok(())
-    }
-}
-
 /// The renewal task of one node: take everything queued, send it as one request, repeat.
 /// Ends when the node is dropped (its queue closes).
 async fn run(node: Weak<Inner>, mut queue: mpsc::UnboundedReceiver<Renewal>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        // Let renewals that fell due in the same timer tick queue up behind the first:
-        // yields, not a timer, so a lone renewal waits only for tasks already runnable.
-        // The leases of one tick are woken a few at a time and spread over the workers, so
-        // one yield catches only a handful: yield again while the queue still grows.
-        for _ in 0..MAX_GATHER_YIELDS {
-            if batch.len() >= MAX_BATCH {
-                break;
-            }
-            tokio::task::yield_now().await;
-            let before = batch.len();
-            while batch.len() < MAX_BATCH
-                && let Ok(renewal) = queue.try_recv()
-            {
-                batch.push(renewal);
-            }
-            if batch.len() == before {
-                break;
-            }
-        }
+    while gather(&mut queue, &mut batch, MAX_BATCH).await {
         // A caller that gave up (a Redlock per-node timeout) needs no renewal.
         batch.retain(|r| !r.answer.is_closed());
         if batch.is_empty() {

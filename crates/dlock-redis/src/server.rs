@@ -12,7 +12,9 @@
 //!   Renewals are batched per node: [`Node::renew`] takes a [`HeldKey`] (made once per
 //!   held key), and the node's renewal task sends what has queued as one script call.
 //!   A caller that batches renewals itself (Redlock, over all its nodes at once) sends
-//!   its batch with [`Node::renew_many`]: one script call, one answer per key.
+//!   its batch with [`Node::renew_many`]: one script call, one answer per key. Both batch
+//!   the same way: a [`TaskQueue`] into a task started on first use, which [`gather`]s
+//!   what queued in one moment (one timer tick's renewals) into one batch.
 //! - [`Names`] (a lock key, its fence counter and its release channel, in one hash slot)
 //!   and [`new_token`] (a holder's random token, 128 bits).
 //! - [`Waiter`] and [`View`]: a waiting acquire subscribes to the key's release channel on
@@ -33,6 +35,7 @@
 //! [`Waiter::subscribe`] / [`Waiter::sleep`] before the next round.
 
 pub use crate::error::Error as NodeError;
+pub use crate::gather::{TaskQueue, gather};
 pub use crate::lock::InFlight;
 pub use crate::node::{Attempt, Node};
 pub use crate::renew::HeldKey;

@@ -9,11 +9,10 @@
 //! node that answers only at its timeout never holds back the batches queued behind it.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_redis::server::{HeldKey, NodeError};
+use dlock_redis::server::{HeldKey, NodeError, TaskQueue, gather};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::cluster::Cluster;
@@ -21,33 +20,19 @@ use crate::cluster::Cluster;
 /// The most keys in one batch (per node, one script call).
 const MAX_BATCH: usize = 512;
 
-/// The most yields spent gathering one round of renewals, so a steady stream of extends
-/// cannot hold back the first of them for long.
-const MAX_GATHER_YIELDS: usize = 16;
-
 /// One key's renewal, as each node answered it: the node's index, and `true` (extended),
 /// `false` (not ours there) or the node's error.
 pub(crate) type Answers = Vec<(usize, Result<bool, NodeError>)>;
 
 /// One extend waiting for its batch.
-struct Renewal {
+pub(crate) struct Renewal {
     key: HeldKey,
     ttl: Duration,
     answer: oneshot::Sender<Answers>,
 }
 
-/// The queue into the cluster's renewal task, started on first use (and again if the
-/// runtime that ran the previous one shut down).
-#[derive(Default)]
-pub(crate) struct Renewals {
-    queue: Mutex<Option<mpsc::UnboundedSender<Renewal>>>,
-}
-
-impl fmt::Debug for Renewals {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Renewals").finish_non_exhaustive()
-    }
-}
+/// The queue into the cluster's renewal task.
+pub(crate) type Renewals = TaskQueue<Renewal>;
 
 impl Cluster {
     /// Extend `key` for `ttl` on every node, batched with this client's other renewals;
@@ -59,7 +44,11 @@ impl Cluster {
             ttl,
             answer,
         };
-        if self.renewals.send(self, renewal).is_ok()
+        let cluster = Arc::downgrade(self);
+        if self
+            .renewals
+            .send(renewal, |queue| run(cluster, queue))
+            .is_ok()
             && let Ok(answers) = answered.await
         {
             return answers;
@@ -107,48 +96,11 @@ impl Cluster {
     }
 }
 
-impl Renewals {
-    /// Queue `renewal` for the cluster's renewal task, starting the task if there is none.
-    /// `Err`: no task could take it (no runtime).
-    fn send(&self, cluster: &Arc<Cluster>, renewal: Renewal) -> Result<(), ()> {
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        let renewal = match queue.as_ref() {
-            Some(q) => match q.send(renewal) {
-                Ok(()) => return Ok(()),
-                Err(mpsc::error::SendError(renewal)) => renewal,
-            },
-            None => renewal,
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return Err(());
-        };
-        let (sender, receiver) = mpsc::unbounded_channel();
-        runtime.spawn(run(Arc::downgrade(cluster), receiver));
-        sender.send(renewal).map_err(|_| ())?;
-        *queue = Some(sender);
-        Ok(())
-    }
-}
-
 /// The renewal task: take everything queued, start each batch in a task of its own,
 /// repeat. Ends when the cluster is dropped (its queue closes).
 async fn run(cluster: Weak<Cluster>, mut queue: mpsc::UnboundedReceiver<Renewal>) {
     let mut queued = Vec::new();
-    while queue.recv_many(&mut queued, usize::MAX).await > 0 {
-        // Let renewals that fell due in the same timer tick queue up behind the first:
-        // yields, not a timer, so a lone renewal waits only for tasks already runnable.
-        // The leases of one tick are woken a few at a time and spread over the workers, so
-        // one yield catches only a handful: yield again while the queue still grows.
-        for _ in 0..MAX_GATHER_YIELDS {
-            tokio::task::yield_now().await;
-            let before = queued.len();
-            while let Ok(renewal) = queue.try_recv() {
-                queued.push(renewal);
-            }
-            if queued.len() == before {
-                break;
-            }
-        }
+    while gather(&mut queue, &mut queued, usize::MAX).await {
         let Some(cluster) = cluster.upgrade() else {
             return;
         };

@@ -171,22 +171,24 @@ async fn open_session(config: &ZookeeperConfig) -> Result<zk::Client> {
         connector = connector.with_sasl(sasl.options());
     }
     let connect = async {
-        let client = match secure {
-            #[cfg(feature = "tls")]
-            true => {
-                let mut answer = connector.clone().secure_connect(&hosts).await;
-                for _ in 0..crate::auth::tls_sasl_retries(config) {
-                    if !matches!(answer, Err(zk::Error::NoHosts)) {
-                        break;
-                    }
-                    answer = connector.clone().secure_connect(&hosts).await;
-                }
-                match answer {
-                    Err(zk::Error::NoHosts) => return Err(tls_refusal(config).await),
-                    answer => answer,
-                }
+        let attempt = || async {
+            match secure {
+                #[cfg(feature = "tls")]
+                true => connector.clone().secure_connect(&hosts).await,
+                _ => connector.clone().connect(&hosts).await,
             }
-            _ => connector.connect(&hosts).await,
+        };
+        let mut answer = attempt().await;
+        for _ in 0..crate::auth::sasl_retries(config) {
+            if !matches!(answer, Err(zk::Error::NoHosts)) {
+                break;
+            }
+            answer = attempt().await;
+        }
+        let client = match answer {
+            #[cfg(feature = "tls")]
+            Err(zk::Error::NoHosts) if secure => return Err(tls_refusal(config).await),
+            answer => answer,
         }
         .map_err(|e| crate::auth::connect_error(config, e))?;
         if let Some(digest) = &config.digest {
