@@ -137,6 +137,17 @@ impl FromStr for Kind {
 
 /// A lock URL split (by dlock-core's URL layer) into the parts the raw clients need.
 #[derive(Debug, Clone)]
+#[cfg_attr(
+    not(any(
+        feature = "redis",
+        feature = "redlock",
+        feature = "zookeeper",
+        feature = "etcd",
+        feature = "mysql",
+        feature = "postgres"
+    )),
+    allow(dead_code)
+)]
 pub(crate) struct Parts {
     pub(crate) scheme: String,
     /// `host:port` each, the port defaulted per scheme.

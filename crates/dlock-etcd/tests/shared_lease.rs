@@ -3,12 +3,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::EtcdHarness;
 use dlock_core::{DistributedLock, LockOptions};
-use futures::future::join_all;
 use tokio::time::{sleep, timeout};
 
 fn fresh_key(label: &str) -> String {

@@ -8,7 +8,6 @@ use std::time::Duration;
 use common::{RedisHarness, forget_fence, unique_key};
 use dlock_core::{DistributedLock, ErrorKind, LockOptions, LostReason};
 use dlock_redis::server::{Attempt, HeldKey, Names, Node, new_token};
-use futures::StreamExt;
 use redis::AsyncCommands;
 use tokio::time::timeout;
 

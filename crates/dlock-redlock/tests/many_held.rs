@@ -8,7 +8,6 @@ use std::time::Duration;
 use common::{RedlockHarness, unique_key};
 use dlock_core::{DistributedLock, LockOptions, LostReason};
 use dlock_redis::server::Names;
-use futures::StreamExt;
 use redis::AsyncCommands;
 use tokio::time::timeout;
 
