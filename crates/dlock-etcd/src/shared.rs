@@ -240,9 +240,12 @@ async fn keep(conn: Conn, mut handle: LeaseHandle, lease: Arc<SharedLease>) {
         };
         let answer = tokio::time::timeout_at(last_safe, renewal).await;
         let answer = answer.unwrap_or_else(|_| {
+            // A keep-alive a lone leader answered while the quorum read hung proves nothing
+            // (etcd renews leases on the leader alone): count from the renewal before.
+            handle.renewed_at = previous;
             Err(Error::TimedOut {
                 op: "keep-alive",
-                after: last_safe.saturating_duration_since(handle.renewed_at),
+                after: last_safe.saturating_duration_since(previous),
             })
         });
         let lost = match answer {
