@@ -24,6 +24,19 @@ pub async fn must_take(lock: &dyn DistributedLock, key: &str, opts: &LockOptions
         .unwrap_or_else(|| panic!("{key} should be free"))
 }
 
+/// [`must_take`] for each of `keys`, one after another.
+pub async fn must_take_all(
+    lock: &dyn DistributedLock,
+    keys: &[String],
+    opts: &LockOptions,
+) -> Vec<Lease> {
+    let mut leases = Vec::with_capacity(keys.len());
+    for key in keys {
+        leases.push(must_take(lock, key, opts).await);
+    }
+    leases
+}
+
 /// A loopback server that answers every connection with an HTTP error: a server of the
 /// wrong kind on the port. Each call starts a new one.
 pub fn wrong_kind_of_server() -> SocketAddr {

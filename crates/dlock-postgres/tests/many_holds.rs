@@ -8,36 +8,12 @@ use std::time::Duration;
 
 use common::PostgresHarness;
 use dlock_conformance::Harness;
-use dlock_core::{DistributedLock, ErrorKind, Lease, LockOptions, Wait};
-use futures::future::join_all;
+use dlock_conformance::testkit::{must_take_all, unique_key};
+use dlock_core::{DistributedLock, ErrorKind, LockOptions, Wait};
 use tokio::time::{sleep, timeout};
-
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_nanos();
-    format!("pg-many-{nanos:x}/{name}")
-}
 
 async fn client(h: &PostgresHarness) -> Arc<dyn DistributedLock> {
     h.client().await.expect("the PostgreSQL server answers")
-}
-
-/// Take `keys` with `try_acquire`, 8 at a time.
-async fn take_all(client: &dyn DistributedLock, keys: &[String], opts: &LockOptions) -> Vec<Lease> {
-    let mut leases = Vec::with_capacity(keys.len());
-    for chunk in keys.chunks(8) {
-        let taken = join_all(chunk.iter().map(|k| client.try_acquire(k, opts))).await;
-        for (key, lease) in chunk.iter().zip(taken) {
-            leases.push(
-                lease
-                    .expect("try_acquire")
-                    .unwrap_or_else(|| panic!("{key} is free")),
-            );
-        }
-    }
-    leases
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -46,10 +22,10 @@ async fn terminating_a_holder_connection_fires_lost_on_exactly_its_holds() {
     let (a, b) = (client(&h).await, client(&h).await);
     let opts = LockOptions::new().ttl(Duration::from_secs(1));
     // Five holds taken at once share one holder connection.
-    let shared: Vec<String> = (0..5).map(|i| unique(&format!("shared{i}"))).collect();
-    let on_shared = take_all(&*a, &shared, &opts).await;
+    let shared: Vec<String> = (0..5).map(|i| unique_key(&format!("shared{i}"))).collect();
+    let on_shared = must_take_all(&*a, &shared, &opts).await;
     // A hold granted after a wait lives on the waiter's own connection.
-    let waited = unique("waited");
+    let waited = unique_key("waited");
     let blocker = b.try_acquire(&waited, &opts).await.unwrap().expect("free");
     let waiting = {
         let (a, key) = (a.clone(), waited.clone());
