@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p lockbench -- [--backends all|memory,redis,…] [--clients 1,8,32]
 //!     [--duration 2s] [--warmup 500ms] [--hold 0ms] [--out target/lockbench]
+//!     [--compare BASELINE.json]
 //! cargo run --release -p lockbench -- --hold-many 10000 [--hold-for 30s] [--ttl 30s] …
 //! ```
 //!
@@ -19,6 +20,7 @@
 
 mod backends;
 mod chart;
+mod compare;
 mod connect;
 mod hold_many;
 mod raw;
@@ -77,6 +79,10 @@ struct Args {
     /// Where lockbench.json and lockbench.svg are written.
     #[arg(long, default_value = "target/lockbench")]
     out: PathBuf,
+    /// An earlier run's lockbench.json: print each figure of this run next to it, with the
+    /// change (copy the file away first: this run overwrites `--out`'s).
+    #[arg(long, value_name = "BASELINE.json")]
+    compare: Option<PathBuf>,
 }
 
 /// One measurement to make.
@@ -229,6 +235,13 @@ async fn main() -> ExitCode {
         eprintln!("lockbench: --duration must be more than zero");
         return ExitCode::from(2);
     }
+    let baseline = match args.compare.as_deref().map(compare::load).transpose() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("lockbench: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let plan = Plan {
         duration: args.duration,
         warmup: args.warmup,
@@ -366,6 +379,9 @@ async fn main() -> ExitCode {
         failures,
     };
     print!("{}", report.markdown());
+    if let Some(baseline) = &baseline {
+        print!("{}", compare::markdown(&report, baseline));
+    }
 
     let mut status = 0u8;
     if let Err(e) = std::fs::create_dir_all(&args.out) {
