@@ -336,6 +336,7 @@ async fn lock_with(
                 client: i,
                 key: key.clone(),
                 token,
+                mode: dlock::Mode::Exclusive,
                 start,
                 end,
                 lost_at: None,

@@ -92,7 +92,7 @@ fn message(e: &LockError) -> String {
 
 fn exit_code(e: &LockError) -> u8 {
     match e.kind() {
-        ErrorKind::InvalidConfig | ErrorKind::InvalidKey => exit::USAGE,
+        ErrorKind::InvalidConfig | ErrorKind::InvalidKey | ErrorKind::Unsupported => exit::USAGE,
         ErrorKind::Unavailable => exit::UNAVAILABLE,
         ErrorKind::Timeout => exit::TEMPFAIL,
         _ => exit::SOFTWARE,

@@ -1,9 +1,10 @@
 //! Every hold recorded as an interval, and the checker that rejects overlaps and token
-//! regressions.
+//! regressions. It knows modes: shared holds may overlap each other, never an exclusive one.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use dlock_core::Mode;
 use tokio::time::Instant;
 
 /// One hold of a key, as its holder saw it.
@@ -15,6 +16,8 @@ pub struct Hold {
     pub key: String,
     /// The fencing token of the grant.
     pub token: u64,
+    /// Exclusive or shared.
+    pub mode: Mode,
     /// When `acquire` returned.
     pub start: Instant,
     /// When the holder called `release` (or stopped relying on the lease).
@@ -36,14 +39,16 @@ impl Hold {
 /// A broken promise found in a history.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Violation {
-    /// `second` acquired while `first` still believed it held the key.
+    /// `second` acquired while `first` still believed it held the key, and at least one
+    /// of them is exclusive.
     Overlap {
         /// The earlier hold.
         first: Hold,
         /// The hold that started inside it.
         second: Hold,
     },
-    /// A later holder got a token no greater than an earlier holder's.
+    /// A later holder got a token no greater than an earlier holder's (for a shared
+    /// later holder: than an earlier exclusive holder's).
     TokenRegression {
         /// The earlier hold, with the greater or equal token.
         earlier: Hold,
@@ -102,8 +107,9 @@ impl History {
     }
 
     /// Check every key's holds: no hold may start while an earlier one was still trusted
-    /// (not yet released and not yet told it was lost), and, when `ordered_tokens`, tokens
-    /// must strictly increase in the order holds started.
+    /// (not yet released and not yet told it was lost) unless both are shared, and, when
+    /// `ordered_tokens`, an exclusive hold's token must be greater than every earlier
+    /// hold's, a shared hold's greater than every earlier exclusive hold's.
     pub fn check(&self, ordered_tokens: bool) -> Vec<Violation> {
         check(&self.holds(), ordered_tokens)
     }
@@ -118,10 +124,16 @@ pub fn check(holds: &[Hold], ordered_tokens: bool) -> Vec<Violation> {
     let mut violations = Vec::new();
     for (_, mut holds) in by_key {
         holds.sort_by_key(|h| h.start);
-        let mut latest: Option<&Hold> = None; // the hold trusted the longest so far
-        let mut top_token: Option<&Hold> = None;
+        // Among the holds so far, of any mode and exclusive only: the one trusted the
+        // longest, and the one with the greatest token.
+        let (mut any, mut exclusive) = (Latest::default(), Latest::default());
         for hold in holds {
-            if let Some(prev) = latest
+            // What this hold must not overlap, nor get a smaller token than.
+            let rival = match hold.mode {
+                Mode::Exclusive => &any,
+                Mode::Shared => &exclusive,
+            };
+            if let Some(prev) = rival.trusted
                 && hold.start < prev.trusted_until()
             {
                 violations.push(Violation::Overlap {
@@ -130,7 +142,7 @@ pub fn check(holds: &[Hold], ordered_tokens: bool) -> Vec<Violation> {
                 });
             }
             if ordered_tokens
-                && let Some(prev) = top_token
+                && let Some(prev) = rival.top_token
                 && hold.token <= prev.token
             {
                 violations.push(Violation::TokenRegression {
@@ -138,15 +150,33 @@ pub fn check(holds: &[Hold], ordered_tokens: bool) -> Vec<Violation> {
                     later: hold.clone(),
                 });
             }
-            if latest.is_none_or(|l| hold.trusted_until() > l.trusted_until()) {
-                latest = Some(hold);
-            }
-            if top_token.is_none_or(|t| hold.token > t.token) {
-                top_token = Some(hold);
+            any.add(hold);
+            if hold.mode == Mode::Exclusive {
+                exclusive.add(hold);
             }
         }
     }
     violations
+}
+
+#[derive(Default)]
+struct Latest<'a> {
+    trusted: Option<&'a Hold>,
+    top_token: Option<&'a Hold>,
+}
+
+impl<'a> Latest<'a> {
+    fn add(&mut self, hold: &'a Hold) {
+        if self
+            .trusted
+            .is_none_or(|l| hold.trusted_until() > l.trusted_until())
+        {
+            self.trusted = Some(hold);
+        }
+        if self.top_token.is_none_or(|t| hold.token > t.token) {
+            self.top_token = Some(hold);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -159,6 +189,7 @@ mod tests {
             client,
             key: "k".into(),
             token,
+            mode: Mode::Exclusive,
             start: t0 + Duration::from_millis(start_ms),
             end: t0 + Duration::from_millis(end_ms),
             lost_at: None,
@@ -222,6 +253,46 @@ mod tests {
         assert!(check(&holds, true).is_empty());
         zombie.lost_at = Some(t0 + Duration::from_millis(55));
         assert_eq!(check(&[zombie, hold(2, 2, 50, 60, t0)], true).len(), 1);
+    }
+
+    fn shared(client: usize, token: u64, start_ms: u64, end_ms: u64, t0: Instant) -> Hold {
+        Hold {
+            mode: Mode::Shared,
+            ..hold(client, token, start_ms, end_ms, t0)
+        }
+    }
+
+    #[test]
+    fn shared_holds_overlap_each_other_but_never_an_exclusive_one() {
+        let t0 = Instant::now();
+        let readers = [shared(1, 1, 0, 10, t0), shared(2, 1, 5, 20, t0)];
+        assert!(
+            check(&readers, true).is_empty(),
+            "readers share, tokens may tie"
+        );
+        let writer_inside = [
+            readers[0].clone(),
+            readers[1].clone(),
+            hold(3, 2, 15, 30, t0),
+        ];
+        assert_eq!(check(&writer_inside, true).len(), 1);
+        let reader_inside_writer = [hold(1, 1, 0, 10, t0), shared(2, 2, 5, 20, t0)];
+        assert_eq!(check(&reader_inside_writer, true).len(), 1);
+    }
+
+    #[test]
+    fn a_writer_token_tops_every_earlier_token_and_a_reader_token_every_earlier_writer() {
+        let t0 = Instant::now();
+        let ok = [
+            hold(1, 3, 0, 10, t0),
+            shared(2, 4, 11, 20, t0),
+            hold(3, 5, 21, 30, t0),
+        ];
+        assert!(check(&ok, true).is_empty());
+        let writer_below_reader = [shared(1, 7, 0, 10, t0), hold(2, 6, 11, 20, t0)];
+        assert_eq!(check(&writer_below_reader, true).len(), 1);
+        let reader_below_writer = [hold(1, 7, 0, 10, t0), shared(2, 7, 11, 20, t0)];
+        assert_eq!(check(&reader_below_writer, true).len(), 1);
     }
 
     #[test]

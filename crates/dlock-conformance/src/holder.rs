@@ -2,7 +2,8 @@
 //!
 //! The child is the test binary itself, re-run on the same test with
 //! `DLOCK_CONFORMANCE_HOLD` set: [`crate::run`] sees the variable and, instead of the
-//! scenario, takes the key with the harness's client, prints one line
+//! scenario, takes the key (with the ttl and mode it was given) with the harness's client,
+//! prints one line
 //! `acquired key=<key> token=<n>` and waits to be killed. So every backend gets real process
 //! crashes without shipping a holder binary of its own.
 
@@ -11,7 +12,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{LockOptions, Result};
+use dlock_core::{LockOptions, Mode, Result};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -37,13 +38,14 @@ pub struct ChildHolder {
 }
 
 impl ChildHolder {
-    /// Run test `test` of the current test binary as a holder of `key`, and wait (up to
-    /// 60 s) until it reports that it holds the key.
-    pub async fn spawn(test: &str, key: &str, ttl: Duration) -> std::io::Result<Self> {
+    /// Run test `test` of the current test binary as a holder of `key` taken with
+    /// `opts`' ttl and mode, and wait (up to 60 s) until it reports that it holds the key.
+    pub async fn spawn(test: &str, key: &str, opts: &LockOptions) -> std::io::Result<Self> {
         let exe = std::env::current_exe()?;
+        let spec = format!("{} {} {key}", opts.ttl.as_millis(), opts.mode);
         let mut child = Command::new(exe)
             .args(["--exact", test, "--nocapture", "--test-threads=1"])
-            .env(HOLD_VAR, format!("{} {key}", ttl.as_millis()))
+            .env(HOLD_VAR, spec)
             // The child exits when this pipe closes: a killed test run leaves no holder.
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -100,13 +102,20 @@ pub(crate) async fn serve_if_child(harness: &dyn Harness) -> bool {
     let Ok(spec) = std::env::var(HOLD_VAR) else {
         return false;
     };
-    let (ttl_ms, key) = spec
-        .split_once(' ')
-        .expect("DLOCK_CONFORMANCE_HOLD is '<ttl ms> <key>'");
+    let mut parts = spec.splitn(3, ' ');
+    let (Some(ttl_ms), Some(mode), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
+        panic!("DLOCK_CONFORMANCE_HOLD is '<ttl ms> <mode> <key>', not {spec:?}");
+    };
     let ttl = Duration::from_millis(ttl_ms.parse().expect("ttl in ms"));
+    let mode = match mode {
+        "shared" => Mode::Shared,
+        _ => Mode::Exclusive,
+    };
     let result: Result<()> = async {
         let client = harness.client().await?;
-        let lease = client.acquire(key, &LockOptions::new().ttl(ttl)).await?;
+        let lease = client
+            .acquire(key, &LockOptions::new().ttl(ttl).mode(mode))
+            .await?;
         {
             let mut out = std::io::stdout().lock();
             writeln!(out, "acquired key={key} token={}", lease.fencing_token()).expect("stdout");

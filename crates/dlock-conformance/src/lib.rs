@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::raw::url::{Host, LockUrl, default_port, redact};
-use dlock_core::{BoxError, DistributedLock, ErrorKind, Result};
+use dlock_core::{BoxError, DistributedLock, ErrorKind, LockOptions, Result};
 
 pub use history::{History, Hold, Violation};
 pub use holder::{ChildHolder, Holder};
@@ -170,15 +170,16 @@ pub trait Harness: Send + Sync + 'static {
     /// leases). Fence counters that must outlive holders by design are not residue.
     async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError>;
 
-    /// Start a holder of `key` that the suite can kill. By default a child process running
-    /// test `test` of this binary (see [`holder`]).
+    /// Start a holder of `key` that the suite can kill, taking it with `opts` (its ttl and
+    /// mode). By default a child process running test `test` of this binary (see
+    /// [`holder`]).
     async fn spawn_holder(
         &self,
         test: &str,
         key: &str,
-        ttl: Duration,
+        opts: &LockOptions,
     ) -> Result<Box<dyn Holder>, BoxError> {
-        Ok(Box::new(ChildHolder::spawn(test, key, ttl).await?))
+        Ok(Box::new(ChildHolder::spawn(test, key, opts).await?))
     }
 
     /// The ttl timing scenarios use. Default 2 s.
@@ -409,6 +410,13 @@ macro_rules! conformance {
                 black_holed_server_does_not_hang,
                 dropped_leases_leave_nothing,
                 shared_client,
+                shared_mode_is_declared,
+                readers_share,
+                writer_excludes_readers_and_writers,
+                writer_not_starved_by_readers,
+                shared_try_acquire_answers_at_once,
+                shared_timeout_and_cancellation_leave_nothing,
+                crashed_reader_and_writer_free_the_key,
             );
         }
     };

@@ -42,6 +42,12 @@ pub struct Capabilities {
     /// Taking one more fails with a clear error that names the limit and the option that
     /// raises it. The conformance suite's many-holds scenario scales down to this.
     pub max_held: Option<usize>,
+    /// The backend takes [shared](crate::Mode::Shared) holds beside exclusive ones (a
+    /// read-write lock): any number of shared holders together, an exclusive holder alone,
+    /// and shared requests that arrive while an exclusive one waits queue behind it, so a
+    /// stream of readers cannot starve a writer. Without it a shared acquire fails with
+    /// [`Unsupported`](crate::LockError::Unsupported) before any network I/O.
+    pub shared: bool,
 }
 
 impl Capabilities {
@@ -72,6 +78,7 @@ impl Default for Capabilities {
             max_key_len: Self::DEFAULT_MAX_KEY_LEN,
             faults: Faults::default(),
             max_held: None,
+            shared: false,
         }
     }
 }

@@ -78,6 +78,15 @@ pub enum LockError {
         #[source]
         source: Option<BoxError>,
     },
+    /// The backend cannot do what the options ask (a shared hold on a backend without
+    /// them, see [`Capabilities`](crate::Capabilities)). Checked before any network I/O.
+    #[error("{backend}: {what} is not supported by this backend")]
+    Unsupported {
+        /// The backend.
+        backend: &'static str,
+        /// What was asked for, e.g. `"a shared hold"`.
+        what: &'static str,
+    },
     /// The server could not be reached or stopped answering (refused, reset, timed out).
     /// Retryable.
     #[error("{backend}: server unavailable during {op}: {source}")]
@@ -118,6 +127,8 @@ pub enum ErrorKind {
     InvalidKey,
     /// See [`LockError::InvalidConfig`].
     InvalidConfig,
+    /// See [`LockError::Unsupported`].
+    Unsupported,
     /// See [`LockError::Unavailable`].
     Unavailable,
     /// See [`LockError::Backend`].
@@ -139,6 +150,7 @@ impl LockError {
             Self::LeaseLost { .. } => ErrorKind::LeaseLost,
             Self::InvalidKey { .. } => ErrorKind::InvalidKey,
             Self::InvalidConfig { .. } => ErrorKind::InvalidConfig,
+            Self::Unsupported { .. } => ErrorKind::Unsupported,
             Self::Unavailable { .. } => ErrorKind::Unavailable,
             Self::Backend { .. } => ErrorKind::Backend,
         }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::raw::backend::{Grant, Held};
 use crate::raw::gate::GatePermit;
 use crate::raw::watchdog;
-use crate::{ErrorKind, Expiry, LockError, LockOptions, Result};
+use crate::{ErrorKind, Expiry, LockError, LockOptions, Mode, Result};
 
 /// Why a lease was lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,6 +198,7 @@ impl LeaseState {
 pub struct Lease {
     state: Arc<LeaseState>,
     token: u64,
+    mode: Mode,
     watchdog: AbortHandle,
     // Dropped last: local waiters go when the release is done.
     permit: Option<GatePermit>,
@@ -229,6 +230,7 @@ impl Lease {
         Self {
             state,
             token: grant.fencing_token,
+            mode: opts.mode,
             watchdog: watchdog.abort_handle(),
             permit: Some(permit),
         }
@@ -239,8 +241,17 @@ impl Lease {
         &self.state.key
     }
 
+    /// Exclusive or shared, as asked for in [`LockOptions::mode`].
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
     /// The fencing token of this grant. How far it can be trusted is
-    /// [`Capabilities::fencing`](crate::Capabilities::fencing).
+    /// [`Capabilities::fencing`](crate::Capabilities::fencing). An exclusive hold's token
+    /// is greater than every token handed out on the key before it; a shared hold's token
+    /// is greater than the token of every exclusive hold before it (shared holds that
+    /// overlap may get equal or unordered tokens), so storage can refuse a reader that
+    /// outlived a later writer, and a writer that lost its lease.
     pub fn fencing_token(&self) -> u64 {
         self.token
     }
@@ -385,6 +396,7 @@ impl fmt::Debug for Lease {
             .field("backend", &self.state.backend)
             .field("key", &self.state.key)
             .field("fencing_token", &self.token)
+            .field("mode", &self.mode)
             .field("lost", &self.state.lost_reason())
             .finish()
     }

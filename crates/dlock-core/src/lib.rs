@@ -47,7 +47,7 @@ pub use background::settle;
 pub use capabilities::{Capabilities, Expiry, FaultSafety, Faults, Fencing, Wakeup};
 pub use error::{BoxError, ErrorKind, LockError, Result};
 pub use lease::{Lease, LostReason, LostSignal};
-pub use options::{LockOptions, Wait};
+pub use options::{LockOptions, Mode, Wait};
 pub use raw::url::Secret;
 
 // Crate-internal short paths to the implementor items.

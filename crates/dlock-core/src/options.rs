@@ -16,6 +16,43 @@ pub enum Wait {
     Forever,
 }
 
+/// How a hold shares its key with other holds.
+///
+/// ```
+/// use dlock_core::{LockOptions, Mode};
+///
+/// assert_eq!(LockOptions::new().mode, Mode::Exclusive);
+/// assert_eq!(LockOptions::new().shared().mode, Mode::Shared);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum Mode {
+    /// The only hold on the key: the mutex, a writer. Its fencing token is greater than
+    /// every token handed out on the key before it, shared or exclusive.
+    #[default]
+    Exclusive,
+    /// One of any number of shared holds (readers) that exclude exclusive ones. Backends
+    /// that take shared holds say so in
+    /// [`Capabilities::shared`](crate::Capabilities::shared); elsewhere a shared acquire
+    /// fails with [`LockError::Unsupported`] before any network I/O.
+    Shared,
+}
+
+impl Mode {
+    /// `"exclusive"` or `"shared"`, as logs and the CLI write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Shared => "shared",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Options for one acquisition.
 ///
 /// ```
@@ -39,6 +76,8 @@ pub struct LockOptions {
     /// Renew the lease every `ttl / 3` until it is released. Default on. Without it the
     /// lease ends `ttl` after it was granted (or last [extended](crate::Lease::extend)).
     pub auto_renew: bool,
+    /// Exclusive (the default) or shared. See [`Mode`].
+    pub mode: Mode,
 }
 
 impl LockOptions {
@@ -49,12 +88,13 @@ impl LockOptions {
     /// The largest accepted ttl (one day).
     pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
-    /// The defaults: ttl 30 s, wait forever, auto-renew on.
+    /// The defaults: ttl 30 s, wait forever, auto-renew on, exclusive.
     pub fn new() -> Self {
         Self {
             ttl: Self::DEFAULT_TTL,
             wait: Wait::Forever,
             auto_renew: true,
+            mode: Mode::Exclusive,
         }
     }
 
@@ -74,6 +114,17 @@ impl LockOptions {
     pub fn auto_renew(mut self, on: bool) -> Self {
         self.auto_renew = on;
         self
+    }
+
+    /// Set [`mode`](Self::mode).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// A shared hold (a reader): [`Mode::Shared`].
+    pub fn shared(self) -> Self {
+        self.mode(Mode::Shared)
     }
 
     /// Check the values are in range. Called before any network I/O.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant, Held};
 use dlock_core::{
-    Capabilities, Fencing, LockError, LockOptions, LockStats, LostReason, Result, Wakeup,
+    Capabilities, Fencing, LockError, LockOptions, LockStats, LostReason, Mode, Result, Wakeup,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -32,15 +32,37 @@ struct State {
     swept_at: usize,
 }
 
+/// A key's holders (one exclusive, or any number of shared ones; expired ones linger until
+/// the next change) and its FIFO queue.
 #[derive(Debug, Default)]
 struct Slot {
-    holder: Option<Holder>,
+    holders: Vec<Holder>,
     waiters: VecDeque<Waiter>,
+}
+
+impl Slot {
+    fn live(&self) -> impl Iterator<Item = &Holder> {
+        let now = Instant::now();
+        self.holders.iter().filter(move |h| h.expires_at > now)
+    }
+
+    /// Whether a hold in `mode` may join the live holders.
+    fn admits(&self, mode: Mode) -> bool {
+        match mode {
+            Mode::Exclusive => self.live().next().is_none(),
+            Mode::Shared => self.live().all(|h| h.mode == Mode::Shared),
+        }
+    }
+
+    fn in_use(&self) -> bool {
+        self.live().next().is_some() || !self.waiters.is_empty()
+    }
 }
 
 #[derive(Debug)]
 struct Holder {
     id: u64,
+    mode: Mode,
     expires_at: Instant,
     lost: oneshot::Sender<LostReason>,
 }
@@ -48,6 +70,7 @@ struct Holder {
 #[derive(Debug)]
 struct Waiter {
     id: u64,
+    mode: Mode,
     ttl: Duration,
     grant: oneshot::Sender<Granted>,
 }
@@ -84,21 +107,20 @@ impl MemoryServer {
     /// the next waiter gets it.
     pub fn break_lease(&self, key: &str) {
         let mut state = self.lock();
-        if let Some(holder) = state.keys.get_mut(key).and_then(|slot| slot.holder.take()) {
-            let _ = holder.lost.send(LostReason::NotHeld);
+        if let Some(slot) = state.keys.get_mut(key) {
+            for holder in slot.holders.drain(..) {
+                let _ = holder.lost.send(LostReason::NotHeld);
+            }
         }
         state.hand_off(key);
     }
 
     /// Keys that are held or waited for, in no particular order.
     pub fn keys(&self) -> Vec<String> {
-        let now = Instant::now();
         self.lock()
             .keys
             .iter()
-            .filter(|(_, s)| {
-                s.holder.as_ref().is_some_and(|h| h.expires_at > now) || !s.waiters.is_empty()
-            })
+            .filter(|(_, s)| s.in_use())
             .map(|(k, _)| k.clone())
             .collect()
     }
@@ -109,22 +131,22 @@ impl MemoryServer {
 }
 
 impl State {
-    fn free(&self, key: &str) -> bool {
-        self.keys
-            .get(key)
-            .and_then(|s| s.holder.as_ref())
-            .is_none_or(|h| h.expires_at <= Instant::now())
+    fn admits(&self, key: &str, mode: Mode) -> bool {
+        self.keys.get(key).is_none_or(|s| s.admits(mode))
     }
 
-    fn grant(&mut self, key: &str, ttl: Duration) -> Granted {
+    fn grant(&mut self, key: &str, mode: Mode, ttl: Duration) -> Granted {
         self.sweep_if_due();
         self.next_id += 1;
         let id = self.next_id;
         let token = id;
         let (lost_tx, lost) = oneshot::channel();
         let at = Instant::now();
-        self.keys.entry(key.to_owned()).or_default().holder = Some(Holder {
+        let slot = self.keys.entry(key.to_owned()).or_default();
+        slot.holders.retain(|h| h.expires_at > at);
+        slot.holders.push(Holder {
             id,
+            mode,
             expires_at: at + ttl,
             lost: lost_tx,
         });
@@ -136,23 +158,26 @@ impl State {
         }
     }
 
-    /// While the key is free, give it to the first waiter still waiting (FIFO); drop the
-    /// slot when nobody holds or waits.
+    /// While the first waiter still waiting may join the holders, grant it (FIFO: a run
+    /// of shared waiters goes together, an exclusive one alone); drop the slot when nobody
+    /// holds or waits.
     fn hand_off(&mut self, key: &str) {
-        while self.free(key) {
-            let Some(waiter) = self.keys.get_mut(key).and_then(|s| s.waiters.pop_front()) else {
+        while let Some(slot) = self.keys.get_mut(key) {
+            slot.waiters.retain(|w| !w.grant.is_closed());
+            let Some(mode) = slot.waiters.front().map(|w| w.mode) else {
                 break;
             };
-            if waiter.grant.is_closed() {
-                continue;
+            if !slot.admits(mode) {
+                break;
             }
-            let granted = self.grant(key, waiter.ttl);
+            let waiter = slot.waiters.pop_front().expect("a front waiter");
+            let granted = self.grant(key, mode, waiter.ttl);
             if let Err(granted) = waiter.grant.send(granted) {
                 // The waiter went away between the check and the send.
                 self.release(key, granted.id);
             }
         }
-        if self.free(key) && self.keys.get(key).is_some_and(|s| s.waiters.is_empty()) {
+        if self.keys.get(key).is_some_and(|s| !s.in_use()) {
             self.keys.remove(key);
         }
     }
@@ -163,10 +188,7 @@ impl State {
         if self.keys.len() < (2 * self.swept_at).max(64) {
             return;
         }
-        let now = Instant::now();
-        self.keys.retain(|_, slot| {
-            slot.holder.as_ref().is_some_and(|h| h.expires_at > now) || !slot.waiters.is_empty()
-        });
+        self.keys.retain(|_, slot| slot.in_use());
         self.swept_at = self.keys.len();
     }
 
@@ -174,18 +196,26 @@ impl State {
         let ours = self.holds(key, id);
         if ours {
             if let Some(slot) = self.keys.get_mut(key) {
-                slot.holder = None;
+                slot.holders.retain(|h| h.id != id);
             }
             self.hand_off(key);
         }
         ours
     }
 
+    fn holder_mut(&mut self, key: &str, id: u64) -> Option<&mut Holder> {
+        let now = Instant::now();
+        self.keys
+            .get_mut(key)?
+            .holders
+            .iter_mut()
+            .find(|h| h.id == id && h.expires_at > now)
+    }
+
     fn holds(&self, key: &str, id: u64) -> bool {
         self.keys
             .get(key)
-            .and_then(|s| s.holder.as_ref())
-            .is_some_and(|h| h.id == id && h.expires_at > Instant::now())
+            .is_some_and(|s| s.live().any(|h| h.id == id))
     }
 }
 
@@ -279,6 +309,7 @@ impl Backend for MemoryBackend {
                 one_per_release: true,
                 max_per_waiter: 1,
             },
+            shared: true,
             ..Default::default()
         }
     }
@@ -293,14 +324,14 @@ impl Backend for MemoryBackend {
         opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
-        let ttl = opts.ttl;
+        let (ttl, mode) = (opts.ttl, opts.mode);
         self.reachable("acquire")?;
         let mut waiter = {
             let mut state = self.server.lock();
             state.hand_off(key);
             let queued = state.keys.get(key).is_some_and(|s| !s.waiters.is_empty());
-            if state.free(key) && !queued {
-                let granted = state.grant(key, ttl);
+            if state.admits(key, mode) && !queued {
+                let granted = state.grant(key, mode, ttl);
                 return Ok(Some(self.held(key, granted)));
             }
             if !deadline.may_wait() {
@@ -314,7 +345,12 @@ impl Backend for MemoryBackend {
                 .entry(key.to_owned())
                 .or_default()
                 .waiters
-                .push_back(Waiter { id, ttl, grant: tx });
+                .push_back(Waiter {
+                    id,
+                    mode,
+                    ttl,
+                    grant: tx,
+                });
             QueuedWaiter {
                 server: &self.server,
                 key,
@@ -323,14 +359,13 @@ impl Backend for MemoryBackend {
             }
         };
         loop {
-            // Wake on hand-off, or when the holder's ttl runs out (a crashed holder).
+            // Wake on hand-off, or when a holder's ttl runs out (a crashed holder).
             let expiry = {
                 let state = self.server.lock();
                 state
                     .keys
                     .get(key)
-                    .and_then(|s| s.holder.as_ref())
-                    .map(|h| h.expires_at)
+                    .and_then(|s| s.live().map(|h| h.expires_at).min())
             };
             let wake_at =
                 deadline.min(expiry.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600)));
@@ -385,16 +420,10 @@ impl Held for MemoryHeld {
     async fn extend(&mut self, ttl: Duration) -> Result<()> {
         self.reachable("extend")?;
         let mut state = self.server.lock();
-        if !state.holds(&self.key, self.id) {
-            return Err(self.not_held());
-        }
-        if let Some(holder) = state
-            .keys
-            .get_mut(&self.key)
-            .and_then(|s| s.holder.as_mut())
-        {
-            holder.expires_at = Instant::now() + ttl;
-        }
+        let holder = state
+            .holder_mut(&self.key, self.id)
+            .ok_or_else(|| self.not_held())?;
+        holder.expires_at = Instant::now() + ttl;
         Ok(())
     }
 
@@ -417,12 +446,12 @@ mod tests {
         let mut state = State::default();
         for i in 0..10_000 {
             // Held for no time and never released, as by a crashed holder.
-            state.grant(&format!("k{i}"), Duration::ZERO);
+            state.grant(&format!("k{i}"), Mode::Exclusive, Duration::ZERO);
         }
         assert!(state.keys.len() <= 128, "{} slots kept", state.keys.len());
-        let live = state.grant("live", Duration::from_secs(60));
+        let live = state.grant("live", Mode::Exclusive, Duration::from_secs(60));
         for i in 0..1_000 {
-            state.grant(&format!("j{i}"), Duration::ZERO);
+            state.grant(&format!("j{i}"), Mode::Shared, Duration::ZERO);
         }
         assert!(state.holds("live", live.id), "a live holder is never swept");
     }

@@ -50,6 +50,14 @@ struct WakesAll(MemoryBackend, AtomicU64);
 #[derive(Debug)]
 struct LeaksListeners(MemoryBackend, AtomicU64);
 
+/// Takes an exclusive request as a shared one: a writer joins the readers.
+#[derive(Debug)]
+struct WritesAsReads(MemoryBackend);
+
+/// Declares shared holds but takes every request exclusively: readers queue one by one.
+#[derive(Debug)]
+struct ReadsAsWrites(MemoryBackend);
+
 /// Folds case and trailing spaces, as a case-insensitive, space-padding collation would.
 #[derive(Debug)]
 struct FoldsKeys(MemoryBackend);
@@ -148,6 +156,15 @@ wrapper!(ConstantToken, |me, key, opts, deadline| {
         grant.fencing_token = 7;
         grant
     }))
+});
+
+wrapper!(WritesAsReads, |me, key, opts, deadline| {
+    me.0.acquire(key, &opts.shared(), deadline).await
+});
+
+wrapper!(ReadsAsWrites, |me, key, opts, deadline| {
+    me.0.acquire(key, &opts.mode(dlock_core::Mode::Exclusive), deadline)
+        .await
 });
 
 wrapper!(FoldsKeys, |me, key, opts, deadline| {
@@ -518,7 +535,21 @@ async fn many_holds_rejects_a_backend_that_drops_renewals_under_load() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_scenarios_reject_a_writer_among_readers() {
+    rejects_for::<WritesAsReads, _, _>(scenarios::writer_excludes_readers_and_writers, "overlap")
+        .await;
+    assert!(rejects::<WritesAsReads, _, _>(scenarios::readers_share).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_share_rejects_readers_taken_one_at_a_time() {
+    rejects_for::<ReadsAsWrites, _, _>(scenarios::readers_share, "should be free").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_scenarios_pass_on_the_real_memory_backend() {
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::readers_share).await);
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::writer_excludes_readers_and_writers).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::mutual_exclusion).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::fencing_tokens_increase).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::independent_keys).await);

@@ -154,6 +154,7 @@ impl Backend for PostgresBackend {
                 ..Default::default()
             },
             max_held: None,
+            shared: false,
         }
     }
 

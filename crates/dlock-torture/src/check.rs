@@ -261,6 +261,7 @@ fn cross_check(input: &Input<'_>, pairs: &[(&HoldRec, &HoldRec)], out: &mut Anal
             client: i,
             key: h.key.clone(),
             token: h.token,
+            mode: dlock_core::Mode::Exclusive,
             start: at(h.start),
             end: at(h.end.unwrap_or(input.run_end)),
             lost_at: h.lost_at.map(at),

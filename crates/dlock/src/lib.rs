@@ -46,8 +46,8 @@ use dlock_core::raw::url as raw_url;
 
 pub use dlock_core::{
     BoxError, Capabilities, DistributedLock, ErrorKind, Expiry, FaultSafety, Faults, Fencing,
-    Lease, LockError, LockExt, LockOptions, LockStats, LostReason, LostSignal, Result, Secret,
-    Wait, Wakeup, settle,
+    Lease, LockError, LockExt, LockOptions, LockStats, LostReason, LostSignal, Mode, Result,
+    Secret, Wait, Wakeup, settle,
 };
 
 /// A backend, chosen by the URL scheme.

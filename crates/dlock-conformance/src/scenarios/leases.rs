@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{ErrorKind, Expiry, LostReason};
+use dlock_core::{ErrorKind, Expiry, LockOptions, LostReason};
 use tokio::time::{Instant, sleep, timeout};
 
 use super::{SLACK, must_be_held, must_take, opts, waiting};
@@ -60,9 +60,18 @@ pub async fn stale_lease_cannot_release_or_extend(cx: Ctx) {
 }
 
 async fn crashed_holder(cx: &Ctx, key: &str) -> (Box<dyn crate::Holder>, Instant) {
+    killed_holder(cx, key, &opts(cx)).await
+}
+
+/// A holder process that took `key` with `held` and was then killed (SIGKILL), and when.
+pub(super) async fn killed_holder(
+    cx: &Ctx,
+    key: &str,
+    held: &LockOptions,
+) -> (Box<dyn crate::Holder>, Instant) {
     let mut holder = cx
         .harness()
-        .spawn_holder(cx.test(), key, cx.harness().ttl())
+        .spawn_holder(cx.test(), key, held)
         .await
         .unwrap_or_else(|e| panic!("{}", cx.unreachable_message(&e)));
     let b = cx.client().await;

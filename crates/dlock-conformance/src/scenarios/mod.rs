@@ -4,19 +4,22 @@
 //!
 //! The scenarios are grouped by concern: one holder at a time (`exclusion`), waiting for a
 //! key (`waiters`), leases over time (`leases`), one client holding many keys at once
-//! (`many`), and what must be refused or reported (`errors`). All of them are re-exported
+//! (`many`), shared holds beside exclusive ones (`shared`), and what must be refused or
+//! reported (`errors`). All of them are re-exported
 //! here, at `scenarios::<name>`.
 
 mod errors;
 mod exclusion;
 mod leases;
 mod many;
+mod shared;
 mod waiters;
 
 pub use errors::*;
 pub use exclusion::*;
 pub use leases::*;
 pub use many::*;
+pub use shared::*;
 pub use waiters::*;
 
 use std::time::Duration;

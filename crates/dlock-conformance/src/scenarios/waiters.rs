@@ -112,6 +112,7 @@ pub async fn fairness(cx: Ctx) {
                 client: i,
                 key,
                 token: lease.fencing_token(),
+                mode: lease.mode(),
                 start,
                 end: Instant::now(),
                 lost_at: None,

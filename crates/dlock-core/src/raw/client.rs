@@ -12,7 +12,7 @@ use crate::raw::gate::{Gate, GatePermit};
 use crate::raw::{key, watchdog};
 use crate::{
     Capabilities, Deadline, DistributedLock, ErrorKind, Expiry, Lease, LockError, LockOptions,
-    LockStats, LostReason, Result,
+    LockStats, LostReason, Mode, Result,
 };
 
 /// A [`DistributedLock`] made from a [`Backend`].
@@ -60,7 +60,13 @@ impl<B: Backend> LockClient<B> {
         key::validate(key, caps.max_key_len)?;
         self.backend.check_key(key)?;
         opts.validate(B::NAME)?;
-        let Some(mut permit) = self.gate.enter(key, deadline).await else {
+        if opts.mode == Mode::Shared && !caps.shared {
+            return Err(LockError::Unsupported {
+                backend: B::NAME,
+                what: "a shared hold",
+            });
+        }
+        let Some(mut permit) = self.gate.enter(key, opts.mode, deadline).await else {
             return Ok(None);
         };
         loop {

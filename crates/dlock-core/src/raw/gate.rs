@@ -1,12 +1,16 @@
 //! The process-local gate: one FIFO queue per key per client, so tasks of one process wait
 //! for each other locally and only the head of the queue talks to the server.
+//!
+//! Shared holds pass the gate together (each still asks the server), and an exclusive
+//! request queues behind the shared ones ahead of it and ahead of those that come after
+//! it: tokio's `RwLock` is FIFO in both modes, so local readers cannot starve a local writer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{Mutex as Queue, OwnedMutexGuard};
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock as Queue};
 
-use crate::Deadline;
+use crate::{Deadline, Mode};
 
 #[derive(Debug, Default)]
 pub(crate) struct Gate {
@@ -19,12 +23,16 @@ impl Gate {
     pub(crate) async fn enter(
         self: &Arc<Self>,
         key: &str,
+        mode: Mode,
         deadline: Deadline,
     ) -> Option<GatePermit> {
         let queue = self.queue(key);
-        let guard = match deadline {
-            Deadline::TryOnce => queue.handle().try_lock_owned().ok(),
-            _ => deadline.run(queue.handle().lock_owned()).await,
+        let handle = queue.handle();
+        let guard = match (mode, deadline) {
+            (Mode::Exclusive, Deadline::TryOnce) => handle.try_write_owned().ok().map(Turn::Alone),
+            (Mode::Shared, Deadline::TryOnce) => handle.try_read_owned().ok().map(Turn::Shared),
+            (Mode::Exclusive, _) => deadline.run(handle.write_owned()).await.map(Turn::Alone),
+            (Mode::Shared, _) => deadline.run(handle.read_owned()).await.map(Turn::Shared),
         }?;
         Some(GatePermit {
             _guard: guard,
@@ -75,11 +83,19 @@ impl Drop for QueueRef {
     }
 }
 
+/// Alone on the key (exclusive) or among other shared holds; kept for its drop.
+#[derive(Debug)]
+#[allow(dead_code)]
+enum Turn {
+    Alone(OwnedRwLockWriteGuard<()>),
+    Shared(OwnedRwLockReadGuard<()>),
+}
+
 /// This task's turn on a key; the next local waiter goes when it is dropped.
 #[derive(Debug)]
 pub(crate) struct GatePermit {
     // Field order matters: the guard is released before the queue reference tidies up.
-    _guard: OwnedMutexGuard<()>,
+    _guard: Turn,
     _queue: QueueRef,
 }
 
@@ -92,12 +108,27 @@ mod tests {
     #[tokio::test]
     async fn second_task_waits_and_map_is_tidied() {
         let gate = Arc::new(Gate::default());
-        let first = gate.enter("k", Deadline::TryOnce).await.unwrap();
-        assert!(gate.enter("k", Deadline::TryOnce).await.is_none());
-        assert!(gate.enter("other", Deadline::TryOnce).await.is_some());
+        let first = gate
+            .enter("k", Mode::Exclusive, Deadline::TryOnce)
+            .await
+            .unwrap();
+        assert!(
+            gate.enter("k", Mode::Exclusive, Deadline::TryOnce)
+                .await
+                .is_none()
+        );
+        assert!(
+            gate.enter("other", Mode::Exclusive, Deadline::TryOnce)
+                .await
+                .is_some()
+        );
         let waiting = {
             let gate = gate.clone();
-            tokio::spawn(async move { gate.enter("k", Deadline::Never).await.is_some() })
+            tokio::spawn(async move {
+                gate.enter("k", Mode::Exclusive, Deadline::Never)
+                    .await
+                    .is_some()
+            })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(first);
@@ -108,12 +139,62 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_that_gives_up_leaves_nothing() {
         let gate = Arc::new(Gate::default());
-        let first = gate.enter("k", Deadline::TryOnce).await.unwrap();
+        let first = gate
+            .enter("k", Mode::Exclusive, Deadline::TryOnce)
+            .await
+            .unwrap();
         let late = gate
-            .enter("k", Deadline::after(Wait::For(Duration::from_millis(10))))
+            .enter(
+                "k",
+                Mode::Exclusive,
+                Deadline::after(Wait::For(Duration::from_millis(10))),
+            )
             .await;
         assert!(late.is_none());
         drop(first);
+        assert_eq!(gate.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn shared_turns_overlap_and_a_queued_exclusive_one_goes_before_later_shared_ones() {
+        let gate = Arc::new(Gate::default());
+        let first = gate
+            .enter("k", Mode::Shared, Deadline::TryOnce)
+            .await
+            .unwrap();
+        let second = gate
+            .enter("k", Mode::Shared, Deadline::TryOnce)
+            .await
+            .unwrap();
+        assert!(
+            gate.enter("k", Mode::Exclusive, Deadline::TryOnce)
+                .await
+                .is_none()
+        );
+        let writer = {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.enter("k", Mode::Exclusive, Deadline::Never).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // A writer waits: a new reader may not pass it.
+        assert!(
+            gate.enter("k", Mode::Shared, Deadline::TryOnce)
+                .await
+                .is_none()
+        );
+        drop((first, second));
+        let writing = writer.await.unwrap().unwrap();
+        assert!(
+            gate.enter("k", Mode::Shared, Deadline::TryOnce)
+                .await
+                .is_none()
+        );
+        drop(writing);
+        assert!(
+            gate.enter("k", Mode::Shared, Deadline::TryOnce)
+                .await
+                .is_some()
+        );
         assert_eq!(gate.len(), 0);
     }
 }

@@ -203,7 +203,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn backend_loss_is_heard_while_a_renewal_hangs() {
         let gate = Arc::new(crate::raw::gate::Gate::default());
-        let permit = gate.enter("k", crate::Deadline::TryOnce).await.unwrap();
+        let permit = gate
+            .enter("k", crate::Mode::Exclusive, crate::Deadline::TryOnce)
+            .await
+            .unwrap();
         let lost = async {
             // After the first renewal (at ttl / 3) went out and hung.
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -242,7 +245,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_kept_alive_hold_is_not_renewed_and_outlives_its_ttl_until_the_backend_says() {
         let gate = Arc::new(crate::raw::gate::Gate::default());
-        let permit = gate.enter("k", crate::Deadline::TryOnce).await.unwrap();
+        let permit = gate
+            .enter("k", crate::Mode::Exclusive, crate::Deadline::TryOnce)
+            .await
+            .unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let lost = async move {
             let _ = rx.await;
@@ -306,7 +312,10 @@ mod tests {
 
     async fn lease_with(held: Scripted, ttl: Duration, auto_renew: bool) -> crate::Lease {
         let gate = Arc::new(crate::raw::gate::Gate::default());
-        let permit = gate.enter("k", crate::Deadline::TryOnce).await.unwrap();
+        let permit = gate
+            .enter("k", crate::Mode::Exclusive, crate::Deadline::TryOnce)
+            .await
+            .unwrap();
         let grant = Grant::new(1, Box::new(held), Instant::now());
         let opts = LockOptions::new().ttl(ttl).auto_renew(auto_renew);
         crate::Lease::start("test", "k", grant, &opts, crate::Expiry::Ttl, permit)
@@ -363,7 +372,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_manual_extend_of_a_session_lease_is_not_cut_short() {
         let gate = Arc::new(crate::raw::gate::Gate::default());
-        let permit = gate.enter("k", crate::Deadline::TryOnce).await.unwrap();
+        let permit = gate
+            .enter("k", crate::Mode::Exclusive, crate::Deadline::TryOnce)
+            .await
+            .unwrap();
         let grant = Grant::new(
             1,
             Box::new(Scripted::new(Some(Duration::from_millis(500)))),

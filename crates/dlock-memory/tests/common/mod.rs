@@ -265,10 +265,10 @@ impl<B: FromMemory> Harness for InProcess<B> {
         &self,
         _test: &str,
         key: &str,
-        ttl: Duration,
+        opts: &LockOptions,
     ) -> Result<Box<dyn Holder>, BoxError> {
         let lock = self.lock();
-        let lease = lock.acquire(key, &LockOptions::new().ttl(ttl)).await?;
+        let lease = lock.acquire(key, opts).await?;
         Ok(Box::new(InProcessHolder {
             lock,
             token: lease.fencing_token(),
