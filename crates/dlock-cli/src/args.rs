@@ -117,6 +117,13 @@ pub(crate) struct LockArgs {
     /// Do not wait: exit 75 at once if the lock is busy.
     #[arg(long)]
     no_wait: bool,
+    /// Take a shared (read) hold: any number of --read holders together, none while a
+    /// --write holder has it. Backends without shared holds refuse it (exit 64).
+    #[arg(long, conflicts_with = "write")]
+    read: bool,
+    /// Take an exclusive (write) hold, alone on the key: the default.
+    #[arg(long)]
+    write: bool,
 }
 
 impl LockArgs {
@@ -143,7 +150,8 @@ impl LockArgs {
             (false, Some(d)) => Wait::For(d),
             (false, None) => Wait::Forever,
         };
-        LockOptions::new().ttl(self.ttl).wait(wait)
+        let opts = LockOptions::new().ttl(self.ttl).wait(wait);
+        if self.read { opts.shared() } else { opts }
     }
 }
 

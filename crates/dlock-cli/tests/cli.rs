@@ -44,6 +44,33 @@ fn hold_prints_acquired_then_released() {
 }
 
 #[test]
+fn read_and_write_choose_the_mode_and_exclude_each_other() {
+    let out = dlock(&[
+        "run",
+        "--url",
+        "memory://",
+        "--key",
+        "k",
+        "--read",
+        "--",
+        "true",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let out = dlock(&[
+        "run",
+        "--url",
+        "memory://",
+        "--key",
+        "k",
+        "--read",
+        "--write",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+}
+
+#[test]
 fn run_passes_key_and_token_and_exit_code() {
     let out = dlock(&[
         "run",

@@ -177,6 +177,36 @@ fn a_signal_while_waiting_gives_up_the_wait(url: &str) {
         "the key is not free after the holder released: {after:?}"
     );
 }
+/// `--read` holds from two processes share the key and keep a `--write` out, on a backend
+/// with shared holds; elsewhere `--read` is refused as a usage error (64) naming what is
+/// not supported, and nothing is taken.
+fn read_holds_share_or_are_refused(url: &str) {
+    let key = unique("read");
+    let probe = run_true(url, &key, &["--read", "--no-wait"]);
+    if probe.status.code() == Some(64) {
+        let stderr = String::from_utf8_lossy(&probe.stderr);
+        assert!(stderr.contains("shared hold is not supported"), "{stderr}");
+        assert!(run_true(url, &key, &["--no-wait"]).status.success());
+        return;
+    }
+    assert!(probe.status.success(), "{probe:?}");
+    let (mut reader, _) = hold(url, &key, &["--read"]);
+    let second = run_true(url, &key, &["--read", "--no-wait"]);
+    assert!(second.status.success(), "a second reader: {second:?}");
+    let writer = run_true(url, &key, &["--write", "--no-wait"]);
+    assert_eq!(
+        writer.status.code(),
+        Some(75),
+        "a writer beside a reader: {writer:?}"
+    );
+    common::sigterm(&reader);
+    assert!(reader.wait().unwrap().success());
+    assert!(
+        run_true(url, &key, &["--write", "--no-wait"])
+            .status
+            .success()
+    );
+}
 
 /// Stamp the cross-process tests for one backend.
 macro_rules! backend {
@@ -200,6 +230,10 @@ macro_rules! backend {
             #[test]
             fn a_signal_while_waiting_gives_up_the_wait() {
                 super::a_signal_while_waiting_gives_up_the_wait(&url());
+            }
+            #[test]
+            fn read_holds_share_or_are_refused() {
+                super::read_holds_share_or_are_refused(&url());
             }
         }
     };
