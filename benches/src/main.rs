@@ -28,6 +28,7 @@ mod report;
 mod run;
 mod server_load;
 mod stats;
+mod tables;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -101,6 +102,7 @@ impl Step {
             Step::Lock(Workload::Uncontended, _) => "uncontended".into(),
             Step::Lock(Workload::Contended, n) => format!("contended ×{n}"),
             Step::Lock(Workload::Spread, n) => format!("spread ×{n}"),
+            Step::Lock(Workload::ReadMostly, n) => format!("read-mostly ×{n}"),
             Step::HoldMany(n) => format!("hold-many {n}"),
         }
     }
@@ -124,6 +126,7 @@ fn steps(kind: Kind, clients: &[usize]) -> Vec<Step> {
     out.push(Step::Lock(Workload::Uncontended, 1));
     out.extend(multi.iter().map(|&n| Step::Lock(Workload::Contended, n)));
     out.extend(multi.iter().map(|&n| Step::Lock(Workload::Spread, n)));
+    out.extend(multi.iter().map(|&n| Step::Lock(Workload::ReadMostly, n)));
     out
 }
 
@@ -188,6 +191,7 @@ async fn measure(
                 Workload::Uncontended => Scenario::Uncontended,
                 Workload::Contended => Scenario::Contended,
                 Workload::Spread => Scenario::Spread,
+                Workload::ReadMostly => Scenario::ReadMostly,
             };
             let r = ScenarioResult::new(scenario, n);
             match run::lock(url, workload, n, plan).await {
@@ -342,7 +346,12 @@ async fn main() -> ExitCode {
         };
         for step in steps {
             bar.set_message(format!("{kind} {}", step.label()));
-            let result = measure(*kind, url, step, &plan, args.hold_for).await;
+            let result = match step {
+                Step::Lock(Workload::ReadMostly, n) if !capabilities.shared => {
+                    ScenarioResult::new(Scenario::ReadMostly, n).unsupported()
+                }
+                _ => measure(*kind, url, step, &plan, args.hold_for).await,
+            };
             if let Some(error) = &result.error {
                 bar.suspend(|| eprintln!("lockbench: {kind} {} FAILED: {error}", step.label()));
                 failures.push(Failure {
@@ -461,7 +470,9 @@ mod tests {
                 "contended ×8",
                 "contended ×32",
                 "spread ×8",
-                "spread ×32"
+                "spread ×32",
+                "read-mostly ×8",
+                "read-mostly ×32"
             ]
         );
         let memory: Vec<String> = steps(Kind::Memory, &[1])
@@ -475,7 +486,8 @@ mod tests {
                 "raw cycle ×2",
                 "uncontended",
                 "contended ×2",
-                "spread ×2"
+                "spread ×2",
+                "read-mostly ×2"
             ]
         );
     }

@@ -85,6 +85,8 @@ pub(crate) struct Caps {
     pub(crate) fencing: String,
     pub(crate) expiry: String,
     pub(crate) wakeup: String,
+    /// Shared (read) holds beside exclusive ones.
+    pub(crate) shared: bool,
 }
 
 impl From<Capabilities> for Caps {
@@ -111,6 +113,7 @@ impl From<Capabilities> for Caps {
                     ..
                 } => "notification, all waiters".into(),
             },
+            shared: c.shared,
         }
     }
 }
@@ -122,6 +125,9 @@ pub(crate) enum Scenario {
     Uncontended,
     Contended,
     Spread,
+    /// N clients on one key, nine shared holds in ten.
+    #[serde(rename = "read_mostly")]
+    ReadMostly,
     /// One client holding `--hold-many` keys.
     #[serde(rename = "hold_many")]
     HoldMany,
@@ -134,6 +140,7 @@ impl Scenario {
             Scenario::Uncontended => "uncontended",
             Scenario::Contended => "contended",
             Scenario::Spread => "spread",
+            Scenario::ReadMostly => "read-mostly",
             Scenario::HoldMany => "hold-many",
         }
     }
@@ -144,6 +151,8 @@ impl Scenario {
 pub(crate) enum Status {
     Ok,
     Failed,
+    /// The backend does not declare what the workload needs (shared holds).
+    Unsupported,
 }
 
 /// One measurement. Latencies are in microseconds; a failed measurement has no numbers.
@@ -227,6 +236,12 @@ impl ScenarioResult {
         self
     }
 
+    /// Not measured: the backend does not declare what the workload needs.
+    pub(crate) fn unsupported(mut self) -> Self {
+        self.status = Status::Unsupported;
+        self
+    }
+
     pub(crate) fn latency(mut self, h: &Histogram) -> Self {
         self.p50_us = us(h.quantile(0.5));
         self.p99_us = us(h.quantile(0.99));
@@ -246,7 +261,7 @@ impl ScenarioResult {
         self
     }
 
-    fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         self.status == Status::Ok
     }
 }
@@ -261,7 +276,7 @@ pub(crate) struct Failure {
 }
 
 impl BackendReport {
-    fn find(
+    pub(crate) fn find(
         &self,
         scenario: Scenario,
         clients: usize,
@@ -294,7 +309,7 @@ impl BackendReport {
                     (Some(lock), Some(raw)) if raw > 0.0 => Some(lock / raw),
                     _ => None,
                 },
-                Scenario::Spread => raw_rates
+                Scenario::Spread | Scenario::ReadMostly => raw_rates
                     .iter()
                     .find(|(n, _)| *n == r.clients)
                     .filter(|_| r.per_sec > 0.0)
@@ -337,11 +352,11 @@ pub(crate) fn fmt_rate(per_sec: f64) -> String {
     out
 }
 
-fn fmt_ratio(r: Option<f64>) -> String {
+pub(crate) fn fmt_ratio(r: Option<f64>) -> String {
     r.map_or("—".into(), |r| format!("{r:.2}×"))
 }
 
-fn failed_cell(r: &ScenarioResult) -> String {
+pub(crate) fn failed_cell(r: &ScenarioResult) -> String {
     let overlaps = r
         .overlaps
         .filter(|&n| n > 0)
@@ -396,112 +411,6 @@ impl Report {
         }
         self.skipped_and_failures(&mut s);
         s
-    }
-
-    /// The raw, uncontended, contended and spread tables.
-    fn lock_tables(&self, s: &mut String) {
-        let _ = writeln!(
-            s,
-            "\nLatencies are medians (p50) and p99 over the measured window; `× raw` is what the \
-             lock costs in units of the server's own minimal round trips, measured in this run \
-             (see benches/README.md).\n"
-        );
-
-        let _ = writeln!(
-            s,
-            "### Uncontended: one client, acquire + release of one key\n"
-        );
-        let _ = writeln!(
-            s,
-            "| backend | raw ping p50 | raw cycle | raw cycle p50 | cycles/s | p50 | p99 | × raw |"
-        );
-        let _ = writeln!(s, "|---|---:|---|---:|---:|---:|---:|---:|");
-        for b in &self.backends {
-            let ping = b
-                .find(Scenario::Raw, 1, Some("ping"))
-                .and_then(|r| r.p50_us);
-            let raw = b.raw_cycle(1).and_then(|r| r.p50_us);
-            let Some(r) = b.find(Scenario::Uncontended, 1, None) else {
-                continue;
-            };
-            let cells = if r.ok() {
-                format!(
-                    "{} | {} | {} | {}",
-                    fmt_rate(r.per_sec),
-                    fmt_us(r.p50_us),
-                    fmt_us(r.p99_us),
-                    fmt_ratio(r.ratio_to_raw)
-                )
-            } else {
-                format!("{} | | |", failed_cell(r))
-            };
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {cells} |",
-                b.backend,
-                fmt_us(ping),
-                b.raw_cycle,
-                fmt_us(raw),
-            );
-        }
-
-        let _ = writeln!(s, "\n### Contended: N clients, one key\n");
-        let _ = writeln!(
-            s,
-            "| backend | N | hand-offs/s | hand-off p50 | p99 | × raw | Jain | max wait | wake-ups/acq | fair |"
-        );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
-        for b in &self.backends {
-            for r in b
-                .results
-                .iter()
-                .filter(|r| r.scenario == Scenario::Contended)
-            {
-                let cells = if r.ok() {
-                    format!(
-                        "{} | {} | {} | {} | {} | {} | {}",
-                        fmt_rate(r.per_sec),
-                        fmt_us(r.p50_us),
-                        fmt_us(r.p99_us),
-                        fmt_ratio(r.ratio_to_raw),
-                        r.jain.map_or("—".into(), |j| format!("{j:.2}")),
-                        fmt_us(r.max_wait_us),
-                        r.wakeups_per_acquire
-                            .map_or("—".into(), |w| format!("{w:.2}")),
-                    )
-                } else {
-                    format!("{} | | | | | | ", failed_cell(r))
-                };
-                let fair = if b.capabilities.fair { "yes" } else { "no" };
-                let _ = writeln!(s, "| {} | {} | {cells} | {fair} |", b.backend, r.clients);
-            }
-        }
-
-        let _ = writeln!(s, "\n### Spread: N clients, N keys\n");
-        let _ = writeln!(
-            s,
-            "| backend | N | cycles/s | raw cycles/s | × raw | p50 | p99 |"
-        );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
-        for b in &self.backends {
-            for r in b.results.iter().filter(|r| r.scenario == Scenario::Spread) {
-                let raw = b
-                    .raw_cycle(r.clients)
-                    .map_or("—".into(), |raw| fmt_rate(raw.per_sec));
-                let cells = if r.ok() {
-                    format!(
-                        "{} | {raw} | {} | {} | {}",
-                        fmt_rate(r.per_sec),
-                        fmt_ratio(r.ratio_to_raw),
-                        fmt_us(r.p50_us),
-                        fmt_us(r.p99_us)
-                    )
-                } else {
-                    format!("{} | {raw} | | |", failed_cell(r))
-                };
-                let _ = writeln!(s, "| {} | {} | {cells} |", b.backend, r.clients);
-            }
-        }
     }
 
     /// What was not measured, and what failed.

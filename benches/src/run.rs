@@ -1,4 +1,4 @@
-//! The measurements: raw server round trips, and the three lock workloads.
+//! The measurements: raw server round trips, and the four lock workloads.
 //!
 //! Every measurement runs its loops for `warmup + duration`; only operations that complete
 //! their acquire (or raw request) inside the `duration` window after the warm-up count.
@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock::{DistributedLock, LockOptions, Wait};
+use dlock::{DistributedLock, LockOptions, Mode, Wait};
 use dlock_conformance::{History, Hold};
 use futures::future::join_all;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -161,6 +161,19 @@ pub(crate) enum Workload {
     Contended,
     /// N clients, N keys.
     Spread,
+    /// N clients, one key, nine shared holds in ten (a read-write lock's common case).
+    ReadMostly,
+}
+
+impl Workload {
+    /// The mode of client `i`'s `n`th acquisition: every tenth one of a read-mostly run is
+    /// exclusive (staggered across clients), every other workload is exclusive.
+    fn mode(self, i: usize, n: usize) -> Mode {
+        match self {
+            Workload::ReadMostly if (n + i) % 10 != 0 => Mode::Shared,
+            _ => Mode::Exclusive,
+        }
+    }
 }
 
 /// A lock measurement that kept mutual exclusion.
@@ -200,7 +213,7 @@ impl From<String> for LockFailure {
 /// One task's record.
 #[derive(Debug, Default)]
 struct TaskRecord {
-    holds: Vec<(u64, Instant, Instant)>,
+    holds: Vec<(u64, Mode, Instant, Instant)>,
     cycle: Histogram,
     wait: Histogram,
     in_window: u64,
@@ -234,6 +247,7 @@ async fn lock_with(
         Workload::Uncontended => "uncontended",
         Workload::Contended => "contended",
         Workload::Spread => "spread",
+        Workload::ReadMostly => "read-mostly",
     };
     let key_of = |i: usize| match workload {
         Workload::Spread => format!("{}/{name}{clients}/{i}", plan.prefix),
@@ -249,12 +263,13 @@ async fn lock_with(
             let (lock, key) = (lock.clone(), key_of(i));
             tokio::spawn(async move {
                 let mut rec = TaskRecord::default();
-                loop {
+                for n in 0.. {
                     let call = Instant::now();
                     if call >= window.stop {
                         break;
                     }
-                    let lease = match lock.acquire(&key, &opts).await {
+                    let mode = workload.mode(i, n);
+                    let lease = match lock.acquire(&key, &opts.mode(mode)).await {
                         Ok(lease) => lease,
                         Err(e) => return (rec, Err(format!("client {i}: acquire: {e}"))),
                     };
@@ -267,7 +282,7 @@ async fn lock_with(
                     let end = Instant::now();
                     let released = lease.release().await;
                     let done = Instant::now();
-                    rec.holds.push((token, acquired, end));
+                    rec.holds.push((token, mode, acquired, end));
                     if lost {
                         return (
                             rec,
@@ -331,18 +346,18 @@ async fn lock_with(
         measure.cycle.merge(&rec.cycle);
         measure.wait.merge(&rec.wait);
         let key = key_of(i);
-        for &(token, start, end) in &rec.holds {
+        for &(token, mode, start, end) in &rec.holds {
             history.record(Hold {
                 client: i,
                 key: key.clone(),
                 token,
-                mode: dlock::Mode::Exclusive,
+                mode,
                 start,
                 end,
                 lost_at: None,
             });
         }
-        all_holds.extend(rec.holds.iter().map(|&(_, start, end)| (start, end)));
+        all_holds.extend(rec.holds.iter().map(|&(_, _, start, end)| (start, end)));
     }
     drop(locks);
     measure.holds_checked = all_holds.len();
@@ -366,7 +381,8 @@ async fn lock_with(
     if !errors.is_empty() {
         return Err(format!("{} client error(s): {}", errors.len(), errors.join("; ")).into());
     }
-    if workload != Workload::Spread {
+    // Hand-offs are between holders of one key in turn; shared holds overlap.
+    if matches!(workload, Workload::Uncontended | Workload::Contended) {
         all_holds.sort_by_key(|&(start, _)| start);
         for pair in all_holds.windows(2) {
             let ((_, prev_end), (next_start, _)) = (pair[0], pair[1]);

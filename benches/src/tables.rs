@@ -1,0 +1,146 @@
+//! The Markdown tables of the lock workloads, from a [`Report`].
+
+use std::fmt::Write as _;
+
+use crate::report::{Report, Scenario, Status, failed_cell, fmt_rate, fmt_ratio, fmt_us};
+
+impl Report {
+    /// The uncontended, contended, spread and read-mostly tables.
+    pub(crate) fn lock_tables(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "\nLatencies are medians (p50) and p99 over the measured window; `× raw` is what the \
+             lock costs in units of the server's own minimal round trips, measured in this run \
+             (see benches/README.md).\n"
+        );
+
+        let _ = writeln!(
+            s,
+            "### Uncontended: one client, acquire + release of one key\n"
+        );
+        let _ = writeln!(
+            s,
+            "| backend | raw ping p50 | raw cycle | raw cycle p50 | cycles/s | p50 | p99 | × raw |"
+        );
+        let _ = writeln!(s, "|---|---:|---|---:|---:|---:|---:|---:|");
+        for b in &self.backends {
+            let ping = b
+                .find(Scenario::Raw, 1, Some("ping"))
+                .and_then(|r| r.p50_us);
+            let raw = b.raw_cycle(1).and_then(|r| r.p50_us);
+            let Some(r) = b.find(Scenario::Uncontended, 1, None) else {
+                continue;
+            };
+            let cells = if r.ok() {
+                format!(
+                    "{} | {} | {} | {}",
+                    fmt_rate(r.per_sec),
+                    fmt_us(r.p50_us),
+                    fmt_us(r.p99_us),
+                    fmt_ratio(r.ratio_to_raw)
+                )
+            } else {
+                format!("{} | | |", failed_cell(r))
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {cells} |",
+                b.backend,
+                fmt_us(ping),
+                b.raw_cycle,
+                fmt_us(raw),
+            );
+        }
+
+        let _ = writeln!(s, "\n### Contended: N clients, one key\n");
+        let _ = writeln!(
+            s,
+            "| backend | N | hand-offs/s | hand-off p50 | p99 | × raw | Jain | max wait | wake-ups/acq | fair |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+        for b in &self.backends {
+            for r in b
+                .results
+                .iter()
+                .filter(|r| r.scenario == Scenario::Contended)
+            {
+                let cells = if r.ok() {
+                    format!(
+                        "{} | {} | {} | {} | {} | {} | {}",
+                        fmt_rate(r.per_sec),
+                        fmt_us(r.p50_us),
+                        fmt_us(r.p99_us),
+                        fmt_ratio(r.ratio_to_raw),
+                        r.jain.map_or("—".into(), |j| format!("{j:.2}")),
+                        fmt_us(r.max_wait_us),
+                        r.wakeups_per_acquire
+                            .map_or("—".into(), |w| format!("{w:.2}")),
+                    )
+                } else {
+                    format!("{} | | | | | | ", failed_cell(r))
+                };
+                let fair = if b.capabilities.fair { "yes" } else { "no" };
+                let _ = writeln!(s, "| {} | {} | {cells} | {fair} |", b.backend, r.clients);
+            }
+        }
+
+        let _ = writeln!(s, "\n### Spread: N clients, N keys\n");
+        let _ = writeln!(
+            s,
+            "| backend | N | cycles/s | raw cycles/s | × raw | p50 | p99 |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
+        for b in &self.backends {
+            for r in b.results.iter().filter(|r| r.scenario == Scenario::Spread) {
+                let raw = b
+                    .raw_cycle(r.clients)
+                    .map_or("—".into(), |raw| fmt_rate(raw.per_sec));
+                let cells = if r.ok() {
+                    format!(
+                        "{} | {raw} | {} | {} | {}",
+                        fmt_rate(r.per_sec),
+                        fmt_ratio(r.ratio_to_raw),
+                        fmt_us(r.p50_us),
+                        fmt_us(r.p99_us)
+                    )
+                } else {
+                    format!("{} | {raw} | | |", failed_cell(r))
+                };
+                let _ = writeln!(s, "| {} | {} | {cells} |", b.backend, r.clients);
+            }
+        }
+        let _ = writeln!(
+            s,
+            "\n### Read-mostly: N clients, one key, nine shared holds in ten\n"
+        );
+        let _ = writeln!(
+            s,
+            "| backend | N | cycles/s | raw cycles/s | × raw | p50 | p99 | max wait |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        for b in &self.backends {
+            for r in b
+                .results
+                .iter()
+                .filter(|r| r.scenario == Scenario::ReadMostly)
+            {
+                let raw = b
+                    .raw_cycle(r.clients)
+                    .map_or("—".into(), |raw| fmt_rate(raw.per_sec));
+                let cells = match r.status {
+                    Status::Ok => format!(
+                        "{} | {raw} | {} | {} | {} | {}",
+                        fmt_rate(r.per_sec),
+                        fmt_ratio(r.ratio_to_raw),
+                        fmt_us(r.p50_us),
+                        fmt_us(r.p99_us),
+                        fmt_us(r.max_wait_us),
+                    ),
+                    Status::Unsupported => "no shared holds | | | | | ".into(),
+                    Status::Failed => format!("{} | {raw} | | | | ", failed_cell(r)),
+                };
+                let _ = writeln!(s, "| {} | {} | {cells} |", b.backend, r.clients);
+            }
+        }
+    }
+}
