@@ -235,8 +235,9 @@ impl Backend for RedlockBackend {
                 why: "each grant's token is written back to a majority before the lease is \
                       reported, so successive holders' majorities share a node and tokens \
                       increase while the nodes keep their memory; a node restarted without \
-                      persistence can break the order (each node floors its counter by its \
-                      clock, which keeps it unless node clocks step back or disagree)",
+                      persistence can break the order (each node floors its counter by the \
+                      acquiring client's clock and its own clock less 1 s, which keeps it \
+                      unless clocks step back or disagree)",
             },
             expiry: Expiry::Ttl,
             releases_on_disconnect: false,
