@@ -16,9 +16,9 @@
 //! [`RedisLock`] is a [`dlock_core::raw::LockClient`]: it adds key checks, the per-process FIFO
 //! gate, the deadline and the renewal watchdog to the protocol below. A client keeps two
 //! connections to the server: one multiplexed connection for every request of every task,
-//! and one subscriber connection (opened when an acquire first has to wait) that listens
-//! for the release of every key its waiters want. Holding keeps no subscription and no task
-//! per key in this crate: one renewal task per server serves every held key.
+//! and one subscriber connection (opened when an acquire first has to wait) on which its
+//! waiters are called. Holding keeps no subscription and no task per key in this crate:
+//! one renewal task per server serves every held key.
 //!
 //! # Protocol
 //!
@@ -28,23 +28,37 @@
 //! |---|---|---|
 //! | lock | `<prefix><key>` | the holder's token: 128 random bits, hex; ttl = the lease's |
 //! | fence counter | `{<prefix><key>}:fence` | the last fencing token; expires 1 h after the last grant's ttl |
-//! | release channel | `{<prefix><key>}:released` | (pub/sub) each message is a released token |
+//! | waiters' queue | `{<prefix><key>}:queue` | sorted set: waiter token by enqueue ticket (server clock, µs) |
+//! | waiters' expiries | `{<prefix><key>}:waiters` | sorted set: waiter token by when its entry expires (server clock, µs) |
+//! | call channel | `{<prefix><key>}:released` | (pub/sub) each message is the token of the waiter whose turn it is |
 //!
 //! Every step that reads and writes is one Lua script, run atomically by the server as
 //! `EVALSHA` (the scripts are loaded when a connection opens; after a server restart or
 //! `SCRIPT FLUSH` a `NOSCRIPT` answer makes the call load the script and run it again).
+//! Every script that reads the queue first drops the waiters whose entries expired; if
+//! that drops the first waiter while the key is free, it calls the next one.
 //!
-//! 1. **Acquire**: `SET lock token NX PX ttl`. When it is set, the fencing token is
-//!    `max(counter + 1, server time in µs)`, stored back in the fence counter and returned.
-//!    When the key is held, the script returns its `PTTL` and the holder's token instead.
-//! 2. **Wait** (only when the deadline allows): subscribe to the key's release channel and
-//!    wait for the server's confirmation, *then* try again, so a release between the failed
-//!    try and the subscription is seen by the re-try. Then sleep until the holder that the
-//!    last try saw announces its release, or its PTTL runs out (a crashed holder announces
-//!    nothing), whichever comes first, and try again. A release message carries the
-//!    released token, so a late message about an earlier holder wakes nobody. No polling
-//!    interval: only a key without expiry (another library's lock taken without a timeout)
-//!    is re-checked every second.
+//! 1. **Acquire**: `SET lock token NX PX ttl`, but only when nobody waits or the caller is
+//!    the first live waiter (taking the key leaves the queue). When it is set, the fencing
+//!    token is `max(counter + 1, server time in µs)`, stored back in the fence counter and
+//!    returned. Otherwise the script returns the holder's `PTTL` and token (or, for a free
+//!    key that is another waiter's turn, that waiter's token) and whether the caller is
+//!    first in line; a caller that will wait joins the queue in the same script (ticket:
+//!    the server clock in µs; the entry expires [`server::WAITER_LEASE`], 3 s, after its
+//!    last refresh, and so does the queue after the last write to it). `try_acquire`
+//!    never joins, and takes a free key only when nobody waits.
+//! 2. **Wait** (only when the deadline allows): subscribe to the key's call channel and
+//!    wait for the server's confirmation, *then* try again, so a call between the failed
+//!    try and the subscription is seen by the re-try. Then sleep until the server calls
+//!    this waiter by its token (a release, a waiter giving up, an expired first waiter
+//!    dropped: the script publishes the token of the first live waiter, so one release
+//!    wakes one waiter, and the others ignore a message that is not theirs), and try again.
+//!    The first waiter also wakes when the holder's PTTL runs out (a crashed holder calls
+//!    nobody). Every [`server::TOUCH_EVERY`] (1 s) a waiter refreshes its entry; the
+//!    refresh answers whether the key is free and the caller first, and if so the waiter
+//!    tries again: that is how a release nobody announced (another library's lock, an
+//!    operator's `DEL`, a key without expiry) is noticed, within 1 s. A refresh that finds
+//!    nothing wakes nobody (it is not counted as a wake-up).
 //! 3. **Extend** (the watchdog, every ttl/3 less a jitter): `PEXPIRE lock ttl` if the lock
 //!    still holds our token; otherwise [`LockError::NotHeld`](dlock_core::LockError::NotHeld)
 //!    and `lost()`. Renewals are coalesced per server: every extend of the client goes to
@@ -54,10 +68,23 @@
 //!    extend goes out at once, and a batch is what queued while the previous one was in
 //!    flight. A batch that fails (timeout, broken connection) fails each of its extends,
 //!    which the watchdog retries as before.
-//! 4. **Release**: `DEL lock` if it still holds our token, then `PUBLISH channel token`; a
-//!    key that is not ours is left alone and the release reports `NotHeld`.
-//! 5. **Cancelled acquire**: if an acquire future is dropped while its request is in flight,
-//!    a background release with the same token removes the key it may have taken.
+//! 4. **Release**: `DEL lock` if it still holds our token; then, only if anyone waits,
+//!    leave the queue and `PUBLISH channel <first waiter's token>`. A key that is not ours
+//!    is left alone and the release reports `NotHeld`.
+//! 5. **Giving up**: a waiter whose deadline passes, whose acquire fails or whose future
+//!    is dropped leaves the queue in the background (the release script with its token,
+//!    which calls the next waiter if it was first). If an acquire future is dropped while
+//!    its request is in flight, the same call removes the key it may have taken.
+//!
+//! **Order and bounds.** Waiting clients are served in the order they joined the queue
+//! (the per-process gate orders one client's tasks, so each client has at most one waiter
+//! per key). A waiter that crashed or was cut off stops refreshing its entry: the entry
+//! expires 3 s after its last refresh and the next script to run (a refresh of any other
+//! waiter, at most 1 s later) drops it and calls the next waiter, so an abandoned waiter
+//! holds the line up at most 4 s (`WAITER_LEASE + TOUCH_EVERY`). A waiter whose refreshes
+//! fail for longer than 3 s loses its place and re-joins at the back. The queue keys
+//! vanish with the last waiter (an emptied sorted set is deleted) or expire 3 s after the
+//! last write to them; nothing stays behind a finished lock but the fence counter.
 //!
 //! Round trips (RTT = one request and its answer):
 //!
@@ -65,21 +92,21 @@
 //! |---|---|
 //! | `try_acquire`, key free | 1 |
 //! | `try_acquire`, key held | 1 |
-//! | `acquire` that waits | 1 try, 1 `SUBSCRIBE` (on the subscriber connection, opened once per client), 1 re-try; then 1 re-try per wake-up |
+//! | `acquire` that waits | 1 try (joins the queue), 1 `SUBSCRIBE` (on the subscriber connection, opened once per client), 1 re-try; then 1 re-try per call, and 1 refresh per second while waiting |
 //! | `extend` (each renewal) | 1, shared with the renewals queued with it: N held keys cost about N / batch size requests (one server command each) per renewal round |
-//! | `release` | 1 (the `PUBLISH` is inside the script) |
-//! | contended hand-off | the release (1), the server pushes the message, the waiter re-tries (1): about 1.5 RTT from the release call to the next holder |
+//! | `release` | 1 (the call of the next waiter is inside the script) |
+//! | contended hand-off | the release (1), the server pushes the call to one waiter, which re-tries (1): about 1.5 RTT from the release call to the next holder |
 //! | first use of a client | connect, then 1 pipelined `SCRIPT LOAD` of all scripts |
 //!
 //! # Capabilities
 //!
 //! | capability | value | why |
 //! |---|---|---|
-//! | fair | no | every waiter is woken by a release and they race; the local gate keeps FIFO among the tasks of one client only |
+//! | fair | yes | one queue per key on the server, served in order of arrival; a waiter that stops refreshing its entry for 3 s loses its place |
 //! | fencing | best effort | the counter lives in the server's memory; tokens are floored by the server clock (µs), so they keep increasing across a restart without persistence or a failover unless the server clock steps back |
 //! | expiry | ttl | a silent holder's key expires `ttl` after its last renewal |
 //! | releases on disconnect | no | the key is not tied to a connection: a killed holder's key frees after its ttl |
-//! | wake-up | notification, not one per release | pub/sub wakes every waiting client of the key; all but one go back to sleep |
+//! | wake-up | notification, one per release | a release calls the first live waiter by its token; the others ignore the message |
 //! | max key length | 1024 bytes | the core's default |
 //!
 //! # URL
@@ -141,13 +168,17 @@
 //!   before another client can take the key. A waiting acquire returns `Unavailable`.
 //! - **Connection killed** (`CLIENT KILL`, a server restart, a reset): the next request opens
 //!   a new connection; a renewal in between is retried, so the lease survives if the server
-//!   still has the key. Waiters re-subscribe on a new subscriber connection and re-try.
+//!   still has the key. Waiters re-subscribe on a new subscriber connection and re-try;
+//!   a call lost meanwhile is made up by the next refresh.
 //! - **Server restart without persistence**: held keys vanish, so the next renewal answers
 //!   "not ours" and `lost()` fires (another client may already hold the key: that is what the
 //!   fencing token is for). The fence counter is gone too; tokens stay increasing through the
 //!   clock floor.
-//! - **Holder crash**: nothing releases the key; it frees when its ttl runs out, and a waiter
-//!   is woken at that moment by its PTTL timer.
+//! - **Holder crash**: nothing releases the key; it frees when its ttl runs out, and the
+//!   first waiter is woken at that moment by its PTTL timer (a waiter that became first
+//!   later notices it at its next refresh, within 1 s).
+//! - **Waiter crash or partition**: its queue entry expires 3 s after its last refresh;
+//!   the waiters behind it are held up at most 4 s.
 //! - **Failover to a replica** (Sentinel, managed Redis): replication is asynchronous, so a
 //!   lock acquired just before the failover can be granted again. Use the fencing token, or
 //!   Redlock over independent servers.

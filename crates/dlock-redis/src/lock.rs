@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::NAME;
 use crate::config::RedisConfig;
-use crate::node::{Attempt, Node};
+use crate::node::{Attempt, Node, Queueing};
 use crate::renew::HeldKey;
 use crate::scripts::{self, Names};
 use crate::wait::{View, Waiter};
@@ -52,7 +52,8 @@ impl Backend for RedisBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            fair: false,
+            // One queue per key on the server, served in order of arrival.
+            fair: true,
             fencing: Fencing::BestEffort {
                 why: "the token is a per-key counter in the server's memory, floored by the \
                       server clock in microseconds: it keeps increasing across a restart \
@@ -61,9 +62,9 @@ impl Backend for RedisBackend {
             },
             expiry: Expiry::Ttl,
             releases_on_disconnect: false,
-            // Pub/sub: a release wakes each waiter once; all but one go back to sleep.
+            // A release calls the first live waiter by name; the others sleep on.
             wakeup: Wakeup::Notification {
-                one_per_release: false,
+                one_per_release: true,
                 max_per_waiter: 1,
             },
             // A restart without persistence or a failover loses held keys (another client may
@@ -87,23 +88,32 @@ impl Backend for RedisBackend {
         let names = Names::new(&self.prefix, key);
         let token = scripts::new_token();
         let nodes = std::slice::from_ref(&self.node);
-        let mut waiter: Option<Waiter> = None;
+        // A caller that may wait joins the key's queue from its first attempt on.
+        let mut waiter = deadline
+            .may_wait()
+            .then(|| Waiter::new(nodes.to_vec(), names.clone(), token.clone(), None, 1, None));
+        let mut first_attempt = true;
         let mut retried = false;
         loop {
-            if let Some(w) = &mut waiter {
-                w.start_attempt();
-            }
+            let queueing = match &mut waiter {
+                Some(w) => {
+                    w.start_attempt();
+                    w.queueing(None)
+                }
+                None => Queueing::default(),
+            };
             let sent_at = Instant::now();
-            let request =
-                InFlight::new(nodes, &names, &token).run(self.node.acquire(&names, &token, ttl));
+            let request = InFlight::new(nodes, &names, &token)
+                .run(self.node.acquire(&names, &token, ttl, &queueing));
             // The first attempt may run its timeouts out (a dead server is `Unavailable`);
             // later ones, made while waiting, end at the deadline.
-            let answer = match &waiter {
-                None => request.await,
-                Some(_) => match deadline.run(request).await {
+            let answer = if std::mem::take(&mut first_attempt) {
+                request.await
+            } else {
+                match deadline.run(request).await {
                     Some(answer) => answer,
                     None => return Ok(None),
-                },
+                }
             };
             let attempt = match answer {
                 Ok(attempt) => attempt,
@@ -119,6 +129,9 @@ impl Backend for RedisBackend {
             retried = false;
             let view = match attempt {
                 Attempt::Taken { fence } => {
+                    if let Some(w) = &mut waiter {
+                        w.granted();
+                    }
                     let held = RedisHeld {
                         node: self.node.clone(),
                         key: key.to_owned(),
@@ -130,25 +143,19 @@ impl Backend for RedisBackend {
                 }
                 busy => View::of(&busy),
             };
-            if !deadline.may_wait() {
+            let Some(waiter) = waiter.as_mut().filter(|_| deadline.may_wait()) else {
                 return Ok(None);
-            }
-            // Listen before the next attempt, so a release in between is not missed.
-            let waiter = match &mut waiter {
-                Some(w) if w.listening() == 1 => w,
-                _ => {
-                    let w = waiter.get_or_insert_with(|| {
-                        Waiter::new(nodes.to_vec(), names.channel.clone(), 1, None)
-                    });
-                    let Some(mut subscribed) = deadline.run(w.subscribe()).await else {
-                        return Ok(None);
-                    };
-                    if let Some((_, e)) = subscribed.failed.pop() {
-                        return Err(e.into());
-                    }
-                    continue;
-                }
             };
+            // Listen before the next attempt, so a call in between is not missed.
+            if waiter.listening() < 1 {
+                let Some(mut subscribed) = deadline.run(waiter.subscribe()).await else {
+                    return Ok(None);
+                };
+                if let Some((_, e)) = subscribed.failed.pop() {
+                    return Err(e.into());
+                }
+                continue;
+            }
             if !waiter.sleep(&[view], deadline, &self.wakeups).await {
                 return Ok(None);
             }

@@ -33,14 +33,31 @@ pub enum Attempt {
         /// The fencing token the server issued.
         fence: u64,
     },
-    /// Someone holds the key.
+    /// Someone holds the key, or it is free but another waiter's turn.
     Busy {
         /// How long the holder's ttl still runs; `None` when the key has no expiry (another
-        /// library's lock taken without a timeout).
+        /// library's lock taken without a timeout) or is free but another waiter's turn.
         pttl: Option<Duration>,
-        /// The holder's token (the key's value), as its release will announce it.
+        /// The holder's token (the key's value), or the token of the waiter whose turn it
+        /// is when the key is free.
         holder: String,
+        /// The caller is the first live waiter in the key's queue: the key is its to take
+        /// once the holder is gone.
+        first: bool,
     },
+}
+
+/// How one acquire attempt treats the key's queue of waiters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Queueing {
+    /// Join (or stay in) the queue when the key cannot be taken: the caller will wait.
+    pub wait: bool,
+    /// The caller's place in the queue, the same on every server a lock spans (Redlock);
+    /// `None`: the server's clock in µs when the caller first joins.
+    pub ticket: Option<u64>,
+    /// A floor for the fencing token, proposed alike to every server a lock spans so that
+    /// they issue the same token (see the acquire script); `None`: the server's clock.
+    pub fence_floor: Option<u64>,
 }
 
 /// One Redis server. Cheap to clone; clones share the connections.
@@ -149,7 +166,9 @@ impl Node {
         self.connection().await.map(|_| ())
     }
 
-    /// One attempt to take the lock `names` with `token` for `ttl`.
+    /// One attempt to take the lock `names` with `token` for `ttl`: taken when the key is
+    /// free and nobody waits before us; otherwise, with `queueing.wait`, we join the
+    /// key's queue of waiters.
     ///
     /// # Errors
     /// The server could not be reached, timed out, or refused the script.
@@ -158,14 +177,19 @@ impl Node {
         names: &Names,
         token: &str,
         ttl: Duration,
+        queueing: &Queueing,
     ) -> Result<Attempt, Error> {
         let mut call = scripts::ACQUIRE.prepare_invoke();
-        call.key(&names.key)
-            .key(&names.fence)
+        queue_keys(&mut call, names)
             .arg(token)
             .arg(scripts::millis(ttl))
-            .arg(scripts::millis(scripts::fence_lifetime(ttl)));
-        let (taken, value, holder): (i64, i64, Option<String>) =
+            .arg(scripts::millis(scripts::fence_lifetime(ttl)))
+            .arg(if queueing.wait { "1" } else { "0" })
+            .arg(ticket(queueing.ticket))
+            .arg(queueing.fence_floor.unwrap_or(0))
+            .arg(&names.channel)
+            .arg(scripts::millis(scripts::WAITER_LEASE));
+        let (taken, value, holder, first): (i64, i64, Option<String>, i64) =
             self.invoke("acquire", &call).await?;
         Ok(match taken {
             1 => Attempt::Taken {
@@ -174,19 +198,42 @@ impl Node {
             0 => Attempt::Busy {
                 pttl: u64::try_from(value).ok().map(Duration::from_millis),
                 holder: holder.unwrap_or_default(),
+                first: first == 1,
             },
             _ => return Err(self.reply("acquire", taken)),
         })
     }
 
-    /// Delete the lock if it is still ours, and announce the release when `announce`.
-    /// `false`: it was not ours (nothing was changed).
+    /// Refresh our entry in the key's queue of waiters (adding it back, with `ticket`, if
+    /// it expired). `true`: the key is free and we are its first live waiter, so re-try.
+    ///
+    /// # Errors
+    /// The server could not be reached, timed out, or refused the script.
+    pub async fn touch(
+        &self,
+        names: &Names,
+        token: &str,
+        ticket: Option<u64>,
+    ) -> Result<bool, Error> {
+        let mut call = scripts::TOUCH.prepare_invoke();
+        queue_keys(&mut call, names)
+            .arg(token)
+            .arg(self::ticket(ticket))
+            .arg(&names.channel)
+            .arg(scripts::millis(scripts::WAITER_LEASE));
+        self.flag("touch", &call).await
+    }
+
+    /// Delete the lock if it is still ours and leave the key's queue of waiters; when
+    /// `announce`, call the next waiter if the key is free now. `false`: the lock was not
+    /// ours (the key was left alone). A waiter that gives up calls this too, to leave the
+    /// queue.
     ///
     /// # Errors
     /// The server could not be reached, timed out, or refused the script.
     pub async fn release(&self, names: &Names, token: &str, announce: bool) -> Result<bool, Error> {
         let mut call = scripts::RELEASE.prepare_invoke();
-        call.key(&names.key)
+        queue_keys(&mut call, names)
             .arg(token)
             .arg(&names.channel)
             .arg(if announce { "1" } else { "0" });
@@ -407,6 +454,23 @@ impl Node {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// The keys of the scripts that read the queue, in their order: lock, fence, queue,
+/// waiters' expiries.
+fn queue_keys<'a, 'b>(
+    call: &'b mut ScriptInvocation<'a>,
+    names: &Names,
+) -> &'b mut ScriptInvocation<'a> {
+    call.key(&names.key)
+        .key(&names.fence)
+        .key(&names.queue)
+        .key(&names.waiters)
+}
+
+/// A queue ticket as the scripts take it: empty for "the server's clock".
+fn ticket(ticket: Option<u64>) -> String {
+    ticket.map(|t| t.to_string()).unwrap_or_default()
 }
 
 /// The redis-rs client for `info`; with TLS, after making sure rustls has a crypto

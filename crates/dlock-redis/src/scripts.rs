@@ -16,27 +16,39 @@ use redis::Script;
 /// | lock key (value: the holder's token) | `<prefix><key>` |
 /// | fence counter | `{<prefix><key>}:fence` |
 /// | release channel | `{<prefix><key>}:released` |
+/// | waiters' queue (score: enqueue ticket) | `{<prefix><key>}:queue` |
+/// | waiters' expiries (score: µs, server clock) | `{<prefix><key>}:waiters` |
 ///
 /// The user's key is used verbatim, so with an empty prefix the lock key is exactly the
 /// name another library (redis-py, redsync, node-redlock) would use for the same lock: the
 /// two exclude each other. The fence key carries the lock key as its hash tag, so both sit
 /// in one cluster slot (unless the key itself contains `}`). With a non-empty prefix that
-/// does not start with `{`, no lock key can be another lock's fence key; with any other
-/// prefix (the empty one included), [`Names::check`] refuses the few keys that would be.
+/// does not start with `{`, no lock key can be another lock's fence, queue or waiters key;
+/// with any other prefix (the empty one included), [`Names::check`] refuses the few keys
+/// that would be.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Names {
     /// The lock key.
     pub key: String,
     /// The fence counter.
     pub fence: String,
-    /// The pub/sub channel a release is announced on.
+    /// The pub/sub channel on which the next waiter is called (each message is the token
+    /// of the waiter whose turn it is).
     pub channel: String,
+    /// The queue of waiters: a sorted set of waiter tokens by enqueue ticket.
+    pub queue: String,
+    /// When each waiter's entry expires: a sorted set of waiter tokens by µs of the
+    /// server clock.
+    pub waiters: String,
 }
 
+/// The suffixes of the names a lock keeps beside its lock key (`{<lock key>}<suffix>`).
+const SIDE_KEYS: [&str; 3] = ["}:fence", "}:queue", "}:waiters"];
+
 impl Names {
-    /// Refuse `key` if under `prefix` its lock key would be another lock's fence counter
-    /// (`{<prefix><other key>}:fence`), so that one lock can never reset another's
-    /// counter or be blocked by it. Only reachable with a prefix that is empty or starts
+    /// Refuse `key` if under `prefix` its lock key would be another lock's fence counter,
+    /// queue or waiters key (`{<prefix><other key>}:fence`, …), so that one lock can
+    /// never reset another's counter or queue or be blocked by it. Only reachable with a prefix that is empty or starts
     /// with `{`.
     ///
     /// # Errors
@@ -48,12 +60,14 @@ impl Names {
             return Ok(());
         }
         let lock = format!("{prefix}{key}");
-        let fence_shaped = lock.starts_with(&format!("{{{prefix}")) && lock.ends_with("}:fence");
-        if fence_shaped {
+        let side_shaped = lock.starts_with(&format!("{{{prefix}"))
+            && SIDE_KEYS.iter().any(|suffix| lock.ends_with(suffix));
+        if side_shaped {
             return Err(dlock_core::LockError::invalid_key(
                 key,
-                "under this key prefix the key names another lock's fence counter \
-                 ({<prefix><key>}:fence); use another key, or a prefix such as dlock:",
+                "under this key prefix the key names another lock's fence counter or queue \
+                 ({<prefix><key>}:fence, :queue, :waiters); use another key, or a prefix \
+                 such as dlock:",
             ));
         }
         Ok(())
@@ -65,6 +79,8 @@ impl Names {
         Self {
             fence: format!("{{{lock}}}:fence"),
             channel: format!("{{{lock}}}:released"),
+            queue: format!("{{{lock}}}:queue"),
+            waiters: format!("{{{lock}}}:waiters"),
             key: lock,
         }
     }
@@ -89,47 +105,168 @@ pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// Take the lock if it is free, in one round trip.
-///
-/// `KEYS`: lock key, fence key. `ARGV`: token, ttl ms, fence lifetime ms.
-/// Returns `{1, fencing token, ''}` when taken, `{0, PTTL, holder}` when held (PTTL `-1`: the
-/// holder set no expiry, e.g. another library's lock without a timeout; `holder`: the key's
-/// value, the holder's token, or empty when it is not a string).
-///
-/// The fencing token is `max(last token + 1, server time in µs)`: strictly increasing per
-/// key, and still increasing after the counter expired or the server restarted empty, as
-/// long as the server clock does not step back.
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
-const ACQUIRE_LUA: &str = r"
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local holder = redis.pcall('GET', KEYS[1])
-  if type(holder) ~= 'string' then holder = '' end
-  return {0, redis.call('PTTL', KEYS[1]), holder}
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-local token = math.max(last + 1, now)
-redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[3])
-return {1, token, ''}
-";
+/// How long a waiter's entry in a key's queue lives after its last write: a waiter that
+/// stops refreshing it (crashed, partitioned) is dropped this long after its last refresh,
+/// and the queue itself expires this long after the last write by any waiter.
+pub const WAITER_LEASE: Duration = Duration::from_secs(3);
 
-/// Delete the lock if it is ours and (unless told not to) announce the release: the
-/// message is the released token, so a waiter can tell which holder left.
-///
-/// `KEYS`: lock key. `ARGV`: token, channel, `1` to announce. Returns 1 when deleted, 0 when
-/// the key was not ours (expired, broken, or another holder's).
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
-const RELEASE_LUA: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  if ARGV[3] == '1' then
-    redis.call('PUBLISH', ARGV[2], ARGV[1])
-  end
-  return 1
+/// How often a waiter refreshes its queue entry (and so re-checks whether the key is
+/// free and its turn). A waiter crashed or cut off is skipped within
+/// `WAITER_LEASE + TOUCH_EVERY` of its last refresh; a key freed without announcement
+/// (another library's release, an operator's `DEL`) is noticed within `TOUCH_EVERY`.
+pub const TOUCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Lua shared by the scripts that read the queue: `KEYS[1]` is the lock, `KEYS[3]` the
+/// queue (score: the enqueue ticket), `KEYS[4]` the waiters' expiries (score: µs of the
+/// server clock). `prune` drops the expired waiters and answers the first one before and
+/// after; `enqueue` adds or refreshes a waiter.
+macro_rules! queue_lua {
+    () => {
+        r"
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+local function head()
+  return redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+end
+local function prune(now)
+  local before = head()
+  if not before then return nil, nil end
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, 1000)
+  if #dead == 0 then return before, before end
+  redis.call('ZREM', KEYS[3], unpack(dead))
+  redis.call('ZREM', KEYS[4], unpack(dead))
+  return before, head()
+end
+local function enqueue(token, ticket, now, lease_ms)
+  redis.call('ZADD', KEYS[3], 'NX', ticket, token)
+  redis.call('ZADD', KEYS[4], string.format('%.0f', now + lease_ms * 1000), token)
+  redis.call('PEXPIRE', KEYS[3], lease_ms)
+  redis.call('PEXPIRE', KEYS[4], lease_ms)
+end
+local function call_next(before, after, caller, channel)
+  if after and after ~= before and after ~= caller and redis.call('EXISTS', KEYS[1]) == 0 then
+    redis.call('PUBLISH', channel, after)
+  end
+end
+"
+    };
+}
+
+/// Take the lock if it is free and nobody waits before us, in one round trip; when it is
+/// not, join the key's queue of waiters if asked to.
+///
+/// `KEYS`: lock, fence, queue, waiter expiries. `ARGV`: token, ttl ms, fence lifetime ms,
+/// `1` to queue, the queue ticket (empty: the server clock in µs), the fence floor (`0`:
+/// none), the channel, the waiter lease ms.
+///
+/// The key is taken only when it is free and the queue is empty or the caller is its first
+/// live waiter; taking it leaves the queue. Returns `{1, fencing token, '', 0}` when taken,
+/// `{0, PTTL, holder, first}` when not: PTTL `-1` when the holder set no expiry (another
+/// library's lock taken without a timeout), `-2` when the key is free but another waiter
+/// is first (`holder` is then that waiter's token); `first` is 1 when the caller is the
+/// first live waiter. A first waiter dropped as expired while the key is free has its
+/// successor called on the channel.
+///
+/// The fencing token is `max(last token + 1, server time in µs, floor)` (with a floor:
+/// `max(last + 1, floor, server time - 1 s)`, so clients that propose the same floor to
+/// several servers get the same token from each): strictly increasing per key, and still
+/// increasing after the counter expired or the server restarted empty, as long as the
+/// clocks do not step back.
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+const ACQUIRE_LUA: &str = concat!(
+    queue_lua!(),
+    r"
+local token = ARGV[1]
+local now = now_us()
+local before, first = prune(now)
+if (not first or first == token) and redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
+  if first then
+    redis.call('ZREM', KEYS[3], token)
+    redis.call('ZREM', KEYS[4], token)
+  end
+  local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  local floor = tonumber(ARGV[6])
+  local fence
+  if floor > 0 then
+    fence = math.max(last + 1, floor, now - 1000000)
+  else
+    fence = math.max(last + 1, now)
+  end
+  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
+  return {1, fence, '', 0}
+end
+call_next(before, first, token, ARGV[7])
+if ARGV[4] == '1' then
+  local ticket = ARGV[5]
+  if ticket == '' then ticket = string.format('%.0f', now) end
+  enqueue(token, ticket, now, tonumber(ARGV[8]))
+  first = head()
+end
+local is_first = 0
+if first == token then is_first = 1 end
+local holder = redis.pcall('GET', KEYS[1])
+if not holder then
+  return {0, -2, first or '', is_first}
+end
+if type(holder) ~= 'string' then holder = '' end
+return {0, redis.call('PTTL', KEYS[1]), holder, is_first}
+"
+);
+
+/// Refresh a waiter's queue entry (adding it back if it expired) and tell it whether its
+/// turn has come.
+///
+/// `KEYS`: lock, fence (unused), queue, waiter expiries. `ARGV`: token, queue ticket
+/// (empty: the server clock in µs, for an entry that is added), channel, waiter lease ms.
+/// Returns 1 when the key is free and the caller is the first live waiter, else 0.
+pub(crate) static TOUCH: LazyLock<Script> = LazyLock::new(|| Script::new(TOUCH_LUA));
+const TOUCH_LUA: &str = concat!(
+    queue_lua!(),
+    r"
+local token = ARGV[1]
+local now = now_us()
+local before, first = prune(now)
+call_next(before, first, token, ARGV[3])
+local ticket = ARGV[2]
+if ticket == '' then ticket = string.format('%.0f', now) end
+enqueue(token, ticket, now, tonumber(ARGV[4]))
+if head() == token and redis.call('EXISTS', KEYS[1]) == 0 then return 1 end
 return 0
-";
+"
+);
+
+/// Delete the lock if it is ours, leave the queue if we are in it, and (unless told not
+/// to) call the next waiter: the message on the channel is the token of the first live
+/// waiter, sent when the key is free and we released it, were first in line, or an
+/// expired first waiter was dropped.
+///
+/// `KEYS`: lock, fence (unused), queue, waiter expiries. `ARGV`: token, channel, `1` to
+/// announce. Returns 1 when the key was deleted, 0 when it was not ours (expired, broken,
+/// or another holder's). With nobody queued it costs what a compare-and-delete costs.
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+const RELEASE_LUA: &str = concat!(
+    queue_lua!(),
+    r"
+local token = ARGV[1]
+local released = 0
+if redis.call('GET', KEYS[1]) == token then
+  redis.call('DEL', KEYS[1])
+  released = 1
+end
+if redis.call('EXISTS', KEYS[3]) == 0 then return released end
+local before, first = prune(now_us())
+local moved = released == 1 or first == token or first ~= before
+redis.call('ZREM', KEYS[3], token)
+redis.call('ZREM', KEYS[4], token)
+if ARGV[3] == '1' and moved and redis.call('EXISTS', KEYS[1]) == 0 then
+  local after = head()
+  if after then redis.call('PUBLISH', ARGV[2], after) end
+end
+return released
+"
+);
 
 /// Reset the lock's ttl if it is ours.
 ///
@@ -182,8 +319,9 @@ return 1
 ";
 
 /// The source of every script, for loading them when a connection opens.
-pub(crate) const SOURCES: [&str; 5] = [
+pub(crate) const SOURCES: [&str; 6] = [
     ACQUIRE_LUA,
+    TOUCH_LUA,
     RELEASE_LUA,
     EXTEND_LUA,
     EXTEND_MANY_LUA,
@@ -220,6 +358,8 @@ mod tests {
             }
         }
         assert!(Names::check("", "{x}:fence").is_err());
+        assert!(Names::check("", "{x}:queue").is_err());
+        assert!(Names::check("", "{x}:waiters").is_err());
         assert!(Names::check("dlock:", "{x}:fence").is_ok());
     }
 
@@ -231,6 +371,8 @@ mod tests {
         assert_eq!(n.key, "dlock:orders/42");
         assert_eq!(n.fence, "{dlock:orders/42}:fence");
         assert_eq!(n.channel, "{dlock:orders/42}:released");
+        assert_eq!(n.queue, "{dlock:orders/42}:queue");
+        assert_eq!(n.waiters, "{dlock:orders/42}:waiters");
         assert_eq!(Names::new("", "x").key, "x");
     }
 

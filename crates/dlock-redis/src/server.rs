@@ -37,7 +37,7 @@
 pub use crate::error::Error as NodeError;
 pub use crate::gather::{TaskQueue, gather};
 pub use crate::lock::InFlight;
-pub use crate::node::{Attempt, Node};
+pub use crate::node::{Attempt, Node, Queueing};
 pub use crate::renew::HeldKey;
-pub use crate::scripts::{Names, new_token};
+pub use crate::scripts::{Names, TOUCH_EVERY, WAITER_LEASE, new_token};
 pub use crate::wait::{Subscribed, View, Waiter, Wake};

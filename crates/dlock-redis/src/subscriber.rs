@@ -1,9 +1,9 @@
-//! Release announcements: one subscriber connection per client (per server), multiplexing
-//! every channel its waiters listen on.
+//! Calls to waiters: one subscriber connection per client (per server), multiplexing every
+//! channel its waiters listen on.
 //!
 //! A waiter subscribes (and waits for the server's confirmation) *before* it re-tries the
-//! key, so a release between its failed attempt and the subscription is never missed: the
-//! re-try sees it. Every message (the released token) is forwarded to each listener of the
+//! key, so a call between its failed attempt and the subscription is never missed: the
+//! re-try sees it. Every message (the token of the waiter whose turn it is) is forwarded to each listener of the
 //! channel as a [`Notice`] tagged with the listener's node index. When the connection
 //! breaks, every listener gets [`Event::Broken`] and its subscription reports itself dead,
 //! so the waiter subscribes again (on a new connection) and re-tries.
@@ -56,7 +56,7 @@ impl Channel {
             };
             if let Err(mpsc::error::TrySendError::Full(_)) = listener.notices.try_send(notice) {
                 // The waiter reads between attempts; one this far behind wakes at its
-                // holder's ttl (or the 1 s re-check) instead of this announcement.
+                // next queue refresh instead of this call.
                 tracing::debug!(
                     backlog = NOTICE_BACKLOG,
                     "a waiter's backlog of announcements is full; this one is dropped"
@@ -84,8 +84,8 @@ pub struct Notice {
 /// What a [`Notice`] says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// The holder with this token released the key.
-    Released(String),
+    /// The server called the waiter with this token: the key is free and its turn.
+    Called(String),
     /// The subscriber connection broke: announcements may have been missed; subscribe
     /// again and re-try.
     Broken,
@@ -295,7 +295,7 @@ impl LinkTask {
                         let state = lock(&state);
                         if let Some(channel) = state.channels.get(msg.get_channel_name()) {
                             let token = String::from_utf8_lossy(msg.get_payload_bytes());
-                            channel.tell(&Event::Released(token.into_owned()));
+                            channel.tell(&Event::Called(token.into_owned()));
                         }
                     }
                     None => {
@@ -402,7 +402,7 @@ mod tests {
         let mut channel = Channel::default();
         channel.listeners.insert(1, Listener { tag: 0, notices });
         for i in 0..10 * NOTICE_BACKLOG {
-            channel.tell(&Event::Released(format!("token-{i}")));
+            channel.tell(&Event::Called(format!("token-{i}")));
         }
         assert_eq!(heard.len(), NOTICE_BACKLOG);
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{RedisHarness, forget_fence, unique_key};
 use dlock_core::{DistributedLock, ErrorKind, LockOptions, LostReason};
-use dlock_redis::server::{Attempt, HeldKey, Names, Node, new_token};
+use dlock_redis::server::{Attempt, HeldKey, Names, Node, Queueing, new_token};
 use redis::AsyncCommands;
 use tokio::time::timeout;
 
@@ -24,7 +24,7 @@ async fn a_renewal_batch_answers_each_key_by_itself() {
         let names = Names::new(&harness.config().prefix, &format!("{run}/{i}"));
         let token = new_token();
         let attempt = node
-            .acquire(&names, &token, Duration::from_secs(5))
+            .acquire(&names, &token, Duration::from_secs(5), &Queueing::default())
             .await
             .expect("acquire");
         assert!(matches!(attempt, Attempt::Taken { .. }), "{attempt:?}");

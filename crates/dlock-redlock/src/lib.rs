@@ -24,28 +24,40 @@
 //! the per-node timeout, 5 % of the ttl (at least 50 ms, at most the response timeout); a
 //! node that errs or is late is a vote against, never an abort.
 //!
-//! 1. **Round**: note `t1` (monotonic clock), then `SET key token NX PX ttl` on every node
-//!    in parallel (the `dlock-redis` acquire script: it also issues a per-node fencing
-//!    token). The round wins when at least `Q` nodes granted the key and the validity
-//!    `ttl - (now - t1) - (ttl/100 + 2 ms)` (saturating) is still positive.
+//! 1. **Round**: note `t1` (monotonic clock), then on every node in parallel the
+//!    `dlock-redis` acquire script: `SET key token NX PX ttl` when nobody waits there or
+//!    we are the first live waiter in the node's queue; otherwise, for a caller that will
+//!    wait, join that queue. Each granting node issues a fencing token
+//!    `max(counter + 1, floor, node clock - 1 s)`, where `floor` is this client's clock in
+//!    µs, proposed alike to every node. The round wins when at least `Q` nodes granted the
+//!    key and the validity `ttl - (now - t1) - (ttl/100 + 2 ms)` (saturating) is still
+//!    positive.
 //! 2. **Fence write-back**: the fencing token is the highest token the granting nodes
 //!    issued; the nodes whose counter is behind it are raised to it (compare-and-set, only
 //!    where the key is ours) until `Q` nodes hold it. Only then is the lease reported, so
 //!    any later holder's majority shares a node with this one and gets a greater token.
+//!    Nodes whose counters were behind the floor all issued the floor, so this step costs
+//!    nothing in the common case; it runs when counters are ahead of this client's clock
+//!    (a client whose clock is behind, a node that issued later tokens).
 //!    The lease's `sent_at` is `t1`: the core's watchdog fires `lost()` `ttl/10 + 2 ms`
 //!    before `t1 + ttl`, which is before the validity ends.
 //! 3. **Failed round**: give the key back (compare-and-delete) on every node that granted
 //!    it or did not answer. If fewer than `Q` nodes answered at all, try once more, then
 //!    fail with [`LockError::Unavailable`](dlock_core::LockError::Unavailable) naming each
 //!    node's error.
-//! 4. **Wait** (when the deadline allows): subscribe to the key's release channel on every
-//!    node (confirmed), then run another round, so no release in between is missed. If one
-//!    holder has a majority, sleep until enough of the holders seen on the nodes announce
-//!    their release for a quorum to be free (each message names the released token; the
-//!    same release heard from five nodes wakes a waiter once), or until their ttls run
-//!    out. If nobody has a majority (a **split vote** between contenders, who give their
-//!    nodes back without announcing it), run the next round after a random pause of up to
-//!    four rounds' time (at most 100 ms); after 8 split votes in a row, wait as above.
+//! 4. **Wait** (when the deadline allows): the waiter joined each node's queue in its round,
+//!    with one **ticket** for all nodes, its clock in µs when the acquire began (ties:
+//!    the token), so every node orders the waiters alike. It subscribes to the key's call
+//!    channel on every node (confirmed), then runs another round, so no call in between is
+//!    missed. It sleeps until a majority of nodes called it by its token (a release, a
+//!    waiter giving up or an expired first waiter: each node calls its first live waiter;
+//!    the calls of five nodes wake the waiter once), or, where it is first, until the
+//!    holder's ttls run out, and runs a round. Every second it refreshes its entry on every
+//!    node, which also tells it where the key is free and its turn (a release nobody
+//!    announced). If nobody has a majority (a **split vote**: contenders that joined the
+//!    queues at once, or a waiter whose entry is on too few nodes yet), it runs the next
+//!    round after a random pause of up to four rounds' time (at most 100 ms); after 8
+//!    split votes in a row, it waits as above.
 //! 5. **Extend** (the watchdog, every ttl/3 less a jitter): compare-and-`PEXPIRE` on every
 //!    node in parallel. The client's renewals are coalesced over the cluster: each extend
 //!    is one request to the client's renewal task, which sends what queued meanwhile (the
@@ -57,21 +69,35 @@
 //!    (restarted empty) get it back with `SET NX` and the fence (a node held by someone
 //!    else is left alone). If a majority answered "not ours", the lease is lost (`NotHeld`);
 //!    otherwise the outcome is unknown and the watchdog retries until `lost()` must fire.
-//! 6. **Release**: compare-and-delete with an announcement on every node in parallel;
-//!    `NotHeld` if a majority answered "not ours".
-//! 7. **Cancelled acquire**: if an acquire future is dropped during a round, the key is
-//!    given back on every node in the background.
+//! 6. **Release**: compare-and-delete on every node in parallel, leaving the node's queue
+//!    and calling its first live waiter; `NotHeld` if a majority answered "not ours".
+//! 7. **Giving up**: a waiter whose deadline passes, whose acquire fails or whose future is
+//!    dropped leaves every node's queue in the background; if an acquire future is dropped
+//!    during a round, the key is given back on every node too.
+//!
+//! **Order, progress and exclusion.** Exclusion is Redlock's: a grant still needs `Q`
+//! nodes' `SET NX`; the queues only restrict who may take a free node. Because every node
+//! orders the same tickets alike, the first live waiter is first on every node that has its
+//! entry, and each round puts the entry on every node that answers: with a minority of
+//! nodes lost, it is first on all `Q` or more that remain, takes each as it frees, and
+//! wins. Nobody else can take those nodes meanwhile, so two waiters cannot split the
+//! nodes' first places. Waiters are served in the order of their tickets, that is of
+//! their clients' clocks when they began to wait (clients on different machines: as far
+//! as those clocks agree). A waiter that crashed or was cut off is dropped 3 s after its
+//! last refresh, and the next refresh of another waiter (at most 1 s later) calls the
+//! next one: an abandoned waiter holds the line up at most 4 s. The queue keys vanish
+//! with the last waiter or expire 3 s after the last write to them.
 //!
 //! Round trips (one round trip = the slowest node of a parallel request to all of them):
 //!
 //! | operation | round trips |
 //! |---|---|
-//! | `try_acquire`, key free | 2: the round, then the fence write-back to the granting nodes whose counter is behind |
-//! | `try_acquire`, key held | 2: the round, then giving back what it got |
-//! | `acquire` that waits | a failed round, subscribing on every node, another round; then a round per wake-up |
+//! | `try_acquire`, key free | 1: the round (the fence write-back, a second, only when node counters are ahead of this client's clock) |
+//! | `try_acquire`, key held | 1: the round; 2 when some nodes granted it (a split), to give them back |
+//! | `acquire` that waits | a round (joins the queues), subscribing on every node, another round; then a round per wake-up, and 1 refresh per second while waiting |
 //! | `extend` | 1 (2 when a node lost the key and gets it back), shared with the client's renewals queued with it: N held keys cost about N / batch size requests per node per renewal round, not 5 N |
 //! | `release` | 1 |
-//! | contended hand-off | the release (1), the announcements, the waiter's round and write-back (2) |
+//! | contended hand-off | the release (1), the calls, the waiter's round (1) |
 //!
 //! # What Redlock does not promise
 //!
@@ -95,11 +121,11 @@
 //!
 //! | capability | value | why |
 //! |---|---|---|
-//! | fair | no | a release wakes every waiting client; the local gate keeps FIFO among one client's tasks only |
-//! | fencing | best effort | tokens are written back to a majority; a node restarted without persistence can break the order (each node's counter is floored by its clock in µs, which keeps it unless node clocks step back or disagree) |
+//! | fair | yes | one queue per key on every node, ordered alike by the waiters' tickets (their clients' clocks when they began to wait); a waiter that stops refreshing its entry for 3 s loses its place |
+//! | fencing | best effort | tokens are written back to a majority; a node restarted without persistence can break the order (each node's counter is floored by the acquiring client's clock and the node's clock less 1 s, which keeps it unless clocks step back or disagree) |
 //! | expiry | ttl | a silent holder's keys expire `ttl` after its last extension |
 //! | releases on disconnect | no | keys are not tied to connections |
-//! | wake-up | notification, not one per release | pub/sub on every node; every waiting client re-checks once per release (split-vote retries are part of that one wake-up) |
+//! | wake-up | notification, one per release | each node calls its first live waiter by token; that waiter wakes once a majority called it (split-vote retries are part of that one wake-up), the others ignore the calls |
 //! | max key length | 1024 bytes | the core's default |
 //!
 //! # URL
@@ -129,7 +155,10 @@
 //! - **A majority unreachable**: acquire fails with `Unavailable` naming every node's
 //!   error; a held lease's extensions fail and `lost()` fires before its validity ends,
 //!   that is before another client can take the key.
-//! - **Holder crash**: its keys expire after the ttl; waiters wake at that moment.
+//! - **Holder crash**: its keys expire after the ttl; the first waiter wakes at that moment
+//!   (one that became first later, at its next refresh, within 1 s).
+//! - **Waiter crash or partition**: its entries expire 3 s after its last refresh; the
+//!   waiters behind it are held up at most 4 s.
 //! - **Node restart without persistence**: see above: a majority of restarted nodes within
 //!   a ttl breaks exclusion.
 

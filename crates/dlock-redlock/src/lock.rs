@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{Capabilities, Expiry, Fencing, LockOptions, LockStats, Result, Wakeup};
 use dlock_redis::server::{
-    Attempt, HeldKey, InFlight, Names, Node, NodeError, View, Waiter, new_token,
+    Attempt, HeldKey, InFlight, Names, Node, NodeError, Queueing, View, Waiter, new_token,
 };
 use futures::future::join_all;
 use rand::Rng;
@@ -97,12 +97,22 @@ impl RedlockBackend {
 
     /// One round: take the key on every node, and if a quorum granted it in time, write the
     /// highest fence back to a majority. On failure, give back what we may hold.
-    async fn round(&self, names: &Names, token: &str, ttl: Duration) -> Round {
+    /// `queueing` says whether to join the key's queue on the nodes that do not grant it;
+    /// its fence floor is set here, the same for every node.
+    async fn round(&self, names: &Names, token: &str, ttl: Duration, queueing: Queueing) -> Round {
         let c = &*self.cluster;
         let limit = c.node_timeout(ttl);
         let sent_at = Instant::now();
+        // The same floor on every node: nodes whose counters are behind it all issue it, so
+        // no write-back is needed (see the acquire script of dlock-redis).
+        let queueing = Queueing {
+            fence_floor: Some(now_micros()),
+            ..queueing
+        };
         let answers = c
-            .on(&c.all(), limit, "acquire", |n| n.acquire(names, token, ttl))
+            .on(&c.all(), limit, "acquire", |n| {
+                n.acquire(names, token, ttl, &queueing)
+            })
             .await;
         let mut views = vec![View::Down; c.nodes.len()];
         let mut taken = Vec::new();
@@ -129,7 +139,7 @@ impl RedlockBackend {
             return Round::Won { fence, sent_at };
         }
         // Give back what we took, and what a node that did not answer may have granted.
-        // Announce it only if we had a quorum: then others may be waiting on us.
+        // Call the next waiter only if we had a quorum: then others may be waiting on us.
         let mine: Vec<usize> = taken.iter().map(|(i, _)| *i).chain(unsure).collect();
         let announce = taken.len() >= c.quorum;
         c.on(&mine, limit, "release", |n| {
@@ -184,6 +194,14 @@ enum Round {
     },
 }
 
+/// Microseconds since the Unix epoch by this client's clock: the queue ticket (the same on
+/// every node, so every node orders the waiters alike) and the fence floor.
+fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// Whether one holder has a majority of the nodes (a lease, not a split vote).
 fn majority_holder(views: &[View], quorum: usize) -> bool {
     views.iter().any(|v| match v {
@@ -211,19 +229,22 @@ impl Backend for RedlockBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            fair: false,
+            // One queue per key on every node, ordered alike by the waiters' tickets.
+            fair: true,
             fencing: Fencing::BestEffort {
                 why: "each grant's token is written back to a majority before the lease is \
                       reported, so successive holders' majorities share a node and tokens \
                       increase while the nodes keep their memory; a node restarted without \
-                      persistence can break the order (each node floors its counter by its \
-                      clock, which keeps it unless node clocks step back or disagree)",
+                      persistence can break the order (each node floors its counter by the \
+                      acquiring client's clock and its own clock less 1 s, which keeps it \
+                      unless clocks step back or disagree)",
             },
             expiry: Expiry::Ttl,
             releases_on_disconnect: false,
-            // Pub/sub: a release wakes each waiter once; all but one go back to sleep.
+            // A release calls the first live waiter by name on every node; it wakes once a
+            // majority called it, the others sleep on.
             wakeup: Wakeup::Notification {
-                one_per_release: false,
+                one_per_release: true,
                 max_per_waiter: 1,
             },
             // A minority down keeps a majority of each holder's keys; every node restarted
@@ -247,26 +268,47 @@ impl Backend for RedlockBackend {
         let c = &*self.cluster;
         let names = Names::new(&self.prefix, key);
         let token = new_token();
-        let mut waiter: Option<Waiter> = None;
+        // A caller that may wait joins the key's queue on every node from its first round
+        // on, with one ticket for all of them: the nodes order their waiters alike, so the
+        // first live waiter is first on every node that has its entry.
+        let mut waiter = deadline.may_wait().then(|| {
+            Waiter::new(
+                c.nodes.clone(),
+                names.clone(),
+                token.clone(),
+                Some(now_micros()),
+                c.quorum,
+                Some(c.node_timeout(ttl)),
+            )
+        });
+        let mut first_round = true;
         let mut retried = false;
         let mut backoffs = 0;
         loop {
-            if let Some(w) = &mut waiter {
-                w.start_attempt();
-            }
-            let request =
-                InFlight::new(&c.nodes, &names, &token).run(self.round(&names, &token, ttl));
+            let queueing = match &mut waiter {
+                Some(w) => {
+                    w.start_attempt();
+                    w.queueing(None)
+                }
+                None => Queueing::default(),
+            };
+            let request = InFlight::new(&c.nodes, &names, &token)
+                .run(self.round(&names, &token, ttl, queueing));
             // The first round may run its node timeouts out; later ones, made while
             // waiting, end at the deadline.
-            let round = match &waiter {
-                None => request.await,
-                Some(_) => match deadline.run(request).await {
+            let round = if std::mem::take(&mut first_round) {
+                request.await
+            } else {
+                match deadline.run(request).await {
                     Some(round) => round,
                     None => return Ok(None),
-                },
+                }
             };
             let (views, failures, took) = match round {
                 Round::Won { fence, sent_at } => {
+                    if let Some(w) = &mut waiter {
+                        w.granted();
+                    }
                     let held = RedlockHeld {
                         cluster: self.cluster.clone(),
                         key: key.to_owned(),
@@ -293,32 +335,25 @@ impl Backend for RedlockBackend {
                 continue;
             }
             retried = false;
-            if !deadline.may_wait() {
+            let Some(w) = waiter.as_mut().filter(|_| deadline.may_wait()) else {
                 return Ok(None);
-            }
-            // Listen on every node before the next round, so no release in between is missed.
-            let w = waiter.get_or_insert_with(|| {
-                Waiter::new(
-                    c.nodes.clone(),
-                    names.channel.clone(),
-                    c.quorum,
-                    Some(c.node_timeout(ttl)),
-                )
-            });
+            };
+            // Listen on every node before the next round, so no call in between is missed.
             if w.listening() < c.nodes.len() {
                 let Some(subscribed) = deadline.run(w.subscribe()).await else {
                     return Ok(None);
                 };
                 for (i, e) in &subscribed.failed {
-                    tracing::debug!(node = i, error = %e, "cannot listen for releases on a node");
+                    tracing::debug!(node = i, error = %e, "cannot listen for calls on a node");
                 }
                 if subscribed.added > 0 {
                     continue;
                 }
             }
             if !majority_holder(&views, c.quorum) && backoffs < MAX_BACKOFFS {
-                // A split vote: nobody got a majority. The contenders gave their nodes back
-                // without announcing it; try again after a random pause.
+                // A split vote: nobody got a majority (contenders that joined the queues at
+                // once, or waiters whose entries are on too few nodes yet). They gave their
+                // nodes back; try again after a random pause, which also re-joins the queues.
                 backoffs += 1;
                 tokio::time::sleep_until(deadline.min(Instant::now() + backoff(took))).await;
                 if !deadline.may_wait() {

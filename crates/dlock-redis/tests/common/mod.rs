@@ -60,12 +60,16 @@ pub async fn admin(config: &RedisConfig) -> Result<MultiplexedConnection, BoxErr
     Ok(Node::new(config, "redis")?.raw_connection().await?)
 }
 
-/// Lock keys under `prefix` (see [`RedisHarness::residue`]).
+/// Lock keys and waiters' queues under `prefix` (see [`RedisHarness::residue`]).
 pub async fn keys_under(config: &RedisConfig, prefix: &str) -> Result<Vec<String>, BoxError> {
     let node = Node::new(config, "redis")?;
-    Ok(node
-        .keys_with_prefix(&format!("{}{prefix}", config.prefix))
-        .await?)
+    let lock_prefix = format!("{}{prefix}", config.prefix);
+    let mut keys = node.keys_with_prefix(&lock_prefix).await?;
+    // The side keys `{<lock key>}:…`: the queue and the waiters' expiries are residue,
+    // the fence counter is not.
+    let side = node.keys_with_prefix(&format!("{{{lock_prefix}")).await?;
+    keys.extend(side.into_iter().filter(|k| !k.ends_with("}:fence")));
+    Ok(keys)
 }
 
 /// Wait (up to 10 s) until someone listens on `channel`.
@@ -159,9 +163,11 @@ impl Harness for RedisHarness {
         Ok(())
     }
 
-    /// Lock keys under `prefix`. Fence counters (`{<lock key>}:fence`) are not residue: they
-    /// outlive holders by design (tokens must keep increasing) and expire an hour after the
-    /// last grant; their names start with `{`, so the scan does not match them.
+    /// Lock keys under `prefix`, and the waiters' queues of those keys
+    /// (`{<lock key>}:queue`, `{<lock key>}:waiters`): they go with the last waiter, or
+    /// expire 3 s after the last write when waiters vanished. Fence counters
+    /// (`{<lock key>}:fence`) are not residue: they outlive holders by design (tokens must
+    /// keep increasing) and expire an hour after the last grant.
     async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError> {
         keys_under(&self.config, prefix).await
     }

@@ -180,15 +180,19 @@ impl Harness for RedlockHarness {
         Ok(())
     }
 
-    /// Lock keys under `prefix` on any node. Fence counters (`{<lock key>}:fence`) are not
-    /// residue: they outlive holders by design (tokens must keep increasing) and expire an
-    /// hour after the last grant; their names start with `{`, so the scan does not match.
+    /// Lock keys under `prefix` on any node, and the waiters' queues of those keys
+    /// (`{<lock key>}:queue`, `{<lock key>}:waiters`): they go with the last waiter, or
+    /// expire 3 s after the last write when waiters vanished. Fence counters
+    /// (`{<lock key>}:fence`) are not residue: they outlive holders by design (tokens must
+    /// keep increasing) and expire an hour after the last grant.
     async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError> {
         let mut left = Vec::new();
         for node in &self.config.nodes {
-            let keys = Node::new(node, "redlock")?
-                .keys_with_prefix(&format!("{}{prefix}", node.prefix))
-                .await?;
+            let server = Node::new(node, "redlock")?;
+            let lock_prefix = format!("{}{prefix}", node.prefix);
+            let mut keys = server.keys_with_prefix(&lock_prefix).await?;
+            let side = server.keys_with_prefix(&format!("{{{lock_prefix}")).await?;
+            keys.extend(side.into_iter().filter(|k| !k.ends_with("}:fence")));
             left.extend(keys.into_iter().map(|k| format!("{}: {k}", node.addr())));
         }
         Ok(left)
