@@ -118,9 +118,10 @@
 //!
 //! On loopback (standalone 3.8.0 server, 2 shared cores): `try_acquire` + `release` p50
 //! 1.6 ms (p99 12 ms); release-to-waiter hand-off p50 1.9 ms (p99 8 ms). In `lockbench`
-//! (same machine, busy), one client's acquire + release of one key costs 1.07× to 1.39× the
-//! raw ephemeral create + delete measured in the same run (2.0× to 3.1× before the key
-//! directory's create and delete were cut).
+//! (same machine, busy, five runs), one client's acquire + release of one key costs 0.63×
+//! to 1.39× the raw ephemeral create + delete measured in the same run, p50 0.74 to
+//! 0.84 ms (1.9× to 3.3× and 1.4 to 3.4 ms before the key directory's create and delete
+//! were cut).
 //!
 //! # Capabilities
 //!
