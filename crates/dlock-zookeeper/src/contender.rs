@@ -14,7 +14,7 @@ use crate::acquire::Budget;
 use crate::error::{is_session_over, is_uncertain};
 use crate::held::{ZookeeperHeld, watch_lease, watch_node};
 use crate::nodes;
-use crate::request::{MAX_RETRIES, delete, delete_dir_if_empty, delete_node_and_dir, retry};
+use crate::request::{MAX_RETRIES, delete, retry};
 use crate::session::connected;
 
 /// How long an acquire that gave up may spend deleting its node before it leaves that to a
@@ -57,12 +57,14 @@ impl Contender {
         self.node.as_ref().map(|n| n.name.as_str())
     }
 
-    /// Create the key directory (a container node; `NodeExists` is the usual answer while
-    /// the key is in use), our node (ephemeral-sequential, protected name), and list the
-    /// directory, all in one round trip: ZooKeeper answers one session's requests in order,
-    /// so the listing already holds our node. Creates the base path if missing (persistent
-    /// nodes). Every node gets our ACL. After a lost connection, finds the node the lost
-    /// create may have made before creating again (Curator's protected mode).
+    /// Create our node (ephemeral-sequential, protected name) and list the key directory,
+    /// in one round trip: ZooKeeper answers one session's requests in order, so the listing
+    /// already holds our node. The directory is a container node that outlives its last
+    /// lock node until the server's container reaper removes it, so it is usually there;
+    /// when it is not (`NoNode`: first use of the key, or reaped), create it, our node and
+    /// the listing in the next round trip, and the base path first if that is missing
+    /// (persistent nodes). Every node gets our ACL. After a lost connection, finds the node
+    /// the lost create may have made before creating again (Curator's protected mode).
     pub(crate) async fn create(&mut self, budget: Budget) -> Result<Vec<String>, zk::Error> {
         let prefix = format!("{}/{}", self.dir, nodes::node_prefix(&self.uuid));
         let acl = Arc::clone(&self.acl);
@@ -70,11 +72,20 @@ impl Contender {
         let container = CreateMode::Container.with_acls(acls);
         let ephemeral_sequential = CreateMode::EphemeralSequential.with_acls(acls);
         let persistent = CreateMode::Persistent.with_acls(acls);
+        // Whether to send the directory's create too: only once it was found missing, since
+        // a create that fails with `NodeExists` still costs the ensemble a logged write.
+        let mut make_dir = false;
         for _ in 0..MAX_RETRIES {
             self.unsure = true;
-            let dir = self.client.create(&self.dir, &[], &container);
+            let dir = make_dir.then(|| self.client.create(&self.dir, &[], &container));
             let create = self.client.create(&prefix, &[], &ephemeral_sequential);
             let list = self.client.list_children(&self.dir);
+            let dir = async {
+                match dir {
+                    Some(dir) => Some(dir.await),
+                    None => None,
+                }
+            };
             let (dir, created, listed) =
                 tokio::time::timeout_at(budget.until(), futures::future::join3(dir, create, list))
                     .await
@@ -103,20 +114,22 @@ impl Contender {
                 Err(zk::Error::NoNode) => {
                     self.unsure = false;
                     match dir {
+                        // No directory: make it with the next try.
+                        None => make_dir = true,
                         // No base path yet (first use): make it, then try again.
-                        Err(zk::Error::NoNode) => {
+                        Some(Err(zk::Error::NoNode)) => {
                             let base = self.dir.rsplit_once('/').map_or("", |(base, _)| base);
                             let client = &self.client;
                             retry(client, budget.until(), || client.mkdir(base, &persistent))
                                 .await?;
                         }
-                        // A release removed the directory between our two creates: try
+                        // The reaper removed the directory between our two creates: try
                         // again.
-                        Ok(_) | Err(zk::Error::NodeExists) => {}
-                        Err(e) if is_uncertain(&e) => {}
+                        Some(Ok(_) | Err(zk::Error::NodeExists)) => {}
+                        Some(Err(e)) if is_uncertain(&e) => {}
                         // The directory cannot be made (`NoAuth`: the base path's ACL does
                         // not let us create children).
-                        Err(e) => return Err(e),
+                        Some(Err(e)) => return Err(e),
                     }
                 }
                 Err(e) if is_uncertain(&e) => {
@@ -196,8 +209,8 @@ impl Contender {
         };
         let path = format!("{}/{}", self.dir, node.name);
         let until = Instant::now() + WITHDRAW_BOUND;
-        // The holder may release meanwhile: the directory goes too if it is left empty.
-        match delete_node_and_dir(&self.client, &path, &self.dir, until).await {
+        // The directory stays, for the container reaper (see `create`).
+        match delete(&self.client, &path, until).await {
             Ok(_) => self.node = None,
             Err(e) => {
                 tracing::debug!(backend = NAME, path, error = %e, "withdrawal continues in the background");
@@ -232,7 +245,6 @@ impl Contender {
         let held = ZookeeperHeld {
             client: self.client.clone(),
             key: key.to_owned(),
-            dir: std::mem::take(&mut self.dir),
             path,
             gone,
         };
@@ -275,7 +287,6 @@ impl Drop for Contender {
                     tracing::warn!(backend = NAME, path, error = %e, "could not delete an abandoned lock node; it goes when the session ends");
                 }
             }
-            delete_dir_if_empty(&client, &dir).await;
         });
     }
 }

@@ -13,7 +13,7 @@ use zookeeper_client::{self as zk, EventType, SessionState};
 
 use crate::NAME;
 use crate::error::{Error, is_session_over};
-use crate::request::delete_node_and_dir;
+use crate::request::delete;
 use crate::session::{connected, lost_after_disconnect};
 
 /// Resolves when our node is gone: deleted, or its session ended. One per held node,
@@ -25,7 +25,6 @@ pub(crate) type NodeGone = Shared<BoxFuture<'static, LostReason>>;
 pub(crate) struct ZookeeperHeld {
     pub(crate) client: zk::Client,
     pub(crate) key: String,
-    pub(crate) dir: String,
     pub(crate) path: String,
     pub(crate) gone: NodeGone,
 }
@@ -83,20 +82,20 @@ impl Held for ZookeeperHeld {
         }
     }
 
-    /// Delete our node, and the key directory with it when no one else waits (both sent at
-    /// once: one round trip). On a lost connection the delete is retried; if it cannot
-    /// finish in time a background task keeps trying while the session lives.
+    /// Delete our node: one write, one round trip. The key directory stays, empty or not,
+    /// for the next acquire or the server's container reaper (see [Release](crate#protocol)).
+    /// On a lost connection the delete is retried; if it cannot finish in time a background
+    /// task keeps trying while the session lives.
     async fn release(&mut self) -> Result<()> {
-        match delete_node_and_dir(&self.client, &self.path, &self.dir, self.until()).await {
+        match delete(&self.client, &self.path, self.until()).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(self.not_held(LostReason::NotHeld)),
             Err(e) if is_session_over(&e) => Err(self.not_held(LostReason::NotHeld)),
             Err(e) => {
-                let (client, path, dir) =
-                    (self.client.clone(), self.path.clone(), self.dir.clone());
+                let (client, path) = (self.client.clone(), self.path.clone());
                 dlock_core::raw::spawn_cleanup(async move {
                     let until = Instant::now() + client.session_timeout() * 2;
-                    let _ = delete_node_and_dir(&client, &path, &dir, until).await;
+                    let _ = delete(&client, &path, until).await;
                 });
                 Err(Error::zk("release", e).into())
             }

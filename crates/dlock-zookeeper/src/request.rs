@@ -1,12 +1,11 @@
 //! Requests that outlive a dropped connection: sent again once the client is connected,
-//! within a time bound, and the deletes of lock nodes and key directories built on them.
+//! within a time bound, and the delete of a lock node built on them.
 
 use std::future::Future;
 
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::NAME;
 use crate::error::is_uncertain;
 use crate::session::connected;
 
@@ -67,42 +66,4 @@ pub(crate) async fn delete(
     tokio::time::timeout_at(until, attempts)
         .await
         .unwrap_or(Err(zk::Error::Timeout))
-}
-
-/// Delete a key's directory if it is empty (best effort: a contender may be using it).
-/// Container nodes are reaped by the server too, but only at its check interval.
-pub(crate) async fn delete_dir_if_empty(client: &zk::Client, dir: &str) {
-    match client.delete(dir, None).await {
-        Ok(()) | Err(zk::Error::NoNode | zk::Error::NotEmpty) => {}
-        Err(e) => {
-            tracing::debug!(backend = NAME, dir, error = %e, "could not remove the key directory")
-        }
-    }
-}
-
-/// Delete our node and, in the same round trip, the key directory if that leaves it empty
-/// (`NotEmpty` while others wait). `Ok(true)` when the node was deleted, `Ok(false)` when it
-/// was not there; after a lost connection the node's delete is retried by `until`.
-pub(crate) async fn delete_node_and_dir(
-    client: &zk::Client,
-    path: &str,
-    dir: &str,
-    until: Instant,
-) -> Result<bool, zk::Error> {
-    let node = client.delete(path, None);
-    let dir_deleted = client.delete(dir, None);
-    let pipelined = futures::future::join(node, dir_deleted);
-    let (node, _) = tokio::time::timeout_at(until, pipelined)
-        .await
-        .map_err(|_| zk::Error::Timeout)?;
-    match node {
-        Ok(()) => Ok(true),
-        Err(zk::Error::NoNode) => Ok(false),
-        Err(e) if is_uncertain(&e) => {
-            delete(client, path, until).await?;
-            delete_dir_if_empty(client, dir).await;
-            Ok(true)
-        }
-        Err(e) => Err(e),
-    }
 }

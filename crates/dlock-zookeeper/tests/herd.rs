@@ -100,7 +100,7 @@ async fn one_release_wakes_one_waiter() {
     wait_for_nodes(&harness, &key, 0).await;
 }
 
-/// Wait until `key`'s directory holds `n` lock nodes (`0`: until the directory is gone).
+/// Wait until `key`'s directory holds `n` lock nodes (`0`: empty, or gone).
 async fn wait_for_nodes(harness: &ZookeeperHarness, key: &str, n: usize) {
     let zk = harness.raw().await.expect("raw client");
     let dir = harness.config().key_dir(key);

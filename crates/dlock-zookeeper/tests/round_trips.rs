@@ -39,7 +39,19 @@ async fn round_trips_per_operation() {
         assert_eq!(rounds, expected, "{what} took {took:?}");
     };
 
-    // The key directory is made in the same round trip as our node.
+    // The base path exists (made without the proxy), so only the key directory is missing
+    // on first use: `NoNode`, then the directory is made with our node, one round trip more.
+    let direct = harness.client().await.expect("direct client");
+    let base_made = format!("rtt-{}/base", uuid::Uuid::new_v4().simple());
+    let lease = direct.try_acquire(&base_made, &opts).await.expect("try");
+    lease.expect("free").release().await.expect("release");
+    let (lease, took) = timed(a.try_acquire(&key, &opts)).await;
+    let lease = lease.expect("try_acquire").expect("free");
+    check("try_acquire, new key (directory missing)", took, 2);
+    let (released, took) = timed(lease.release()).await;
+    released.expect("release");
+    check("release", took, 1);
+    // The directory stays after the release: one round trip from now on.
     let (lease, took) = timed(a.try_acquire(&key, &opts)).await;
     let lease = lease.expect("try_acquire").expect("free");
     check("try_acquire, key free", took, 1);
@@ -77,8 +89,7 @@ async fn round_trips_per_operation() {
     );
     let (released, took) = timed(lease.release()).await;
     released.expect("release");
-    check("release, last holder (directory removed too)", took, 1);
-    // The directory went with the last release, and comes back in the same round trip.
+    check("release, last holder", took, 1);
     let (lease, took) = timed(b.try_acquire(&key, &opts)).await;
     let lease = lease.expect("try_acquire").expect("free");
     check("try_acquire, key free again", took, 1);
