@@ -170,7 +170,7 @@ impl Workload {
     /// exclusive (staggered across clients), every other workload is exclusive.
     fn mode(self, i: usize, n: usize) -> Mode {
         match self {
-            Workload::ReadMostly if (n + i) % 10 != 0 => Mode::Shared,
+            Workload::ReadMostly if !(n + i).is_multiple_of(10) => Mode::Shared,
             _ => Mode::Exclusive,
         }
     }
