@@ -103,6 +103,21 @@ impl EtcdBackend {
     pub fn open_leases(&self) -> Vec<i64> {
         self.conn.shared.open_leases()
     }
+
+    /// Ids of this client's shared leases that hold no key now and linger (one ttl, kept
+    /// alive) for its next acquire; a subset of [`Self::open_leases`]. They are revoked when
+    /// the linger ends or this client (its last clone) is dropped. For diagnostics and leak
+    /// tests.
+    pub fn idle_shared_leases(&self) -> Vec<i64> {
+        self.conn.shared.shared_leases.idle()
+    }
+}
+
+impl Drop for EtcdBackend {
+    fn drop(&mut self) {
+        // Nobody can acquire through this client any more: nothing to linger for.
+        self.conn.shared.shared_leases.close();
+    }
 }
 
 impl fmt::Debug for EtcdBackend {
