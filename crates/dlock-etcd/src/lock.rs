@@ -175,13 +175,10 @@ impl Backend for EtcdBackend {
             let prefix = format!("{}/", self.config.lock_name(key));
             let my_key = match &lease {
                 KeyLease::Own(own) => format!("{prefix}{:x}", own.id),
-                // One key per attempt on the shared lease, so that deleting a cancelled
-                // attempt's key can never delete a later attempt's.
-                KeyLease::Shared(shared) => format!(
-                    "{prefix}{:x}-{:x}",
-                    shared.lease.id,
-                    self.conn.shared.attempts.fetch_add(1, Ordering::Relaxed)
-                ),
+                KeyLease::Shared(shared) => self
+                    .conn
+                    .shared
+                    .claim_key(format!("{prefix}{:x}", shared.lease.id)),
             };
             let mut pending = Pending {
                 conn: &self.conn,
@@ -209,6 +206,7 @@ impl Backend for EtcdBackend {
             match (outcome, lease) {
                 (Outcome::LeaseGone, KeyLease::Shared(shared)) if rounds == 0 => {
                     rounds += 1;
+                    self.conn.shared.unclaim_key(&my_key);
                     shared.lease.declare_lost(&self.conn);
                 }
                 (Outcome::LeaseGone, _) => {
@@ -228,9 +226,12 @@ impl Backend for EtcdBackend {
                         }
                     }
                     KeyLease::Shared(shared) => {
-                        if let Err(e) = self.conn.delete_key("acquire", &my_key, None).await {
-                            tracing::debug!(backend = NAME, key, error = %e, "delete after a busy try failed; retried in the background");
-                            delete_in_background(self.conn.clone(), my_key, None, Some(shared));
+                        match self.conn.delete_key("acquire", &my_key, None).await {
+                            Ok(_) => self.conn.shared.unclaim_key(&my_key),
+                            Err(e) => {
+                                tracing::debug!(backend = NAME, key, error = %e, "delete after a busy try failed; retried in the background");
+                                delete_in_background(self.conn.clone(), my_key, None, Some(shared));
+                            }
                         }
                     }
                 }

@@ -369,6 +369,7 @@ pub(crate) fn delete_in_background(
                 }
             }
         }
+        conn.shared.unclaim_key(&key);
         drop(lease);
     });
     if !spawned {
