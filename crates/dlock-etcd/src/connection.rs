@@ -88,7 +88,8 @@ impl Shared {
             false => base,
             true => format!(
                 "{base}-{:x}",
-                self.attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                self.attempts
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             ),
         };
         claimed.insert(name.clone());
