@@ -2,7 +2,7 @@
 //! timeout and sends again a request that never left; [`revision`] and [`ranged`] read
 //! etcd's answers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -38,8 +38,11 @@ pub(crate) struct Conn {
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
     pub(crate) wakeups: AtomicU64,
-    /// Numbers the attempts' keys on shared leases.
+    /// Numbers the attempts' keys on shared leases whose plain name is taken.
     pub(crate) attempts: AtomicU64,
+    /// Names of the keys on shared leases that an attempt, a hold or a background delete
+    /// of this client uses (see [`Shared::claim_key`]).
+    claimed: Mutex<HashSet<String>>,
     /// Leases granted (or being granted) and not yet seen gone, with the instant by which
     /// the server has certainly expired those no longer kept alive (a revoke that failed).
     /// Those are forgotten once that instant passes, so the map stays bounded by the leases
@@ -71,6 +74,34 @@ impl Shared {
         if let Some(gone_by) = self.leases().get_mut(&id) {
             *gone_by = Some(Instant::now() + ttl);
         }
+    }
+
+    /// A name for a new attempt's key on a shared lease: `base` (`{lock name}/{lease id}`,
+    /// Go's layout), or, while something of ours still uses that name (a hold, or the
+    /// background delete of an abandoned attempt, which must never delete a later
+    /// attempt's key), `base-{attempt number}`. Reusing one name per lease and lock keeps
+    /// the prefix's ranges short: etcd's range walks every name under the prefix that
+    /// has history since the last compaction, one per attempt if each had a new name.
+    pub(crate) fn claim_key(&self, base: String) -> String {
+        let mut claimed = self.claimed.lock().unwrap_or_else(|e| e.into_inner());
+        let name = match claimed.contains(&base) {
+            false => base,
+            true => format!(
+                "{base}-{:x}",
+                self.attempts
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ),
+        };
+        claimed.insert(name.clone());
+        name
+    }
+
+    /// Nothing of ours uses `name` any more: it is deleted, or was never put.
+    pub(crate) fn unclaim_key(&self, name: &str) {
+        self.claimed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
     }
 
     /// Ids of the leases that may still exist on the server.

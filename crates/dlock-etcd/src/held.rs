@@ -160,6 +160,17 @@ impl EtcdHeld {
     }
 }
 
+impl Drop for EtcdHeld {
+    fn drop(&mut self) {
+        // Dropped unreleased: a key on the shared lease would outlive the hold (the lease
+        // lingers), so it is deleted in the background; an own lease is revoked on drop.
+        if let Some(KeyLease::Shared(shared)) = self.lease.take() {
+            let key = std::mem::take(&mut self.my_key);
+            delete_in_background(self.conn.clone(), key, Some(self.rev), Some(shared));
+        }
+    }
+}
+
 #[async_trait]
 impl Held for EtcdHeld {
     async fn release(&mut self) -> Result<()> {
@@ -182,7 +193,10 @@ impl Held for EtcdHeld {
                 Some(self.rev),
                 Some(shared),
             ),
-            KeyLease::Shared(shared) => drop(shared),
+            KeyLease::Shared(shared) => {
+                self.conn.shared.unclaim_key(&self.my_key);
+                drop(shared);
+            }
         }
         match deleted? {
             true => Ok(()),

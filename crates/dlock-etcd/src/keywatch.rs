@@ -1,10 +1,12 @@
 //! The watch on held keys: one watch stream per client carries one watch per held key
 //! ([`Conn::watch_held`]), so a hold costs one message to watch (no round trip, no stream
-//! of its own) and nothing per renewal. A deletion fires that hold's lost signal.
+//! of its own) and nothing per renewal. A deletion fires that hold's lost signal. The
+//! watch starts [`WATCH_AFTER`] into the hold, from the revision the hold was won at, so
+//! a short hold costs no watch at all and a deletion meanwhile is still seen.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use etcd_client::{
@@ -14,6 +16,14 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::NAME;
 use crate::connection::Conn;
+
+/// How long into a hold its watch starts. Under load a watch costs the server (and this
+/// client) a create, a cancel and a catch-up from a past revision, about as much as the
+/// lock's put: measured, holds of 0 ms on 8 and 32 keys at once cycled 1.5 to 1.6 times
+/// faster without it. The watch starts at the revision the hold was won at, so a
+/// deletion before it is still delivered: `lost()` fires at most this much later (etcd
+/// catches a watch from the past up every 100 ms anyway).
+const WATCH_AFTER: Duration = Duration::from_millis(100);
 
 /// How long to wait before opening the stream again after it broke.
 const REOPEN_AFTER: Duration = Duration::from_millis(200);
@@ -47,16 +57,29 @@ struct Watched {
     deleted: oneshot::Sender<()>,
 }
 
-/// A hold's watch: the watch is canceled when this is dropped.
+/// A hold's watch: the watch is canceled when this is dropped (or never made).
 #[derive(Debug)]
 pub(crate) struct HeldWatch {
     id: i64,
     commands: mpsc::UnboundedSender<Command>,
+    /// `Started` once the watch was sent; `Dropped` keeps a late start from sending it.
+    phase: Arc<Mutex<Phase>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Pending,
+    Started,
+    Dropped,
 }
 
 impl Drop for HeldWatch {
     fn drop(&mut self) {
-        let _ = self.commands.send(Command::Cancel(self.id));
+        let mut phase = self.phase.lock().unwrap_or_else(|e| e.into_inner());
+        if *phase == Phase::Started {
+            let _ = self.commands.send(Command::Cancel(self.id));
+        }
+        *phase = Phase::Dropped;
     }
 }
 
@@ -87,8 +110,27 @@ impl Conn {
             from,
             deleted,
         };
-        let _ = commands.send(Command::Watch(watched));
-        (HeldWatch { id, commands }, fired)
+        let phase = Arc::new(Mutex::new(Phase::Pending));
+        let start = {
+            let (commands, phase) = (commands.clone(), phase.clone());
+            async move {
+                tokio::time::sleep(WATCH_AFTER).await;
+                let mut phase = phase.lock().unwrap_or_else(|e| e.into_inner());
+                if *phase == Phase::Pending {
+                    let _ = commands.send(Command::Watch(watched));
+                    *phase = Phase::Started;
+                }
+            }
+        };
+        tokio::spawn(start);
+        (
+            HeldWatch {
+                id,
+                commands,
+                phase,
+            },
+            fired,
+        )
     }
 }
 

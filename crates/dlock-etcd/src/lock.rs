@@ -103,6 +103,21 @@ impl EtcdBackend {
     pub fn open_leases(&self) -> Vec<i64> {
         self.conn.shared.open_leases()
     }
+
+    /// Ids of this client's shared leases that hold no key now and linger (one ttl, kept
+    /// alive) for its next acquire; a subset of [`Self::open_leases`]. They are revoked when
+    /// the linger ends or this client (its last clone) is dropped. For diagnostics and leak
+    /// tests.
+    pub fn idle_shared_leases(&self) -> Vec<i64> {
+        self.conn.shared.shared_leases.idle()
+    }
+}
+
+impl Drop for EtcdBackend {
+    fn drop(&mut self) {
+        // Nobody can acquire through this client any more: nothing to linger for.
+        self.conn.shared.shared_leases.close();
+    }
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -160,13 +175,10 @@ impl Backend for EtcdBackend {
             let prefix = format!("{}/", self.config.lock_name(key));
             let my_key = match &lease {
                 KeyLease::Own(own) => format!("{prefix}{:x}", own.id),
-                // One key per attempt on the shared lease, so that deleting a cancelled
-                // attempt's key can never delete a later attempt's.
-                KeyLease::Shared(shared) => format!(
-                    "{prefix}{:x}-{:x}",
-                    shared.lease.id,
-                    self.conn.shared.attempts.fetch_add(1, Ordering::Relaxed)
-                ),
+                KeyLease::Shared(shared) => self
+                    .conn
+                    .shared
+                    .claim_key(format!("{prefix}{:x}", shared.lease.id)),
             };
             let mut pending = Pending {
                 conn: &self.conn,
@@ -194,6 +206,7 @@ impl Backend for EtcdBackend {
             match (outcome, lease) {
                 (Outcome::LeaseGone, KeyLease::Shared(shared)) if rounds == 0 => {
                     rounds += 1;
+                    self.conn.shared.unclaim_key(&my_key);
                     shared.lease.declare_lost(&self.conn);
                 }
                 (Outcome::LeaseGone, _) => {
@@ -213,9 +226,12 @@ impl Backend for EtcdBackend {
                         }
                     }
                     KeyLease::Shared(shared) => {
-                        if let Err(e) = self.conn.delete_key("acquire", &my_key, None).await {
-                            tracing::debug!(backend = NAME, key, error = %e, "delete after a busy try failed; retried in the background");
-                            delete_in_background(self.conn.clone(), my_key, None, Some(shared));
+                        match self.conn.delete_key("acquire", &my_key, None).await {
+                            Ok(_) => self.conn.shared.unclaim_key(&my_key),
+                            Err(e) => {
+                                tracing::debug!(backend = NAME, key, error = %e, "delete after a busy try failed; retried in the background");
+                                delete_in_background(self.conn.clone(), my_key, None, Some(shared));
+                            }
                         }
                     }
                 }

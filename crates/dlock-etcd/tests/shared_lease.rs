@@ -6,8 +6,9 @@ mod common;
 use std::time::Duration;
 
 use common::EtcdHarness;
+use dlock_conformance::Harness;
 use dlock_core::{DistributedLock, LockOptions};
-use tokio::time::{sleep, timeout};
+use tokio::time::{Instant, sleep, timeout};
 
 fn fresh_key(label: &str) -> String {
     format!("dlock-shared-{}/{label}", uuid::Uuid::new_v4().simple())
@@ -92,5 +93,62 @@ async fn revoking_the_shared_lease_loses_exactly_the_holds_on_it() {
     }
     for lease in [again, unrenewed, other] {
         lease.release().await.expect("release");
+    }
+}
+
+/// The lease a client's last hold leaves lingers one ttl, holding no key, and the next
+/// acquire reuses it (no grant, no revoke per cycle); then it is revoked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_shared_lease_is_reused_within_its_linger_then_revoked() {
+    let harness = EtcdHarness::from_env();
+    let lock = harness.lock().await;
+    let opts = LockOptions::new().ttl(Duration::from_secs(2));
+    let key = fresh_key("k");
+    let first = lock.try_acquire(&key, &opts).await.unwrap().expect("free");
+    let lease_id = harness.lock_keys(&key).await[0].lease();
+    first.release().await.expect("release");
+    assert_eq!(lock.backend().idle_shared_leases(), [lease_id]);
+
+    let again = lock.try_acquire(&key, &opts).await.unwrap().expect("free");
+    assert_eq!(
+        harness.lock_keys(&key).await[0].lease(),
+        lease_id,
+        "the lingering lease is reused"
+    );
+    again.release().await.expect("release");
+
+    let mut raw = harness.raw().await;
+    let started = Instant::now();
+    while raw.lease_time_to_live(lease_id, None).await.unwrap().ttl() != -1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "the idle lease outlived its 2 s linger"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    assert!(lock.backend().open_leases().is_empty());
+}
+
+/// Dropping the client revokes its idle shared lease at once, without waiting for the linger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_client_revokes_its_idle_shared_lease() {
+    let harness = EtcdHarness::from_env();
+    // Not the harness's client: the harness keeps a clone of those.
+    let lock = dlock_etcd::from_url(&harness.url()).await.expect("connect");
+    let opts = LockOptions::new().ttl(Duration::from_secs(60));
+    let key = fresh_key("k");
+    let held = lock.try_acquire(&key, &opts).await.unwrap().expect("free");
+    let lease_id = harness.lock_keys(&key).await[0].lease();
+    held.release().await.expect("release");
+    drop(lock);
+
+    let mut raw = harness.raw().await;
+    let started = Instant::now();
+    while raw.lease_time_to_live(lease_id, None).await.unwrap().ttl() != -1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "the idle lease of a dropped client is not revoked"
+        );
+        sleep(Duration::from_millis(50)).await;
     }
 }
