@@ -173,7 +173,7 @@ pub(crate) fn analyse(input: &Input<'_>) -> Analysis {
 }
 
 /// Every pair of holds of a key where the later started while the earlier was still
-/// trusted (not released, not told it was lost).
+/// trusted (not released, not told it was lost), unless both are shared.
 fn overlaps<'a>(
     by_key: &BTreeMap<&str, Vec<&'a HoldRec>>,
     run_end: u64,
@@ -183,7 +183,12 @@ fn overlaps<'a>(
         let mut active: Vec<&HoldRec> = Vec::new();
         for &hold in holds {
             active.retain(|a| a.trusted_until(run_end) > hold.start);
-            pairs.extend(active.iter().map(|&a| (a, hold)));
+            pairs.extend(
+                active
+                    .iter()
+                    .filter(|a| !(a.shared && hold.shared))
+                    .map(|&a| (a, hold)),
+            );
             active.push(hold);
         }
     }
@@ -261,7 +266,11 @@ fn cross_check(input: &Input<'_>, pairs: &[(&HoldRec, &HoldRec)], out: &mut Anal
             client: i,
             key: h.key.clone(),
             token: h.token,
-            mode: dlock_core::Mode::Exclusive,
+            mode: if h.shared {
+                dlock_core::Mode::Shared
+            } else {
+                dlock_core::Mode::Exclusive
+            },
             start: at(h.start),
             end: at(h.end.unwrap_or(input.run_end)),
             lost_at: h.lost_at.map(at),
@@ -285,24 +294,24 @@ fn cross_check(input: &Input<'_>, pairs: &[(&HoldRec, &HoldRec)], out: &mut Anal
 }
 
 /// A hold must get a greater token than every hold that had surely been granted before it
-/// was even requested (started before its acquire was called).
+/// was even requested (started before its acquire was called); a shared hold, than every
+/// such exclusive hold.
 fn token_order(input: &Input<'_>, by_key: &BTreeMap<&str, Vec<&HoldRec>>, out: &mut Analysis) {
     for holds in by_key.values() {
-        // holds are sorted by start; prefix maxima of tokens.
-        let mut best: Vec<&HoldRec> = Vec::with_capacity(holds.len());
-        for &h in holds {
-            let top = match best.last() {
-                Some(&b) if b.token >= h.token => b,
-                _ => h,
-            };
-            best.push(top);
-        }
+        // holds are sorted by start.
+        let exclusive: Vec<&HoldRec> = holds.iter().copied().filter(|h| !h.shared).collect();
+        let (tops_all, tops_exclusive) = (prefix_tops(holds), prefix_tops(&exclusive));
         for &later in holds {
-            let before = holds.partition_point(|h| h.start < later.requested);
+            let (rivals, tops) = if later.shared {
+                (&exclusive, &tops_exclusive)
+            } else {
+                (holds, &tops_all)
+            };
+            let before = rivals.partition_point(|h| h.start < later.requested);
             if before == 0 {
                 continue;
             }
-            let top = best[before - 1];
+            let top = tops[before - 1];
             if top.token >= later.token {
                 out.violations.push(Violation::new(
                     "token regression",
@@ -318,6 +327,19 @@ fn token_order(input: &Input<'_>, by_key: &BTreeMap<&str, Vec<&HoldRec>>, out: &
             }
         }
     }
+}
+
+/// For each prefix of `holds`, the hold with the greatest token in it.
+fn prefix_tops<'a>(holds: &[&'a HoldRec]) -> Vec<&'a HoldRec> {
+    let mut tops: Vec<&HoldRec> = Vec::with_capacity(holds.len());
+    for &h in holds {
+        let top = match tops.last() {
+            Some(&b) if b.token >= h.token => b,
+            _ => h,
+        };
+        tops.push(top);
+    }
+    tops
 }
 
 /// The store never went backwards, gave no two holds the same token, and rejected nothing
@@ -383,6 +405,7 @@ mod tests {
             process,
             key: "k".into(),
             token,
+            shared: false,
             requested: start.saturating_sub(10),
             start,
             end: Some(end),
@@ -455,6 +478,45 @@ mod tests {
         let a = run(&holds, &log, &[], caps(FaultSafety::Fenced));
         assert!(a.violations.is_empty(), "{:?}", a.violations);
         assert_eq!(a.holds, 2);
+    }
+
+    fn read(id: u64, process: u32, token: u64, start: u64, end: u64) -> HoldRec {
+        HoldRec {
+            shared: true,
+            ..hold(id, process, token, start, end)
+        }
+    }
+
+    #[test]
+    fn readers_overlap_each_other_but_not_a_writer() {
+        let readers = [read(1, 1, 1, S, 3 * S), read(2, 2, 2, 2 * S, 4 * S)];
+        let a = run(&readers, &[], &[], caps(FaultSafety::Fenced));
+        assert!(a.violations.is_empty(), "{:?}", a.violations);
+        let writer_among = [read(1, 1, 1, S, 3 * S), hold(2, 2, 2, 2 * S, 4 * S)];
+        let a = run(&writer_among, &[], &[], caps(FaultSafety::Fenced));
+        assert_eq!(a.violations.len(), 1, "{:?}", a.violations);
+        assert_eq!(a.violations[0].what, "overlap");
+    }
+
+    #[test]
+    fn a_writer_token_tops_earlier_readers_and_a_reader_token_earlier_writers() {
+        let ok = [
+            hold(1, 1, 5, S, 2 * S),
+            read(2, 2, 6, 3 * S, 4 * S),
+            read(3, 1, 6, 3 * S, 4 * S),
+        ];
+        assert!(
+            run(&ok, &[], &[], caps(FaultSafety::Fenced))
+                .violations
+                .is_empty()
+        );
+        let writer_low = [read(1, 1, 7, S, 2 * S), hold(2, 2, 6, 3 * S, 4 * S)];
+        let a = run(&writer_low, &[], &[], caps(FaultSafety::Fenced));
+        assert_eq!(a.violations.len(), 1, "{:?}", a.violations);
+        assert_eq!(a.violations[0].what, "token regression");
+        let reader_low = [hold(1, 1, 7, S, 2 * S), read(2, 2, 7, 3 * S, 4 * S)];
+        let a = run(&reader_low, &[], &[], caps(FaultSafety::Fenced));
+        assert_eq!(a.violations.len(), 1, "{:?}", a.violations);
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub(crate) struct Config {
     /// Accept memory:// (each worker then has a lock of its own): the self-test that the
     /// checks catch a lock that does not exclude.
     pub(crate) allow_memory: bool,
+    /// The share of holds taken shared where the backend declares shared holds.
+    pub(crate) read_share: f64,
 }
 
 /// Timings derived from the backend's expiry and the ttl.
@@ -140,6 +142,7 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
             format!("--ttl={}ms", cfg.ttl.as_millis()),
             format!("--wait={}ms", timings.wait.as_millis()),
             format!("--seed={}", cfg.seed),
+            format!("--read-share={}", cfg.read_share),
         ],
     };
     for _ in 0..cfg.workers.max(1) {

@@ -86,6 +86,10 @@ struct Cli {
     /// (the self-test of the checks).
     #[arg(long, hide = true)]
     allow_memory: bool,
+    /// The share of holds taken shared (read), from 0 to 1, on a backend that declares
+    /// shared holds (`Capabilities::shared`); elsewhere every hold is exclusive.
+    #[arg(long, default_value_t = 0.5)]
+    read_share: f64,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -126,6 +130,10 @@ fn main() -> ExitCode {
             }
         };
     }
+    if !(0.0..=1.0).contains(&cli.read_share) {
+        eprintln!("torture: --read-share must be between 0 and 1");
+        return ExitCode::from(2);
+    }
     let seed = cli.seed.unwrap_or_else(rand::random);
     let cfg = coordinator::Config {
         url: cli.backend.expect("clap requires --backend"),
@@ -141,6 +149,7 @@ fn main() -> ExitCode {
         units: cli.units,
         backends_script: cli.backends_script,
         allow_memory: cli.allow_memory,
+        read_share: cli.read_share,
     };
     let report = match runtime.block_on(coordinator::run(cfg)) {
         Ok(report) => report,

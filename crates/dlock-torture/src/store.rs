@@ -20,6 +20,8 @@ pub(crate) struct HoldRec {
     pub(crate) process: u32,
     pub(crate) key: String,
     pub(crate) token: u64,
+    /// A shared (read) hold, which may overlap other shared holds.
+    pub(crate) shared: bool,
     /// When `acquire` was called.
     pub(crate) requested: u64,
     /// When `acquire` returned.
@@ -95,6 +97,7 @@ impl State {
                 token,
                 requested,
                 at,
+                shared,
             } => {
                 // A message that was on its way when the process died ends at its death.
                 let exit = self.exits.get(&process).copied();
@@ -105,6 +108,7 @@ impl State {
                         process,
                         key,
                         token,
+                        shared,
                         requested,
                         start: at,
                         end: exit.map(|(t, _)| t),
@@ -295,6 +299,7 @@ mod tests {
             token: hold,
             requested: at - 1,
             at,
+            shared: false,
         };
         r.apply(1, acquired(10, 100));
         assert_eq!(r.held_by(1), ["k"]);

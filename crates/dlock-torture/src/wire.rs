@@ -15,6 +15,9 @@ pub(crate) enum Msg {
         token: u64,
         requested: u64,
         at: u64,
+        /// A shared (read) hold; it writes nothing to the store.
+        #[serde(default)]
+        shared: bool,
     },
     /// A write to the fenced store, carrying the hold's token (answered).
     Write { hold: u64, key: String, token: u64 },
@@ -46,6 +49,7 @@ mod tests {
             token: 42,
             requested: 1,
             at: 2,
+            shared: true,
         };
         let line = serde_json::to_string(&msg).unwrap();
         assert!(!line.contains('\n'));

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Args;
-use dlock::{DistributedLock, LockOptions, Wait};
+use dlock::{DistributedLock, LockOptions, Mode, Wait};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
@@ -47,6 +47,9 @@ pub(crate) struct WorkerArgs {
     pub(crate) wait: Duration,
     #[arg(long)]
     pub(crate) seed: u64,
+    /// The share of holds taken shared (read), where the backend declares shared holds.
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) read_share: f64,
 }
 
 /// How long a worker keeps trying to connect (the server may be down when it is spawned).
@@ -173,10 +176,21 @@ async fn contend(
 ) -> Result<(), String> {
     let store = Store::connect(args.store, args.process).await?;
     let opts = LockOptions::new().ttl(args.ttl).wait(Wait::For(args.wait));
+    let read_share = if client.capabilities().shared {
+        args.read_share.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
     while !*stop.borrow() {
         let key = &args.keys[rng.random_range(0..args.keys.len())];
+        let shared = rng.random_bool(read_share);
+        let mode = if shared {
+            Mode::Shared
+        } else {
+            Mode::Exclusive
+        };
         let requested = now_ns();
-        let lease = match client.acquire(key, &opts).await {
+        let lease = match client.acquire(key, &opts.mode(mode)).await {
             Ok(lease) => lease,
             Err(e) => {
                 store
@@ -199,6 +213,7 @@ async fn contend(
                 token,
                 requested,
                 at,
+                shared,
             })
             .await?;
         let watcher = tokio::spawn({
@@ -217,8 +232,8 @@ async fn contend(
                 }
             }
         });
-        // The critical section: a few writes, a little apart; one hold in eight is long
-        // (half a ttl to two ttls), so that faults find holders that renew.
+        // The critical section: a few writes (a reader only waits), a little apart; one hold
+        // in eight is long (half a ttl to two ttls), so that faults find holders that renew.
         let (writes, gap) = if rng.random_ratio(1, 8) {
             let span = args.ttl.mul_f64(rng.random_range(0.5..2.0));
             (5, span / 5)
@@ -227,7 +242,7 @@ async fn contend(
         };
         for _ in 0..writes {
             tokio::time::sleep(gap.mul_f64(rng.random_range(0.0..1.0))).await;
-            if lease.is_lost() || !store.write(hold, key, token).await? {
+            if lease.is_lost() || (!shared && !store.write(hold, key, token).await?) {
                 break;
             }
         }
