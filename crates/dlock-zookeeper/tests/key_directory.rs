@@ -12,8 +12,9 @@ use dlock_conformance::Harness;
 use dlock_core::LockOptions;
 use tokio::time::{Instant, sleep};
 
-/// The server's container check interval (`znode.container.checkIntervalMs`, not set by
-/// `scripts/backends`: the default).
+/// The longest container check interval these tests allow for: the server's default
+/// (`znode.container.checkIntervalMs`, 60 s). `scripts/backends` starts its servers with 5 s,
+/// so that a reaper pass comes within seconds and the test does not hold up the suite.
 const CHECK_INTERVAL: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
