@@ -24,13 +24,12 @@ use crate::backend::{Batch, Inner, run_into};
 use crate::error::Error;
 use crate::held::MysqlHeld;
 use crate::pool::Lent;
-use crate::sql::{self, End, LOCK_WAIT_ROUND, Sql};
+use crate::sql::{self, End, LOCK_WAIT_ROUND, Sql, Tokens};
 
 /// How long a killed statement gets to answer before the next, stronger kill.
 const KILL_GRACE: Duration = Duration::from_secs(1);
-/// How often an acquire may start over (the row vanished under it because a releasing
-/// client deleted it, or InnoDB picked it as a deadlock victim) before it gives up as a
-/// server problem.
+/// How often an acquire may start over (its row missing, or InnoDB picked it as a deadlock
+/// victim) before it gives up as a server problem.
 const MAX_RESTARTS: u32 = 100;
 
 type Answer = Result<Option<Grant>>;
@@ -74,11 +73,14 @@ pub(crate) enum Why {
 
 /// Where an acquire stands after a step.
 enum Step {
-    /// The row lock is ours.
-    Granted,
+    /// The row lock is ours, with the token the locking statement drew (`0` where tokens
+    /// come from counters).
+    Granted(u64),
+    /// The key's row does not exist yet (first use, or an operator deleted it): create it.
+    Missing,
     /// Another session holds the row; the transaction holds nothing.
     Busy,
-    /// Start over: roll back (holding nothing) and try again.
+    /// Start over: roll back (holding nothing) and try again, creating the row.
     Restart,
     /// The idle connection taken from the pool was dead (nothing ran): take a new one.
     Replace,
@@ -106,6 +108,9 @@ pub(crate) struct Attempt {
     idle: u32,
     deadline: Deadline,
     reply: Reply,
+    /// When the statement that was granted the row was sent: the session was busy from
+    /// then until the grant, so its idle clock cannot end the lease earlier than ttl after.
+    sent_at: Instant,
 }
 
 impl Attempt {
@@ -124,6 +129,7 @@ impl Attempt {
             idle: sql::idle_seconds(ttl),
             deadline,
             reply: Reply(Some(reply)),
+            sent_at: Instant::now(),
         }
     }
 
@@ -144,20 +150,26 @@ impl Attempt {
             return Ok(None);
         };
         let mut lent = lent?;
+        let mut create = false;
         for _ in 0..MAX_RESTARTS {
-            let step = match self.try_take(&mut lent).await {
+            let step = match self.try_take(&mut lent, create).await {
                 Step::Busy if self.deadline.may_wait() => self.wait_take(&mut lent).await,
                 step => step,
             };
             match step {
-                Step::Granted => return self.granted(lent).await,
+                Step::Granted(token) => return self.granted(lent, token).await,
+                // The row's transaction is ended by the creating batch.
+                Step::Missing if !create => create = true,
                 Step::Busy => {
                     // Answer first; the roll-back only tidies the connection.
                     let _ = self.reply.send(Ok(None));
                     self.inner.give_back_clean(lent, Sql::rollback()).await;
                     return Ok(None);
                 }
-                Step::Restart => self.rollback(&mut lent).await?,
+                Step::Missing | Step::Restart => {
+                    create = true;
+                    self.rollback(&mut lent).await?;
+                }
                 Step::Replace => {
                     // An idle connection had died (server restart, idle timeout); the new
                     // one is fresh, so this happens once per acquire at most.
@@ -171,7 +183,7 @@ impl Attempt {
                     };
                     // Answer at once, then put the connection right.
                     let _ = self.reply.send(answer);
-                    self.inner.settle(lent, late, &self.name).await;
+                    self.inner.settle(lent, late).await;
                     return Ok(None);
                 }
                 Step::Failed(e) => return Err(e.into()),
@@ -184,10 +196,11 @@ impl Attempt {
         ))
     }
 
-    /// Step 1: create the row if missing, and lock it without waiting.
-    async fn try_take(&mut self, lent: &mut Lent) -> Step {
-        let sql = self.inner.sql.try_take(&self.name, self.idle);
-        let silent = Instant::now() + self.inner.config.response_timeout;
+    /// Step 1: lock the row without waiting (with `create`, create it first if missing).
+    async fn try_take(&mut self, lent: &mut Lent, create: bool) -> Step {
+        let sql = self.inner.sql.try_take(&self.name, self.idle, create);
+        self.sent_at = Instant::now();
+        let silent = self.sent_at + self.inner.config.response_timeout;
         let batch = match self.guarded(lent, &sql, None, silent).await {
             Guarded::Done(batch) => batch,
             // The insert waited behind a holder (it raced the row's creation and locking):
@@ -199,9 +212,9 @@ impl Attempt {
             Guarded::Stopped { why, late } => return Step::Stopped { why, late },
         };
         match batch.error {
-            None if batch.granted() => Step::Granted,
-            // A releasing client deleted the row between our insert and our lock.
-            None => Step::Restart,
+            None if batch.granted() => locked_token(&batch),
+            None if create => Step::Restart,
+            None => Step::Missing,
             Some(e) if e.is_lock_busy() => Step::Busy,
             // Another client created the row at the same moment: it exists now.
             Some(e) if e.is_duplicate() || e.is_deadlock() => Step::Restart,
@@ -218,7 +231,8 @@ impl Attempt {
         };
         loop {
             let sql = self.inner.sql.wait_take(&self.name, self.idle);
-            let silent = Instant::now()
+            self.sent_at = Instant::now();
+            let silent = self.sent_at
                 + Duration::from_secs(LOCK_WAIT_ROUND.into())
                 + self.inner.config.response_timeout;
             let batch = match self.guarded(lent, &sql, deadline, silent).await {
@@ -230,8 +244,8 @@ impl Attempt {
                 self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
             }
             match batch.error {
-                None if batch.granted() => return Step::Granted,
-                // A releasing client deleted the row while we waited on it.
+                None if batch.granted() => return locked_token(&batch),
+                // An operator deleted the row while we waited on it.
                 None => return Step::Restart,
                 // A lock wait round ran out: wait again, if the deadline allows.
                 Some(e) if e.is_lock_busy() && self.deadline.may_wait() => {}
@@ -287,36 +301,47 @@ impl Attempt {
         batch.error.map_or(Ok(()), |e| Err(e.into()))
     }
 
-    /// The row is ours: take a fencing token, then prove the session still holds the row
-    /// after the token was committed (so a later holder's token is larger), which also
-    /// restarts the session's idle clock from a known instant.
-    async fn granted(&mut self, mut lent: Lent) -> Answer {
-        let token = match self.inner.next_fence(&self.name, lent.id()).await {
-            Ok(token) => token,
-            Err(e) => {
-                let _ = self.inner.finish(lent, End::Rollback, &self.name).await;
-                return Err(e.into());
-            }
+    /// The row is ours. With a token drawn by the locking statement, the lease is ready:
+    /// the token was drawn while this session held the row, so a later holder's is larger.
+    /// Otherwise (counters) take a token, then prove the session still holds the row after
+    /// the token was committed (so a later holder's token is larger), which also restarts
+    /// the session's idle clock from a known instant.
+    async fn granted(&mut self, mut lent: Lent, drawn: u64) -> Answer {
+        let (token, sent_at) = match self.inner.sql.tokens {
+            Tokens::Sequence => (drawn, self.sent_at),
+            Tokens::Counter => match self.fence_and_keep(&mut lent).await {
+                Ok(taken) => taken,
+                Err(e) => {
+                    let _ = self.inner.finish(lent, End::Rollback).await;
+                    return Err(e);
+                }
+            },
         };
-        let sent_at = Instant::now();
-        let batch = self
-            .inner
-            .run(&mut lent, &Sql::keep(self.idle), "acquire")
-            .await;
-        if let Some(e) = batch.error {
-            // The session ended (or went silent) since the grant: the lock is gone, or will
-            // be when the server ends the session.
-            self.inner.clean(&self.name).await;
-            return Err(e.into());
-        }
-        let held = MysqlHeld::new(
-            self.inner.clone(),
-            self.key.clone(),
-            self.name.clone(),
-            lent,
-            self.idle,
-        );
+        let held = MysqlHeld::new(self.inner.clone(), self.key.clone(), lent, self.idle);
         Ok(Some(Grant::new(token, Box::new(held), sent_at)))
+    }
+
+    /// A token from the key's counter (side connection), then the keep on the holder.
+    async fn fence_and_keep(&self, lent: &mut Lent) -> Result<(u64, Instant)> {
+        let token = self.inner.next_fence(&self.name, lent.id()).await?;
+        let sent_at = Instant::now();
+        let batch = self.inner.run(lent, &Sql::keep(self.idle), "acquire").await;
+        // Failed: the session ended (or went silent) since the grant; the lock is gone, or
+        // will be when the server ends the session.
+        batch.error.map_or(Ok((token, sent_at)), |e| Err(e.into()))
+    }
+}
+
+/// The granted step of a batch whose last statement locked the row and drew its token.
+fn locked_token(batch: &Batch) -> Step {
+    let token = batch.rows.last().map(|row| row.try_get::<u64, _>(0));
+    match token {
+        Some(Ok(token)) => Step::Granted(token),
+        Some(Err(e)) => Step::Failed(Error::sql("acquire")(e)),
+        None => Step::Failed(Error::Sql {
+            op: "acquire",
+            source: sqlx::Error::RowNotFound,
+        }),
     }
 }
 
@@ -368,13 +393,13 @@ impl Inner {
     /// The connection of a stopped statement: roll back, since the transaction may hold the
     /// row even when the statement reports the kill (InnoDB grants the row to the waiting
     /// transaction, then the statement sees the kill; statement rollback keeps the lock);
-    /// then clean up the row and return the connection. A connection that was lost, or whose
+    /// then return the connection. A connection that was lost, or whose
     /// statement never answered, is closed: the server rolls its session back.
-    async fn settle(self: &Arc<Self>, lent: Lent, late: Option<Batch>, name: &str) {
+    async fn settle(self: &Arc<Self>, lent: Lent, late: Option<Batch>) {
         match late {
             Some(Batch { error: Some(e), .. }) if e.is_connection_lost() => {}
             Some(_) => {
-                let _ = self.finish(lent, End::Rollback, name).await;
+                let _ = self.finish(lent, End::Rollback).await;
             }
             None => {}
         }

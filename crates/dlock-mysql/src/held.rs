@@ -1,6 +1,6 @@
 //! A held row lock: the connection whose open transaction holds it. Renewal pings it (a
 //! failed ping means the session, and the lock, is gone); release commits, which hands the
-//! row to the next waiter, then deletes the row unless a waiter holds it now.
+//! row to the next waiter. The row stays for the key's next use.
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,7 +22,6 @@ use crate::sql::{self, End, Sql};
 pub(crate) struct MysqlHeld {
     inner: Arc<Inner>,
     key: String,
-    name: String,
     /// `None` once released, or once the connection failed.
     conn: Option<Lent>,
     /// The session's idle timeout, in seconds.
@@ -34,11 +33,10 @@ pub(crate) struct MysqlHeld {
 impl MysqlHeld {
     /// The lock held by the open transaction on `conn`, whose session idle timeout is
     /// `idle` seconds.
-    pub(crate) fn new(inner: Arc<Inner>, key: String, name: String, conn: Lent, idle: u32) -> Self {
+    pub(crate) fn new(inner: Arc<Inner>, key: String, conn: Lent, idle: u32) -> Self {
         Self {
             inner,
             key,
-            name,
             conn: Some(conn),
             idle,
             in_flight: false,
@@ -110,15 +108,11 @@ impl Held for MysqlHeld {
     async fn release(&mut self) -> Result<()> {
         let lent = self.conn().is_some().then(|| self.conn.take()).flatten();
         let Some(lent) = lent else {
-            self.inner.clean(&self.name).await;
             return Err(self.not_held("the holding connection was closed"));
         };
-        match self.inner.finish(lent, End::Commit, &self.name).await {
+        match self.inner.finish(lent, End::Commit).await {
             Finished::Ended => Ok(()),
-            Finished::Failed(e) => {
-                self.inner.clean(&self.name).await;
-                Err(self.not_held(e))
-            }
+            Finished::Failed(e) => Err(self.not_held(e)),
             Finished::Unknown(e) => Err(e.into()),
         }
     }
@@ -131,9 +125,9 @@ impl Drop for MysqlHeld {
         };
         // Not released: roll back in the background if there is a runtime; otherwise the
         // closed connection makes the server roll back.
-        let (inner, name) = (self.inner.clone(), std::mem::take(&mut self.name));
+        let inner = self.inner.clone();
         dlock_core::raw::spawn_cleanup(async move {
-            let _ = inner.finish(lent, End::Rollback, &name).await;
+            let _ = inner.finish(lent, End::Rollback).await;
         });
     }
 }
@@ -149,46 +143,27 @@ pub(crate) enum Finished {
 }
 
 impl Inner {
-    /// End the lock transaction on `lent` and tidy up: restore the session, delete the row
-    /// unless a waiter has it now, and return the connection to the pool.
-    pub(crate) async fn finish(self: &Arc<Self>, mut lent: Lent, end: End, name: &str) -> Finished {
+    /// End the lock transaction on `lent`, restore the session and return the connection
+    /// to the pool.
+    pub(crate) async fn finish(&self, mut lent: Lent, end: End) -> Finished {
         let op = match end {
             End::Commit => "release",
             End::Rollback => "abandon",
         };
-        let batch = self.run(&mut lent, &self.sql.finish(end, name), op).await;
-        let ended = batch.done >= 1;
-        tracing::debug!(id = lent.id(), name, ?end, done = batch.done, error = ?batch.error, "finish");
+        let batch = self.run(&mut lent, &Sql::finish(end), op).await;
+        tracing::debug!(id = lent.id(), ?end, done = batch.done, error = ?batch.error, "finish");
         match batch.error {
             None => {
                 lent.give_back();
                 Finished::Ended
             }
-            // A waiter got the row at our COMMIT: end the clean-up's own transaction, in the
-            // background (the caller's answer does not depend on it).
-            Some(e) if ended && e.is_lock_busy() => {
-                let inner = self.clone();
-                dlock_core::raw::spawn_cleanup(async move {
-                    inner.give_back_clean(lent, "ROLLBACK").await;
-                });
-                Finished::Ended
-            }
-            Some(e) if ended => {
-                tracing::warn!(error = %e, "the key was released but its row was not cleaned up");
+            // The transaction ended; only restoring the session failed: close it.
+            Some(e) if batch.done >= 1 => {
+                tracing::debug!(error = %e, "closing a connection that could not be reset");
                 Finished::Ended
             }
             Some(e @ Error::NoAnswer { .. }) => Finished::Unknown(e),
             Some(e) => Finished::Failed(e),
-        }
-    }
-
-    /// Delete `name`'s row from a side connection unless someone holds it: after the session
-    /// that held it ended without a release.
-    pub(crate) async fn clean(&self, name: &str) {
-        match self.side("clean up", &self.sql.clean(name)).await {
-            Ok(_) => {}
-            Err(e) if e.is_lock_busy() => {}
-            Err(e) => tracing::debug!(error = %e, "could not clean up a lock row"),
         }
     }
 }
