@@ -163,7 +163,7 @@ impl Attempt {
                 Step::Busy => {
                     // Answer first; the roll-back only tidies the connection.
                     let _ = self.reply.send(Ok(None));
-                    self.inner.give_back_clean(lent, Sql::rollback()).await;
+                    let _ = self.inner.finish(lent, End::Rollback).await;
                     return Ok(None);
                 }
                 Step::Missing | Step::Restart => {
@@ -198,10 +198,11 @@ impl Attempt {
 
     /// Step 1: lock the row without waiting (with `create`, create it first if missing).
     async fn try_take(&mut self, lent: &mut Lent, create: bool) -> Step {
-        let sql = self.inner.sql.try_take(&self.name, self.idle, create);
+        let set = self.idle_to_set(lent);
+        let sql = self.inner.sql.try_take(&self.name, set, create);
         self.sent_at = Instant::now();
         let silent = self.sent_at + self.inner.config.response_timeout;
-        let batch = match self.guarded(lent, &sql, None, silent).await {
+        let batch = match self.guarded(lent, &sql, None, silent, set).await {
             Guarded::Done(batch) => batch,
             // The insert waited behind a holder (it raced the row's creation and locking):
             // stopped, it leaves no transaction behind, and the key is busy.
@@ -230,17 +231,19 @@ impl Attempt {
             Deadline::TryOnce | Deadline::Never => None,
         };
         loop {
-            let sql = self.inner.sql.wait_take(&self.name, self.idle);
+            let set = self.idle_to_set(lent);
+            let sql = self.inner.sql.wait_take(&self.name, set);
             self.sent_at = Instant::now();
             let silent = self.sent_at
                 + Duration::from_secs(LOCK_WAIT_ROUND.into())
                 + self.inner.config.response_timeout;
-            let batch = match self.guarded(lent, &sql, deadline, silent).await {
+            let batch = match self.guarded(lent, &sql, deadline, silent, set).await {
                 Guarded::Done(batch) => batch,
                 Guarded::Stopped { why, late } => return Step::Stopped { why, late },
             };
-            // The locking read ran (after `SET` and `BEGIN`) and the server woke it.
-            if batch.done >= 2 && batch.error.as_ref().is_none_or(Error::is_lock_busy) {
+            // The locking read ran (after any `SET`, and `BEGIN`) and the server woke it.
+            let before_read = 1 + usize::from(set.is_some());
+            if batch.done >= before_read && batch.error.as_ref().is_none_or(Error::is_lock_busy) {
                 self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
             }
             match batch.error {
@@ -256,15 +259,21 @@ impl Attempt {
         }
     }
 
+    /// The idle timeout a lock batch must set first: `None` when the session has it.
+    fn idle_to_set(&self, lent: &Lent) -> Option<u32> {
+        (lent.lease_idle() != Some(self.idle)).then_some(self.idle)
+    }
+
     /// Run `sql` on `lent` until it answers, the deadline passes, the server stays silent
     /// until `silent`, or the caller goes away; in the last three cases stop it on the
-    /// server before returning.
+    /// server before returning. `set`: the idle timeout `sql` sets first, if any.
     async fn guarded(
         &mut self,
         lent: &mut Lent,
         sql: &str,
         deadline: Option<Instant>,
         silent: Instant,
+        set: Option<u32>,
     ) -> Guarded {
         let id = lent.id();
         let inner = &self.inner;
@@ -286,6 +295,9 @@ impl Attempt {
             }
         };
         tracing::debug!(id, ?why, finished, done = batch.done, rows = batch.rows.len(), error = ?batch.error, "guarded");
+        if set.is_some() && batch.done >= 1 {
+            lent.set_lease_idle(set);
+        }
         match why {
             None => Guarded::Done(batch),
             Some(why) => Guarded::Stopped {
@@ -326,6 +338,9 @@ impl Attempt {
         let token = self.inner.next_fence(&self.name, lent.id()).await?;
         let sent_at = Instant::now();
         let batch = self.inner.run(lent, &Sql::keep(self.idle), "acquire").await;
+        if batch.error.is_none() {
+            lent.set_lease_idle(Some(self.idle));
+        }
         // Failed: the session ended (or went silent) since the grant; the lock is gone, or
         // will be when the server ends the session.
         batch.error.map_or(Ok((token, sent_at)), |e| Err(e.into()))

@@ -284,12 +284,15 @@ impl Inner {
         }
     }
 
-    /// Run `sql` (which ends any transaction) and return the connection to the pool if it
-    /// went through; close it otherwise.
+    /// Run `sql` (which ends any transaction and restores the default idle timeout) and
+    /// return the connection to the pool if it went through; close it otherwise.
     pub(crate) async fn give_back_clean(&self, mut lent: Lent, sql: &str) {
         let batch = self.run(&mut lent, sql, "clean up").await;
         match batch.error {
-            None => lent.give_back(),
+            None => {
+                lent.set_lease_idle(None);
+                lent.give_back();
+            }
             Some(e) => {
                 tracing::debug!(error = %e, "closing a connection that could not be cleaned")
             }

@@ -18,6 +18,10 @@ use crate::error::Error;
 use crate::pool::Lent;
 use crate::sql::{self, End, Sql};
 
+/// The shortest lease idle timeout (seconds) a released connection keeps in the pool;
+/// shorter ones are restored to the server's default at release.
+const KEEP_IDLE_FROM: u32 = 10;
+
 /// A held row lock: the connection whose open transaction holds it.
 pub(crate) struct MysqlHeld {
     inner: Arc<Inner>,
@@ -89,7 +93,11 @@ impl Held for MysqlHeld {
                 Err(_) => Some(inner.no_answer("extend")),
             }
         } else {
-            inner.run(lent, &Sql::keep(idle), "extend").await.error
+            let error = inner.run(lent, &Sql::keep(idle), "extend").await.error;
+            if error.is_none() {
+                lent.set_lease_idle(Some(idle));
+            }
+            error
         };
         self.in_flight = false;
         match outcome {
@@ -150,10 +158,16 @@ impl Inner {
             End::Commit => "release",
             End::Rollback => "abandon",
         };
-        let batch = self.run(&mut lent, &Sql::finish(end), op).await;
+        // A released connection keeps a long idle timeout (the next acquire of that ttl
+        // sends no `SET`); a short one is restored, or the pool would drop it too soon.
+        let restore = lent.lease_idle().is_some_and(|idle| idle < KEEP_IDLE_FROM);
+        let batch = self.run(&mut lent, &Sql::finish(end, restore), op).await;
         tracing::debug!(id = lent.id(), ?end, done = batch.done, error = ?batch.error, "finish");
         match batch.error {
             None => {
+                if restore {
+                    lent.set_lease_idle(None);
+                }
                 lent.give_back();
                 Finished::Ended
             }

@@ -58,6 +58,13 @@ pub(crate) enum Tokens {
     Counter,
 }
 
+/// `SET SESSION wait_timeout = …;`, or nothing when the session has it already.
+fn set_idle(idle: Option<u32>) -> String {
+    idle.map_or_else(String::new, |idle| {
+        format!("SET SESSION wait_timeout = {idle};")
+    })
+}
+
 /// The statements for one lock table, its fence table and its token sequence.
 #[derive(Debug, Clone)]
 pub(crate) struct Sql {
@@ -171,7 +178,8 @@ impl Sql {
     /// lock; a duplicate-key error means another client created it just now); begin; lock
     /// it `NOWAIT`, selecting [`Self::locked_value`] (a row: held; no row: missing; lock
     /// error: busy).
-    pub(crate) fn try_take(&self, name: &str, idle: u32, create: bool) -> String {
+    /// `idle` is `None` when the session already has that idle timeout.
+    pub(crate) fn try_take(&self, name: &str, idle: Option<u32>, create: bool) -> String {
         let n = literal(name);
         let t = &self.table;
         let create = if create {
@@ -183,22 +191,23 @@ impl Sql {
             String::new()
         };
         format!(
-            "SET SESSION wait_timeout = {idle};{create}BEGIN;\
+            "{set}{create}BEGIN;\
              SELECT {v} FROM `{t}` WHERE name = {n} FOR UPDATE NOWAIT",
+            set = set_idle(idle),
             v = self.locked_value(),
         )
     }
 
     /// Wait for the row: begin (which ends the transaction a failed `NOWAIT` left open) and
     /// lock it, waiting up to [`LOCK_WAIT_ROUND`], selecting [`Self::locked_value`].
-    pub(crate) fn wait_take(&self, name: &str, idle: u32) -> String {
+    pub(crate) fn wait_take(&self, name: &str, idle: Option<u32>) -> String {
         format!(
-            "SET SESSION wait_timeout = {idle};\
-             BEGIN;\
+            "{set}BEGIN;\
              SELECT {v} FROM `{t}` WHERE name = {n} FOR UPDATE",
             t = self.table,
             n = literal(name),
             v = self.locked_value(),
+            set = set_idle(idle),
         )
     }
 
@@ -231,9 +240,15 @@ impl Sql {
     }
 
     /// End the transaction (`COMMIT` or `ROLLBACK`), which hands the row to the next
-    /// waiter, and restore the idle timeout. The row stays for the key's next use.
-    pub(crate) fn finish(end: End) -> String {
-        format!("{};SET SESSION wait_timeout = DEFAULT", end.sql())
+    /// waiter, and with `restore` restore the default idle timeout. The row stays for the
+    /// key's next use.
+    pub(crate) fn finish(end: End, restore: bool) -> String {
+        let restore = if restore {
+            ";SET SESSION wait_timeout = DEFAULT"
+        } else {
+            ""
+        };
+        format!("{}{restore}", end.sql())
     }
 
     /// Give up a transaction that holds nothing, and restore the idle timeout.
@@ -313,14 +328,20 @@ mod tests {
                 .contains("`my_locks_seq` START WITH 7")
         );
         assert!(
-            sql.try_take("k", 2, false)
+            sql.try_take("k", Some(2), false)
                 .contains("NEXTVAL(`my_locks_seq`)")
         );
-        assert!(sql.try_take("k", 2, true).contains("ROLLBACK;INSERT"));
+        assert!(sql.try_take("k", Some(2), true).contains("ROLLBACK;INSERT"));
+        assert!(sql.try_take("k", None, false).starts_with("BEGIN;"));
+        assert!(
+            sql.wait_take("k", Some(3))
+                .starts_with("SET SESSION wait_timeout = 3;")
+        );
         assert!(sql.next_fence("k", 9).contains("NEXTVAL(`my_locks_seq`)"));
         let counter = Sql::new("my_locks", Tokens::Counter);
-        assert!(!counter.try_take("k", 2, false).contains("NEXTVAL"));
+        assert!(!counter.try_take("k", Some(2), false).contains("NEXTVAL"));
         assert!(counter.next_fence("k", 9).contains("fence + 1"));
-        assert_eq!(Sql::finish(End::Commit).matches(';').count(), 1);
+        assert_eq!(Sql::finish(End::Commit, false), "COMMIT");
+        assert_eq!(Sql::finish(End::Commit, true).matches(';').count(), 1);
     }
 }
