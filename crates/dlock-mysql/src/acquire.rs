@@ -1,7 +1,10 @@
 //! Acquiring a key: lock the row without waiting (`FOR UPDATE NOWAIT`), or wait for the
-//! server to grant it (`FOR UPDATE`) until the deadline, then take a fencing token.
+//! server to grant it (`FOR UPDATE`) until the deadline, drawing the fencing token in the
+//! locking statement (or, on MySQL 8, taking one from the key's counter after it).
 //!
-//! Every acquire runs in a task of its own that owns its lock connection. The caller's future
+//! The first try runs in the caller's task: it never waits on the server, so a caller that
+//! drops it mid-statement only closes the connection, which the server rolls back. Anything
+//! that may wait runs in a task of its own that owns the lock connection; the caller's future
 //! only waits for the task's answer, so dropping it (or its deadline passing) never leaves a
 //! statement half-read: the task notices, kills the waiting statement from a side connection
 //! (`KILL QUERY`, then `KILL` for the whole session if that is not enough), undoes a grant
@@ -133,8 +136,38 @@ impl Attempt {
         }
     }
 
+    /// Run the acquire. The first try runs in the caller's task: it never waits on the
+    /// server, so a caller that drops it only closes the connection, which the server rolls
+    /// back (saving a task hop on the uncontended path). Anything more (a wait, a restart,
+    /// the tidy-up after a busy answer) continues in a task of its own.
     pub(crate) async fn run(mut self) {
-        let answer = self.take().await;
+        // The deadline covers getting a connection too; past it, the wait ran out.
+        let lent = match self.deadline.run(self.inner.locks.get()).await {
+            None => Ok(None),
+            Some(Err(e)) => Err(e.into()),
+            Some(Ok(lent)) => Ok(Some(lent)),
+        };
+        let mut lent = match lent {
+            Ok(Some(lent)) => lent,
+            answer @ (Ok(None) | Err(_)) => {
+                let _ = self.reply.send(answer.map(|_| None));
+                return;
+            }
+        };
+        let step = self.try_take(&mut lent, false).await;
+        if let Step::Granted(token) = step {
+            let answer = self.granted(lent, token).await;
+            self.answer(answer).await;
+            return;
+        }
+        dlock_core::raw::spawn_cleanup(async move {
+            let answer = self.take(lent, step).await;
+            self.answer(answer).await;
+        });
+    }
+
+    /// Answer the caller; release a grant nobody is left to take.
+    async fn answer(&mut self, answer: Answer) {
         if let Some(grant) = self.reply.send(answer) {
             tracing::debug!(key = %self.key, "acquire abandoned after the grant; releasing");
             let mut held = grant.held;
@@ -142,17 +175,17 @@ impl Attempt {
         }
     }
 
-    /// Take the key: step 1, then step 2 if it is busy and the deadline allows, starting
-    /// over when the row vanished under us.
-    async fn take(&mut self) -> Answer {
-        // The deadline covers getting a connection too; past it, the wait ran out.
-        let Some(lent) = self.deadline.run(self.inner.locks.get()).await else {
-            return Ok(None);
-        };
-        let mut lent = lent?;
+    /// Take the key from the `first` step of step 1: step 2 if it is busy and the deadline
+    /// allows, starting over when the row is missing.
+    async fn take(&mut self, mut lent: Lent, first: Step) -> Answer {
         let mut create = false;
+        let mut first = Some(first);
         for _ in 0..MAX_RESTARTS {
-            let step = match self.try_take(&mut lent, create).await {
+            let step = match first.take() {
+                Some(step) => step,
+                None => self.try_take(&mut lent, create).await,
+            };
+            let step = match step {
                 Step::Busy if self.deadline.may_wait() => self.wait_take(&mut lent).await,
                 step => step,
             };

@@ -171,11 +171,14 @@ impl Backend for MysqlBackend {
     ) -> Result<Option<Grant>> {
         let (tx, rx) = oneshot::channel();
         // Counted as clean-up: once the caller gives up, the task still stops the waiting
-        // statement and tidies the connection.
+        // statement and tidies the connection. Row mode's first try runs here (see
+        // `Attempt::run`), and only what may wait goes to a task.
         let spawned = match self.inner.config.mode {
             LockMode::Row => {
-                let attempt = Attempt::new(self.inner.clone(), key, opts.ttl, deadline, tx);
-                dlock_core::raw::spawn_cleanup(attempt.run())
+                Attempt::new(self.inner.clone(), key, opts.ttl, deadline, tx)
+                    .run()
+                    .await;
+                true
             }
             LockMode::Named => {
                 let attempt = NamedAttempt::new(self.inner.clone(), key, opts, deadline, tx);

@@ -61,11 +61,13 @@
 //! `innodb_lock_wait_timeout = 60`. *token* below is `NEXTVAL({table}_seq)` on MariaDB,
 //! `0` on MySQL 8.
 //!
-//! **Acquire** (each in a task of its own that owns its connection):
+//! **Acquire** (steps 1, 2 and 4 in the caller's task; a wait in a task of its own that owns
+//! the connection):
 //! 1. Take a connection from the client's pool (it stays out of the pool while the key is
 //!    held or waited for).
-//! 2. One batch: `SET SESSION wait_timeout = ⌈ttl⌉; BEGIN; SELECT token FROM {table}
-//!    WHERE name = … FOR UPDATE NOWAIT`. A row: granted, go to 4. A lock error: busy. No
+//! 2. One batch: `SET SESSION wait_timeout = ⌈ttl⌉` (left out when the session has it
+//!    from an earlier lease), `BEGIN; SELECT token FROM {table} WHERE name = … FOR UPDATE
+//!    NOWAIT`. A row: granted, go to 4. A lock error: busy. No
 //!    row (the key's first use): one batch `ROLLBACK`, create the row with `INSERT …
 //!    SELECT … WHERE NOT EXISTS` (a consistent read and a plain insert in autocommit, so it
 //!    does not wait for a holder and never takes a locking read on a missing row, whose gap
@@ -94,9 +96,10 @@
 //! the lock, is gone or cannot be trusted: [`NotHeld`](dlock_core::LockError::NotHeld),
 //! and `lost()` fires.
 //!
-//! **Release**: one batch: `COMMIT` (the row lock goes to the next waiter, if any);
-//! `SET SESSION wait_timeout = DEFAULT`. The row stays; the connection goes back to the
-//! pool clean.
+//! **Release**: `COMMIT` (the row lock goes to the next waiter, if any), with `SET SESSION
+//! wait_timeout = DEFAULT` in the same batch when ⌈ttl⌉ is under 10 s. The row stays; the
+//! connection goes back to the pool with no transaction, and the pool drops it once it has
+//! been idle for its `wait_timeout` less 1 s (at most 120 s), before the server would.
 //!
 //! **Crash**: a dead client's connection closes; the server rolls its transaction back and
 //! the key is free at once.
@@ -106,8 +109,8 @@
 //! | `try_acquire`, key free | 1: the lock batch (2 on a key's first use) | — |
 //! | `try_acquire`, key held | 1 (a `ROLLBACK` follows the answer) | — |
 //! | `acquire` with a wake-up | 2 + the wait: lock batch, wait batch | — |
-//! | `try_acquire` + `release`, one client (lockbench *uncontended*) | 2, no commit that writes | 93 µs (raw cycle 58 µs: 1.60×) |
-//! | contended hand-off, `release` called → waiter holds (lockbench, 8 clients) | `COMMIT` → grant | 154 µs |
+//! | `acquire` + `release`, key free, one client (lockbench *uncontended*) | 2: `BEGIN; SELECT … NOWAIT`, `COMMIT`; no commit that writes | 62–67 µs (raw cycle 57 µs: 1.08–1.17×) |
+//! | contended hand-off, `release` called → waiter holds (lockbench, 8 clients) | `COMMIT` → grant | 122–131 µs |
 //! | `extend` | 1 | — |
 //! | `release` | 1 | — |
 //! | holder's session ends (`KILL`, crash) → waiter holds | the server's roll-back → grant | — |
