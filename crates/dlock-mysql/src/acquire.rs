@@ -1,7 +1,10 @@
 //! Acquiring a key: lock the row without waiting (`FOR UPDATE NOWAIT`), or wait for the
-//! server to grant it (`FOR UPDATE`) until the deadline, then take a fencing token.
+//! server to grant it (`FOR UPDATE`) until the deadline, drawing the fencing token in the
+//! locking statement (or, on MySQL 8, taking one from the key's counter after it).
 //!
-//! Every acquire runs in a task of its own that owns its lock connection. The caller's future
+//! The first try runs in the caller's task: it never waits on the server, so a caller that
+//! drops it mid-statement only closes the connection, which the server rolls back. Anything
+//! that may wait runs in a task of its own that owns the lock connection; the caller's future
 //! only waits for the task's answer, so dropping it (or its deadline passing) never leaves a
 //! statement half-read: the task notices, kills the waiting statement from a side connection
 //! (`KILL QUERY`, then `KILL` for the whole session if that is not enough), undoes a grant
@@ -24,13 +27,12 @@ use crate::backend::{Batch, Inner, run_into};
 use crate::error::Error;
 use crate::held::MysqlHeld;
 use crate::pool::Lent;
-use crate::sql::{self, End, LOCK_WAIT_ROUND, Sql};
+use crate::sql::{self, End, LOCK_WAIT_ROUND, Sql, Tokens};
 
 /// How long a killed statement gets to answer before the next, stronger kill.
 const KILL_GRACE: Duration = Duration::from_secs(1);
-/// How often an acquire may start over (the row vanished under it because a releasing
-/// client deleted it, or InnoDB picked it as a deadlock victim) before it gives up as a
-/// server problem.
+/// How often an acquire may start over (its row missing, or InnoDB picked it as a deadlock
+/// victim) before it gives up as a server problem.
 const MAX_RESTARTS: u32 = 100;
 
 type Answer = Result<Option<Grant>>;
@@ -74,11 +76,14 @@ pub(crate) enum Why {
 
 /// Where an acquire stands after a step.
 enum Step {
-    /// The row lock is ours.
-    Granted,
+    /// The row lock is ours, with the token the locking statement drew (`0` where tokens
+    /// come from counters).
+    Granted(u64),
+    /// The key's row does not exist yet (first use, or an operator deleted it): create it.
+    Missing,
     /// Another session holds the row; the transaction holds nothing.
     Busy,
-    /// Start over: roll back (holding nothing) and try again.
+    /// Start over: roll back (holding nothing) and try again, creating the row.
     Restart,
     /// The idle connection taken from the pool was dead (nothing ran): take a new one.
     Replace,
@@ -106,6 +111,9 @@ pub(crate) struct Attempt {
     idle: u32,
     deadline: Deadline,
     reply: Reply,
+    /// When the statement that was granted the row was sent: the session was busy from
+    /// then until the grant, so its idle clock cannot end the lease earlier than ttl after.
+    sent_at: Instant,
 }
 
 impl Attempt {
@@ -124,11 +132,42 @@ impl Attempt {
             idle: sql::idle_seconds(ttl),
             deadline,
             reply: Reply(Some(reply)),
+            sent_at: Instant::now(),
         }
     }
 
+    /// Run the acquire. The first try runs in the caller's task: it never waits on the
+    /// server, so a caller that drops it only closes the connection, which the server rolls
+    /// back (saving a task hop on the uncontended path). Anything more (a wait, a restart,
+    /// the tidy-up after a busy answer) continues in a task of its own.
     pub(crate) async fn run(mut self) {
-        let answer = self.take().await;
+        // The deadline covers getting a connection too; past it, the wait ran out.
+        let lent = match self.deadline.run(self.inner.locks.get()).await {
+            None => Ok(None),
+            Some(Err(e)) => Err(e.into()),
+            Some(Ok(lent)) => Ok(Some(lent)),
+        };
+        let mut lent = match lent {
+            Ok(Some(lent)) => lent,
+            answer @ (Ok(None) | Err(_)) => {
+                let _ = self.reply.send(answer.map(|_| None));
+                return;
+            }
+        };
+        let step = self.try_take(&mut lent, false).await;
+        if let Step::Granted(token) = step {
+            let answer = self.granted(lent, token).await;
+            self.answer(answer).await;
+            return;
+        }
+        dlock_core::raw::spawn_cleanup(async move {
+            let answer = self.take(lent, step).await;
+            self.answer(answer).await;
+        });
+    }
+
+    /// Answer the caller; release a grant nobody is left to take.
+    async fn answer(&mut self, answer: Answer) {
         if let Some(grant) = self.reply.send(answer) {
             tracing::debug!(key = %self.key, "acquire abandoned after the grant; releasing");
             let mut held = grant.held;
@@ -136,28 +175,34 @@ impl Attempt {
         }
     }
 
-    /// Take the key: step 1, then step 2 if it is busy and the deadline allows, starting
-    /// over when the row vanished under us.
-    async fn take(&mut self) -> Answer {
-        // The deadline covers getting a connection too; past it, the wait ran out.
-        let Some(lent) = self.deadline.run(self.inner.locks.get()).await else {
-            return Ok(None);
-        };
-        let mut lent = lent?;
+    /// Take the key from the `first` step of step 1: step 2 if it is busy and the deadline
+    /// allows, starting over when the row is missing.
+    async fn take(&mut self, mut lent: Lent, first: Step) -> Answer {
+        let mut create = false;
+        let mut first = Some(first);
         for _ in 0..MAX_RESTARTS {
-            let step = match self.try_take(&mut lent).await {
+            let step = match first.take() {
+                Some(step) => step,
+                None => self.try_take(&mut lent, create).await,
+            };
+            let step = match step {
                 Step::Busy if self.deadline.may_wait() => self.wait_take(&mut lent).await,
                 step => step,
             };
             match step {
-                Step::Granted => return self.granted(lent).await,
+                Step::Granted(token) => return self.granted(lent, token).await,
+                // The row's transaction is ended by the creating batch.
+                Step::Missing if !create => create = true,
                 Step::Busy => {
                     // Answer first; the roll-back only tidies the connection.
                     let _ = self.reply.send(Ok(None));
-                    self.inner.give_back_clean(lent, Sql::rollback()).await;
+                    let _ = self.inner.finish(lent, End::Rollback).await;
                     return Ok(None);
                 }
-                Step::Restart => self.rollback(&mut lent).await?,
+                Step::Missing | Step::Restart => {
+                    create = true;
+                    self.rollback(&mut lent).await?;
+                }
                 Step::Replace => {
                     // An idle connection had died (server restart, idle timeout); the new
                     // one is fresh, so this happens once per acquire at most.
@@ -171,7 +216,7 @@ impl Attempt {
                     };
                     // Answer at once, then put the connection right.
                     let _ = self.reply.send(answer);
-                    self.inner.settle(lent, late, &self.name).await;
+                    self.inner.settle(lent, late).await;
                     return Ok(None);
                 }
                 Step::Failed(e) => return Err(e.into()),
@@ -184,11 +229,13 @@ impl Attempt {
         ))
     }
 
-    /// Step 1: create the row if missing, and lock it without waiting.
-    async fn try_take(&mut self, lent: &mut Lent) -> Step {
-        let sql = self.inner.sql.try_take(&self.name, self.idle);
-        let silent = Instant::now() + self.inner.config.response_timeout;
-        let batch = match self.guarded(lent, &sql, None, silent).await {
+    /// Step 1: lock the row without waiting (with `create`, create it first if missing).
+    async fn try_take(&mut self, lent: &mut Lent, create: bool) -> Step {
+        let set = self.idle_to_set(lent);
+        let sql = self.inner.sql.try_take(&self.name, set, create);
+        self.sent_at = Instant::now();
+        let silent = self.sent_at + self.inner.config.response_timeout;
+        let batch = match self.guarded(lent, &sql, None, silent, set).await {
             Guarded::Done(batch) => batch,
             // The insert waited behind a holder (it raced the row's creation and locking):
             // stopped, it leaves no transaction behind, and the key is busy.
@@ -199,9 +246,9 @@ impl Attempt {
             Guarded::Stopped { why, late } => return Step::Stopped { why, late },
         };
         match batch.error {
-            None if batch.granted() => Step::Granted,
-            // A releasing client deleted the row between our insert and our lock.
-            None => Step::Restart,
+            None if batch.granted() => locked_token(&batch),
+            None if create => Step::Restart,
+            None => Step::Missing,
             Some(e) if e.is_lock_busy() => Step::Busy,
             // Another client created the row at the same moment: it exists now.
             Some(e) if e.is_duplicate() || e.is_deadlock() => Step::Restart,
@@ -217,21 +264,24 @@ impl Attempt {
             Deadline::TryOnce | Deadline::Never => None,
         };
         loop {
-            let sql = self.inner.sql.wait_take(&self.name, self.idle);
-            let silent = Instant::now()
+            let set = self.idle_to_set(lent);
+            let sql = self.inner.sql.wait_take(&self.name, set);
+            self.sent_at = Instant::now();
+            let silent = self.sent_at
                 + Duration::from_secs(LOCK_WAIT_ROUND.into())
                 + self.inner.config.response_timeout;
-            let batch = match self.guarded(lent, &sql, deadline, silent).await {
+            let batch = match self.guarded(lent, &sql, deadline, silent, set).await {
                 Guarded::Done(batch) => batch,
                 Guarded::Stopped { why, late } => return Step::Stopped { why, late },
             };
-            // The locking read ran (after `SET` and `BEGIN`) and the server woke it.
-            if batch.done >= 2 && batch.error.as_ref().is_none_or(Error::is_lock_busy) {
+            // The locking read ran (after any `SET`, and `BEGIN`) and the server woke it.
+            let before_read = 1 + usize::from(set.is_some());
+            if batch.done >= before_read && batch.error.as_ref().is_none_or(Error::is_lock_busy) {
                 self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
             }
             match batch.error {
-                None if batch.granted() => return Step::Granted,
-                // A releasing client deleted the row while we waited on it.
+                None if batch.granted() => return locked_token(&batch),
+                // An operator deleted the row while we waited on it.
                 None => return Step::Restart,
                 // A lock wait round ran out: wait again, if the deadline allows.
                 Some(e) if e.is_lock_busy() && self.deadline.may_wait() => {}
@@ -242,15 +292,21 @@ impl Attempt {
         }
     }
 
+    /// The idle timeout a lock batch must set first: `None` when the session has it.
+    fn idle_to_set(&self, lent: &Lent) -> Option<u32> {
+        (lent.lease_idle() != Some(self.idle)).then_some(self.idle)
+    }
+
     /// Run `sql` on `lent` until it answers, the deadline passes, the server stays silent
     /// until `silent`, or the caller goes away; in the last three cases stop it on the
-    /// server before returning.
+    /// server before returning. `set`: the idle timeout `sql` sets first, if any.
     async fn guarded(
         &mut self,
         lent: &mut Lent,
         sql: &str,
         deadline: Option<Instant>,
         silent: Instant,
+        set: Option<u32>,
     ) -> Guarded {
         let id = lent.id();
         let inner = &self.inner;
@@ -272,6 +328,9 @@ impl Attempt {
             }
         };
         tracing::debug!(id, ?why, finished, done = batch.done, rows = batch.rows.len(), error = ?batch.error, "guarded");
+        if set.is_some() && batch.done >= 1 {
+            lent.set_lease_idle(set);
+        }
         match why {
             None => Guarded::Done(batch),
             Some(why) => Guarded::Stopped {
@@ -287,36 +346,50 @@ impl Attempt {
         batch.error.map_or(Ok(()), |e| Err(e.into()))
     }
 
-    /// The row is ours: take a fencing token, then prove the session still holds the row
-    /// after the token was committed (so a later holder's token is larger), which also
-    /// restarts the session's idle clock from a known instant.
-    async fn granted(&mut self, mut lent: Lent) -> Answer {
-        let token = match self.inner.next_fence(&self.name, lent.id()).await {
-            Ok(token) => token,
-            Err(e) => {
-                let _ = self.inner.finish(lent, End::Rollback, &self.name).await;
-                return Err(e.into());
-            }
+    /// The row is ours. With a token drawn by the locking statement, the lease is ready:
+    /// the token was drawn while this session held the row, so a later holder's is larger.
+    /// Otherwise (counters) take a token, then prove the session still holds the row after
+    /// the token was committed (so a later holder's token is larger), which also restarts
+    /// the session's idle clock from a known instant.
+    async fn granted(&mut self, mut lent: Lent, drawn: u64) -> Answer {
+        let (token, sent_at) = match self.inner.sql.tokens {
+            Tokens::Sequence => (drawn, self.sent_at),
+            Tokens::Counter => match self.fence_and_keep(&mut lent).await {
+                Ok(taken) => taken,
+                Err(e) => {
+                    let _ = self.inner.finish(lent, End::Rollback).await;
+                    return Err(e);
+                }
+            },
         };
-        let sent_at = Instant::now();
-        let batch = self
-            .inner
-            .run(&mut lent, &Sql::keep(self.idle), "acquire")
-            .await;
-        if let Some(e) = batch.error {
-            // The session ended (or went silent) since the grant: the lock is gone, or will
-            // be when the server ends the session.
-            self.inner.clean(&self.name).await;
-            return Err(e.into());
-        }
-        let held = MysqlHeld::new(
-            self.inner.clone(),
-            self.key.clone(),
-            self.name.clone(),
-            lent,
-            self.idle,
-        );
+        let held = MysqlHeld::new(self.inner.clone(), self.key.clone(), lent, self.idle);
         Ok(Some(Grant::new(token, Box::new(held), sent_at)))
+    }
+
+    /// A token from the key's counter (side connection), then the keep on the holder.
+    async fn fence_and_keep(&self, lent: &mut Lent) -> Result<(u64, Instant)> {
+        let token = self.inner.next_fence(&self.name, lent.id()).await?;
+        let sent_at = Instant::now();
+        let batch = self.inner.run(lent, &Sql::keep(self.idle), "acquire").await;
+        if batch.error.is_none() {
+            lent.set_lease_idle(Some(self.idle));
+        }
+        // Failed: the session ended (or went silent) since the grant; the lock is gone, or
+        // will be when the server ends the session.
+        batch.error.map_or(Ok((token, sent_at)), |e| Err(e.into()))
+    }
+}
+
+/// The granted step of a batch whose last statement locked the row and drew its token.
+fn locked_token(batch: &Batch) -> Step {
+    let token = batch.rows.last().map(|row| row.try_get::<u64, _>(0));
+    match token {
+        Some(Ok(token)) => Step::Granted(token),
+        Some(Err(e)) => Step::Failed(Error::sql("acquire")(e)),
+        None => Step::Failed(Error::Sql {
+            op: "acquire",
+            source: sqlx::Error::RowNotFound,
+        }),
     }
 }
 
@@ -368,13 +441,13 @@ impl Inner {
     /// The connection of a stopped statement: roll back, since the transaction may hold the
     /// row even when the statement reports the kill (InnoDB grants the row to the waiting
     /// transaction, then the statement sees the kill; statement rollback keeps the lock);
-    /// then clean up the row and return the connection. A connection that was lost, or whose
+    /// then return the connection. A connection that was lost, or whose
     /// statement never answered, is closed: the server rolls its session back.
-    async fn settle(self: &Arc<Self>, lent: Lent, late: Option<Batch>, name: &str) {
+    async fn settle(self: &Arc<Self>, lent: Lent, late: Option<Batch>) {
         match late {
             Some(Batch { error: Some(e), .. }) if e.is_connection_lost() => {}
             Some(_) => {
-                let _ = self.finish(lent, End::Rollback, name).await;
+                let _ = self.finish(lent, End::Rollback).await;
             }
             None => {}
         }

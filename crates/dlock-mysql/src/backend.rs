@@ -25,7 +25,7 @@ use crate::config::{LockMode, MysqlConfig};
 use crate::error::Error;
 use crate::named::{NamedAttempt, NamedSession};
 use crate::pool::{Lent, Pool};
-use crate::sql::{self, Sql};
+use crate::sql::{self, Sql, Tokens};
 use dlock_core::raw::carrier::Carriers;
 
 /// Connections for short side statements: fence counters, kills, clean-ups.
@@ -84,7 +84,7 @@ impl MysqlBackend {
                  ssl-mode=verify_identity and ssl-ca to verify it)"
             );
         }
-        let inner = Inner {
+        let mut inner = Inner {
             locks: Pool::new(
                 "lock",
                 options.clone(),
@@ -99,12 +99,13 @@ impl MysqlBackend {
                 config.connect_timeout,
                 SIDE_CONNECTIONS,
             ),
-            sql: Sql::new(&config.table),
+            sql: Sql::new(&config.table, Tokens::Counter),
             config,
             wakeups: AtomicU64::new(0),
             carriers: Carriers::new(NAME),
         };
-        inner.prepare_tables().await?;
+        let tokens = inner.prepare_tables().await?;
+        inner.sql = Sql::new(&inner.config.table, tokens);
         Ok(Self {
             inner: Arc::new(inner),
         })
@@ -133,7 +134,8 @@ impl Backend for MysqlBackend {
         Capabilities {
             // InnoDB does not promise FIFO grants (MySQL 8 schedules by contention weight).
             fair: false,
-            // A counter committed on its own after the grant; InnoDB keeps it durable.
+            // Taken after the grant from a source that never goes back (MariaDB's sequence,
+            // or a per-key counter committed on its own); InnoDB keeps it durable.
             fencing: Fencing::Strict,
             // The session's idle timeout (ceil of the ttl, renewed by pings) ends a silent
             // holder.
@@ -169,11 +171,14 @@ impl Backend for MysqlBackend {
     ) -> Result<Option<Grant>> {
         let (tx, rx) = oneshot::channel();
         // Counted as clean-up: once the caller gives up, the task still stops the waiting
-        // statement and tidies the connection.
+        // statement and tidies the connection. Row mode's first try runs here (see
+        // `Attempt::run`), and only what may wait goes to a task.
         let spawned = match self.inner.config.mode {
             LockMode::Row => {
-                let attempt = Attempt::new(self.inner.clone(), key, opts.ttl, deadline, tx);
-                dlock_core::raw::spawn_cleanup(attempt.run())
+                Attempt::new(self.inner.clone(), key, opts.ttl, deadline, tx)
+                    .run()
+                    .await;
+                true
             }
             LockMode::Named => {
                 let attempt = NamedAttempt::new(self.inner.clone(), key, opts, deadline, tx);
@@ -282,20 +287,24 @@ impl Inner {
         }
     }
 
-    /// Run `sql` (which ends any transaction) and return the connection to the pool if it
-    /// went through; close it otherwise.
+    /// Run `sql` (which ends any transaction and restores the default idle timeout) and
+    /// return the connection to the pool if it went through; close it otherwise.
     pub(crate) async fn give_back_clean(&self, mut lent: Lent, sql: &str) {
         let batch = self.run(&mut lent, sql, "clean up").await;
         match batch.error {
-            None => lent.give_back(),
+            None => {
+                lent.set_lease_idle(None);
+                lent.give_back();
+            }
             Some(e) => {
                 tracing::debug!(error = %e, "closing a connection that could not be cleaned")
             }
         }
     }
 
-    /// Create the tables if missing; refuse existing ones that cannot hold locks safely.
-    async fn prepare_tables(&self) -> Result<()> {
+    /// Create the tables (and on MariaDB the token sequence) if missing; refuse existing
+    /// ones that cannot hold locks safely. Returns where tokens come from.
+    async fn prepare_tables(&self) -> Result<Tokens> {
         let mut tables = self.side("connect", &self.sql.describe_tables()).await?;
         if tables.len() < 2 {
             self.side("create tables", &self.sql.create_tables())
@@ -316,8 +325,50 @@ impl Inner {
         for row in &tables {
             check_table(row).map_err(|problem| LockError::invalid_config(NAME, problem))?;
         }
-        Ok(())
+        let version = self
+            .side("connect", "SELECT CAST(VERSION() AS CHAR)")
+            .await?;
+        let version: String = version
+            .first()
+            .and_then(|row| row.try_get(0).ok())
+            .unwrap_or_default();
+        if !has_sequences(&version) {
+            return Ok(Tokens::Counter);
+        }
+        if self
+            .side("connect", &self.sql.find_sequence())
+            .await?
+            .is_empty()
+        {
+            let first = self
+                .side("create sequence", &self.sql.first_token())
+                .await?;
+            let start: u64 = first
+                .first()
+                .and_then(|row| row.try_get(0).ok())
+                .unwrap_or(1);
+            self.side("create sequence", &self.sql.create_sequence(start))
+                .await?;
+            tracing::info!(
+                sequence = self.sql.sequence(),
+                start,
+                "created the token sequence"
+            );
+        }
+        Ok(Tokens::Sequence)
     }
+}
+
+/// Whether the server `VERSION()` names has sequences: MariaDB from 10.3 (MySQL has none).
+fn has_sequences(version: &str) -> bool {
+    if !version.contains("MariaDB") {
+        return false;
+    }
+    let mut parts = version
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (10, 3)
 }
 
 /// Check one row of [`Sql::describe_tables`]: InnoDB, and a `name` column that compares
@@ -389,6 +440,15 @@ mod tests {
             "mysql://app-user:hunter2-pw@192.0.2.1/d?connect_timeout=100ms&ssl-mode=required",
         );
         assert!(log.contains("ssl_mode=\"required\""), "{log}");
+    }
+
+    #[test]
+    fn sequences_are_used_on_mariadb_from_10_3_only() {
+        assert!(has_sequences("10.11.14-MariaDB-0+deb12u2"));
+        assert!(has_sequences("10.3.0-MariaDB"));
+        assert!(has_sequences("11.4.2-MariaDB-log"));
+        assert!(!has_sequences("10.2.44-MariaDB"));
+        assert!(!has_sequences("8.0.36"));
     }
 
     #[test]

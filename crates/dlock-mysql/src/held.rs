@@ -1,6 +1,6 @@
 //! A held row lock: the connection whose open transaction holds it. Renewal pings it (a
 //! failed ping means the session, and the lock, is gone); release commits, which hands the
-//! row to the next waiter, then deletes the row unless a waiter holds it now.
+//! row to the next waiter. The row stays for the key's next use.
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,11 +18,14 @@ use crate::error::Error;
 use crate::pool::Lent;
 use crate::sql::{self, End, Sql};
 
+/// The shortest lease idle timeout (seconds) a released connection keeps in the pool;
+/// shorter ones are restored to the server's default at release.
+const KEEP_IDLE_FROM: u32 = 10;
+
 /// A held row lock: the connection whose open transaction holds it.
 pub(crate) struct MysqlHeld {
     inner: Arc<Inner>,
     key: String,
-    name: String,
     /// `None` once released, or once the connection failed.
     conn: Option<Lent>,
     /// The session's idle timeout, in seconds.
@@ -34,11 +37,10 @@ pub(crate) struct MysqlHeld {
 impl MysqlHeld {
     /// The lock held by the open transaction on `conn`, whose session idle timeout is
     /// `idle` seconds.
-    pub(crate) fn new(inner: Arc<Inner>, key: String, name: String, conn: Lent, idle: u32) -> Self {
+    pub(crate) fn new(inner: Arc<Inner>, key: String, conn: Lent, idle: u32) -> Self {
         Self {
             inner,
             key,
-            name,
             conn: Some(conn),
             idle,
             in_flight: false,
@@ -91,7 +93,11 @@ impl Held for MysqlHeld {
                 Err(_) => Some(inner.no_answer("extend")),
             }
         } else {
-            inner.run(lent, &Sql::keep(idle), "extend").await.error
+            let error = inner.run(lent, &Sql::keep(idle), "extend").await.error;
+            if error.is_none() {
+                lent.set_lease_idle(Some(idle));
+            }
+            error
         };
         self.in_flight = false;
         match outcome {
@@ -110,15 +116,11 @@ impl Held for MysqlHeld {
     async fn release(&mut self) -> Result<()> {
         let lent = self.conn().is_some().then(|| self.conn.take()).flatten();
         let Some(lent) = lent else {
-            self.inner.clean(&self.name).await;
             return Err(self.not_held("the holding connection was closed"));
         };
-        match self.inner.finish(lent, End::Commit, &self.name).await {
+        match self.inner.finish(lent, End::Commit).await {
             Finished::Ended => Ok(()),
-            Finished::Failed(e) => {
-                self.inner.clean(&self.name).await;
-                Err(self.not_held(e))
-            }
+            Finished::Failed(e) => Err(self.not_held(e)),
             Finished::Unknown(e) => Err(e.into()),
         }
     }
@@ -131,9 +133,9 @@ impl Drop for MysqlHeld {
         };
         // Not released: roll back in the background if there is a runtime; otherwise the
         // closed connection makes the server roll back.
-        let (inner, name) = (self.inner.clone(), std::mem::take(&mut self.name));
+        let inner = self.inner.clone();
         dlock_core::raw::spawn_cleanup(async move {
-            let _ = inner.finish(lent, End::Rollback, &name).await;
+            let _ = inner.finish(lent, End::Rollback).await;
         });
     }
 }
@@ -149,46 +151,33 @@ pub(crate) enum Finished {
 }
 
 impl Inner {
-    /// End the lock transaction on `lent` and tidy up: restore the session, delete the row
-    /// unless a waiter has it now, and return the connection to the pool.
-    pub(crate) async fn finish(self: &Arc<Self>, mut lent: Lent, end: End, name: &str) -> Finished {
+    /// End the lock transaction on `lent`, restore the session and return the connection
+    /// to the pool.
+    pub(crate) async fn finish(&self, mut lent: Lent, end: End) -> Finished {
         let op = match end {
             End::Commit => "release",
             End::Rollback => "abandon",
         };
-        let batch = self.run(&mut lent, &self.sql.finish(end, name), op).await;
-        let ended = batch.done >= 1;
-        tracing::debug!(id = lent.id(), name, ?end, done = batch.done, error = ?batch.error, "finish");
+        // A released connection keeps a long idle timeout (the next acquire of that ttl
+        // sends no `SET`); a short one is restored, or the pool would drop it too soon.
+        let restore = lent.lease_idle().is_some_and(|idle| idle < KEEP_IDLE_FROM);
+        let batch = self.run(&mut lent, &Sql::finish(end, restore), op).await;
+        tracing::debug!(id = lent.id(), ?end, done = batch.done, error = ?batch.error, "finish");
         match batch.error {
             None => {
+                if restore {
+                    lent.set_lease_idle(None);
+                }
                 lent.give_back();
                 Finished::Ended
             }
-            // A waiter got the row at our COMMIT: end the clean-up's own transaction, in the
-            // background (the caller's answer does not depend on it).
-            Some(e) if ended && e.is_lock_busy() => {
-                let inner = self.clone();
-                dlock_core::raw::spawn_cleanup(async move {
-                    inner.give_back_clean(lent, "ROLLBACK").await;
-                });
-                Finished::Ended
-            }
-            Some(e) if ended => {
-                tracing::warn!(error = %e, "the key was released but its row was not cleaned up");
+            // The transaction ended; only restoring the session failed: close it.
+            Some(e) if batch.done >= 1 => {
+                tracing::debug!(error = %e, "closing a connection that could not be reset");
                 Finished::Ended
             }
             Some(e @ Error::NoAnswer { .. }) => Finished::Unknown(e),
             Some(e) => Finished::Failed(e),
-        }
-    }
-
-    /// Delete `name`'s row from a side connection unless someone holds it: after the session
-    /// that held it ended without a release.
-    pub(crate) async fn clean(&self, name: &str) {
-        match self.side("clean up", &self.sql.clean(name)).await {
-            Ok(_) => {}
-            Err(e) if e.is_lock_busy() => {}
-            Err(e) => tracing::debug!(error = %e, "could not clean up a lock row"),
         }
     }
 }

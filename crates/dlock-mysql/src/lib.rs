@@ -33,7 +33,8 @@
 //! **Choose `mode=named` to hold many keys from one process** (a lock per entity, thousands
 //! held at once): 10,000 held keys cost a few holder connections and a few pings a second.
 //! Both modes keep every promise of the conformance suite (it runs in both), take fencing
-//! tokens from the same `{table}_fence` counters, and free a dead client's keys at once.
+//! tokens from the same source (MariaDB: the `{table}_seq` sequence; MySQL 8: the
+//! `{table}_fence` counters), and free a dead client's keys at once.
 //!
 //! **Row mode stays the default** because a key's holders must all use one mode: a row
 //! lock and a named lock on the same key do not exclude each other, so changing the
@@ -48,67 +49,77 @@
 //! # Protocol, `mode=row`
 //!
 //! Two tables, created if missing: `{table}` (default `dlock_locks`) with one row per key
-//! that is held or waited for, and `{table}_fence` with one fencing counter per key. Row
+//! ever locked, kept for the key's next use, and `{table}_fence` (per-key counters on
+//! MySQL 8; on MariaDB the latest named-mode holder); and on MariaDB a sequence,
+//! `{table}_seq`, the source of every token (created starting above every counter of
+//! `{table}_fence`). Row
 //! names are the key [escaped](dlock_core::raw::key::escape) to readable ASCII, long ones
 //! [shortened](dlock_core::raw::key::shorten) to 255 bytes with a SHA-256 digest, in a
 //! `VARBINARY(255)` primary key: compared as bytes, so `A` and `a` are two keys. Every
 //! statement is sent as a text batch (several statements, one round trip) with names as
 //! `X'…'` literals. Lock connections run at `READ COMMITTED` with
-//! `innodb_lock_wait_timeout = 60`.
+//! `innodb_lock_wait_timeout = 60`. *token* below is `NEXTVAL({table}_seq)` on MariaDB,
+//! `0` on MySQL 8.
 //!
-//! **Acquire** (each in a task of its own that owns its connection):
+//! **Acquire** (steps 1, 2 and 4 in the caller's task; a wait in a task of its own that owns
+//! the connection):
 //! 1. Take a connection from the client's pool (it stays out of the pool while the key is
 //!    held or waited for).
-//! 2. One batch: `SET SESSION wait_timeout = ⌈ttl⌉`; create the row if missing with
-//!    `INSERT … SELECT … WHERE NOT EXISTS` (a consistent read and a plain insert in
-//!    autocommit, so it does not wait for a holder and never takes a locking read on a
-//!    missing row, whose gap locks deadlock two inserters; two clients creating the row at
-//!    once: the second's duplicate-key error makes it start over); `BEGIN`;
-//!    `SELECT … FOR UPDATE NOWAIT`. A row: granted, go to 4. No row (a releasing client
-//!    deleted it just now): roll back and repeat. A lock error: busy.
+//! 2. One batch: `SET SESSION wait_timeout = ⌈ttl⌉` (left out when the session has it
+//!    from an earlier lease), `BEGIN; SELECT token FROM {table} WHERE name = … FOR UPDATE
+//!    NOWAIT`. A row: granted, go to 4. A lock error: busy. No
+//!    row (the key's first use): one batch `ROLLBACK`, create the row with `INSERT …
+//!    SELECT … WHERE NOT EXISTS` (a consistent read and a plain insert in autocommit, so it
+//!    does not wait for a holder and never takes a locking read on a missing row, whose gap
+//!    locks deadlock two inserters; two clients creating the row at once: the second's
+//!    duplicate-key error makes it start over), then `BEGIN; SELECT … FOR UPDATE NOWAIT`
+//!    again.
 //! 3. Busy: `try_acquire`, or an acquire whose deadline passed, answers "held". Otherwise
-//!    one batch `SET …; BEGIN; SELECT … FOR UPDATE` waits on the server, which wakes it by
-//!    granting the row lock (one waiter per release). At the deadline, or when the caller
-//!    drops the future, the waiting statement is stopped with `KILL QUERY <id>` from a side
-//!    connection (then `KILL <id>`, ending the session, if it does not stop within 1 s),
-//!    so a waiter that gave up never takes the key later; its transaction is rolled back
-//!    (InnoDB may have granted the row just before the kill) and the row cleaned up.
-//! 4. Granted: on a side connection, in autocommit, `INSERT … ON DUPLICATE KEY UPDATE
-//!    fence = LAST_INSERT_ID(fence + 1), holder = <connection id>` and
-//!    `SELECT LAST_INSERT_ID()`: the fencing token, committed whatever happens to the
-//!    holder later.
-//! 5. `SET SESSION wait_timeout = ⌈ttl⌉` on the holding connection: it proves the session
-//!    still held the row after the token was committed (so any later holder's token is
-//!    larger) and restarts the session's idle clock: the lease starts when it is sent.
+//!    one batch `SET …; BEGIN; SELECT token … FOR UPDATE` waits on the server, which wakes
+//!    it by granting the row lock (one waiter per release). At the deadline, or when the
+//!    caller drops the future, the waiting statement is stopped with `KILL QUERY <id>`
+//!    from a side connection (then `KILL <id>`, ending the session, if it does not stop
+//!    within 1 s), so a waiter that gave up never takes the key later; its transaction is
+//!    rolled back (InnoDB may have granted the row just before the kill).
+//! 4. Granted. MariaDB: the locking statement drew the token once it held the row, so any
+//!    later holder's token (drawn once it holds the row) is larger; a sequence never hands a
+//!    value out twice, whatever rolls back or restarts. The lease runs from when the
+//!    granted batch was sent (the session was busy until the grant, so its idle clock
+//!    started later); a grant that arrives after ttl/3 is confirmed by one ping. MySQL 8:
+//!    on a side connection, in autocommit, `INSERT … ON DUPLICATE KEY UPDATE fence =
+//!    LAST_INSERT_ID(fence + 1), holder = <connection id>` and `SELECT LAST_INSERT_ID()`,
+//!    then `SET SESSION wait_timeout = ⌈ttl⌉` on the holder, which proves the session still
+//!    held the row after the token was committed and starts the lease.
 //!
 //! **Extend** (the watchdog, every ttl/3): `COM_PING` on the holding connection (`SET
 //! SESSION wait_timeout` when the ttl changed). Any failure means the session, and with it
 //! the lock, is gone or cannot be trusted: [`NotHeld`](dlock_core::LockError::NotHeld),
 //! and `lost()` fires.
 //!
-//! **Release**: one batch: `COMMIT` (the row lock goes to the next waiter, if any);
-//! `SET SESSION wait_timeout = DEFAULT`; `BEGIN; SELECT … FOR UPDATE NOWAIT; DELETE …;
-//! COMMIT`, which deletes the row unless a waiter holds it now (then a `ROLLBACK` ends the
-//! clean-up, after the answer). The connection goes back to the pool clean.
+//! **Release**: `COMMIT` (the row lock goes to the next waiter, if any), with `SET SESSION
+//! wait_timeout = DEFAULT` in the same batch when ⌈ttl⌉ is under 10 s. The row stays; the
+//! connection goes back to the pool with no transaction, and the pool drops it once it has
+//! been idle for its `wait_timeout` less 1 s (at most 120 s), before the server would.
 //!
 //! **Crash**: a dead client's connection closes; the server rolls its transaction back and
 //! the key is free at once.
 //!
-//! | operation | round trips | measured p50 (loopback, MariaDB 10.11) |
+//! | operation (MariaDB) | round trips | measured p50 (loopback, MariaDB 10.11) |
 //! |---|---|---|
-//! | `try_acquire`, key free | 3: lock batch, fence, keep | 0.40 ms |
-//! | `try_acquire`, key held | 1 (a `ROLLBACK` follows the answer) | 0.20 ms |
-//! | `acquire` with a wake-up | 4 + the wait: lock batch, wait batch, fence, keep | — |
-//! | contended hand-off, `release` called → waiter holds | `COMMIT` → grant, then the waiter's fence and keep | 0.79 ms |
-//! | `extend` | 1 | 0.06 ms |
-//! | `release` | 1 | 0.19 ms |
-//! | holder's session ends (`KILL`, crash) → waiter holds | the server's roll-back → grant, then fence and keep | 0.77 ms |
-//! | `acquire` with a 300 ms deadline on a held key | the wait, then `KILL QUERY` (side connection) | 301.5 ms |
+//! | `try_acquire`, key free | 1: the lock batch (2 on a key's first use) | — |
+//! | `try_acquire`, key held | 1 (a `ROLLBACK` follows the answer) | — |
+//! | `acquire` with a wake-up | 2 + the wait: lock batch, wait batch | — |
+//! | `acquire` + `release`, key free, one client (lockbench *uncontended*) | 2: `BEGIN; SELECT … NOWAIT`, `COMMIT`; no commit that writes | 62–67 µs (raw cycle 57 µs: 1.08–1.17×) |
+//! | contended hand-off, `release` called → waiter holds (lockbench, 8 clients) | `COMMIT` → grant | 122–131 µs |
+//! | `extend` | 1 | — |
+//! | `release` | 1 | — |
+//! | holder's session ends (`KILL`, crash) → waiter holds | the server's roll-back → grant | — |
+//! | `acquire` with a 300 ms deadline on a held key | the wait, then `KILL QUERY` (side connection) | — |
 //!
-//! A server round trip (`SELECT 1`) measured 0.03 ms; the rest is the server's work
-//! (commits, lock grants) and task scheduling. Medians of three runs of
-//! `cargo run --release -p dlock-mysql --example latency` on a shared 2-core machine, with
-//! one wake-up counted per hand-off.
+//! On MySQL 8 a grant adds two round trips (fence on a side connection, keep) and a
+//! commit that writes. Measured with `target/release/lockbench --backends mysql` (its
+//! medians; a shared, noisy 2-core machine); the rows with `—` were not re-measured since
+//! the change.
 //!
 //! # Protocol, `mode=named`
 //!
@@ -127,9 +138,10 @@
 //! 1. On a holder connection of the hold's group (opened from the pool when there is none;
 //!    a pooled connection is pinged first): `SELECT GET_LOCK(name, 0)`. `0`: busy.
 //! 2. Granted: on the same connection, one batch: `SET SESSION wait_timeout = ⌈ttl⌉`, the
-//!    fence counter's `INSERT … ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1),
-//!    holder = <connection id>` (autocommit), `SELECT LAST_INSERT_ID()`: the token,
-//!    committed after the grant, so any later holder's is larger. A failed batch releases
+//!    fence row's `INSERT … ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)` (on
+//!    MariaDB `LAST_INSERT_ID(NEXTVAL({table}_seq))`), `holder = <connection id>`
+//!    (autocommit), `SELECT LAST_INSERT_ID()`: the token, taken after the grant, so any
+//!    later holder's is larger. A failed batch releases
 //!    the lock and fails the acquire.
 //! 3. Busy: `try_acquire`, or an acquire whose deadline passed, answers "held". Otherwise,
 //!    on a connection of its own, `SELECT GET_LOCK(name, round)` (round: the time left in
@@ -181,7 +193,7 @@
 //! | capability | value | why |
 //! |---|---|---|
 //! | fair | no | InnoDB does not promise FIFO grants: MariaDB grants a row's waiters in queue order, but MySQL 8 schedules by contention weight (CATS), and an acquire that restarts (its row deleted under it) queues again |
-//! | fencing | strict | a per-key counter committed in its own transaction after the grant, checked by step 5; durable with `innodb_flush_log_at_trx_commit = 1` (the default) and no failover to an asynchronous replica |
+//! | fencing | strict | drawn after the grant from a source that never goes back: MariaDB's `{table}_seq` (a value is never handed out twice, even after a roll-back or a restart: cached values are skipped), MySQL 8's per-key counter committed on its own; durable with `innodb_flush_log_at_trx_commit = 1` (the default) and no failover to an asynchronous replica |
 //! | expiry | ttl | the holding session's `wait_timeout` is ⌈ttl⌉ in whole seconds, kept alive by pings; a silent holder is cut off by the server ⌈ttl⌉ after its last statement |
 //! | releases on disconnect | yes | a closed connection's transaction is rolled back at once |
 //! | wake-up | notification, one per release | the server grants the row lock to one waiter |
@@ -266,14 +278,33 @@
 //!
 //! # What stays on the server
 //!
-//! A key's row in `{table}` exists while the key is held or waited for; the release that
-//! leaves it free deletes it (a crashed holder's row goes with the key's next release).
-//! `{table}_fence` keeps one row per key ever locked, by design: the counter must never go
-//! back. It also records the latest holder's connection id and grant time, for operators
-//! (`KILL <holder>` breaks a lock). Delete fence rows only of keys retired for good.
+//! By design, and nothing else once every lock is released:
+//! - `{table}` keeps one small row per key ever locked (row mode), unlocked: deleting it
+//!   at each release would cost an insert and a delete per cycle. An unlocked row is not
+//!   a held key. Delete rows of keys retired for good (a deleted row is recreated on the
+//!   key's next use).
+//! - `{table}_seq` (MariaDB): the token sequence. Never reset, `ALTER` or `SETVAL` it:
+//!   tokens would go back.
+//! - `{table}_fence`: on MySQL 8 one counter per key ever locked (the counter must never
+//!   go back), with the latest holder's connection id and grant time; on MariaDB the same
+//!   per key locked in named mode. Delete fence rows only of keys retired for good.
+//!
+//! Who holds a key in row mode: MySQL 8 `performance_schema.data_locks` (granted record
+//! locks on `{table}`); MariaDB shows a lock only while someone waits for it
+//! (`information_schema.INNODB_LOCK_WAITS` joined with `INNODB_TRX`: the blocking
+//! `trx_mysql_thread_id`; `KILL` it to break the lock).
+//!
 //! Existing tables are checked at connect: InnoDB, and a `name` column that compares bytes
 //! (binary type or `_bin` collation) at least 255 wide; anything else is refused, since a
 //! case-insensitive column would merge `A` and `a`.
+//!
+//! **Upgrading** from a version that took row-mode tokens from `{table}_fence` and deleted
+//! rows at release: on MariaDB the new version creates `{table}_seq` starting above every
+//! counter, so a table whose clients all switch at once (stop the old ones first) keeps its
+//! tokens rising. Old and new clients running together on one table draw from two
+//! sources, and an old client's counter may pass the sequence: switch a table's clients
+//! together, or give the new ones a new `table`. Rows the old version left are used as
+//! they are.
 //!
 //! # Failure modes
 //!
@@ -287,7 +318,8 @@
 //!   connection when the wait ends (grant, or `innodb_lock_wait_timeout` = 60 s) and rolls
 //!   back at once.
 //! - **Server restart**: every session ends and every lock is freed; holders' next ping
-//!   fails and `lost()` fires. Tokens continue from the durable counters. Idle pooled
+//!   fails and `lost()` fires. Tokens continue from the durable sequence (above every value
+//!   it cached) or counters. Idle pooled
 //!   connections found dead are replaced on first use.
 //! - **Server unreachable or silent**: connecting fails with
 //!   [`Unavailable`](dlock_core::LockError::Unavailable) within `connect_timeout`; every
@@ -314,8 +346,10 @@
 //!   whose roll-back fails is closed instead of pooled.
 //! - Seeing who waits: MariaDB `information_schema.INNODB_LOCKS` / `INNODB_LOCK_WAITS`
 //!   (only locks in a wait, refreshed at most every 0.1 s); MySQL 8
-//!   `performance_schema.data_locks` / `data_lock_waits`. The fence table's `holder` works
-//!   on both.
+//!   `performance_schema.data_locks` / `data_lock_waits`.
+//! - Tokens: MariaDB ≥ 10.3 has sequences, drawn in the locking statement (no commit);
+//!   MySQL 8 has none, so its tokens are per-key counters committed on a side connection
+//!   (two more round trips and a commit per grant). Detected at connect from `VERSION()`.
 //! - Killing one's own sessions needs no privilege on either server.
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]

@@ -27,8 +27,19 @@ const MAX_IDLE: Duration = Duration::from_secs(120);
 pub(crate) struct Conn {
     raw: MySqlConnection,
     id: u64,
-    /// The server closes the session after this much idle time.
+    /// The server closes the session after this much idle time, by default.
     server_idle: Duration,
+    /// The `wait_timeout` row mode set on the session (whole seconds), when it is not the
+    /// default: an acquire with the same one does not send it again.
+    lease_idle: Option<u32>,
+}
+
+impl Conn {
+    /// How long the server lets the session idle now.
+    fn idle_limit(&self) -> Duration {
+        self.lease_idle
+            .map_or(self.server_idle, |s| Duration::from_secs(s.into()))
+    }
 }
 
 #[derive(Debug)]
@@ -131,13 +142,14 @@ impl Pool {
             raw,
             id,
             server_idle: Duration::from_secs(server_idle),
+            lease_idle: None,
         })
     }
 
     fn pop_idle(&self) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(Idle { conn, since }) = idle.pop() {
-            let keep = MAX_IDLE.min(conn.server_idle.saturating_sub(Duration::from_secs(1)));
+            let keep = MAX_IDLE.min(conn.idle_limit().saturating_sub(Duration::from_secs(1)));
             if since.elapsed() < keep {
                 return Some(conn);
             }
@@ -177,8 +189,23 @@ impl Lent {
         self.conn.as_ref().map_or(0, |c| c.id)
     }
 
+    /// The session's `wait_timeout` as row mode last set it; `None`: the default (or
+    /// unknown).
+    pub(crate) fn lease_idle(&self) -> Option<u32> {
+        self.conn.as_ref().and_then(|c| c.lease_idle)
+    }
+
+    /// Record the session's `wait_timeout` after a statement set it (`None`: restored to
+    /// the default).
+    pub(crate) fn set_lease_idle(&mut self, idle: Option<u32>) {
+        if let Some(conn) = self.conn.as_mut() {
+            conn.lease_idle = idle;
+        }
+    }
+
     /// Return the connection to the pool. Only call when the session is clean: no open
-    /// transaction, no statement in flight, default idle timeout.
+    /// transaction, no statement in flight, and an idle timeout that is the default or the
+    /// one [`Self::lease_idle`] records (the pool drops a connection idle for longer).
     pub(crate) fn give_back(mut self) {
         if let Some(conn) = self.conn.take() {
             let mut idle = self.pool.idle.lock().unwrap_or_else(|e| e.into_inner());

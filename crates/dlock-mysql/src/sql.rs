@@ -48,19 +48,84 @@ pub(crate) fn idle_seconds(ttl: Duration) -> u32 {
     u32::try_from(secs.max(1)).unwrap_or(u32::MAX)
 }
 
-/// The statements for one lock table and its fence table.
+/// Where fencing tokens come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tokens {
+    /// `{table}_seq`, a MariaDB sequence read by the locking statement itself: no commit.
+    Sequence,
+    /// `{table}_fence`, a per-key counter committed apart from the lock (MySQL 8, which has
+    /// no sequences).
+    Counter,
+}
+
+/// `SET SESSION wait_timeout = …;`, or nothing when the session has it already.
+fn set_idle(idle: Option<u32>) -> String {
+    idle.map_or_else(String::new, |idle| {
+        format!("SET SESSION wait_timeout = {idle};")
+    })
+}
+
+/// The statements for one lock table, its fence table and its token sequence.
 #[derive(Debug, Clone)]
 pub(crate) struct Sql {
     table: String,
     fence: String,
+    seq: String,
+    pub(crate) tokens: Tokens,
 }
 
 impl Sql {
-    /// Statements for the tables named by a validated identifier.
-    pub(crate) fn new(table: &str) -> Self {
+    /// Statements for the tables named by a validated identifier, taking tokens from
+    /// `tokens`.
+    pub(crate) fn new(table: &str, tokens: Tokens) -> Self {
         Self {
             table: table.to_owned(),
             fence: format!("{table}_fence"),
+            seq: format!("{table}_seq"),
+            tokens,
+        }
+    }
+
+    /// The token sequence's name.
+    pub(crate) fn sequence(&self) -> &str {
+        &self.seq
+    }
+
+    /// Whether the token sequence exists: one row if it does.
+    pub(crate) fn find_sequence(&self) -> String {
+        format!(
+            "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() \
+               AND TABLE_NAME = '{}' AND TABLE_TYPE = 'SEQUENCE'",
+            self.seq
+        )
+    }
+
+    /// The first token the sequence may hand out: above every counter of the fence table,
+    /// so that tokens keep rising for keys locked before the sequence existed.
+    pub(crate) fn first_token(&self) -> String {
+        format!(
+            "SELECT CAST(COALESCE(MAX(fence), 0) + 1 AS UNSIGNED) FROM `{}`",
+            self.fence
+        )
+    }
+
+    /// Create the token sequence, starting at `start`. InnoDB, so its stored state is as
+    /// durable as the counters were; `CACHE 1000` writes it once per thousand tokens (the
+    /// values cached when the server stops are skipped, never handed out again).
+    pub(crate) fn create_sequence(&self, start: u64) -> String {
+        format!(
+            "CREATE SEQUENCE IF NOT EXISTS `{}` START WITH {start} MINVALUE 1 CACHE 1000 \
+             NOCYCLE ENGINE=InnoDB COMMENT='dlock: fencing tokens, never reset by design'",
+            self.seq
+        )
+    }
+
+    /// What the locking statement selects from the row: the next token where the sequence
+    /// gives it (drawn once the row is locked, so a later holder's is larger), else `0`.
+    fn locked_value(&self) -> String {
+        match self.tokens {
+            Tokens::Sequence => format!("CAST(NEXTVAL(`{}`) AS UNSIGNED)", self.seq),
+            Tokens::Counter => "CAST(0 AS UNSIGNED)".to_owned(),
         }
     }
 
@@ -69,7 +134,7 @@ impl Sql {
         format!(
             "CREATE TABLE IF NOT EXISTS `{t}` (\
                name VARBINARY({NAME_WIDTH}) NOT NULL PRIMARY KEY\
-             ) ENGINE=InnoDB COMMENT='dlock: one row per key that is held or waited for';\
+             ) ENGINE=InnoDB COMMENT='dlock: one row per key ever locked, kept for reuse';\
              CREATE TABLE IF NOT EXISTS `{f}` (\
                name VARBINARY({NAME_WIDTH}) NOT NULL PRIMARY KEY,\
                fence BIGINT UNSIGNED NOT NULL,\
@@ -107,40 +172,61 @@ impl Sql {
         )
     }
 
-    /// Take the row without waiting. Statements: 0 set the idle timeout, 1 create the row if
-    /// missing (a consistent read, then a plain insert only if it saw no row, so it does not
-    /// wait for a holder; a duplicate-key error means another client created it just now),
-    /// 2 begin, 3 lock it `NOWAIT` (a row: held; no row: it vanished; lock error: busy).
-    pub(crate) fn try_take(&self, name: &str, idle: u32) -> String {
+    /// Take the row without waiting. Statements: set the idle timeout; with `create`, end
+    /// the transaction a miss left open and create the row (a consistent read, then a plain
+    /// insert only if it saw no row, so it does not wait for a holder and takes no gap
+    /// lock; a duplicate-key error means another client created it just now); begin; lock
+    /// it `NOWAIT`, selecting [`Self::locked_value`] (a row: held; no row: missing; lock
+    /// error: busy).
+    /// `idle` is `None` when the session already has that idle timeout.
+    pub(crate) fn try_take(&self, name: &str, idle: Option<u32>, create: bool) -> String {
+        let n = literal(name);
+        let t = &self.table;
+        let create = if create {
+            format!(
+                "ROLLBACK;INSERT INTO `{t}` (name) SELECT {n} FROM DUAL \
+                   WHERE NOT EXISTS (SELECT 1 FROM `{t}` WHERE name = {n});"
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "SET SESSION wait_timeout = {idle};\
-             INSERT INTO `{t}` (name) SELECT {n} FROM DUAL \
-               WHERE NOT EXISTS (SELECT 1 FROM `{t}` WHERE name = {n});\
-             BEGIN;\
-             SELECT 1 FROM `{t}` WHERE name = {n} FOR UPDATE NOWAIT",
-            t = self.table,
-            n = literal(name),
+            "{set}{create}BEGIN;\
+             SELECT {v} FROM `{t}` WHERE name = {n} FOR UPDATE NOWAIT",
+            set = set_idle(idle),
+            v = self.locked_value(),
         )
     }
 
     /// Wait for the row: begin (which ends the transaction a failed `NOWAIT` left open) and
-    /// lock it, waiting up to [`LOCK_WAIT_ROUND`].
-    pub(crate) fn wait_take(&self, name: &str, idle: u32) -> String {
+    /// lock it, waiting up to [`LOCK_WAIT_ROUND`], selecting [`Self::locked_value`].
+    pub(crate) fn wait_take(&self, name: &str, idle: Option<u32>) -> String {
         format!(
-            "SET SESSION wait_timeout = {idle};\
-             BEGIN;\
-             SELECT 1 FROM `{t}` WHERE name = {n} FOR UPDATE",
+            "{set}BEGIN;\
+             SELECT {v} FROM `{t}` WHERE name = {n} FOR UPDATE",
             t = self.table,
             n = literal(name),
+            v = self.locked_value(),
+            set = set_idle(idle),
         )
     }
 
-    /// Bump the key's fence counter in its own transaction (autocommit) and read it. Sent on
-    /// another connection once the row lock is granted, so the token survives the holder.
+    /// Record `holder` as the key's latest holder in its fence row (autocommit) and read
+    /// the next token: the key's counter plus one, or the sequence's next value where there
+    /// is one (then the counter row only records the holder). Sent once the lock is granted,
+    /// so a later holder's token is larger.
     pub(crate) fn next_fence(&self, name: &str, holder: u64) -> String {
+        let (first, next) = match self.tokens {
+            Tokens::Counter => ("1".to_owned(), "fence + 1".to_owned()),
+            Tokens::Sequence => {
+                let v = format!("NEXTVAL(`{}`)", self.seq);
+                (v, "VALUES(fence)".to_owned())
+            }
+        };
         format!(
-            "INSERT INTO `{f}` (name, fence, holder) VALUES ({n}, LAST_INSERT_ID(1), {holder}) \
-               ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), holder = {holder}, \
+            "INSERT INTO `{f}` (name, fence, holder) \
+               VALUES ({n}, LAST_INSERT_ID({first}), {holder}) \
+               ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID({next}), holder = {holder}, \
                granted_at = CURRENT_TIMESTAMP(6);\
              SELECT CAST(LAST_INSERT_ID() AS UNSIGNED)",
             f = self.fence,
@@ -153,28 +239,16 @@ impl Sql {
         format!("SET SESSION wait_timeout = {idle}")
     }
 
-    /// End the transaction (`COMMIT` or `ROLLBACK`) and tidy up: restore the idle timeout,
-    /// then delete the row unless someone else holds it by now. Statement 0 ends the
-    /// transaction; statement 3 fails with a lock error when the row went to a waiter (then
-    /// the caller rolls back the cleanup's transaction).
-    pub(crate) fn finish(&self, end: End, name: &str) -> String {
-        format!(
-            "{end};SET SESSION wait_timeout = DEFAULT;{}",
-            self.clean(name),
-            end = end.sql(),
-        )
-    }
-
-    /// Delete the row unless it is locked: begin, lock `NOWAIT`, delete, commit.
-    pub(crate) fn clean(&self, name: &str) -> String {
-        format!(
-            "BEGIN;\
-             SELECT 1 FROM `{t}` WHERE name = {n} FOR UPDATE NOWAIT;\
-             DELETE FROM `{t}` WHERE name = {n};\
-             COMMIT",
-            t = self.table,
-            n = literal(name),
-        )
+    /// End the transaction (`COMMIT` or `ROLLBACK`), which hands the row to the next
+    /// waiter, and with `restore` restore the default idle timeout. The row stays for the
+    /// key's next use.
+    pub(crate) fn finish(end: End, restore: bool) -> String {
+        let restore = if restore {
+            ";SET SESSION wait_timeout = DEFAULT"
+        } else {
+            ""
+        };
+        format!("{}{restore}", end.sql())
     }
 
     /// Give up a transaction that holds nothing, and restore the idle timeout.
@@ -247,10 +321,27 @@ mod tests {
 
     #[test]
     fn statements_name_the_configured_tables() {
-        let sql = Sql::new("my_locks");
+        let sql = Sql::new("my_locks", Tokens::Sequence);
         assert!(sql.create_tables().contains("`my_locks_fence`"));
-        assert!(sql.try_take("k", 2).contains("NOWAIT"));
-        assert!(sql.finish(End::Rollback, "k").starts_with("ROLLBACK;"));
-        assert_eq!(sql.finish(End::Commit, "k").matches(';').count(), 5);
+        assert!(
+            sql.create_sequence(7)
+                .contains("`my_locks_seq` START WITH 7")
+        );
+        assert!(
+            sql.try_take("k", Some(2), false)
+                .contains("NEXTVAL(`my_locks_seq`)")
+        );
+        assert!(sql.try_take("k", Some(2), true).contains("ROLLBACK;INSERT"));
+        assert!(sql.try_take("k", None, false).starts_with("BEGIN;"));
+        assert!(
+            sql.wait_take("k", Some(3))
+                .starts_with("SET SESSION wait_timeout = 3;")
+        );
+        assert!(sql.next_fence("k", 9).contains("NEXTVAL(`my_locks_seq`)"));
+        let counter = Sql::new("my_locks", Tokens::Counter);
+        assert!(!counter.try_take("k", Some(2), false).contains("NEXTVAL"));
+        assert!(counter.next_fence("k", 9).contains("fence + 1"));
+        assert_eq!(Sql::finish(End::Commit, false), "COMMIT");
+        assert_eq!(Sql::finish(End::Commit, true).matches(';').count(), 1);
     }
 }

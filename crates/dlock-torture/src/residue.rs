@@ -149,13 +149,29 @@ async fn mysql_rows(url: &str, stem: &str) -> Result<Vec<String>, String> {
         "SELECT CAST(name AS CHAR) FROM `{}` WHERE name LIKE ?",
         config.table
     );
-    let rows: Vec<String> = sqlx::query_scalar(&sql)
-        .bind(format!("{stem}%"))
+    let pattern = format!("{stem}%");
+    let all: Vec<String> = sqlx::query_scalar(&sql)
+        .bind(&pattern)
         .fetch_all(&mut conn)
         .await
         .map_err(|e| format!("{sql}: {e}"))?;
+    // Rows nobody locks stay for the key's next use: only locked rows are residue.
+    let free_sql = format!("{sql} FOR UPDATE SKIP LOCKED");
+    sqlx::query("BEGIN")
+        .execute(&mut conn)
+        .await
+        .map_err(|e| format!("BEGIN: {e}"))?;
+    let free: Vec<String> = sqlx::query_scalar(&free_sql)
+        .bind(&pattern)
+        .fetch_all(&mut conn)
+        .await
+        .map_err(|e| format!("{free_sql}: {e}"))?;
     let _ = conn.close().await;
-    Ok(rows.into_iter().map(|r| format!("row {r}")).collect())
+    Ok(all
+        .into_iter()
+        .filter(|r| !free.contains(r))
+        .map(|r| format!("row {r}"))
+        .collect())
 }
 
 /// Advisory locks held or waited for on keys under `stem` (the key table's rows, one per

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use dlock_conformance::Harness;
 use dlock_core::raw::key;
 use dlock_core::{BoxError, DistributedLock, ErrorKind, Result};
-use dlock_mysql::MysqlConfig;
+use dlock_mysql::{LockMode, MysqlConfig};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlSslMode};
 use sqlx::{ConnectOptions, Executor, Row};
 
@@ -85,9 +85,13 @@ impl MysqlHarness {
         Ok(tokio::time::timeout(Duration::from_secs(5), options.connect()).await??)
     }
 
-    /// The connection id that holds (or last held) `key`, as the backend records it in the
-    /// fence table.
+    /// The connection id that holds `key`: in named mode as the backend records it in the
+    /// fence table (the latest holder), in row mode the session whose transaction locks
+    /// the row, if any (see [`Self::row_holder`]).
     pub async fn holder_of(&self, key: &str) -> Result<Option<u64>, BoxError> {
+        if self.config.mode == LockMode::Row {
+            return self.row_holder(key).await;
+        }
         let mut admin = self.admin().await?;
         let sql = format!(
             "SELECT holder FROM `{}` WHERE name = {}",
@@ -96,6 +100,67 @@ impl MysqlHarness {
         );
         let row = admin.fetch_optional(sql.as_str()).await?;
         Ok(row.map(|r| r.try_get::<u64, _>(0)).transpose()?)
+    }
+
+    /// The session whose transaction locks `key`'s row. MySQL 8 lists granted row locks in
+    /// `performance_schema.data_locks`; MariaDB shows a lock only while someone waits for
+    /// it, so a probe transaction waits for the row (at most 1 s) while another connection
+    /// reads who blocks it. `None` when the probe gets the row (nobody holds it).
+    pub async fn row_holder(&self, key: &str) -> Result<Option<u64>, BoxError> {
+        let name = row_name(key);
+        let mut watch = self.admin().await?;
+        let mysql = format!(
+            "SELECT CAST(t.PROCESSLIST_ID AS UNSIGNED) FROM performance_schema.data_locks l \
+             JOIN performance_schema.threads t ON t.THREAD_ID = l.THREAD_ID \
+             WHERE l.OBJECT_SCHEMA = '{}' AND l.OBJECT_NAME = '{}' AND l.LOCK_TYPE = 'RECORD' \
+               AND l.LOCK_STATUS = 'GRANTED' AND l.LOCK_DATA = '{}'",
+            self.config.database,
+            self.config.table,
+            hex_data(&name)
+        );
+        if let Ok(row) = watch.fetch_optional(mysql.as_str()).await {
+            return Ok(row.map(|r| r.try_get::<u64, _>(0)).transpose()?);
+        }
+        let mut probe = self.admin().await?;
+        let probe_id: u64 = probe
+            .fetch_one("SELECT CAST(CONNECTION_ID() AS UNSIGNED)")
+            .await?
+            .try_get(0)?;
+        probe
+            .execute("SET SESSION innodb_lock_wait_timeout = 1")
+            .await?;
+        probe.execute("BEGIN").await?;
+        let lock = format!(
+            "SELECT 1 FROM `{}` WHERE name = {} FOR UPDATE",
+            self.config.table,
+            literal(&name)
+        );
+        let blocker = format!(
+            "SELECT CAST(b.trx_mysql_thread_id AS UNSIGNED) \
+             FROM information_schema.INNODB_LOCK_WAITS w \
+             JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id \
+             JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id \
+             WHERE r.trx_mysql_thread_id = {probe_id}"
+        );
+        let found = {
+            let waiting = probe.fetch_optional(lock.as_str());
+            tokio::pin!(waiting);
+            loop {
+                tokio::select! {
+                    // The probe got the row (nobody holds it) or gave up.
+                    _ = &mut waiting => break None,
+                    // MariaDB refreshes its lock tables at most every 0.1 s.
+                    () = tokio::time::sleep(Duration::from_millis(120)) => {
+                        if let Some(row) = watch.fetch_optional(blocker.as_str()).await? {
+                            break Some(row.try_get::<u64, _>(0)?);
+                        }
+                    }
+                }
+            }
+        };
+        // Closing the probe's connection rolls back its wait (or its lock).
+        drop(probe);
+        Ok(found)
     }
 
     /// Sessions waiting for the row lock of `key` (MariaDB's `information_schema` lock
@@ -250,20 +315,35 @@ impl Harness for MysqlHarness {
         self.kill_session(id).await
     }
 
+    /// Rows of keys starting with `prefix` that some session still locks. Not residue:
+    /// rows nobody locks, which stay for the key's next use (one per key ever locked, as
+    /// the fence counters), and the fence table and token sequence.
     async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError> {
         let escaped = row_name(prefix);
         let mut admin = self.admin().await?;
-        let sql = format!(
+        let select = format!(
             "SELECT CAST(name AS CHAR) FROM `{}` WHERE LEFT(name, {}) = {}",
             self.config.table,
             escaped.len(),
             literal(&escaped)
         );
-        let rows = admin.fetch_all(sql.as_str()).await?;
-        Ok(rows
-            .iter()
-            .map(|r| r.try_get::<String, _>(0))
-            .collect::<std::result::Result<_, _>>()?)
+        let names = |rows: Vec<sqlx::mysql::MySqlRow>| {
+            rows.iter()
+                .map(|r| r.try_get::<String, _>(0))
+                .collect::<std::result::Result<Vec<_>, _>>()
+        };
+        let all = names(admin.fetch_all(select.as_str()).await?)?;
+        if all.is_empty() {
+            return Ok(all);
+        }
+        // The rows nobody locks, locked for a moment and let go.
+        admin.execute("BEGIN").await?;
+        let free = admin
+            .fetch_all(format!("{select} FOR UPDATE SKIP LOCKED").as_str())
+            .await;
+        admin.execute("ROLLBACK").await?;
+        let free = names(free?)?;
+        Ok(all.into_iter().filter(|n| !free.contains(n)).collect())
     }
 }
 
