@@ -1,12 +1,13 @@
 //! The [`Backend`] implementation and its acquire: the lock recipe on one session, queueing
-//! a node and, until it is the lowest contender, watching the one just before it.
+//! a node and, until it holds the key, watching the one node whose deletion may admit it
+//! (see [`nodes::waits_for`]).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
-use dlock_core::{Capabilities, Expiry, Fencing, LockStats, Result, Wakeup};
+use dlock_core::{Capabilities, Expiry, Fencing, LockStats, Mode, Result, Wakeup};
 use tokio::time::Instant;
 use zookeeper_client::{self as zk, EventType};
 
@@ -28,6 +29,7 @@ impl Backend for ZookeeperBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fair: true,
+            shared: true,
             fencing: Fencing::Strict,
             expiry: Expiry::Session {
                 timeout: self.session_timeout(),
@@ -54,7 +56,7 @@ impl Backend for ZookeeperBackend {
     async fn acquire(
         &self,
         key: &str,
-        _opts: &dlock_core::LockOptions,
+        opts: &dlock_core::LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
         let dir = self.config.key_dir(key);
@@ -64,7 +66,7 @@ impl Backend for ZookeeperBackend {
                 deadline,
                 bound: client.session_timeout(),
             };
-            match self.take(&client, key, &dir, budget).await {
+            match self.take(&client, key, &dir, opts.mode, budget).await {
                 Ok(grant) => return Ok(grant),
                 Err(e) if is_session_over(&e) => {
                     tracing::info!(backend = NAME, key, error = %e, "session ended during acquire; starting over");
@@ -101,16 +103,18 @@ impl Budget {
 }
 
 impl ZookeeperBackend {
-    /// The recipe on one session: create our node, then until we are the lowest contender,
-    /// watch the one just before us.
+    /// The recipe on one session: create our node, then until it holds the key in `mode`,
+    /// watch the node it waits for (exclusive: the one just before it; shared: the last
+    /// exclusive one before it).
     async fn take(
         &self,
         client: &zk::Client,
         key: &str,
         dir: &str,
+        mode: Mode,
         budget: Budget,
     ) -> Result<Option<Grant>, zk::Error> {
-        let mut me = Contender::new(client, self.acl(), dir);
+        let mut me = Contender::new(client, self.acl(), dir, mode);
         let sent_at = Instant::now();
         let mut listed = Some(me.create(budget).await?);
         loop {
@@ -122,7 +126,10 @@ impl ZookeeperBackend {
                 },
             };
             let order = nodes::contenders(children);
-            let Some(position) = order.iter().position(|n| Some(n.as_str()) == me.name()) else {
+            let Some(position) = order
+                .iter()
+                .position(|n| Some(n.name.as_str()) == me.name())
+            else {
                 // Our node is gone: an operator deleted it, or the session ended (then the
                 // next request says so). Queue again at the back.
                 tracing::info!(
@@ -131,20 +138,20 @@ impl ZookeeperBackend {
                     "our lock node vanished while waiting; queueing again"
                 );
                 me.forget();
-                me = Contender::new(client, self.acl(), dir);
+                me = Contender::new(client, self.acl(), dir, mode);
                 listed = Some(me.create(budget).await?);
                 continue;
             };
-            if position == 0 {
+            let Some(blocker) = nodes::waits_for(&order, position) else {
                 return me.into_grant(key, sent_at).map(Some);
-            }
+            };
             if !budget.deadline.may_wait() {
                 me.withdraw().await;
                 return Ok(None);
             }
-            let predecessor = format!("{dir}/{}", order[position - 1]);
+            let blocker = format!("{dir}/{}", order[blocker].name);
             let watcher = match retry(client, budget.until(), || {
-                client.get_and_watch_data(&predecessor)
+                client.get_and_watch_data(&blocker)
             })
             .await
             {

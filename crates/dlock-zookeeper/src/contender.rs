@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_core::Mode;
 use dlock_core::raw::Grant;
 use tokio::time::Instant;
 use zookeeper_client::{self as zk, Acls, CreateMode};
@@ -30,6 +31,8 @@ pub(crate) struct Contender {
     acl: Arc<[zk::Acl]>,
     dir: String,
     uuid: uuid::Uuid,
+    /// Exclusive or shared: which name our node gets.
+    mode: Mode,
     node: Option<Node>,
     /// A create went out whose outcome is unknown.
     unsure: bool,
@@ -42,12 +45,13 @@ struct Node {
 }
 
 impl Contender {
-    pub(crate) fn new(client: &zk::Client, acl: Arc<[zk::Acl]>, dir: &str) -> Self {
+    pub(crate) fn new(client: &zk::Client, acl: Arc<[zk::Acl]>, dir: &str, mode: Mode) -> Self {
         Self {
             client: client.clone(),
             acl,
             dir: dir.to_owned(),
             uuid: uuid::Uuid::new_v4(),
+            mode,
             node: None,
             unsure: false,
         }
@@ -57,7 +61,7 @@ impl Contender {
         self.node.as_ref().map(|n| n.name.as_str())
     }
 
-    /// Create our node (ephemeral-sequential, protected name) and list the key directory,
+    /// Create our node (ephemeral-sequential, protected name, named for our mode) and list the key directory,
     /// in one round trip: ZooKeeper answers one session's requests in order, so the listing
     /// already holds our node. The directory is a container node that outlives its last
     /// lock node until the server's container reaper removes it, so it is usually there;
@@ -66,7 +70,7 @@ impl Contender {
     /// (persistent nodes). Every node gets our ACL. After a lost connection, finds the node
     /// the lost create may have made before creating again (Curator's protected mode).
     pub(crate) async fn create(&mut self, budget: Budget) -> Result<Vec<String>, zk::Error> {
-        let prefix = format!("{}/{}", self.dir, nodes::node_prefix(&self.uuid));
+        let prefix = format!("{}/{}", self.dir, nodes::node_prefix(&self.uuid, self.mode));
         let acl = Arc::clone(&self.acl);
         let acls = Acls::new(&acl);
         let container = CreateMode::Container.with_acls(acls);
@@ -93,7 +97,7 @@ impl Contender {
             match created {
                 Ok((stat, sequence)) => {
                     self.unsure = false;
-                    let name = format!("{}{sequence}", nodes::node_prefix(&self.uuid));
+                    let name = format!("{}{sequence}", nodes::node_prefix(&self.uuid, self.mode));
                     let ours = nodes::sequence(&name).is_some();
                     self.node = Some(Node {
                         name,

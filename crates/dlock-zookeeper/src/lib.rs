@@ -34,18 +34,22 @@
 //!
 //! **Acquire**
 //! 1. Send, in one round trip (one session's requests are answered in order): `create
-//!    {dir}/_c_{uuid}-lock-` as an ephemeral-sequential node and `getChildren {dir}`, whose
+//!    {dir}/_c_{uuid}-lock-` (exclusive) or `{dir}/_c_{uuid}-__READ__` (shared, see
+//!    [Shared holds](#shared-holds)) as an ephemeral-sequential node and `getChildren {dir}`, whose
 //!    answer already holds the new node. The key directory is usually there (it outlives
 //!    its last lock node, see Release). If it is not (`NoNode`: first use of the key, or
 //!    the server reaped it), send `create {dir}` as a container node ahead of the same two
 //!    requests, in one round trip; if the base path is missing too, create it (persistent
 //!    nodes) and start again. The directory is not created on every acquire: a create that
 //!    fails (`NodeExists`) is still a write the ensemble agrees on and logs.
-//! 2. Contenders are the children whose names end in `-lock-` or `__lock__` followed by 10
-//!    digits, ordered by those digits. The lowest holds the lock: if that is our node, the
-//!    key is ours; the fencing token is our node's `czxid`.
-//! 3. Otherwise (`try_acquire`: delete our node and answer "held") set a watch on the
-//!    contender just before ours only (`getData` with a watch). `NoNode` means it went away
+//! 2. Contenders are the children whose names end in `-lock-`, `__lock__` or `__WRIT__`
+//!    (exclusive), `__READ__` or `__rlock__` (shared), followed by 10 digits, ordered by
+//!    those digits. An exclusive node holds the key when it is the lowest; a shared node
+//!    when no exclusive node is lower. If ours holds, the key is ours; the fencing token is
+//!    our node's `czxid`.
+//! 3. Otherwise (`try_acquire`: delete our node and answer "held") set a watch on one
+//!    node only (`getData` with a watch): an exclusive node watches the contender just
+//!    before it, a shared node the last exclusive contender before it. `NoNode` means it went away
 //!    already: list again at once. When the watch fires, whatever the event, list again
 //!    (step 2): a watch event never means "you hold it" by itself. Each such wake-up is
 //!    counted in [`LockStats::wakeups`](dlock_core::LockStats). If our own node is gone
@@ -94,6 +98,32 @@
 //! session and hand the key on. (Curator reports LOST a whole `T` after SUSPENDED, which
 //! can be after another client took the key.)
 //!
+//! # Shared holds
+//!
+//! [`LockOptions::shared`](dlock_core::LockOptions::shared) takes a read hold: Curator's
+//! `InterProcessReadWriteLock` recipe, with its node names, on the same directory as the
+//! mutex (steps above). Any number of shared holds hold together; an exclusive hold waits
+//! for every node ahead of it, shared or not. Readers that arrive while a writer waits
+//! queue behind its node, so a stream of readers cannot starve a writer, across clients,
+//! by the server's order alone; the queue is FIFO in both modes.
+//!
+//! - **Which node a reader watches**: the *last* exclusive node before it. Curator's read
+//!   lock watches the first one instead, and is woken (and lists the directory) once per
+//!   writer ahead of it. The last writer ahead of us can only go once every earlier writer
+//!   went, or by giving up, so its deletion is in the usual case the one that admits us.
+//! - **Wake-ups**: a writer's release wakes exactly the readers between it and the next
+//!   exclusive node (all of them admitted, one wake-up each), or the next writer if it is
+//!   directly behind (one wake-up). A writer queued behind several readers watches the one
+//!   just before it: each reader that leaves before the others wakes it at most once, as
+//!   for Curator's write lock; a release wakes at most one writer.
+//! - **Tokens**: the node's `czxid` in both modes. A writer holds only once every node
+//!   created before its own is gone, and no node created after it can hold first: its token
+//!   is greater than every token handed out on the key before it, shared or exclusive. A
+//!   reader's token is greater than the token of every writer that held before it (those
+//!   writers' nodes were created before the reader's); readers holding together have
+//!   distinct tokens in no particular order.
+//! - **Round trips**: as for the mutex, in both modes (table below).
+//!
 //! # Round trips
 //!
 //! Measured through a proxy that delays each direction by half a round trip
@@ -128,10 +158,11 @@
 //! | capability | value | why |
 //! |---|---|---|
 //! | fair | yes | waiters queue by sequence number, FIFO |
+//! | shared | yes | Curator's read-write lock: `__READ__` nodes share, an exclusive node waits for all before it, readers queue behind a waiting writer |
 //! | fencing | strict | the node's `czxid`: zxids only grow, across leader elections and restarts |
 //! | expiry | session (`ttl` not used) | the ephemeral node lives as long as the session; a silent holder loses it one session timeout after its last heartbeat |
 //! | releases on disconnect | no | a closed connection is not a closed session: the session (and the lock) survives until it times out, so a client can move to another member |
-//! | wake-up | notification, one per release | only the next contender watches the holder's node |
+//! | wake-up | notification, one per release | only the next contender watches the holder's node; a writer's release that admits readers wakes those readers |
 //! | max key length | 1024 bytes | the default; long keys are shortened with a digest |
 //!
 //! # URL
@@ -314,6 +345,39 @@
 //!   counts our nodes, and we count its `{hex}__lock__{seq}` nodes. Without the option kazoo
 //!   ignores our nodes and both can hold the key at once. kazoo and Curator must never share
 //!   a directory (Curator sorts kazoo's nodes by their whole name).
+//! - **Curator** `InterProcessReadWriteLock` on the same directory, with dlock's shared
+//!   holds: our readers' nodes are its read lock's, `_c_{uuid}-__READ__{seq}`, and it
+//!   orders every child by the text after the last `__READ__` or `__WRIT__`; its writer
+//!   counts every child, so it waits for our readers, and we count its `__WRIT__` and
+//!   `__READ__` nodes. Readers and writers of both sides exclude each other as they should,
+//!   **except dlock's exclusive holds**: see the rule below.
+//! - **go-zookeeper** counts our readers' nodes as exclusive contenders (versions that
+//!   split names on `lock-` and then `__`) or fails to lock while one exists (older ones,
+//!   which split on `-`): never an overlap.
+//! - **kazoo** `ReadLock(client, dir, extra_lock_patterns=["-lock-"])` shares with our
+//!   readers and waits for our writers; we count its `__rlock__` nodes as shared holds.
+//!   kazoo's `Lock` and `WriteLock` count our readers with `"__READ__"` added to
+//!   `extra_lock_patterns`.
+//!
+//! **Which name exclusive holds use, and why `-lock-`.** Read from Curator's sources
+//! (`LockInternals`, `StandardLockInternalsDriver`, `InterProcessReadWriteLock`): both
+//! recipes sort *every* child of the directory, each by the text after the last occurrence
+//! of its own names (the whole name when none occurs), and hold at the front of that order
+//! (the read lock: when no node containing `__WRIT__` is ahead). A `_c_{uuid}-__WRIT__{seq}`
+//! node has no `lock-`, so Curator's mutex sorts it by its whole name, `_c_…`, after every
+//! `…lock-{seq}` node (digits sort before `_`): the mutex never waits for it. Likewise
+//! the read-write lock sorts a `…-lock-{seq}` node after all of its own and ignores it.
+//! A name is ordered by both recipes only if it ends in both `lock-{seq}` and
+//! `__WRIT__{seq}`, which no name does (Curator's own mutex and read-write lock do not
+//! exclude each other on one path either). So one exclusive node can exclude Curator's
+//! mutex or Curator's read-write lock, not both. dlock's exclusive holds keep `-lock-`:
+//! that keeps the interop with Curator's mutex, go-zookeeper and kazoo that existing
+//! deployments rely on, and needs no change of name on upgrade. The price: **a Curator
+//! read or write lock does not wait for a dlock exclusive hold, and Curator's mutex does
+//! not wait for a dlock shared hold** (dlock waits for all of Curator's nodes). On a key
+//! that Curator also locks, take only exclusive holds beside Curator's mutex, or only
+//! shared holds beside Curator's read-write lock. (Full interop would need two nodes per
+//! hold, one of each name, created in one `multi`; not done.)
 //! - Sequence numbers wrap after 2^31 creates in one directory (ZOOKEEPER-2944) and every
 //!   implementation's order breaks then; the server's reaper deletes empty directories,
 //!   which resets the counter (a key never idle for a check interval keeps counting).

@@ -147,13 +147,15 @@ impl ZookeeperHarness {
     }
 }
 
-/// The 10-digit sequence of a lock node (ours, Curator's, go-zookeeper's or kazoo's).
+/// The 10-digit sequence of a lock node, exclusive or shared (ours, Curator's,
+/// go-zookeeper's or kazoo's).
 pub fn sequence(name: &str) -> Option<&str> {
     let split = name.len().checked_sub(10)?;
     let (head, digits) = (name.get(..split)?, name.get(split..)?);
-    (digits.bytes().all(|b| b.is_ascii_digit())
-        && (head.ends_with("-lock-") || head.ends_with("__lock__")))
-    .then_some(digits)
+    let named = ["-lock-", "__lock__", "__WRIT__", "__READ__", "__rlock__"]
+        .iter()
+        .any(|tag| head.ends_with(tag));
+    (digits.bytes().all(|b| b.is_ascii_digit()) && named).then_some(digits)
 }
 
 #[async_trait]
