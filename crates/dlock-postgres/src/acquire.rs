@@ -130,10 +130,10 @@ impl Attempt {
         // First without waiting, on a holder connection shared with other holds.
         let inner = self.inner.clone();
         let open = || open_session(inner.clone());
-        let tried = self
-            .inner
-            .carriers
-            .try_take(&self.key, lock, self.ttl, self.shares_carrier, open);
+        let tried =
+            self.inner
+                .carriers
+                .try_take(&self.key, lock, self.ttl, self.shares_carrier, open);
         let Some(tried) = self.deadline.run(tried).await else {
             return Ok(None);
         };

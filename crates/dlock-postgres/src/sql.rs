@@ -112,7 +112,10 @@ impl Sql {
     /// waiting requests before held ones), so later readers do not pass a waiting writer.
     pub(crate) fn try_take(&self, lock: Advisory, idle_ms: u64) -> String {
         let (ns, id, suffix) = (self.namespace, lock.id, lock.suffix());
-        self.take_if(&format!("pg_try_advisory_lock{suffix}({ns}, {id})"), idle_ms)
+        self.take_if(
+            &format!("pg_try_advisory_lock{suffix}({ns}, {id})"),
+            idle_ms,
+        )
     }
 
     /// [`try_take`](Self::try_take) of a shared lock on a session that already holds it

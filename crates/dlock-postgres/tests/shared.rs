@@ -133,7 +133,10 @@ async fn a_reader_on_a_connection_that_already_reads_does_not_pass_a_waiting_wri
     until_queued(&h, &key, 2).await;
     first.release().await.expect("release the first reader");
     let writing = writer.await.unwrap().expect("the writer goes first");
-    assert!(!late.is_finished(), "the late reader got in beside the writer");
+    assert!(
+        !late.is_finished(),
+        "the late reader got in beside the writer"
+    );
     let written = writing.fencing_token();
     writing.release().await.unwrap();
     let reading = late.await.unwrap().expect("the late reader follows");
@@ -187,7 +190,10 @@ async fn readers_by_hand_share_with_dlock_readers_and_exclude_its_writers() {
         .execute(&mut other)
         .await
         .unwrap();
-    let writing = writer.await.unwrap().expect("granted after the unlock by hand");
+    let writing = writer
+        .await
+        .unwrap()
+        .expect("granted after the unlock by hand");
     // And a writer by dlock excludes a reader by hand.
     let row = sqlx::query(&by_hand("pg_try_advisory_lock_shared"))
         .bind(&key)
