@@ -200,6 +200,41 @@ mod tests {
     use super::*;
 
     #[test]
+    fn both_modes_name_the_same_lock_in_their_own_functions() {
+        let sql = Sql::new("dlock_keys", 9);
+        let (write, read) = (
+            Advisory {
+                id: 7,
+                mode: Mode::Exclusive,
+            },
+            Advisory {
+                id: 7,
+                mode: Mode::Shared,
+            },
+        );
+        assert!(
+            sql.try_take(write, 1)
+                .contains("pg_try_advisory_lock(9, 7)")
+        );
+        assert!(
+            sql.try_take(read, 1)
+                .contains("pg_try_advisory_lock_shared(9, 7)")
+        );
+        assert!(
+            sql.wait_take(write, 1, 1)
+                .contains("pg_advisory_lock(9, 7)")
+        );
+        assert!(
+            sql.wait_take(read, 1, 1)
+                .contains("pg_advisory_lock_shared(9, 7)")
+        );
+        assert!(sql.release(write).contains("pg_advisory_unlock(9, 7)"));
+        assert!(sql.unlock(read).contains("pg_advisory_unlock_shared(9, 7)"));
+        let again = sql.try_share_again(7, 1);
+        assert!(again.contains("pg_locks") && again.contains("pg_try_advisory_lock_shared(9, 7)"));
+    }
+
+    #[test]
     fn millis_round_up_and_never_mean_forever() {
         assert_eq!(millis(Duration::ZERO), 1);
         assert_eq!(millis(Duration::from_micros(1500)), 2);
