@@ -271,6 +271,12 @@ backend!(
     "mysql://dlock:dlock@127.0.0.1:3306/dlock",
     std::time::Duration::from_secs(5)
 );
+backend!(
+    postgres,
+    "DLOCK_POSTGRES_URL",
+    "postgres://dlock:dlock@127.0.0.1:5432/dlock",
+    std::time::Duration::from_secs(5)
+);
 
 /// A lost lease stops the command and everything it started (its process group): here the
 /// key is deleted behind the holder's back on the Redis server.

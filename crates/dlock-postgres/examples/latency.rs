@@ -64,6 +64,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("try_acquire, free               {}", percentiles(take));
     println!("release, no waiter              {}", percentiles(release));
 
+    // Shared holds: a first reader, and a second one on the same holder connection (its
+    // re-entry first checks pg_locks for a waiting writer).
+    let read = opts.shared();
+    let (mut first, mut again) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let one = a.try_acquire(&key, &read).await?.expect("free");
+        first.push(t.elapsed());
+        let t = Instant::now();
+        let two = a.try_acquire(&key, &read).await?.expect("readers share");
+        again.push(t.elapsed());
+        one.release().await?;
+        two.release().await?;
+    }
+    println!("try_acquire shared, free        {}", percentiles(first));
+    println!("try_acquire shared, re-entry    {}", percentiles(again));
+
     let lease = a.try_acquire(&key, &opts).await?.expect("free");
     let (mut busy, mut extend) = (Vec::new(), Vec::new());
     for _ in 0..rounds {

@@ -1,5 +1,6 @@
-//! Acquiring a key: `pg_try_advisory_lock`, then, if the key is busy and the deadline
-//! allows, a waiting `pg_advisory_lock` under a `lock_timeout` that ends at the deadline.
+//! Acquiring a key: `pg_try_advisory_lock` (`_shared` for a shared hold), then, if the key
+//! is busy and the deadline allows, a waiting `pg_advisory_lock` (`_shared`) under a
+//! `lock_timeout` that ends at the deadline.
 //!
 //! Every acquire runs in a task of its own that owns its lock connection. The caller's future
 //! only waits for the task's answer, so dropping it never leaves a statement half-read: the
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use dlock_core::raw::carrier::Granted;
 use dlock_core::raw::{Deadline, Grant};
-use dlock_core::{LockOptions, Result};
+use dlock_core::{LockOptions, Mode, Result};
 use futures::Future;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -25,7 +26,7 @@ use crate::backend::{Inner, run_raw};
 use crate::error::Error;
 use crate::pool::Lent;
 use crate::session::PgSession;
-use crate::sql::{Sql, millis};
+use crate::sql::{Advisory, Sql, millis};
 use sqlx::Connection;
 
 /// How long a cancelled statement gets to answer before the next, stronger step.
@@ -77,8 +78,10 @@ pub(crate) struct Attempt {
     inner: Arc<Inner>,
     key: String,
     ttl: Duration,
+    /// Exclusive or shared.
+    mode: Mode,
     /// Auto-renewed: the hold may share its holder connection.
-    shared: bool,
+    shares_carrier: bool,
     idle_ms: u64,
     deadline: Deadline,
     reply: Reply,
@@ -98,7 +101,8 @@ impl Attempt {
             inner,
             key: key.to_owned(),
             ttl,
-            shared: opts.auto_renew,
+            mode: opts.mode,
+            shares_carrier: opts.auto_renew,
             idle_ms: millis(ttl),
             deadline,
             reply: Reply(Some(reply)),
@@ -119,14 +123,17 @@ impl Attempt {
         let Some(id) = self.deadline.run(self.inner.lock_id(&self.key)).await else {
             return Ok(None);
         };
-        let id = id?;
+        let lock = Advisory {
+            id: id?,
+            mode: self.mode,
+        };
         // First without waiting, on a holder connection shared with other holds.
         let inner = self.inner.clone();
         let open = || open_session(inner.clone());
-        let tried = self
-            .inner
-            .carriers
-            .try_take(&self.key, id, self.ttl, self.shared, open);
+        let tried =
+            self.inner
+                .carriers
+                .try_take(&self.key, lock, self.ttl, self.shares_carrier, open);
         let Some(tried) = self.deadline.run(tried).await else {
             return Ok(None);
         };
@@ -149,14 +156,14 @@ impl Attempt {
             if wait < Duration::from_millis(1) {
                 break;
             }
-            let sql = self.inner.sql.wait_take(id, self.idle_ms, millis(wait));
+            let sql = self.inner.sql.wait_take(lock, self.idle_ms, millis(wait));
             let sent_at = Instant::now();
             let silent = sent_at + wait + self.inner.config.response_timeout;
             match self.guarded(&mut lent, &sql, silent).await {
                 Ok(Ok(rows)) => {
                     self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
                     return match token(&rows)? {
-                        Some(token) => self.granted(lent, id, token, sent_at),
+                        Some(token) => self.granted(lent, lock, token, sent_at),
                         None => Err(Error::Unexpected {
                             op: "acquire",
                             what: "the granted lock returned no token".into(),
@@ -221,20 +228,17 @@ impl Attempt {
         }
     }
 
-    fn granted(&self, lent: Lent, id: i32, token: u64, sent_at: Instant) -> Answer {
-        let session = PgSession {
-            inner: self.inner.clone(),
-            lent,
-        };
+    fn granted(&self, lent: Lent, lock: Advisory, token: u64, sent_at: Instant) -> Answer {
+        let session = PgSession::holding(self.inner.clone(), lent, lock);
         let carriers = &self.inner.carriers;
         Ok(Some(carriers.adopt(
             session,
             Granted {
                 key: &self.key,
-                lock: id,
+                lock,
                 token,
                 ttl: self.ttl,
-                shared: self.shared,
+                shared: self.shares_carrier,
                 sent_at,
             },
         )))
@@ -252,7 +256,7 @@ async fn open_session(inner: Arc<Inner>) -> Result<PgSession> {
             lent = inner.locks.get().await?;
         }
     }
-    Ok(PgSession { inner, lent })
+    Ok(PgSession::new(inner, lent))
 }
 
 /// The fencing token in the first column of the last row: `None` when NULL (busy).

@@ -142,7 +142,8 @@ impl Backend for PostgresBackend {
             // The holding session's idle_session_timeout is the ttl, renewed by pings.
             expiry: Expiry::Ttl,
             releases_on_disconnect: true,
-            // The lock manager grants the lock to one waiter per release.
+            // The lock manager grants the lock to one waiter per release (to each of the
+            // readers a release admits together: every wake-up is a grant).
             wakeup: Wakeup::Notification {
                 one_per_release: true,
                 max_per_waiter: 1,
@@ -154,7 +155,9 @@ impl Backend for PostgresBackend {
                 ..Default::default()
             },
             max_held: None,
-            shared: false,
+            // pg_advisory_lock_shared on the same lock: the lock manager keeps readers and
+            // writers apart and queues a reader behind a waiting writer.
+            shared: true,
         }
     }
 

@@ -1,5 +1,6 @@
 //! A dlock backend on PostgreSQL: a key is a session-level advisory lock
-//! (`pg_advisory_lock`), held by a holder connection that carries many.
+//! (`pg_advisory_lock`, or `pg_advisory_lock_shared` for a shared hold), held by a holder
+//! connection that carries many.
 //!
 //! ```no_run
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock_core::Result<()> {
@@ -53,8 +54,10 @@
 //!
 //! (the key needs its row: dlock creates it at the key's first acquire; by hand,
 //! `INSERT INTO dlock_keys (name) VALUES ('reports/nightly') ON CONFLICT DO NOTHING`).
-//! `pg_locks` shows holders and waiters: `locktype = 'advisory'`, `classid` = namespace,
-//! `objid` = id, `objsubid = 2`.
+//! A reader by hand uses `pg_advisory_lock_shared` and `pg_advisory_unlock_shared` on the
+//! same two numbers: it shares the key with dlock's shared holds and excludes its exclusive
+//! ones. `pg_locks` shows holders and waiters: `locktype = 'advisory'`, `classid` =
+//! namespace, `objid` = id, `objsubid = 2`, `mode` `ExclusiveLock` or `ShareLock`.
 //!
 //! **Holder connections.** A session can hold any number of advisory locks, so held keys
 //! share connections: holder connections are run by `dlock_core::raw::carrier` (shared
@@ -72,13 +75,15 @@
 //!    again if another client inserted it first).
 //! 2. On a holder connection of the hold's group (opened from the pool when there is none;
 //!    a pooled connection is pinged first), one statement: `pg_try_advisory_lock(namespace,
-//!    id)`; if granted, in the same statement, `nextval('dlock_keys_fence')` (the fencing
-//!    token) and `set_config('idle_session_timeout', ttl)`. NULL: busy.
+//!    id)` (`pg_try_advisory_lock_shared` for a shared hold; see *Shared holds* for a
+//!    connection that already reads the key); if granted, in the same statement,
+//!    `nextval('dlock_keys_fence')` (the fencing token) and
+//!    `set_config('idle_session_timeout', ttl)`. NULL: busy.
 //! 3. Busy: `try_acquire`, or an acquire whose deadline passed, answers "held". Otherwise,
 //!    on a connection of its own, one batch (an implicit transaction):
 //!    `set_config('lock_timeout', time left, true)` (and `statement_timeout` 0, whatever
-//!    the server's or role's default) then `pg_advisory_lock(namespace, id)` in a
-//!    subquery, with the token and the idle timeout as in 2 once it returns. The server's
+//!    the server's or role's default) then `pg_advisory_lock(namespace, id)` (`_shared`) in
+//!    a subquery, with the token and the idle timeout as in 2 once it returns. The server's
 //!    lock queue wakes it by granting the lock (one waiter per release). At the deadline
 //!    the server's `lock_timeout` ends the wait itself (SQLSTATE `55P03`): the waiter
 //!    leaves the queue, the batch rolls back (the `lock_timeout` setting with it), nothing
@@ -90,6 +95,33 @@
 //!    `pg_terminate_backend`, ending the session, if it does not stop within 1 s), so a
 //!    waiter that gave up never takes the key later; a grant that raced the cancel is
 //!    dropped with `pg_advisory_unlock_all()` before the connection is pooled again.
+//!
+//! **Shared holds** (a read-write lock) take the same lock, `(namespace, id)`, in
+//! PostgreSQL's share mode: `pg_try_advisory_lock_shared` and `pg_advisory_lock_shared`,
+//! released by `pg_advisory_unlock_shared`, on the same holder connections, with the same
+//! steps, deadline (`lock_timeout`), cancellation, keeping and idle-timeout loss as
+//! exclusive holds. The server's lock manager keeps them apart: any number of sessions
+//! hold a lock shared, an exclusive holder is alone. A new request that conflicts with one
+//! already *waiting* queues behind it (the lock's wait mask is checked before its holders;
+//! checked on 15): a shared request that comes while a writer waits, even while readers
+//! hold the key, waits behind the writer, and its try variant answers busy, so readers
+//! cannot starve a writer. One exception, covered by the backend: the server grants a lock
+//! its session already holds in that mode (re-entry) without looking at the queue. A
+//! holder connection carries many holds, so a second shared hold of a key on a connection
+//! that already reads it runs, in one statement, `EXISTS (… pg_locks … NOT granted)` on
+//! the key's lock first and answers busy when anything waits (the acquire then queues on a
+//! connection of its own, behind the writer); only then `pg_try_advisory_lock_shared`.
+//! Reading `pg_locks` copies the server's whole lock table, so only re-entry pays it.
+//! A writer that leaves the queue (its `lock_timeout`, a cancel) lets the readers queued
+//! behind it in at once; a release that frees the key for several queued readers grants
+//! each of them (one wake-up per reader let in, none for a waiter that stays queued).
+//!
+//! **Tokens of shared holds**: `nextval` in the granting statement, as for exclusive
+//! holds. A writer's token is greater than every token handed out before its grant on the
+//! key, read or write (every earlier holder was granted, and took its token, before the
+//! writer was granted); a reader's is greater than every earlier writer's. Readers that
+//! hold together have distinct tokens in the order of their grants, which says nothing
+//! about which of them wrote last.
 //!
 //! **Keeping the holds**: a holder connection of auto-renewed holds pings the server
 //! itself, once a third of the ttl after its last answered request, however many keys it
@@ -106,9 +138,10 @@
 //! ttl after its last request.
 //!
 //! **Release**: on the holding connection, ahead of any queued take or ping, one
-//! statement: `pg_advisory_unlock(namespace, id)` (and the idle timeout back to 0 when it
-//! was the connection's last lock, which then goes back to the pool); the lock goes to the
-//! next waiter in the server's queue. `false` (the session did not hold it) is
+//! statement: `pg_advisory_unlock(namespace, id)` (`_shared` for a shared hold; and the
+//! idle timeout back to 0 when it was the connection's last lock, which then goes back to
+//! the pool); the lock goes to the next waiter in the server's queue (to every reader
+//! queued together at its head). `false` (the session did not hold it) is
 //! [`NotHeld`](dlock_core::LockError::NotHeld).
 //!
 //! **How many keys**: one client holds as many as memory allows
@@ -125,6 +158,9 @@
 //! |---|---|---|
 //! | `try_acquire`, key free (id cached) | 1 | 0.12 ms |
 //! | `try_acquire`, key held | 1 | 0.11 ms |
+//! | shared `try_acquire`, key free or read (id cached) | 1 | 0.09 ms ¹ |
+//! | shared `try_acquire` on a holder connection that already reads the key | 1 (with a read of `pg_locks`) | 0.32 ms ¹ |
+//! | a writer's release → the k readers queued behind it hold | unlock → k grants (k wake-ups) | — |
 //! | first acquire of a key by a client | + 1 (id found) or + 2 (id made) | — |
 //! | `acquire` with a wake-up | 2 + the wait: try, wait batch | — |
 //! | contended hand-off, `release` called → waiter holds | unlock → grant | 0.24 ms |
@@ -137,6 +173,9 @@
 //! A server round trip (`SELECT 1`) measured 0.06 ms, a raw `pg_advisory_lock` +
 //! `pg_advisory_unlock` pair on one connection 0.14 ms. Medians of
 //! `cargo run --release -p dlock-postgres --example latency` on a shared 2-core machine.
+//! ¹ From a later, quieter run, where `SELECT 1` took 0.021 ms and an exclusive
+//! `try_acquire` of a free key 0.074 ms; the re-entry's `pg_locks` read grows with the
+//! number of locks on the whole server.
 //!
 //! # Many keys
 //!
@@ -156,7 +195,8 @@
 //! | fencing | strict | `nextval` of a sequence, taken in the granting statement: a sequence never hands a value out twice, even after a rollback or a crash (it WAL-logs values ahead of use, flushed at commit with `synchronous_commit = on`, which the backend sets); needs `fsync` on and no failover to an asynchronous standby |
 //! | expiry | ttl | the holding session's `idle_session_timeout` is the ttl (milliseconds), restarted by every ping; a silent holder's session is ended by the server ttl after its last statement |
 //! | releases on disconnect | yes | a closed session's advisory locks are freed at once |
-//! | wake-up | notification, one per release | the lock manager grants the lock to one waiter |
+//! | wake-up | notification, one per release | the lock manager grants the lock to one waiter; a release that lets k queued readers in grants each of them once (k wake-ups, each a grant) |
+//! | shared | yes | `pg_advisory_lock_shared` on the same lock; a reader that comes while a writer waits queues behind it (the lock manager's wait mask, and a `pg_locks` check on re-entry) |
 //! | max key length | 1024 bytes | names are stored as given in the key table |
 //!
 //! Tokens are global (one sequence for every key), so they increase across all keys, and

@@ -1,10 +1,12 @@
 //! A lock connection as a [`Session`] of [`dlock_core::raw::carrier`]: one PostgreSQL session
 //! that holds many advisory locks, kept alive by one ping per renewal gap.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::Mode;
 use dlock_core::raw::carrier::{Failure, Session};
 use sqlx::{Connection, Row};
 use tokio::time::timeout;
@@ -12,15 +14,49 @@ use tokio::time::timeout;
 use crate::backend::Inner;
 use crate::error::Error;
 use crate::pool::Lent;
-use crate::sql::{Sql, millis};
+use crate::sql::{Advisory, Sql, millis};
 
 /// A lock connection carrying advisory locks (named by their id in the key table).
 pub(crate) struct PgSession {
-    pub(crate) inner: Arc<Inner>,
-    pub(crate) lent: Lent,
+    inner: Arc<Inner>,
+    lent: Lent,
+    /// How many shared holds of each lock id this session carries: taking one of these
+    /// again needs the check for waiting writers the server skips on re-entry.
+    shared: HashMap<i32, u32>,
 }
 
 impl PgSession {
+    /// A session holding nothing.
+    pub(crate) fn new(inner: Arc<Inner>, lent: Lent) -> Self {
+        Self {
+            inner,
+            lent,
+            shared: HashMap::new(),
+        }
+    }
+
+    /// A session that was granted `lock` after a wait.
+    pub(crate) fn holding(inner: Arc<Inner>, lent: Lent, lock: Advisory) -> Self {
+        let mut session = Self::new(inner, lent);
+        session.count(lock, true);
+        session
+    }
+
+    /// Count one more (`taken`) or one fewer shared hold of `lock`.
+    fn count(&mut self, lock: Advisory, taken: bool) {
+        if lock.mode != Mode::Shared {
+            return;
+        }
+        if taken {
+            *self.shared.entry(lock.id).or_default() += 1;
+        } else if let Some(n) = self.shared.get_mut(&lock.id) {
+            *n -= 1;
+            if *n == 0 {
+                self.shared.remove(&lock.id);
+            }
+        }
+    }
+
     fn failure(e: Error) -> Failure {
         if e.is_connection_lost() {
             Failure::Session(e.into())
@@ -43,25 +79,36 @@ impl PgSession {
 
 #[async_trait]
 impl Session for PgSession {
-    type Lock = i32;
+    type Lock = Advisory;
 
-    async fn try_lock(&mut self, id: &i32, idle: Duration) -> Result<Option<u64>, Failure> {
-        let sql = self.inner.sql.try_take(*id, millis(idle));
+    async fn try_lock(&mut self, lock: &Advisory, idle: Duration) -> Result<Option<u64>, Failure> {
+        let lock = *lock;
+        let sql = if lock.mode == Mode::Shared && self.shared.contains_key(&lock.id) {
+            self.inner.sql.try_share_again(lock.id, millis(idle))
+        } else {
+            self.inner.sql.try_take(lock, millis(idle))
+        };
         let rows = self
             .inner
             .run(&mut self.lent, &sql, "acquire")
             .await
             .map_err(|e| Self::failure(e.lock_table_full()))?;
-        crate::acquire::token(&rows).map_err(Failure::Request)
+        let token = crate::acquire::token(&rows).map_err(Failure::Request)?;
+        if token.is_some() {
+            self.count(lock, true);
+        }
+        Ok(token)
     }
 
-    async fn unlock(&mut self, id: &i32, last: bool) -> Result<bool, Failure> {
+    async fn unlock(&mut self, lock: &Advisory, last: bool) -> Result<bool, Failure> {
+        let lock = *lock;
         let sql = if last {
-            self.inner.sql.release(*id)
+            self.inner.sql.release(lock)
         } else {
-            self.inner.sql.unlock(*id)
+            self.inner.sql.unlock(lock)
         };
         let rows = self.run(&sql, "release").await?;
+        self.count(lock, false);
         Ok(rows
             .first()
             .and_then(|r| r.try_get::<Option<bool>, _>(0).ok().flatten())

@@ -4,6 +4,27 @@
 
 use std::time::Duration;
 
+use dlock_core::Mode;
+
+/// One advisory lock as a hold takes it: the key's id and the mode. Shared and exclusive
+/// holds of a key take the same lock (`namespace`, `id`), in PostgreSQL's share and
+/// exclusive modes, so that the server's lock manager keeps them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Advisory {
+    pub(crate) id: i32,
+    pub(crate) mode: Mode,
+}
+
+impl Advisory {
+    /// The suffix of the advisory lock functions of this mode (`pg_advisory_lock_shared`).
+    fn suffix(self) -> &'static str {
+        match self.mode {
+            Mode::Shared => "_shared",
+            Mode::Exclusive => "",
+        }
+    }
+}
+
 /// The statements of one configuration.
 #[derive(Debug, Clone)]
 pub(crate) struct Sql {
@@ -86,13 +107,42 @@ impl Sql {
 
     /// Take the lock without waiting; when granted, take a fencing token and start the
     /// session's idle timeout, in the same statement. One row: the token, or NULL when busy.
-    pub(crate) fn try_take(&self, id: i32, idle_ms: u64) -> String {
+    ///
+    /// A shared request is refused while an exclusive one waits (the lock manager checks
+    /// waiting requests before held ones), so later readers do not pass a waiting writer.
+    pub(crate) fn try_take(&self, lock: Advisory, idle_ms: u64) -> String {
+        let (ns, id, suffix) = (self.namespace, lock.id, lock.suffix());
+        self.take_if(
+            &format!("pg_try_advisory_lock{suffix}({ns}, {id})"),
+            idle_ms,
+        )
+    }
+
+    /// [`try_take`](Self::try_take) of a shared lock on a session that already holds it
+    /// shared. The server grants a lock its session already holds in that mode without
+    /// looking at its queue, so a waiting writer would be passed: the statement first looks
+    /// for a request waiting on the lock in `pg_locks` and answers busy (NULL) if there is
+    /// one. Dearer (`pg_locks` reads the whole lock table), so only for re-entry.
+    pub(crate) fn try_share_again(&self, id: i32, idle_ms: u64) -> String {
+        let ns = self.namespace;
+        let condition = format!(
+            "CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+               AND classid = ({ns})::oid AND objid = ({id})::oid AND objsubid = 2 \
+               AND NOT granted) \
+             THEN false ELSE pg_try_advisory_lock_shared({ns}, {id}) END"
+        );
+        self.take_if(&condition, idle_ms)
+    }
+
+    /// The try statement around `condition`, which takes the lock when true. `CASE` keeps
+    /// the order: the token is taken only after the lock.
+    fn take_if(&self, condition: &str, idle_ms: u64) -> String {
         format!(
             "SELECT t.token, CASE WHEN t.token IS NOT NULL THEN \
                set_config('idle_session_timeout', '{idle_ms}', false) END \
-             FROM (SELECT CASE WHEN pg_try_advisory_lock({ns}, {id}) \
+             FROM (SELECT CASE WHEN {condition} \
                THEN nextval('{fence}') END AS token OFFSET 0) t",
-            ns = self.namespace,
             fence = self.fence_seq,
         )
     }
@@ -102,12 +152,13 @@ impl Sql {
     /// granted, the token and the idle timeout as in
     /// [`try_take`](Self::try_take). `OFFSET 0` keeps the lock in a subquery evaluated
     /// before the token is taken.
-    pub(crate) fn wait_take(&self, id: i32, idle_ms: u64, wait_ms: u64) -> String {
+    pub(crate) fn wait_take(&self, lock: Advisory, idle_ms: u64, wait_ms: u64) -> String {
+        let (id, suffix) = (lock.id, lock.suffix());
         format!(
             "SELECT set_config('lock_timeout', '{wait_ms}', true), \
                set_config('statement_timeout', '0', true); \
              SELECT nextval('{fence}'), set_config('idle_session_timeout', '{idle_ms}', false) \
-             FROM (SELECT pg_advisory_lock({ns}, {id}) OFFSET 0) l",
+             FROM (SELECT pg_advisory_lock{suffix}({ns}, {id}) OFFSET 0) l",
             ns = self.namespace,
             fence = self.fence_seq,
         )
@@ -119,16 +170,23 @@ impl Sql {
     }
 
     /// Release: one row, whether the lock was held; the session back to its defaults.
-    pub(crate) fn release(&self, id: i32) -> String {
+    pub(crate) fn release(&self, lock: Advisory) -> String {
         format!(
-            "SELECT pg_advisory_unlock({}, {id}), set_config('idle_session_timeout', '0', false)",
-            self.namespace
+            "SELECT pg_advisory_unlock{}({}, {}), set_config('idle_session_timeout', '0', false)",
+            lock.suffix(),
+            self.namespace,
+            lock.id
         )
     }
 
     /// Release one of several locks the session holds: one row, whether it was held.
-    pub(crate) fn unlock(&self, id: i32) -> String {
-        format!("SELECT pg_advisory_unlock({}, {id})", self.namespace)
+    pub(crate) fn unlock(&self, lock: Advisory) -> String {
+        format!(
+            "SELECT pg_advisory_unlock{}({}, {})",
+            lock.suffix(),
+            self.namespace,
+            lock.id
+        )
     }
 
     /// After a stopped wait: drop whatever the session may have been granted.
@@ -140,6 +198,41 @@ impl Sql {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn both_modes_name_the_same_lock_in_their_own_functions() {
+        let sql = Sql::new("dlock_keys", 9);
+        let (write, read) = (
+            Advisory {
+                id: 7,
+                mode: Mode::Exclusive,
+            },
+            Advisory {
+                id: 7,
+                mode: Mode::Shared,
+            },
+        );
+        assert!(
+            sql.try_take(write, 1)
+                .contains("pg_try_advisory_lock(9, 7)")
+        );
+        assert!(
+            sql.try_take(read, 1)
+                .contains("pg_try_advisory_lock_shared(9, 7)")
+        );
+        assert!(
+            sql.wait_take(write, 1, 1)
+                .contains("pg_advisory_lock(9, 7)")
+        );
+        assert!(
+            sql.wait_take(read, 1, 1)
+                .contains("pg_advisory_lock_shared(9, 7)")
+        );
+        assert!(sql.release(write).contains("pg_advisory_unlock(9, 7)"));
+        assert!(sql.unlock(read).contains("pg_advisory_unlock_shared(9, 7)"));
+        let again = sql.try_share_again(7, 1);
+        assert!(again.contains("pg_locks") && again.contains("pg_try_advisory_lock_shared(9, 7)"));
+    }
 
     #[test]
     fn millis_round_up_and_never_mean_forever() {
