@@ -158,38 +158,47 @@ pub async fn writer_excludes_readers_and_writers(cx: Ctx) {
     cx.finish().await;
 }
 
-/// A waiting writer is not starved: a reader that comes after it queues behind it, and
-/// gets the key once the writer is done.
+/// A waiting writer is not starved: readers that come after it queue behind it, and get the
+/// key once the writer is done; a late reader from another client, and one from the first
+/// reader's own client (a backend that carries both holds on one session must not let the
+/// second one in past the writer).
 pub async fn writer_not_starved_by_readers(cx: Ctx) {
     let Some(cx) = shared_or_refused(cx).await else {
         return;
     };
     let key = cx.key("k");
-    let (first_reader, writer, late_reader) =
+    let (first_reader, writer, other_reader) =
         (cx.client().await, cx.client().await, cx.client().await);
     let reading = must_take(&*first_reader, &key, &read(&cx)).await;
     let writing = {
         let (writer, key, wait) = (writer.clone(), key.clone(), waiting(&cx, SLACK * 10));
         tokio::spawn(async move { writer.acquire(&key, &wait).await })
     };
-    // The writer queues; a reader that arrives after it must not pass it.
-    wait_until_queued(&*late_reader, &key, &read(&cx)).await;
-    let late = {
-        let (late_reader, key, wait) = (
-            late_reader.clone(),
-            key.clone(),
-            read(&cx).wait(dlock_core::Wait::For(SLACK * 10)),
-        );
-        tokio::spawn(async move {
-            let lease = late_reader.acquire(&key, &wait).await;
-            (lease, Instant::now())
+    // The writer queues; readers that arrive after it must not pass it.
+    wait_until_queued(&*other_reader, &key, &read(&cx)).await;
+    let late: Vec<_> = [other_reader, first_reader]
+        .into_iter()
+        .map(|client| {
+            let (key, wait) = (
+                key.clone(),
+                read(&cx).wait(dlock_core::Wait::For(SLACK * 10)),
+            );
+            tokio::spawn(async move {
+                let lease = client.acquire(&key, &wait).await;
+                (lease, Instant::now())
+            })
         })
-    };
+        .collect();
     sleep(Duration::from_millis(200)).await;
-    assert!(
-        !late.is_finished(),
-        "a later reader passed a waiting writer"
-    );
+    for (which, task) in ["another client", "the first reader's client"]
+        .iter()
+        .zip(&late)
+    {
+        assert!(
+            !task.is_finished(),
+            "a later reader from {which} passed a waiting writer"
+        );
+    }
     reading.release().await.expect("release the first reader");
     let writing = writing
         .await
@@ -198,14 +207,16 @@ pub async fn writer_not_starved_by_readers(cx: Ctx) {
     let written_at = Instant::now();
     sleep(Duration::from_millis(100)).await;
     assert!(
-        !late.is_finished(),
+        late.iter().all(|t| !t.is_finished()),
         "a reader got in while the writer held the key"
     );
     writing.release().await.expect("release the writer");
-    let (late_lease, read_at) = late.await.expect("late reader task");
-    let late_lease = late_lease.expect("the late reader gets the key after the writer");
-    assert!(read_at > written_at);
-    late_lease.release().await.expect("release the late reader");
+    for task in late {
+        let (lease, read_at) = task.await.expect("late reader task");
+        let lease = lease.expect("a late reader gets the key after the writer");
+        assert!(read_at > written_at);
+        lease.release().await.expect("release a late reader");
+    }
     cx.finish().await;
 }
 
