@@ -19,21 +19,11 @@ fn harness() -> PostgresHarness {
 }
 
 async fn client(h: &PostgresHarness) -> Arc<dyn DistributedLock> {
-    use dlock_conformance::Harness;
-    h.client().await.unwrap_or_else(|e| {
-        panic!(
-            "cannot use the PostgreSQL server at {}: {e}\n  start it with: scripts/backends up postgres",
-            h.config().addr()
-        )
-    })
+    h.must_client().await
 }
 
 fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_nanos();
-    format!("pg-shared-{nanos:x}/{name}")
+    dlock_conformance::testkit::unique_key(name)
 }
 
 fn write() -> LockOptions {
