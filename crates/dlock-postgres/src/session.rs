@@ -18,6 +18,9 @@ use crate::sql::{Sql, millis};
 pub(crate) struct PgSession {
     pub(crate) inner: Arc<Inner>,
     pub(crate) lent: Lent,
+    /// Taken idle from the pool and not used since: it may have died while idle (a server
+    /// restart), which its first statement finds out.
+    pub(crate) unproven: bool,
 }
 
 impl PgSession {
@@ -47,11 +50,20 @@ impl Session for PgSession {
 
     async fn try_lock(&mut self, id: &i32, idle: Duration) -> Result<Option<u64>, Failure> {
         let sql = self.inner.sql.try_take(*id, millis(idle));
-        let rows = self
-            .inner
-            .run(&mut self.lent, &sql, "acquire")
-            .await
-            .map_err(|e| Self::failure(e.lock_table_full()))?;
+        let mut rows = self.inner.run(&mut self.lent, &sql, "acquire").await;
+        if std::mem::take(&mut self.unproven)
+            && let Err(e) = &rows
+            && e.is_connection_lost()
+        {
+            // The idle connection had died (the lock was not taken, or its session ended
+            // with it): once more on a new one, instead of a ping before every first use.
+            tracing::debug!(error = %e, "an idle lock connection was dead; reconnecting");
+            rows = match self.lent.reconnect().await {
+                Ok(()) => self.inner.run(&mut self.lent, &sql, "acquire").await,
+                Err(e) => Err(e),
+            };
+        }
+        let rows = rows.map_err(|e| Self::failure(e.lock_table_full()))?;
         crate::acquire::token(&rows).map_err(Failure::Request)
     }
 
