@@ -30,6 +30,9 @@ use dlock_core::raw::carrier::Carriers;
 
 /// Connections for short side statements: id look-ups, cancels.
 const SIDE_CONNECTIONS: u32 = 8;
+/// Holder connections of one ttl that concurrent takes may open before they queue on a
+/// busy one: a holder connection runs one statement at a time.
+const BUSY_CARRIERS: usize = 8;
 /// Most key → id mappings kept in memory; past it the cache starts over.
 const MAX_CACHED_IDS: usize = 100_000;
 
@@ -104,7 +107,7 @@ impl PostgresBackend {
             config,
             ids: Mutex::new(HashMap::new()),
             wakeups: AtomicU64::new(0),
-            carriers: Carriers::new(NAME),
+            carriers: Carriers::new(NAME).open_while_busy(BUSY_CARRIERS),
         };
         inner.prepare().await?;
         Ok(Self {
