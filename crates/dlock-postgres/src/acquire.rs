@@ -2,11 +2,14 @@
 //! is busy and the deadline allows, a waiting `pg_advisory_lock` (`_shared`) under a
 //! `lock_timeout` that ends at the deadline.
 //!
-//! Every acquire runs in a task of its own that owns its lock connection. The caller's future
-//! only waits for the task's answer, so dropping it never leaves a statement half-read: the
-//! task notices, cancels the waiting statement from a side connection
-//! (`pg_cancel_backend`, then `pg_terminate_backend` if that is not enough), drops a grant
-//! that raced the cancel, and only then returns the connection to the pool.
+//! The first try runs in the caller's task: it never waits on the server, and a caller that
+//! drops it mid-statement only closes a connection (the server frees what it held) or leaves
+//! the answer to a holder connection, which releases a grant nobody took. A wait runs in a
+//! task of its own that owns its lock connection. The caller's future only waits for the
+//! task's answer, so dropping it never leaves a statement half-read: the task notices,
+//! cancels the waiting statement from a side connection (`pg_cancel_backend`, then
+//! `pg_terminate_backend` if that is not enough), drops a grant that raced the cancel, and
+//! only then returns the connection to the pool.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -27,7 +30,6 @@ use crate::error::Error;
 use crate::pool::Lent;
 use crate::session::PgSession;
 use crate::sql::{Advisory, Sql, millis};
-use sqlx::Connection;
 
 /// How long a cancelled statement gets to answer before the next, stronger step.
 const CANCEL_GRACE: Duration = Duration::from_secs(1);
@@ -73,7 +75,15 @@ enum Why {
     CallerGone,
 }
 
-/// One acquire, running in its own task.
+/// What the first try of an acquire found.
+pub(crate) enum First {
+    /// Granted, busy with no time to wait, or failed: the acquire's answer.
+    Answer(Answer),
+    /// Busy, and the deadline allows a wait: the key's lock (id and mode).
+    Busy(Advisory),
+}
+
+/// One acquire: its first try in the caller's task, its wait in a task of its own.
 pub(crate) struct Attempt {
     inner: Arc<Inner>,
     key: String,
@@ -88,13 +98,12 @@ pub(crate) struct Attempt {
 }
 
 impl Attempt {
-    /// An acquire of `key` for a lease of `ttl`, answering on `reply`.
+    /// An acquire of `key` with `opts` until `deadline`.
     pub(crate) fn new(
         inner: Arc<Inner>,
         key: &str,
         opts: &LockOptions,
         deadline: Deadline,
-        reply: oneshot::Sender<Answer>,
     ) -> Self {
         let ttl = opts.ttl;
         Self {
@@ -105,12 +114,15 @@ impl Attempt {
             shares_carrier: opts.auto_renew,
             idle_ms: millis(ttl),
             deadline,
-            reply: Reply(Some(reply)),
+            reply: Reply(None),
         }
     }
 
-    pub(crate) async fn run(mut self) {
-        let answer = self.take().await;
+    /// Wait for `lock` (found busy by [`first`](Self::first)), answering on `reply`;
+    /// runs in a task of its own.
+    pub(crate) async fn wait(mut self, lock: Advisory, reply: oneshot::Sender<Answer>) {
+        self.reply = Reply(Some(reply));
+        let answer = self.wait_take(lock).await;
         if let Some(grant) = self.reply.send(answer) {
             tracing::debug!(key = %self.key, "acquire abandoned after the grant; releasing");
             let mut held = grant.held;
@@ -118,32 +130,34 @@ impl Attempt {
         }
     }
 
-    async fn take(&mut self) -> Answer {
+    /// The first try: the key's id, then the lock without waiting, on a holder connection
+    /// shared with other holds.
+    pub(crate) async fn first(&self) -> First {
         // The deadline covers the id look-up and getting a connection too.
-        let Some(id) = self.deadline.run(self.inner.lock_id(&self.key)).await else {
-            return Ok(None);
+        let id = match self.deadline.run(self.inner.lock_id(&self.key)).await {
+            None => return First::Answer(Ok(None)),
+            Some(Err(e)) => return First::Answer(Err(e.into())),
+            Some(Ok(id)) => id,
         };
         let lock = Advisory {
-            id: id?,
+            id,
             mode: self.mode,
         };
-        // First without waiting, on a holder connection shared with other holds.
         let inner = self.inner.clone();
         let open = || open_session(inner.clone());
         let tried =
             self.inner
                 .carriers
                 .try_take(&self.key, lock, self.ttl, self.shares_carrier, open);
-        let Some(tried) = self.deadline.run(tried).await else {
-            return Ok(None);
-        };
-        if let Some(grant) = tried? {
-            return Ok(Some(grant));
+        match self.deadline.run(tried).await {
+            Some(Ok(None)) if self.deadline.may_wait() => First::Busy(lock),
+            Some(answer) => First::Answer(answer),
+            None => First::Answer(Ok(None)),
         }
-        if !self.deadline.may_wait() {
-            return Ok(None);
-        }
-        // Busy: wait on a connection of its own, which then carries the hold.
+    }
+
+    /// Busy: wait on a connection of its own, which then carries the hold.
+    async fn wait_take(&mut self, lock: Advisory) -> Answer {
         let Some(lent) = self.deadline.run(self.inner.locks.get()).await else {
             return Ok(None);
         };
@@ -245,17 +259,10 @@ impl Attempt {
     }
 }
 
-/// A lock connection for a new holder connection: an idle one that still answers, or a
-/// new one (an idle connection found dead means the server restarted: the others go too).
+/// A lock connection for a new holder connection: an idle one (not pinged: its first
+/// statement proves it, see [`PgSession::try_lock`]), or a new one.
 async fn open_session(inner: Arc<Inner>) -> Result<PgSession> {
-    let mut lent = inner.locks.get().await?;
-    if lent.reused {
-        let alive = timeout(inner.config.response_timeout, lent.raw().ping()).await;
-        if !matches!(alive, Ok(Ok(()))) {
-            inner.locks.clear_idle();
-            lent = inner.locks.get().await?;
-        }
-    }
+    let lent = inner.locks.get().await?;
     Ok(PgSession::new(inner, lent))
 }
 

@@ -1,9 +1,9 @@
 //! [`PostgresBackend`]: connecting (a pool of lock connections and one of side
 //! connections), preparing the key table, mapping keys to lock ids, and running statements.
 //!
-//! An acquire runs in a task of its own (`acquire`); the granted lock is a connection whose
-//! session holds the advisory lock (`held`), which renews, notices a lost session and
-//! releases.
+//! An acquire tries first in the caller's task and waits in a task of its own (`acquire`);
+//! a granted lock is held by a holder connection (`session`, run by
+//! `dlock_core::raw::carrier`), which renews, notices a lost session and releases.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 use tokio::time::timeout;
 
 use crate::NAME;
-use crate::acquire::Attempt;
+use crate::acquire::{Attempt, First};
 use crate::config::PostgresConfig;
 use crate::error::Error;
 use crate::pool::{Lent, Pool};
@@ -30,6 +30,9 @@ use dlock_core::raw::carrier::Carriers;
 
 /// Connections for short side statements: id look-ups, cancels.
 const SIDE_CONNECTIONS: u32 = 8;
+/// Holder connections of one ttl that concurrent takes may open before they queue on a
+/// busy one: a holder connection runs one statement at a time.
+const BUSY_CARRIERS: usize = 8;
 /// Most key → id mappings kept in memory; past it the cache starts over.
 const MAX_CACHED_IDS: usize = 100_000;
 
@@ -104,7 +107,7 @@ impl PostgresBackend {
             config,
             ids: Mutex::new(HashMap::new()),
             wakeups: AtomicU64::new(0),
-            carriers: Carriers::new(NAME),
+            carriers: Carriers::new(NAME).open_while_busy(BUSY_CARRIERS),
         };
         inner.prepare().await?;
         Ok(Self {
@@ -167,11 +170,16 @@ impl Backend for PostgresBackend {
         opts: &dlock_core::LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
+        let attempt = Attempt::new(self.inner.clone(), key, opts, deadline);
+        // The first try never waits on the server: it runs here. Only a wait gets a task.
+        let id = match attempt.first().await {
+            First::Answer(answer) => return answer,
+            First::Busy(id) => id,
+        };
         let (tx, rx) = oneshot::channel();
-        let attempt = Attempt::new(self.inner.clone(), key, opts, deadline, tx);
         // Counted as clean-up: once the caller gives up, the task still cancels the waiting
         // statement and tidies the connection.
-        if !dlock_core::raw::spawn_cleanup(attempt.run()) {
+        if !dlock_core::raw::spawn_cleanup(attempt.wait(id, tx)) {
             return Err(LockError::backend(NAME, "acquire", "no tokio runtime"));
         }
         rx.await.unwrap_or_else(|_| {

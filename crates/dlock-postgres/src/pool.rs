@@ -170,6 +170,24 @@ impl Lent {
         self.conn.as_ref().map_or(0, |c| c.pid)
     }
 
+    /// Replace the connection, found dead, by a new one (keeping this slot of the limit),
+    /// within the connect timeout. The idle ones go too: the server probably restarted.
+    pub(crate) async fn reconnect(&mut self) -> Result<(), Error> {
+        self.conn = None;
+        self.pool.clear_idle();
+        let pool = &self.pool;
+        let conn = timeout(pool.connect_timeout, pool.connect())
+            .await
+            .map_err(|_| Error::NoAnswer {
+                op: "connect",
+                addr: pool.addr.clone(),
+                after: pool.connect_timeout,
+            })??;
+        self.conn = Some(conn);
+        self.reused = false;
+        Ok(())
+    }
+
     /// Return the connection to the pool. Only call when the session is clean: no advisory
     /// lock, no statement in flight, no idle timeout.
     pub(crate) fn give_back(mut self) {

@@ -23,12 +23,17 @@ pub(crate) struct PgSession {
     /// How many shared holds of each lock id this session carries: taking one of these
     /// again needs the check for waiting writers the server skips on re-entry.
     shared: HashMap<i32, u32>,
+    /// Taken idle from the pool and not used since: it may have died while idle (a server
+    /// restart), which its first statement finds out.
+    unproven: bool,
 }
 
 impl PgSession {
-    /// A session holding nothing.
+    /// A session holding nothing. A connection reused from the pool is proven by its
+    /// first statement (see `unproven`).
     pub(crate) fn new(inner: Arc<Inner>, lent: Lent) -> Self {
         Self {
+            unproven: lent.reused,
             inner,
             lent,
             shared: HashMap::new(),
@@ -38,6 +43,7 @@ impl PgSession {
     /// A session that was granted `lock` after a wait.
     pub(crate) fn holding(inner: Arc<Inner>, lent: Lent, lock: Advisory) -> Self {
         let mut session = Self::new(inner, lent);
+        session.unproven = false;
         session.count(lock, true);
         session
     }
@@ -88,11 +94,20 @@ impl Session for PgSession {
         } else {
             self.inner.sql.try_take(lock, millis(idle))
         };
-        let rows = self
-            .inner
-            .run(&mut self.lent, &sql, "acquire")
-            .await
-            .map_err(|e| Self::failure(e.lock_table_full()))?;
+        let mut rows = self.inner.run(&mut self.lent, &sql, "acquire").await;
+        if std::mem::take(&mut self.unproven)
+            && let Err(e) = &rows
+            && e.is_connection_lost()
+        {
+            // The idle connection had died (the lock was not taken, or its session ended
+            // with it): once more on a new one, instead of a ping before every first use.
+            tracing::debug!(error = %e, "an idle lock connection was dead; reconnecting");
+            rows = match self.lent.reconnect().await {
+                Ok(()) => self.inner.run(&mut self.lent, &sql, "acquire").await,
+                Err(e) => Err(e),
+            };
+        }
+        let rows = rows.map_err(|e| Self::failure(e.lock_table_full()))?;
         let token = crate::acquire::token(&rows).map_err(Failure::Request)?;
         if token.is_some() {
             self.count(lock, true);

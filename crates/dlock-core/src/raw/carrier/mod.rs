@@ -155,6 +155,9 @@ pub struct Carriers<S: Session> {
     /// Held while a shared carrier is being opened, so that a burst of first takes opens
     /// one connection, not one each.
     opening: tokio::sync::Mutex<()>,
+    /// A take that finds every carrier of its group busy opens another while the group has
+    /// fewer than this many (see [`open_while_busy`](Self::open_while_busy)).
+    busy_limit: usize,
 }
 
 impl<S: Session> fmt::Debug for Carriers<S> {
@@ -173,7 +176,19 @@ impl<S: Session> Carriers<S> {
             backend,
             groups: Arc::default(),
             opening: tokio::sync::Mutex::new(()),
+            busy_limit: 1,
         }
+    }
+
+    /// Let a take that finds every carrier of its group busy (a take in flight) open
+    /// another, until the group has `limit` carriers; past it takes queue on the least busy
+    /// one. The default, 1, queues every take of a group on one session. More lets
+    /// concurrent takes run in parallel, at the cost of up to `limit` connections per group
+    /// (a carrier retires as soon as it holds nothing).
+    #[must_use]
+    pub fn open_while_busy(mut self, limit: usize) -> Self {
+        self.busy_limit = limit.max(1);
+        self
     }
 
     /// How many shared carriers are running.
@@ -306,15 +321,19 @@ impl<S: Session> Carriers<S> {
         )
     }
 
-    /// The group's least busy carrier, counted as having one more request in flight.
+    /// The group's least busy carrier, counted as having one more request in flight; `None`
+    /// when there is none, or when it is busy and the group may open another.
     fn route(&self, group: Group) -> Option<Arc<Carrier<S::Lock>>> {
         let groups = guard(&self.groups);
-        let carrier = groups
-            .get(&group)?
+        let carriers = groups.get(&group)?;
+        let carrier = carriers
             .iter()
             .filter(|c| c.dead.borrow().is_none())
             .min_by_key(|c| c.in_flight.load(Ordering::SeqCst))?
             .clone();
+        if carrier.in_flight.load(Ordering::SeqCst) > 0 && carriers.len() < self.busy_limit {
+            return None;
+        }
         carrier.in_flight.fetch_add(1, Ordering::SeqCst);
         Some(carrier)
     }
