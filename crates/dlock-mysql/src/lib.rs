@@ -155,6 +155,11 @@
 //!   reader, a roll-back undoes a grant that raced the kill, and a crashed reader's closed
 //!   connection frees its share at once.
 //!
+//! lockbench's *read-mostly* workload (one key, nine shared holds in ten; loopback,
+//! MariaDB 10.11, a shared 2-core machine, two runs): 8 clients 8,791–9,169 cycles/s, p50
+//! 500–541 µs; 32 clients 4,702–5,750 cycles/s, p50 4.9–5.9 ms (readers queued behind a
+//! waiting writer wait for it, by design).
+//!
 //! # Protocol, `mode=named`
 //!
 //! A key's lock name is `dlock:` and the first 58 hex digits (232 bits) of the SHA-256 of
