@@ -1,6 +1,7 @@
-//! Acquiring a key: lock the row without waiting (`FOR UPDATE NOWAIT`), or wait for the
-//! server to grant it (`FOR UPDATE`) until the deadline, drawing the fencing token in the
-//! locking statement (or, on MySQL 8, taking one from the key's counter after it).
+//! Acquiring a key: lock the row without waiting (`FOR UPDATE NOWAIT`; a shared hold takes
+//! InnoDB's shared row lock instead), or wait for the server to grant it (`FOR UPDATE`)
+//! until the deadline, drawing the fencing token in the locking statement (or, on MySQL 8,
+//! taking one from the key's counter after it).
 //!
 //! The first try runs in the caller's task: it never waits on the server, so a caller that
 //! drops it mid-statement only closes the connection, which the server rolls back. Anything
@@ -16,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use dlock_core::raw::{Deadline, Grant};
-use dlock_core::{LockError, Result};
+use dlock_core::{LockError, LockOptions, Mode, Result};
 use futures::Future;
 use sqlx::Row;
 use tokio::sync::oneshot;
@@ -107,6 +108,8 @@ pub(crate) struct Attempt {
     inner: Arc<Inner>,
     key: String,
     name: String,
+    /// Exclusive (`FOR UPDATE`) or shared (InnoDB's shared row lock).
+    mode: Mode,
     /// The holding session's idle timeout, in seconds.
     idle: u32,
     deadline: Deadline,
@@ -117,11 +120,11 @@ pub(crate) struct Attempt {
 }
 
 impl Attempt {
-    /// An acquire of `key` for a lease of `ttl`, answering on `reply`.
+    /// An acquire of `key` for a lease of `opts.ttl` in `opts.mode`, answering on `reply`.
     pub(crate) fn new(
         inner: Arc<Inner>,
         key: &str,
-        ttl: Duration,
+        opts: &LockOptions,
         deadline: Deadline,
         reply: oneshot::Sender<Answer>,
     ) -> Self {
@@ -129,7 +132,8 @@ impl Attempt {
             inner,
             key: key.to_owned(),
             name: sql::row_name(key),
-            idle: sql::idle_seconds(ttl),
+            mode: opts.mode,
+            idle: sql::idle_seconds(opts.ttl),
             deadline,
             reply: Reply(Some(reply)),
             sent_at: Instant::now(),
@@ -232,7 +236,7 @@ impl Attempt {
     /// Step 1: lock the row without waiting (with `create`, create it first if missing).
     async fn try_take(&mut self, lent: &mut Lent, create: bool) -> Step {
         let set = self.idle_to_set(lent);
-        let sql = self.inner.sql.try_take(&self.name, set, create);
+        let sql = self.inner.sql.try_take(&self.name, self.mode, set, create);
         self.sent_at = Instant::now();
         let silent = self.sent_at + self.inner.config.response_timeout;
         let batch = match self.guarded(lent, &sql, None, silent, set).await {
@@ -265,7 +269,7 @@ impl Attempt {
         };
         loop {
             let set = self.idle_to_set(lent);
-            let sql = self.inner.sql.wait_take(&self.name, set);
+            let sql = self.inner.sql.wait_take(&self.name, self.mode, set);
             self.sent_at = Instant::now();
             let silent = self.sent_at
                 + Duration::from_secs(LOCK_WAIT_ROUND.into())

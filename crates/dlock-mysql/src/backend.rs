@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{
-    Capabilities, Expiry, Fencing, LockError, LockOptions, LockStats, Result, Wakeup,
+    Capabilities, Expiry, Fencing, LockError, LockOptions, LockStats, Mode, Result, Wakeup,
 };
 use futures::StreamExt;
 use sqlx::mysql::MySqlRow;
@@ -25,7 +25,7 @@ use crate::config::{LockMode, MysqlConfig};
 use crate::error::Error;
 use crate::named::{NamedAttempt, NamedSession};
 use crate::pool::{Lent, Pool};
-use crate::sql::{self, Sql, Tokens};
+use crate::sql::{self, Server, Sql, Tokens};
 use dlock_core::raw::carrier::Carriers;
 
 /// Connections for short side statements: fence counters, kills, clean-ups.
@@ -99,13 +99,13 @@ impl MysqlBackend {
                 config.connect_timeout,
                 SIDE_CONNECTIONS,
             ),
-            sql: Sql::new(&config.table, Tokens::Counter),
+            sql: Sql::new(&config.table, Tokens::Counter, Server::MySql),
             config,
             wakeups: AtomicU64::new(0),
             carriers: Carriers::new(NAME),
         };
-        let tokens = inner.prepare_tables().await?;
-        inner.sql = Sql::new(&inner.config.table, tokens);
+        let (tokens, server) = inner.prepare_tables().await?;
+        inner.sql = Sql::new(&inner.config.table, tokens, server);
         Ok(Self {
             inner: Arc::new(inner),
         })
@@ -141,7 +141,11 @@ impl Backend for MysqlBackend {
             // holder.
             expiry: Expiry::Ttl,
             releases_on_disconnect: true,
-            // The row-lock grant wakes exactly the waiter that gets the row.
+            // Row mode: InnoDB's shared row lock beside its exclusive one. Named locks
+            // (`GET_LOCK`) have no shared form.
+            shared: self.inner.config.mode == LockMode::Row,
+            // The row-lock grant wakes exactly the waiters that get the row: one writer, or
+            // the readers one release admits together (each woken once, granted).
             wakeup: Wakeup::Notification {
                 one_per_release: true,
                 max_per_waiter: 1,
@@ -175,10 +179,18 @@ impl Backend for MysqlBackend {
         // `Attempt::run`), and only what may wait goes to a task.
         let spawned = match self.inner.config.mode {
             LockMode::Row => {
-                Attempt::new(self.inner.clone(), key, opts.ttl, deadline, tx)
+                Attempt::new(self.inner.clone(), key, opts, deadline, tx)
                     .run()
                     .await;
                 true
+            }
+            // The core refuses a shared acquire where `shared` is false; never hand one to
+            // `GET_LOCK`, which would make it exclusive.
+            LockMode::Named if opts.mode == Mode::Shared => {
+                return Err(LockError::Unsupported {
+                    backend: NAME,
+                    what: "a shared hold in mode=named",
+                });
             }
             LockMode::Named => {
                 let attempt = NamedAttempt::new(self.inner.clone(), key, opts, deadline, tx);
@@ -303,8 +315,9 @@ impl Inner {
     }
 
     /// Create the tables (and on MariaDB the token sequence) if missing; refuse existing
-    /// ones that cannot hold locks safely. Returns where tokens come from.
-    async fn prepare_tables(&self) -> Result<Tokens> {
+    /// ones that cannot hold locks safely. Returns where tokens come from, and which server
+    /// this is.
+    async fn prepare_tables(&self) -> Result<(Tokens, Server)> {
         let mut tables = self.side("connect", &self.sql.describe_tables()).await?;
         if tables.len() < 2 {
             self.side("create tables", &self.sql.create_tables())
@@ -332,8 +345,9 @@ impl Inner {
             .first()
             .and_then(|row| row.try_get(0).ok())
             .unwrap_or_default();
+        let server = Server::of_version(&version);
         if !has_sequences(&version) {
-            return Ok(Tokens::Counter);
+            return Ok((Tokens::Counter, server));
         }
         if self
             .side("connect", &self.sql.find_sequence())
@@ -355,7 +369,7 @@ impl Inner {
                 "created the token sequence"
             );
         }
-        Ok(Tokens::Sequence)
+        Ok((Tokens::Sequence, server))
     }
 }
 

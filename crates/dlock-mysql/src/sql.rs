@@ -8,6 +8,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use dlock_core::Mode;
 use dlock_core::raw::key;
 
 /// Width of the `name` column, in bytes.
@@ -58,6 +59,26 @@ pub(crate) enum Tokens {
     Counter,
 }
 
+/// Which server the statements are for: the two spell a shared row lock differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Server {
+    /// MariaDB: `LOCK IN SHARE MODE [NOWAIT]` (it has no `FOR SHARE`).
+    MariaDb,
+    /// MySQL 8: `FOR SHARE [NOWAIT]` (its `LOCK IN SHARE MODE` takes no `NOWAIT`).
+    MySql,
+}
+
+impl Server {
+    /// The server `VERSION()` names.
+    pub(crate) fn of_version(version: &str) -> Self {
+        if version.contains("MariaDB") {
+            Server::MariaDb
+        } else {
+            Server::MySql
+        }
+    }
+}
+
 /// `SET SESSION wait_timeout = …;`, or nothing when the session has it already.
 fn set_idle(idle: Option<u32>) -> String {
     idle.map_or_else(String::new, |idle| {
@@ -72,17 +93,32 @@ pub(crate) struct Sql {
     fence: String,
     seq: String,
     pub(crate) tokens: Tokens,
+    server: Server,
 }
 
 impl Sql {
-    /// Statements for the tables named by a validated identifier, taking tokens from
-    /// `tokens`.
-    pub(crate) fn new(table: &str, tokens: Tokens) -> Self {
+    /// Statements for `server`'s tables named by a validated identifier, taking tokens
+    /// from `tokens`.
+    pub(crate) fn new(table: &str, tokens: Tokens, server: Server) -> Self {
         Self {
             table: table.to_owned(),
             fence: format!("{table}_fence"),
             seq: format!("{table}_seq"),
             tokens,
+            server,
+        }
+    }
+
+    /// The locking clause of a `mode` hold: InnoDB's exclusive row lock for a writer, its
+    /// shared one for a reader (which InnoDB queues behind a waiting exclusive request).
+    fn lock_clause(&self, mode: Mode, nowait: bool) -> &'static str {
+        match (mode, self.server, nowait) {
+            (Mode::Exclusive, _, true) => "FOR UPDATE NOWAIT",
+            (Mode::Exclusive, _, false) => "FOR UPDATE",
+            (Mode::Shared, Server::MariaDb, true) => "LOCK IN SHARE MODE NOWAIT",
+            (Mode::Shared, Server::MariaDb, false) => "LOCK IN SHARE MODE",
+            (Mode::Shared, Server::MySql, true) => "FOR SHARE NOWAIT",
+            (Mode::Shared, Server::MySql, false) => "FOR SHARE",
         }
     }
 
@@ -176,10 +212,16 @@ impl Sql {
     /// the transaction a miss left open and create the row (a consistent read, then a plain
     /// insert only if it saw no row, so it does not wait for a holder and takes no gap
     /// lock; a duplicate-key error means another client created it just now); begin; lock
-    /// it `NOWAIT`, selecting [`Self::locked_value`] (a row: held; no row: missing; lock
-    /// error: busy).
+    /// it in `mode`, `NOWAIT`, selecting [`Self::locked_value`] (a row: held; no row:
+    /// missing; lock error: busy).
     /// `idle` is `None` when the session already has that idle timeout.
-    pub(crate) fn try_take(&self, name: &str, idle: Option<u32>, create: bool) -> String {
+    pub(crate) fn try_take(
+        &self,
+        name: &str,
+        mode: Mode,
+        idle: Option<u32>,
+        create: bool,
+    ) -> String {
         let n = literal(name);
         let t = &self.table;
         let create = if create {
@@ -192,22 +234,25 @@ impl Sql {
         };
         format!(
             "{set}{create}BEGIN;\
-             SELECT {v} FROM `{t}` WHERE name = {n} FOR UPDATE NOWAIT",
+             SELECT {v} FROM `{t}` WHERE name = {n} {lock}",
             set = set_idle(idle),
             v = self.locked_value(),
+            lock = self.lock_clause(mode, true),
         )
     }
 
     /// Wait for the row: begin (which ends the transaction a failed `NOWAIT` left open) and
-    /// lock it, waiting up to [`LOCK_WAIT_ROUND`], selecting [`Self::locked_value`].
-    pub(crate) fn wait_take(&self, name: &str, idle: Option<u32>) -> String {
+    /// lock it in `mode`, waiting up to [`LOCK_WAIT_ROUND`], selecting
+    /// [`Self::locked_value`].
+    pub(crate) fn wait_take(&self, name: &str, mode: Mode, idle: Option<u32>) -> String {
         format!(
             "{set}BEGIN;\
-             SELECT {v} FROM `{t}` WHERE name = {n} FOR UPDATE",
+             SELECT {v} FROM `{t}` WHERE name = {n} {lock}",
             t = self.table,
             n = literal(name),
             v = self.locked_value(),
             set = set_idle(idle),
+            lock = self.lock_clause(mode, false),
         )
     }
 
@@ -321,27 +366,67 @@ mod tests {
 
     #[test]
     fn statements_name_the_configured_tables() {
-        let sql = Sql::new("my_locks", Tokens::Sequence);
+        let sql = Sql::new("my_locks", Tokens::Sequence, Server::MariaDb);
         assert!(sql.create_tables().contains("`my_locks_fence`"));
         assert!(
             sql.create_sequence(7)
                 .contains("`my_locks_seq` START WITH 7")
         );
         assert!(
-            sql.try_take("k", Some(2), false)
+            sql.try_take("k", X, Some(2), false)
                 .contains("NEXTVAL(`my_locks_seq`)")
         );
-        assert!(sql.try_take("k", Some(2), true).contains("ROLLBACK;INSERT"));
-        assert!(sql.try_take("k", None, false).starts_with("BEGIN;"));
         assert!(
-            sql.wait_take("k", Some(3))
+            sql.try_take("k", X, Some(2), true)
+                .contains("ROLLBACK;INSERT")
+        );
+        assert!(sql.try_take("k", X, None, false).starts_with("BEGIN;"));
+        assert!(
+            sql.wait_take("k", X, Some(3))
                 .starts_with("SET SESSION wait_timeout = 3;")
         );
         assert!(sql.next_fence("k", 9).contains("NEXTVAL(`my_locks_seq`)"));
-        let counter = Sql::new("my_locks", Tokens::Counter);
-        assert!(!counter.try_take("k", Some(2), false).contains("NEXTVAL"));
+        let counter = Sql::new("my_locks", Tokens::Counter, Server::MySql);
+        assert!(!counter.try_take("k", X, Some(2), false).contains("NEXTVAL"));
         assert!(counter.next_fence("k", 9).contains("fence + 1"));
         assert_eq!(Sql::finish(End::Commit, false), "COMMIT");
         assert_eq!(Sql::finish(End::Commit, true).matches(';').count(), 1);
+    }
+
+    const X: Mode = Mode::Exclusive;
+    const S: Mode = Mode::Shared;
+
+    #[test]
+    fn each_server_gets_its_own_spelling_of_the_shared_row_lock() {
+        let mariadb = Sql::new("t", Tokens::Sequence, Server::MariaDb);
+        let mysql = Sql::new("t", Tokens::Counter, Server::MySql);
+        for sql in [&mariadb, &mysql] {
+            assert!(
+                sql.try_take("k", X, None, false)
+                    .ends_with(" FOR UPDATE NOWAIT")
+            );
+            assert!(sql.wait_take("k", X, None).ends_with(" FOR UPDATE"));
+        }
+        assert!(
+            mariadb
+                .try_take("k", S, None, true)
+                .ends_with(" LOCK IN SHARE MODE NOWAIT")
+        );
+        assert!(
+            mariadb
+                .wait_take("k", S, None)
+                .ends_with(" LOCK IN SHARE MODE")
+        );
+        assert!(
+            mysql
+                .try_take("k", S, None, false)
+                .ends_with(" FOR SHARE NOWAIT")
+        );
+        assert!(mysql.wait_take("k", S, None).ends_with(" FOR SHARE"));
+        assert_eq!(
+            Server::of_version("10.11.14-MariaDB-0+deb12u2"),
+            Server::MariaDb
+        );
+        assert_eq!(Server::of_version("8.0.36"), Server::MySql);
     }
 }
