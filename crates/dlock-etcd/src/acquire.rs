@@ -8,7 +8,7 @@ use dlock_core::raw::Deadline;
 use dlock_core::{LockError, Result};
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    WatchFilterType, WatchOptions,
+    TxnResponse, WatchFilterType, WatchOptions,
 };
 
 use crate::NAME;
@@ -20,6 +20,9 @@ use crate::watch::{OWN_WATCH, OwnWatch, Seen};
 /// How many times in a row a waiter's watch may break (the stream fails, or the server
 /// cancels a watch) before the acquire gives up.
 const WATCH_BREAKS: u32 = 3;
+
+/// How many watches a waiter puts on its predecessor (see [`Attempt::wait`]).
+const PREDECESSOR_WATCHES: i64 = 2;
 
 /// How an attempt ended.
 pub(crate) enum Outcome {
@@ -38,8 +41,8 @@ pub(crate) enum Outcome {
 
 /// A waiter's next step.
 enum Next {
-    /// Read who is ahead of us.
-    Check,
+    /// Read who is ahead of us, in a state at least as new as this revision.
+    Check(i64),
     /// Wait for this predecessor, which existed at this revision.
     Wait(Vec<u8>, i64),
     /// Nobody is ahead of us at this revision.
@@ -68,14 +71,44 @@ impl Attempt<'_> {
     pub(crate) async fn run(&self, lease: &mut KeyLease, deadline: Deadline) -> Result<Outcome> {
         const OP: &str = "acquire";
         lease.prepare(OP).await?;
+        let answer = match self.put_and_read_owner(lease).await? {
+            Some(answer) => answer,
+            None => return Ok(Outcome::LeaseGone),
+        };
+        let rev = revision(OP, answer.header())?;
+        let owner = ranged(OP, answer.op_responses().as_slice(), 1)?
+            .first()
+            .map(KeyValue::create_revision);
+        if owner == Some(rev) {
+            return Ok(Outcome::Held {
+                rev,
+                seen: rev,
+                watch: None,
+            });
+        }
+        if !deadline.may_wait() {
+            return Ok(Outcome::Busy);
+        }
+        // The predecessor is read only now, by a member-local read: the transaction of a
+        // free lock (the common case) reads only the oldest key.
+        self.wait(lease, rev).await
+    }
+
+    /// The acquiring transaction: if `my` does not exist, put it with the lease and read
+    /// the oldest key under the prefix. `None` when the shared lease is gone on the
+    /// server.
+    ///
+    /// A key of our name that exists already can only be a stray of ours (the names on a
+    /// shared lease carry its id, and no live attempt or hold of ours uses this one): an
+    /// abandoned attempt's put that timed out here but landed after its background
+    /// delete. Nobody waits on its behalf, and the shared lease would keep it (and the
+    /// lock busy) as long as the client lives, so it is deleted and the put made again.
+    async fn put_and_read_owner(&self, lease: &KeyLease) -> Result<Option<TxnResponse>> {
+        const OP: &str = "acquire";
         let oldest = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
-        let newest_two = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(2);
         let txn = Txn::new()
             .when([Compare::create_revision(
                 self.my_key.as_str(),
@@ -89,41 +122,32 @@ impl Attempt<'_> {
                     Some(PutOptions::new().with_lease(lease.id())),
                 ),
                 TxnOp::get(self.prefix.as_str(), Some(oldest)),
-                TxnOp::get(self.prefix.as_str(), Some(newest_two)),
             ]);
-        let answer = match self.conn.txn(OP, txn).await {
-            // The shared lease ended on the server before its keeper noticed.
-            Err(e) if e.is_lease_not_found() && matches!(lease, KeyLease::Shared(_)) => {
-                return Ok(Outcome::LeaseGone);
+        let shared = matches!(lease, KeyLease::Shared(_));
+        for tries in 1..=2 {
+            let answer = match self.conn.txn(OP, txn.clone()).await {
+                // The shared lease ended on the server before its keeper noticed.
+                Err(e) if e.is_lease_not_found() && shared => return Ok(None),
+                answer => answer?,
+            };
+            if answer.succeeded() {
+                return Ok(Some(answer));
             }
-            answer => answer?,
-        };
-        if !answer.succeeded() {
-            return Err(Error::Protocol {
-                op: OP,
-                what: "the key of a fresh attempt already existed",
+            if !shared || tries == 2 {
+                break;
             }
-            .into());
+            tracing::debug!(
+                backend = NAME,
+                key = self.key,
+                "a stray key of an abandoned attempt had our name; deleting it"
+            );
+            self.conn.delete_key(OP, &self.my_key, None).await?;
         }
-        let rev = revision(OP, answer.header())?;
-        let ops = answer.op_responses();
-        let owner = ranged(OP, &ops, 1)?.first().map(KeyValue::create_revision);
-        if owner == Some(rev) {
-            return Ok(Outcome::Held {
-                rev,
-                seen: rev,
-                watch: None,
-            });
+        Err(Error::Protocol {
+            op: OP,
+            what: "the key of a fresh attempt already existed",
         }
-        if !deadline.may_wait() {
-            return Ok(Outcome::Busy);
-        }
-        // Ours is the newest key, so the second newest is the one we wait for.
-        let predecessor = ranged(OP, &ops, 2)?
-            .iter()
-            .find(|kv| kv.create_revision() < rev)
-            .map(|kv| (kv.key().to_vec(), rev));
-        self.wait(lease, rev, predecessor).await
+        .into())
     }
 
     /// Wait until no key under the prefix is older than ours: watch the deletion of the
@@ -134,25 +158,23 @@ impl Attempt<'_> {
     /// synced watcher group at once (a watch starting in the past is caught up by a loop
     /// that runs every 100 ms, which would delay the hand-off). If the store moved on
     /// since the read that named the predecessor, a read after the watch exists closes the
-    /// gap: a deletion before it is seen by that read, one after it by the watch.
-    async fn wait(
-        &self,
-        lease: &mut KeyLease,
-        rev: i64,
-        known: Option<(Vec<u8>, i64)>,
-    ) -> Result<Outcome> {
+    /// gap: a deletion before it is seen by that read, one after it by the watch. Our own
+    /// key's watch starts at the current revision too (created just before the
+    /// predecessor's, on the same stream, so that read covers it as well).
+    async fn wait(&self, lease: &mut KeyLease, rev: i64) -> Result<Outcome> {
         const OP: &str = "acquire";
         let mut watch: Option<Box<OwnWatch>> = None;
         let mut next_id = OWN_WATCH + 1;
         let mut breaks = 0;
-        let mut next = match known {
-            Some((predecessor, seen)) => Next::Wait(predecessor, seen),
-            None => Next::Check,
-        };
+        let mut next = Next::Check(rev);
         loop {
             let (predecessor, seen) = match next {
                 Next::Wait(predecessor, seen) => (predecessor, seen),
-                Next::Check | Next::Broken(..) => match self.check(rev).await? {
+                Next::Check(floor) => match self.check(rev, floor).await? {
+                    (None, seen) => return Ok(Outcome::Held { rev, seen, watch }),
+                    (Some(predecessor), seen) => (predecessor, seen),
+                },
+                Next::Broken(..) => match self.check(rev, rev).await? {
                     (None, seen) => return Ok(Outcome::Held { rev, seen, watch }),
                     (Some(predecessor), seen) => (predecessor, seen),
                 },
@@ -160,19 +182,28 @@ impl Attempt<'_> {
             };
             let stream = match &mut watch {
                 Some(stream) => stream,
-                None => watch.insert(self.conn.watch_own(OP, &self.my_key, seen).await?),
+                None => watch.insert(self.conn.watch_own(OP, &self.my_key).await?),
             };
-            let mut pred_id = next_id.max(stream.own_id + 1);
-            next_id = pred_id + 1;
-            let options = WatchOptions::new()
-                .with_filters([WatchFilterType::NoPut])
-                .with_watch_id(pred_id);
-            self.conn
-                .call_once(
-                    OP,
-                    stream.stream.watch(predecessor.as_slice(), Some(options)),
-                )
-                .await?;
+            // Two watches on the predecessor, back to back: either one's event wakes us.
+            // etcd puts a watch from the current revision in its unsynced group when a
+            // write lands between its reading the revision and registering the watch
+            // (often, under contention), and catches that group up only every 100 ms;
+            // two such races in a row are rare.
+            let first = next_id.max(stream.own_id + 1);
+            next_id = first + PREDECESSOR_WATCHES;
+            let mut pred_ids: Vec<i64> = (first..next_id).collect();
+            let mut created = 0;
+            for &id in &pred_ids {
+                let options = WatchOptions::new()
+                    .with_filters([WatchFilterType::NoPut])
+                    .with_watch_id(id);
+                self.conn
+                    .call_once(
+                        OP,
+                        stream.stream.watch(predecessor.as_slice(), Some(options)),
+                    )
+                    .await?;
+            }
             next = loop {
                 let response = tokio::select! {
                     message = stream.stream.message() => match message {
@@ -185,20 +216,26 @@ impl Attempt<'_> {
                         continue;
                     }
                 };
-                let deleted = match stream.classify(&response, Some(pred_id)) {
+                let deleted = match stream.classify(&response, &pred_ids) {
                     Seen::Created(id, revision) => {
                         // The id the server gave, should it not honour the one asked for.
-                        pred_id = id;
-                        if revision <= seen {
+                        if !pred_ids.contains(&id) {
+                            pred_ids.push(id);
+                        }
+                        created += 1;
+                        // The first watch's start bounds what the read must cover.
+                        if created > 1 || revision <= seen {
                             continue;
                         }
-                        match self.check(rev).await? {
+                        match self.check(rev, revision).await? {
                             (Some(still), _) if still == predecessor => continue,
                             (Some(other), seen) => Next::Wait(other, seen),
                             (None, seen) => Next::Held(seen),
                         }
                     }
-                    Seen::PredecessorDeleted => Next::Check,
+                    Seen::PredecessorDeleted => {
+                        Next::Check(response.header().map_or(rev, |h| h.revision()))
+                    }
                     Seen::OwnDeleted => {
                         return Err(lease_lost(
                             self.key,
@@ -211,7 +248,9 @@ impl Attempt<'_> {
                 // Our predecessor is gone: one wake-up.
                 self.conn.shared.wakeups.fetch_add(1, Ordering::Relaxed);
                 breaks = 0;
-                let _ = stream.stream.cancel(pred_id).await;
+                for &id in &pred_ids {
+                    let _ = stream.stream.cancel(id).await;
+                }
                 break deleted;
             };
             if let Next::Broken(refused, why) = &next {
@@ -233,21 +272,47 @@ impl Attempt<'_> {
         }
     }
 
-    /// One linearizable read: the newest key older than ours, and our own key. Fails with
-    /// `LeaseLost` when our key is gone.
-    async fn check(&self, rev: i64) -> Result<(Option<Vec<u8>>, i64)> {
+    /// One read: the newest key older than ours, and our own key, in a state at least as
+    /// new as revision `floor`. Fails with `LeaseLost` when our key is gone.
+    ///
+    /// The read is member-local (serializable: no leader round, not queued behind the
+    /// fsync of the writes in flight), which the answer's revision makes safe: a state at
+    /// or after `floor` (the predecessor's deletion, or a watch's start) in which no key
+    /// is older than ours stays so, since keys only get newer revisions; and our key's
+    /// deletion after that state is seen by its watch (while waiting) or by the hold's
+    /// watch, which starts at that revision. A member whose state is older than `floor`
+    /// (another endpoint, lagging) is not trusted: the read is made again, linearizable.
+    async fn check(&self, rev: i64, floor: i64) -> Result<(Option<Vec<u8>>, i64)> {
         const OP: &str = "acquire";
-        let newest_older = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_max_create_revision(rev - 1)
-            .with_limit(1);
-        let txn = Txn::new().and_then([
-            TxnOp::get(self.prefix.as_str(), Some(newest_older)),
-            TxnOp::get(self.my_key.as_str(), None),
-        ]);
-        let answer = self.conn.txn(OP, txn).await?;
-        let seen = revision(OP, answer.header())?;
+        let read = |serializable: bool| {
+            let mut newest_older = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_max_create_revision(rev - 1)
+                .with_limit(1);
+            let mut mine = GetOptions::new();
+            if serializable {
+                newest_older = newest_older.with_serializable();
+                mine = mine.with_serializable();
+            }
+            Txn::new().and_then([
+                TxnOp::get(self.prefix.as_str(), Some(newest_older)),
+                TxnOp::get(self.my_key.as_str(), Some(mine)),
+            ])
+        };
+        let mut answer = self.conn.txn(OP, read(true)).await?;
+        let mut seen = revision(OP, answer.header())?;
+        if seen < floor {
+            tracing::debug!(
+                backend = NAME,
+                key = self.key,
+                seen,
+                floor,
+                "a member-local read lagged; reading again through the leader"
+            );
+            answer = self.conn.txn(OP, read(false)).await?;
+            seen = revision(OP, answer.header())?;
+        }
         let ops = answer.op_responses();
         let mine = ranged(OP, &ops, 1)?.first().map(KeyValue::create_revision);
         if mine != Some(rev) {

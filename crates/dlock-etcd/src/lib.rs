@@ -51,20 +51,29 @@
 //! **Acquire** (`my` = our key, `rev` = its create revision):
 //! 1. Join the shared lease (granting it if there is none), or grant a lease of our own.
 //! 2. One transaction: if `create_revision(my) == 0`, put `my` with the lease, and read the
-//!    oldest key under the prefix and the two newest. `rev` is the transaction's revision.
+//!    oldest key under the prefix. `rev` is the transaction's revision. (A key of our name
+//!    that exists already is a stray of ours: an abandoned attempt's put that landed after
+//!    its background delete. It is deleted and the transaction sent again.)
 //! 3. If the oldest key is `my`, the lock is ours; the fencing token is `rev`.
 //! 4. Otherwise `try_acquire` deletes `my` (revokes its own lease) and answers `None`. A
 //!    shared lease the put finds gone on the server is declared lost and replaced once.
-//! 5. `acquire` watches, on one watch stream, the deletion of `my` and the deletion of the
-//!    predecessor (the newest key created before `my`: the second newest read in step 2),
-//!    while the shared lease's keeper keeps our key alive (an own lease is kept alive
-//!    every ttl/3 meanwhile). The predecessor's watch starts at
-//!    the current revision, so etcd delivers its events at once (a watch that starts in
-//!    the past is caught up by a loop that runs every 100 ms, which is what Go's
-//!    `waitDeletes` pays under contention); if the store moved on between the read and
-//!    the watch, one read after the watch exists closes the gap.
+//! 5. `acquire` reads the predecessor (the newest key created before `my`) with a
+//!    member-local read (below), then watches, on one watch stream, the deletion of `my`
+//!    and, with two watches, the deletion of the predecessor, while the shared lease's
+//!    keeper keeps our key alive (an own lease is kept alive every ttl/3 meanwhile). The
+//!    watches start at the current revision, so etcd delivers their events at once (a
+//!    watch that starts in the past is caught up by a loop that runs every 100 ms, which
+//!    is what Go's `waitDeletes` pays under contention); if the store moved on between
+//!    the read and the watches, one read after they exist closes the gap. The second
+//!    watch is there because etcd files a watch "from now" in that slow group too when a
+//!    write lands between its reading the revision and registering the watch: under
+//!    contention 1.4 % of wake-ups came 20–90 ms late with one watch, 0–0.05 % with two.
 //! 6. When the predecessor is deleted (one wake-up per release), one read-only transaction
-//!    reads the newest key with `create_revision < rev` and `my`: `my` gone means the lease
+//!    reads the newest key with `create_revision < rev` and `my`, member-local
+//!    (serializable: no leader round, not queued behind the writes in flight), trusted
+//!    only if the member has applied the deletion (its revision is at least the event's;
+//!    else it is read again through the leader): once no key is older than ours, none can
+//!    be again, and a later deletion of `my` is seen by its watch. `my` gone means the lease
 //!    expired or was revoked, and the acquire fails with [`LeaseLost`] (so does the loss of
 //!    the shared lease while waiting); no older key means
 //!    the lock is ours; otherwise wait for that key, as in step 5.
@@ -114,12 +123,12 @@
 //! | `try_acquire`, free (shared lease alive or lingering) | transaction (put-if-absent, oldest key: its create revision compared with ours) | 1 |
 //! | `try_acquire`, held (shared lease alive) | transaction, delete | 2 |
 //! | first acquire of a ttl (none in the last ttl), or auto-renew off | lease grant, transaction | 2 |
-//! | `acquire` with a wake-up | transaction, watch (and a read if the store moved meanwhile); on the release: one read | 1 |
+//! | `acquire` with a wake-up | transaction, member-local read, watch (and a member-local read if the store moved meanwhile); on the release: one member-local read | 1 |
 //! | extend, shared lease | none (the keeper's last answer) | 0 |
 //! | extend, own lease | keep-alive ‖ read of `my` (in parallel) | 0 |
 //! | extend (new ttl) | (grant of that ttl's lease if none,) transaction | 1 (+1) |
 //! | release | transaction (fenced delete) (then a revoke in the background for an own lease; a shared one is revoked one ttl after its last key goes) | 1 (+1) |
-//! | contended hand-off | the holder's delete → watch event → the waiter's read | 1 |
+//! | contended hand-off | the holder's delete → watch event → the waiter's member-local read | 1 |
 //! | keeping N holds of one ttl | one keep-alive and one read per ttl/3, for all N | 0 |
 //!
 //! Each client holds one keep-alive stream per ttl in use (plus one per own lease) and one
@@ -129,8 +138,16 @@
 //! Measured (lockbench, single member, 2 shared cores, noisy; before → after the linger,
 //! one name per lease and lock, and the deferred watch): uncontended acquire + release
 //! 2.40× → 1.43–2.05× the raw put + delete; 8 and 32 clients on their own keys 627/801
-//! → 1,071–1,569/1,109–1,689 cycles/s (4.1/4.6× → 1.6–1.9/1.6–2.7× raw).
-//!
+//! → 1,071–1,569/1,109–1,689 cycles/s (4.1/4.6× → 1.6–1.9/1.6–2.7× raw). Then (two runs
+//! before, five after, busier) the two watches and member-local reads: the
+//! contended hand-off p99 32–67 ms → 15–39 ms at 8 clients and 18–27 → 16–29 ms at 32,
+//! about the raw put + delete's own p99 at that concurrency in the same runs (8–28 ms at
+//! 8, 22–106 ms at 32: etcd's write and backend-commit stalls, which every hand-off's
+//! delete and read wait behind); uncontended 1.23–1.72× (1.33–1.43× before). The lock
+//! costs 130–190 µs of client time per cycle over the same two transactions sent bare
+//! (interleaved, p50: bare put + delete 1.03–1.15 ms, the transactions 1.11–1.24 ms, the
+//! lock 1.24–1.43 ms).
+
 //! ## Differences from Go's `concurrency.Mutex`
 //!
 //! - **One shared lease per client and ttl** for auto-renewed holds (a session per ttl),
@@ -145,11 +162,11 @@
 //!   client watches its own key while waiting, #19597).
 //! - **Release is fenced** on `create_revision(my) == rev`, so a retried or late release can
 //!   never delete a newer holder's key (Go's `Unlock` deletes unconditionally, #22082).
-//! - **The waiter reads its predecessor in the acquiring transaction** (the two newest
-//!   keys), saving the read Go's `waitDeletes` makes before its first watch, and **watches
-//!   it from the current revision**: Go's watch from the read's revision often lands in
-//!   etcd's unsynced watcher group under contention, which delays the hand-off by up to
-//!   100 ms (measured: 8 contending clients hand off 3× faster this way).
+//! - **The waiter watches its predecessor from the current revision, twice**: Go's watch
+//!   from the read's revision lands in etcd's unsynced watcher group under contention,
+//!   and so does a watch from now created while a write lands; that group is caught up
+//!   every 100 ms, which delays the hand-off by up to 100 ms. Its reads are member-local,
+//!   checked against the revision they must cover.
 //! - **Cancellation and timeouts delete the queued key** (Go deletes it only when `Lock`'s
 //!   context is cancelled).
 //! - **Loss is signalled**: `lost()` fires when the key is deleted, when a keep-alive says

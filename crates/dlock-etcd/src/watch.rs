@@ -29,15 +29,16 @@ pub(crate) enum Seen {
 }
 
 impl Conn {
-    /// A watch stream whose first watch is `my_key`'s deletion after revision `seen`.
+    /// A watch stream whose first watch is `my_key`'s deletion, from the current revision
+    /// (a watch starting in the past waits for etcd's 100 ms catch-up loop, and makes
+    /// every write wait while that loop holds the store): the waiter's read after the
+    /// predecessor's watch is created covers the revisions before.
     pub(crate) async fn watch_own(
         &self,
         op: &'static str,
         my_key: &str,
-        seen: i64,
     ) -> Result<Box<OwnWatch>, Error> {
         let options = WatchOptions::new()
-            .with_start_revision(seen + 1)
             .with_filters([WatchFilterType::NoPut])
             .with_watch_id(OWN_WATCH);
         let watch = || {
@@ -64,10 +65,10 @@ impl Conn {
 }
 
 impl OwnWatch {
-    /// `predecessor` is the id of the predecessor's watch, if one is set up.
-    pub(crate) fn classify(&self, response: &WatchResponse, predecessor: Option<i64>) -> Seen {
+    /// `predecessor` holds the ids of the predecessor's watches.
+    pub(crate) fn classify(&self, response: &WatchResponse, predecessor: &[i64]) -> Seen {
         let id = response.watch_id();
-        let ours = id == self.own_id || Some(id) == predecessor;
+        let ours = id == self.own_id || predecessor.contains(&id);
         if response.created() && !response.canceled() {
             let revision = response.header().map_or(i64::MAX, |h| h.revision());
             return Seen::Created(id, revision);
@@ -87,7 +88,7 @@ impl OwnWatch {
             .events()
             .iter()
             .any(|e| e.event_type() == EventType::Delete);
-        match (deleted, id == self.own_id, Some(id) == predecessor) {
+        match (deleted, id == self.own_id, predecessor.contains(&id)) {
             (true, true, _) => Seen::OwnDeleted,
             (true, false, true) => Seen::PredecessorDeleted,
             _ => Seen::Nothing,

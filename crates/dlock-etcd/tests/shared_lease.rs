@@ -152,3 +152,33 @@ async fn dropping_the_client_revokes_its_idle_shared_lease() {
         sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A key of ours that no attempt owns (an abandoned attempt's put that landed after its
+/// background delete) does not fail the next acquire under that name, nor stay behind:
+/// the acquire deletes it and takes the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stray_key_of_an_abandoned_attempt_is_replaced_by_the_next_acquire() {
+    let harness = EtcdHarness::from_env();
+    let lock = harness.lock().await;
+    let opts = LockOptions::new().ttl(Duration::from_secs(20));
+    let key = fresh_key("k");
+    let first = lock.try_acquire(&key, &opts).await.unwrap().expect("free");
+    let stray = harness.lock_keys(&key).await[0].clone();
+    first.release().await.expect("release");
+    // The late put, on the lingering shared lease, under the name the next attempt takes.
+    let put = etcd_client::PutOptions::new().with_lease(stray.lease());
+    harness
+        .raw()
+        .await
+        .put(stray.key(), "", Some(put))
+        .await
+        .expect("put the stray key");
+
+    let again = lock
+        .try_acquire(&key, &opts)
+        .await
+        .expect("no protocol error")
+        .expect("the stray key does not hold the lock");
+    again.release().await.expect("release");
+    assert!(harness.lock_keys(&key).await.is_empty(), "no key is left");
+}
