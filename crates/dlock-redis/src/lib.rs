@@ -46,7 +46,10 @@
 //!    first in line; a caller that will wait joins the queue in the same script (ticket:
 //!    the server clock in µs; the entry expires [`server::WAITER_LEASE`], 3 s, after its
 //!    last refresh, and so does the queue after the last write to it). `try_acquire`
-//!    never joins, and takes a free key only when nobody waits.
+//!    never joins, and takes a free key only when nobody waits. When nobody waits (the
+//!    queue key exists only while someone does), the script reads no queue: one `EXISTS`,
+//!    the `SET`, the server's `TIME` and the fence counter's read and write; the reply is
+//!    the bare token.
 //! 2. **Wait** (only when the deadline allows): subscribe to the key's call channel and
 //!    wait for the server's confirmation, *then* try again, so a call between the failed
 //!    try and the subscription is seen by the re-try. Then sleep until the server calls
