@@ -101,6 +101,15 @@
 //! | contended hand-off | the release (1), the server pushes the call to one waiter, which re-tries (1): about 1.5 RTT from the release call to the next holder |
 //! | first use of a client | connect, then 1 pipelined `SCRIPT LOAD` of all scripts |
 //!
+//! Measured (lockbench, one client, ttl 30 s with auto-renew, Redis 7.0.15 on loopback, 2
+//! shared and busy cores): an uncontended acquire + release takes 51–55 µs (p50) against
+//! 35–37 µs for a raw `SET NX PX` + `DEL`, 1.44–1.55× (1.47–1.61× before the acquire
+//! script skipped an empty queue, in alternating runs). The server runs the uncontended
+//! acquire script at about the rate of a plain `SET NX PX` (33–37 k against 36–39 k per
+//! second, 32 clients); what remains is the fence counter's read and write, the server's
+//! `TIME` and the script call itself (about 5 µs of server time per cycle), and the core's
+//! per-lease watchdog task (about 4 µs).
+//!
 //! # Capabilities
 //!
 //! | capability | value | why |
