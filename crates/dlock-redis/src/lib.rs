@@ -108,7 +108,7 @@
 //! acquire script at about the rate of a plain `SET NX PX` (33–37 k against 36–39 k per
 //! second, 32 clients); what remains is the fence counter's read and write, the server's
 //! `TIME` and the script call itself (about 5 µs of server time per cycle), and the core's
-//! per-lease watchdog task (about 4 µs).
+//! per-lease work (the local gate, the lease, its watchdog task: about 4 µs).
 //!
 //! # Capabilities
 //!
