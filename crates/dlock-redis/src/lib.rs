@@ -46,7 +46,10 @@
 //!    first in line; a caller that will wait joins the queue in the same script (ticket:
 //!    the server clock in µs; the entry expires [`server::WAITER_LEASE`], 3 s, after its
 //!    last refresh, and so does the queue after the last write to it). `try_acquire`
-//!    never joins, and takes a free key only when nobody waits.
+//!    never joins, and takes a free key only when nobody waits. When nobody waits (the
+//!    queue key exists only while someone does), the script reads no queue: one `EXISTS`,
+//!    the `SET`, the server's `TIME` and the fence counter's read and write; the reply is
+//!    the bare token.
 //! 2. **Wait** (only when the deadline allows): subscribe to the key's call channel and
 //!    wait for the server's confirmation, *then* try again, so a call between the failed
 //!    try and the subscription is seen by the re-try. Then sleep until the server calls
@@ -97,6 +100,15 @@
 //! | `release` | 1 (the call of the next waiter is inside the script) |
 //! | contended hand-off | the release (1), the server pushes the call to one waiter, which re-tries (1): about 1.5 RTT from the release call to the next holder |
 //! | first use of a client | connect, then 1 pipelined `SCRIPT LOAD` of all scripts |
+//!
+//! Measured (lockbench, one client, ttl 30 s with auto-renew, Redis 7.0.15 on loopback, 2
+//! shared and busy cores): an uncontended acquire + release takes 51–55 µs (p50) against
+//! 35–37 µs for a raw `SET NX PX` + `DEL`, 1.44–1.55× (1.47–1.61× before the acquire
+//! script skipped an empty queue, in alternating runs). The server runs the uncontended
+//! acquire script at about the rate of a plain `SET NX PX` (33–37 k against 36–39 k per
+//! second, 32 clients); what remains is the fence counter's read and write, the server's
+//! `TIME` and the script call itself (about 5 µs of server time per cycle), and the core's
+//! per-lease work (the local gate, the lease, its watchdog task: about 4 µs).
 //!
 //! # Capabilities
 //!

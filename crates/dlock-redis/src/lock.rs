@@ -88,10 +88,11 @@ impl Backend for RedisBackend {
         let names = Names::new(&self.prefix, key);
         let token = scripts::new_token();
         let nodes = std::slice::from_ref(&self.node);
-        // A caller that may wait joins the key's queue from its first attempt on.
-        let mut waiter = deadline
-            .may_wait()
-            .then(|| Waiter::new(nodes.to_vec(), names.clone(), token.clone(), None, 1, None));
+        // A caller that may wait joins the key's queue from its first attempt on; its
+        // waiter (a channel for calls, its place in line) is made only once it has to wait,
+        // so an acquire that finds the key free pays for none of it.
+        let may_wait = deadline.may_wait();
+        let mut waiter: Option<Waiter> = None;
         let mut first_attempt = true;
         let mut retried = false;
         loop {
@@ -100,7 +101,10 @@ impl Backend for RedisBackend {
                     w.start_attempt();
                     w.queueing(None)
                 }
-                None => Queueing::default(),
+                None => Queueing {
+                    wait: may_wait,
+                    ..Queueing::default()
+                },
             };
             let sent_at = Instant::now();
             let request = InFlight::new(nodes, &names, &token)
@@ -115,6 +119,17 @@ impl Backend for RedisBackend {
                     None => return Ok(None),
                 }
             };
+            if may_wait && waiter.is_none() && !matches!(answer, Ok(Attempt::Taken { .. })) {
+                // The attempt may have queued us: from here on, giving up leaves the queue.
+                waiter = Some(Waiter::new(
+                    nodes.to_vec(),
+                    names.clone(),
+                    token.clone(),
+                    None,
+                    1,
+                    None,
+                ));
+            }
             let attempt = match answer {
                 Ok(attempt) => attempt,
                 // A waiter whose connection broke (a reset, a server restart) tries once more
@@ -135,7 +150,7 @@ impl Backend for RedisBackend {
                     let held = RedisHeld {
                         node: self.node.clone(),
                         key: key.to_owned(),
-                        renewal: HeldKey::new(&names, &token),
+                        renewal: None,
                         names,
                         token,
                     };
@@ -223,7 +238,8 @@ pub(crate) struct RedisHeld {
     key: String,
     names: Names,
     token: String,
-    renewal: HeldKey,
+    /// Made on the first renewal: most holds end before one is due.
+    renewal: Option<HeldKey>,
 }
 
 impl RedisHeld {
@@ -235,7 +251,10 @@ impl RedisHeld {
 #[async_trait]
 impl Held for RedisHeld {
     async fn extend(&mut self, ttl: Duration) -> Result<()> {
-        match self.node.renew(&self.renewal, ttl).await? {
+        let renewal = self
+            .renewal
+            .get_or_insert_with(|| HeldKey::new(&self.names, &self.token));
+        match self.node.renew(renewal, ttl).await? {
             true => Ok(()),
             false => Err(self.not_held()),
         }

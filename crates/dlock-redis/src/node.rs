@@ -189,18 +189,19 @@ impl Node {
             .arg(queueing.fence_floor.unwrap_or(0))
             .arg(&names.channel)
             .arg(scripts::millis(scripts::WAITER_LEASE));
-        let (taken, value, holder, first): (i64, i64, Option<String>, i64) =
-            self.invoke("acquire", &call).await?;
-        Ok(match taken {
-            1 => Attempt::Taken {
-                fence: u64::try_from(value).map_err(|_| self.reply("acquire", value))?,
-            },
-            0 => Attempt::Busy {
-                pttl: u64::try_from(value).ok().map(Duration::from_millis),
-                holder: holder.unwrap_or_default(),
-                first: first == 1,
-            },
-            _ => return Err(self.reply("acquire", taken)),
+        // Taken: the fencing token, an integer; busy: `[PTTL, holder, first]`.
+        let reply: redis::Value = self.invoke("acquire", &call).await?;
+        if let redis::Value::Int(fence) = reply {
+            return Ok(Attempt::Taken {
+                fence: u64::try_from(fence).map_err(|_| self.reply("acquire", fence))?,
+            });
+        }
+        let (pttl, holder, first): (i64, Option<String>, i64) =
+            redis::from_redis_value(reply).map_err(|e| self.reply("acquire", e))?;
+        Ok(Attempt::Busy {
+            pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+            holder: holder.unwrap_or_default(),
+            first: first == 1,
         })
     }
 

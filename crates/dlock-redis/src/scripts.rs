@@ -162,12 +162,16 @@ end
 /// none), the channel, the waiter lease ms.
 ///
 /// The key is taken only when it is free and the queue is empty or the caller is its first
-/// live waiter; taking it leaves the queue. Returns `{1, fencing token, '', 0}` when taken,
-/// `{0, PTTL, holder, first}` when not: PTTL `-1` when the holder set no expiry (another
-/// library's lock taken without a timeout), `-2` when the key is free but another waiter
-/// is first (`holder` is then that waiter's token); `first` is 1 when the caller is the
-/// first live waiter. A first waiter dropped as expired while the key is free has its
+/// live waiter; taking it leaves the queue. Returns the fencing token (an integer) when
+/// taken, `{PTTL, holder, first}` when not: PTTL `-1` when the holder set no expiry
+/// (another library's lock taken without a timeout), `-2` when the key is free but another
+/// waiter is first (`holder` is then that waiter's token); `first` is 1 when the caller is
+/// the first live waiter. A first waiter dropped as expired while the key is free has its
 /// successor called on the channel.
+///
+/// When the queue key does not exist (nobody waits: it vanishes with its last entry),
+/// nothing is pruned and the script is `SET NX PX` plus the fence: the uncontended acquire
+/// pays one `EXISTS` for the queue.
 ///
 /// The fencing token is `max(last token + 1, server time in µs, floor)` (with a floor:
 /// `max(last + 1, floor, server time - 1 s)`, so clients that propose the same floor to
@@ -180,7 +184,8 @@ const ACQUIRE_LUA: &str = concat!(
     r"
 local token = ARGV[1]
 local now = now_us()
-local before, first = prune(now)
+local before, first
+if redis.call('EXISTS', KEYS[3]) == 1 then before, first = prune(now) end
 if (not first or first == token) and redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
   if first then
     redis.call('ZREM', KEYS[3], token)
@@ -195,7 +200,7 @@ if (not first or first == token) and redis.call('SET', KEYS[1], token, 'NX', 'PX
     fence = math.max(last + 1, now)
   end
   redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
-  return {1, fence, '', 0}
+  return fence
 end
 call_next(before, first, token, ARGV[7])
 if ARGV[4] == '1' then
@@ -208,10 +213,10 @@ local is_first = 0
 if first == token then is_first = 1 end
 local holder = redis.pcall('GET', KEYS[1])
 if not holder then
-  return {0, -2, first or '', is_first}
+  return {-2, first or '', is_first}
 end
 if type(holder) ~= 'string' then holder = '' end
-return {0, redis.call('PTTL', KEYS[1]), holder, is_first}
+return {redis.call('PTTL', KEYS[1]), holder, is_first}
 "
 );
 

@@ -20,8 +20,9 @@ pub(crate) struct RedlockHeld {
     pub(crate) key: String,
     pub(crate) names: Names,
     pub(crate) token: String,
-    /// The key and token as the cluster's renewal batches take them.
-    pub(crate) renewal: HeldKey,
+    /// The key and token as the cluster's renewal batches take them; made on the first
+    /// renewal (most holds end before one is due).
+    pub(crate) renewal: Option<HeldKey>,
     pub(crate) fence: u64,
     pub(crate) ttl: Duration,
 }
@@ -36,7 +37,10 @@ impl RedlockHeld {
 impl Held for RedlockHeld {
     async fn extend(&mut self, ttl: Duration) -> Result<()> {
         // One request to the cluster's renewer, which sends it to every node in a batch.
-        let answers = self.cluster.renew(&self.renewal, ttl).await;
+        let renewal = self
+            .renewal
+            .get_or_insert_with(|| HeldKey::new(&self.names, &self.token));
+        let answers = self.cluster.renew(renewal, ttl).await;
         let c = &*self.cluster;
         let limit = c.node_timeout(ttl);
         let (names, token) = (&self.names, self.token.as_str());

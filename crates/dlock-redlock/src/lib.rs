@@ -99,6 +99,12 @@
 //! | `release` | 1 |
 //! | contended hand-off | the release (1), the calls, the waiter's round (1) |
 //!
+//! Measured (lockbench, one client, ttl 30 s, 5 × Redis 7.0.15 on loopback sharing 2 busy
+//! cores): an uncontended acquire + release takes 299–455 µs (p50, median 320 µs) against
+//! 203–248 µs for raw `SET NX PX` + `DEL` on every node, 1.40–1.83× (332–401 µs and
+//! 1.33–1.77× before this round's cuts, in alternating runs): the machine's load moves it
+//! more than the protocol does.
+//!
 //! # What Redlock does not promise
 //!
 //! Redlock's exclusion rests on timing: the nodes expire keys by their own clocks, and a

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{Capabilities, Expiry, Fencing, LockOptions, LockStats, Result, Wakeup};
 use dlock_redis::server::{
-    Attempt, HeldKey, InFlight, Names, Node, NodeError, Queueing, View, Waiter, new_token,
+    Attempt, InFlight, Names, Node, NodeError, Queueing, View, Waiter, new_token,
 };
 use futures::future::join_all;
 use rand::Rng;
@@ -270,17 +270,12 @@ impl Backend for RedlockBackend {
         let token = new_token();
         // A caller that may wait joins the key's queue on every node from its first round
         // on, with one ticket for all of them: the nodes order their waiters alike, so the
-        // first live waiter is first on every node that has its entry.
-        let mut waiter = deadline.may_wait().then(|| {
-            Waiter::new(
-                c.nodes.clone(),
-                names.clone(),
-                token.clone(),
-                Some(now_micros()),
-                c.quorum,
-                Some(c.node_timeout(ttl)),
-            )
-        });
+        // first live waiter is first on every node that has its entry. Its waiter (a
+        // channel for calls, its subscriptions) is made only once it has to wait, so a
+        // round that wins at once pays for none of it.
+        let may_wait = deadline.may_wait();
+        let ticket = may_wait.then(now_micros);
+        let mut waiter: Option<Waiter> = None;
         let mut first_round = true;
         let mut retried = false;
         let mut backoffs = 0;
@@ -290,7 +285,11 @@ impl Backend for RedlockBackend {
                     w.start_attempt();
                     w.queueing(None)
                 }
-                None => Queueing::default(),
+                None => Queueing {
+                    wait: may_wait,
+                    ticket,
+                    fence_floor: None,
+                },
             };
             let request = InFlight::new(&c.nodes, &names, &token)
                 .run(self.round(&names, &token, ttl, queueing));
@@ -304,6 +303,17 @@ impl Backend for RedlockBackend {
                     None => return Ok(None),
                 }
             };
+            if may_wait && waiter.is_none() && !matches!(round, Round::Won { .. }) {
+                // The round may have queued us: from here on, giving up leaves the queues.
+                waiter = Some(Waiter::new(
+                    c.nodes.clone(),
+                    names.clone(),
+                    token.clone(),
+                    ticket,
+                    c.quorum,
+                    Some(c.node_timeout(ttl)),
+                ));
+            }
             let (views, failures, took) = match round {
                 Round::Won { fence, sent_at } => {
                     if let Some(w) = &mut waiter {
@@ -312,7 +322,7 @@ impl Backend for RedlockBackend {
                     let held = RedlockHeld {
                         cluster: self.cluster.clone(),
                         key: key.to_owned(),
-                        renewal: HeldKey::new(&names, &token),
+                        renewal: None,
                         names,
                         token,
                         fence,
