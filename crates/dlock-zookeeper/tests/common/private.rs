@@ -287,9 +287,20 @@ impl Server {
             None => {}
         }
         let addr = self.plain_addr().to_string();
-        tokio::time::timeout(Duration::from_secs(5), connector.connect(&addr))
-            .await
-            .unwrap_or(Err(zk::Error::Timeout))
+        // SASL's first packet can race the connect answer, which the client library then
+        // reports as NoHosts (see `dlock_zookeeper`'s `auth::sasl_retries`): try again, as
+        // the library does.
+        let attempts = if sasl.is_some() { 3 } else { 1 };
+        let mut answer = Err(zk::Error::NoHosts);
+        for _ in 0..attempts {
+            answer = tokio::time::timeout(Duration::from_secs(5), connector.clone().connect(&addr))
+                .await
+                .unwrap_or(Err(zk::Error::Timeout));
+            if !matches!(answer, Err(zk::Error::NoHosts)) {
+                break;
+            }
+        }
+        answer
     }
 
     /// The directory holding the certificates (`ca.pem`, `client.pem`, `client.key`,
