@@ -1,11 +1,13 @@
 //! One acquisition's protocol ([`Attempt`]): the transaction that puts our key and reads
-//! the owner, then the wait for each predecessor's deletion.
+//! the owner, then the wait for each predecessor's deletion. A shared attempt (a reader)
+//! looks only at the keys that block it: every key under the prefix outside the readers'
+//! range ([`blocking_ranges`]).
 
 use std::fmt;
 use std::sync::atomic::Ordering;
 
 use dlock_core::raw::Deadline;
-use dlock_core::{LockError, Result};
+use dlock_core::{LockError, Mode, Result};
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnResponse, WatchFilterType, WatchOptions,
@@ -57,12 +59,45 @@ impl Next {
     }
 }
 
-/// One acquisition of `key`: its lock prefix and its own etcd key.
+/// The name under the lock prefix below which shared holds put their keys
+/// (`{lock name}/read/{lease id}`, the readers' layout of etcd's experimental `RWMutex`).
+/// Every other key under the prefix is exclusive to a reader: ours, Go's `Mutex`'s and
+/// `etcdctl lock`'s names are lease ids in hex, which never start with `r`.
+pub(crate) const READERS: &str = "read/";
+
+/// The key ranges under `prefix` (ending in `/`) whose older keys an attempt in `mode`
+/// waits for, as `(start, end)`: everything under the prefix for a writer; for a reader,
+/// everything but the readers' range `{prefix}read/`, i.e. the two ranges either side of
+/// it.
+fn blocking_ranges(prefix: &str, mode: Mode) -> Vec<(String, String)> {
+    // The end of a prefix range: its last byte, `/`, plus one.
+    let base = prefix.strip_suffix('/').unwrap_or(prefix);
+    let end = format!("{base}0");
+    match mode {
+        Mode::Exclusive => vec![(prefix.to_owned(), end)],
+        Mode::Shared => {
+            let readers = format!("{prefix}{READERS}");
+            let after = format!("{prefix}{}0", READERS.trim_end_matches('/'));
+            vec![(prefix.to_owned(), readers), (after, end)]
+        }
+    }
+}
+
+/// The key with the highest create revision among the first key of each range answered.
+fn newest<'a>(ranges: &[&'a [KeyValue]]) -> Option<&'a KeyValue> {
+    ranges
+        .iter()
+        .filter_map(|kvs| kvs.first())
+        .max_by_key(|kv| kv.create_revision())
+}
+
+/// One acquisition of `key` in `mode`: its lock prefix and its own etcd key.
 pub(crate) struct Attempt<'a> {
     pub(crate) conn: &'a Conn,
     pub(crate) key: &'a str,
     pub(crate) prefix: String,
     pub(crate) my_key: String,
+    pub(crate) mode: Mode,
 }
 
 impl Attempt<'_> {
@@ -76,10 +111,16 @@ impl Attempt<'_> {
             None => return Ok(Outcome::LeaseGone),
         };
         let rev = revision(OP, answer.header())?;
-        let owner = ranged(OP, answer.op_responses().as_slice(), 1)?
-            .first()
-            .map(KeyValue::create_revision);
-        if owner == Some(rev) {
+        let ops = answer.op_responses();
+        let oldest_blocking = (1..=self.ranges().len())
+            .map(|i| ranged(OP, &ops, i).map(|kvs| kvs.first().map(KeyValue::create_revision)))
+            .collect::<Result<Vec<_>, Error>>()?
+            .into_iter()
+            .flatten()
+            .min();
+        // Our own key is in the first range of a writer (the oldest is then `rev` when
+        // free), in none of a reader's.
+        if oldest_blocking.is_none_or(|oldest| oldest >= rev) {
             return Ok(Outcome::Held {
                 rev,
                 seen: rev,
@@ -94,8 +135,13 @@ impl Attempt<'_> {
         self.wait(lease, rev).await
     }
 
+    /// The ranges whose older keys this attempt waits for (see [`blocking_ranges`]).
+    fn ranges(&self) -> Vec<(String, String)> {
+        blocking_ranges(&self.prefix, self.mode)
+    }
+
     /// The acquiring transaction: if `my` does not exist, put it with the lease and read
-    /// the oldest key under the prefix. `None` when the shared lease is gone on the
+    /// the oldest key of each blocking range. `None` when the shared lease is gone on the
     /// server.
     ///
     /// A key of our name that exists already can only be a stray of ours (the names on a
@@ -105,24 +151,25 @@ impl Attempt<'_> {
     /// lock busy) as long as the client lives, so it is deleted and the put made again.
     async fn put_and_read_owner(&self, lease: &KeyLease) -> Result<Option<TxnResponse>> {
         const OP: &str = "acquire";
-        let oldest = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
+        let mut ops = vec![TxnOp::put(
+            self.my_key.as_str(),
+            "",
+            Some(PutOptions::new().with_lease(lease.id())),
+        )];
+        for (start, end) in self.ranges() {
+            let oldest = GetOptions::new()
+                .with_range(end)
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1);
+            ops.push(TxnOp::get(start, Some(oldest)));
+        }
         let txn = Txn::new()
             .when([Compare::create_revision(
                 self.my_key.as_str(),
                 CompareOp::Equal,
                 0,
             )])
-            .and_then([
-                TxnOp::put(
-                    self.my_key.as_str(),
-                    "",
-                    Some(PutOptions::new().with_lease(lease.id())),
-                ),
-                TxnOp::get(self.prefix.as_str(), Some(oldest)),
-            ]);
+            .and_then(ops);
         let shared = matches!(lease, KeyLease::Shared(_));
         for tries in 1..=2 {
             let answer = match self.conn.txn(OP, txn.clone()).await {
@@ -150,9 +197,10 @@ impl Attempt<'_> {
         .into())
     }
 
-    /// Wait until no key under the prefix is older than ours: watch the deletion of the
-    /// newest older key (only it: one wake-up per release) and of our own key, keep our
-    /// lease alive, re-check after each deletion.
+    /// Wait until no blocking key (any key under the prefix for a writer, any but the
+    /// readers' for a reader) is older than ours: watch the deletion of the newest older
+    /// one (only it: one wake-up per release) and of our own key, keep our lease alive,
+    /// re-check after each deletion.
     ///
     /// The predecessor's watch starts at the current revision, so etcd serves it from its
     /// synced watcher group at once (a watch starting in the past is caught up by a loop
@@ -272,8 +320,8 @@ impl Attempt<'_> {
         }
     }
 
-    /// One read: the newest key older than ours, and our own key, in a state at least as
-    /// new as revision `floor`. Fails with `LeaseLost` when our key is gone.
+    /// One read: the newest blocking key older than ours, and our own key, in a state at
+    /// least as new as revision `floor`. Fails with `LeaseLost` when our key is gone.
     ///
     /// The read is member-local (serializable: no leader round, not queued behind the
     /// fsync of the writes in flight), which the answer's revision makes safe: a state at
@@ -284,21 +332,25 @@ impl Attempt<'_> {
     /// (another endpoint, lagging) is not trusted: the read is made again, linearizable.
     async fn check(&self, rev: i64, floor: i64) -> Result<(Option<Vec<u8>>, i64)> {
         const OP: &str = "acquire";
+        let ranges = self.ranges();
         let read = |serializable: bool| {
-            let mut newest_older = GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_max_create_revision(rev - 1)
-                .with_limit(1);
             let mut mine = GetOptions::new();
             if serializable {
-                newest_older = newest_older.with_serializable();
                 mine = mine.with_serializable();
             }
-            Txn::new().and_then([
-                TxnOp::get(self.prefix.as_str(), Some(newest_older)),
-                TxnOp::get(self.my_key.as_str(), Some(mine)),
-            ])
+            let mut ops = vec![TxnOp::get(self.my_key.as_str(), Some(mine))];
+            for (start, end) in &ranges {
+                let mut newest_older = GetOptions::new()
+                    .with_range(end.as_str())
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_max_create_revision(rev - 1)
+                    .with_limit(1);
+                if serializable {
+                    newest_older = newest_older.with_serializable();
+                }
+                ops.push(TxnOp::get(start.as_str(), Some(newest_older)));
+            }
+            Txn::new().and_then(ops)
         };
         let mut answer = self.conn.txn(OP, read(true)).await?;
         let mut seen = revision(OP, answer.header())?;
@@ -314,14 +366,59 @@ impl Attempt<'_> {
             seen = revision(OP, answer.header())?;
         }
         let ops = answer.op_responses();
-        let mine = ranged(OP, &ops, 1)?.first().map(KeyValue::create_revision);
+        let mine = ranged(OP, &ops, 0)?.first().map(KeyValue::create_revision);
         if mine != Some(rev) {
             return Err(lease_lost(
                 self.key,
                 "our waiting key was deleted (its lease expired or was revoked)",
             ));
         }
-        let predecessor = ranged(OP, &ops, 0)?.first().map(|kv| kv.key().to_vec());
+        let older = (1..=ranges.len())
+            .map(|i| ranged(OP, &ops, i))
+            .collect::<Result<Vec<_>, Error>>()?;
+        let predecessor = newest(&older).map(|kv| kv.key().to_vec());
         Ok((predecessor, seen))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blocks(mode: Mode, name: &str) -> bool {
+        let key = format!("dlock/cron/{name}");
+        blocking_ranges("dlock/cron/", mode)
+            .iter()
+            .any(|(start, end)| start.as_str() <= key.as_str() && key.as_str() < end.as_str())
+    }
+
+    #[test]
+    fn a_reader_is_blocked_by_every_key_under_the_lock_but_the_readers() {
+        for name in [
+            "694d8f1a2b3c",
+            "694d8f1a2b3c-2",
+            "write/17a",
+            "read",
+            "reader",
+            "zz",
+        ] {
+            assert!(blocks(Mode::Shared, name), "{name}");
+        }
+        for name in ["read/694d8f1a2b3c", "read/694d8f1a2b3c-3", "read/"] {
+            assert!(!blocks(Mode::Shared, name), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_writer_is_blocked_by_every_key_under_the_lock_and_none_beside_it() {
+        for name in ["694d8f1a2b3c", "read/694d8f1a2b3c", "write/17a", "zz"] {
+            assert!(blocks(Mode::Exclusive, name), "{name}");
+        }
+        for key in ["dlock/cron", "dlock/cron0", "dlock/cronjob/1"] {
+            let inside = blocking_ranges("dlock/cron/", Mode::Exclusive)
+                .iter()
+                .any(|(start, end)| start.as_str() <= key && key < end.as_str());
+            assert!(!inside, "{key}");
+        }
     }
 }

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
-use dlock_core::{Capabilities, Expiry, Fencing, LockOptions, LockStats, Result, Wakeup};
+use dlock_core::{Capabilities, Expiry, Fencing, LockOptions, LockStats, Mode, Result, Wakeup};
 use etcd_client::{Client, ConnectOptions};
 
 use crate::NAME;
-use crate::acquire::{Attempt, Outcome};
+use crate::acquire::{Attempt, Outcome, READERS};
 use crate::config::EtcdConfig;
 use crate::connection::Conn;
 use crate::error::Error;
@@ -135,6 +135,7 @@ impl Backend for EtcdBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fair: true,
+            shared: true,
             fencing: Fencing::Strict,
             expiry: Expiry::Ttl,
             wakeup: Wakeup::Notification {
@@ -173,12 +174,17 @@ impl Backend for EtcdBackend {
                 },
             };
             let prefix = format!("{}/", self.config.lock_name(key));
+            // A reader's key sits in the readers' range, which other readers pass over.
+            let name = match opts.mode {
+                Mode::Exclusive => prefix.clone(),
+                Mode::Shared => format!("{prefix}{READERS}"),
+            };
             let my_key = match &lease {
-                KeyLease::Own(own) => format!("{prefix}{:x}", own.id),
+                KeyLease::Own(own) => format!("{name}{:x}", own.id),
                 KeyLease::Shared(shared) => self
                     .conn
                     .shared
-                    .claim_key(format!("{prefix}{:x}", shared.lease.id)),
+                    .claim_key(format!("{name}{:x}", shared.lease.id)),
             };
             let mut pending = Pending {
                 conn: &self.conn,
@@ -190,6 +196,7 @@ impl Backend for EtcdBackend {
                 key,
                 my_key: my_key.clone(),
                 prefix,
+                mode: opts.mode,
             };
             let outcome = {
                 let lease = pending.lease.as_mut().expect("taken only below");

@@ -1,5 +1,6 @@
 //! Interoperation with etcd's own lock: `etcdctl lock <name>` (Go's `concurrency.Mutex`) and
-//! this crate exclude each other on the same lock name.
+//! this crate exclude each other on the same lock name, in both of our modes (our readers
+//! are writers to etcdctl).
 
 mod common;
 
@@ -289,5 +290,60 @@ async fn etcdctl_waits_while_we_hold_the_lock() {
         .expect("try_acquire")
         .expect("free after etcdctl unlocked");
     again.release().await.expect("release");
+    wait_clean(&harness, &key).await;
+}
+
+/// Our shared holds exclude etcdctl too: it waits while we hold the key shared, and our
+/// reader waits while etcdctl holds it, woken by its unlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_and_our_readers_exclude_each_other() {
+    let harness = EtcdHarness::from_env();
+    let (key, name) = names(&harness);
+    let lock = harness.lock().await;
+    let read = LockOptions::new().shared().ttl(Duration::from_secs(5));
+    let lease = lock
+        .try_acquire(&key, &read)
+        .await
+        .expect("try_acquire")
+        .expect("a fresh lock is free");
+    let (mut child, mut out) = etcdctl(&harness, &["lock", &name]);
+    assert_eq!(
+        next_line(&mut out, Duration::from_millis(2000)).await,
+        None,
+        "etcdctl took the lock while we held it shared"
+    );
+    lease.release().await.expect("release");
+    let line = next_line(&mut out, Duration::from_secs(5))
+        .await
+        .expect("etcdctl gets the lock after our reader's release");
+    assert!(line.starts_with(&format!("{name}/")), "{line:?}");
+
+    assert!(
+        lock.try_acquire(&key, &read)
+            .await
+            .expect("try_acquire")
+            .is_none(),
+        "our reader took a lock etcdctl holds"
+    );
+    let waiter = {
+        let (lock, key) = (lock.clone(), key.clone());
+        let opts = read.wait(Wait::For(Duration::from_secs(30)));
+        tokio::spawn(async move { lock.acquire(&key, &opts).await.expect("acquire") })
+    };
+    sleep(Duration::from_millis(1000)).await;
+    assert!(!waiter.is_finished(), "our reader got in beside etcdctl");
+    let interrupted = Instant::now();
+    signal(&child, "-TERM");
+    let lease = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("our reader gets in once etcdctl unlocks")
+        .expect("waiter task");
+    assert!(
+        interrupted.elapsed() < Duration::from_secs(3),
+        "hand-off from etcdctl took {:?}",
+        interrupted.elapsed()
+    );
+    let _ = timeout(Duration::from_secs(10), child.wait()).await;
+    lease.release().await.expect("release");
     wait_clean(&harness, &key).await;
 }
