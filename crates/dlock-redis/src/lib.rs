@@ -27,6 +27,7 @@
 //! | what | name | value |
 //! |---|---|---|
 //! | lock | `<prefix><key>` | the holder's token: 128 random bits, hex; ttl = the lease's |
+//! | lock, held shared | `<prefix><key>` | sorted set: reader token (`r` + 128 bits, hex) by when its entry expires (server clock, µs); the key's ttl = the longest entry's |
 //! | fence counter | `{<prefix><key>}:fence` | the last fencing token; expires 1 h after the last grant's ttl |
 //! | waiters' queue | `{<prefix><key>}:queue` | sorted set: waiter token by enqueue ticket (server clock, µs) |
 //! | waiters' expiries | `{<prefix><key>}:waiters` | sorted set: waiter token by when its entry expires (server clock, µs) |
@@ -79,6 +80,39 @@
 //!    which calls the next waiter if it was first). If an acquire future is dropped while
 //!    its request is in flight, the same call removes the key it may have taken.
 //!
+//! **Shared holds** (readers, [`LockOptions::shared`](dlock_core::LockOptions::shared)).
+//! Readers hold the lock key itself as a sorted set, so a plain `SET key val NX` client
+//! (and the exclusive acquire, unchanged) sees the key busy while any reader holds it, and
+//! a reader sees it busy while a writer or another library's lock holds it. A reader's
+//! token starts with `r`: every script tells the modes apart by the token, and a writer
+//! and a reader share the one queue, ordered by ticket.
+//!
+//! - *Acquire shared*: one script. It drops reader entries whose expiry passed; if no
+//!   writer holds the key and nobody waits, it adds the reader (`ZADD`, expiry now + ttl),
+//!   sets the key's `PEXPIRE` to the longest entry and returns a fencing token from the
+//!   key's one counter (so a read token is greater than every earlier writer's, and a
+//!   write token greater than every earlier reader's). A caller that will wait and finds
+//!   a queue joins it first, and joins the readers only when no *writer* waits before it:
+//!   readers that arrive behind a waiting writer queue behind it, and the run of readers
+//!   a release calls all get in. `try_acquire` joins only when nobody waits.
+//! - *Extend*: the reader's entry gets expiry now + ttl and the key the longest entry's
+//!   (in the same batched renewal script: each key is checked by its token's mode).
+//!   An entry that expired is not renewed: `NotHeld`.
+//! - *Release*: `ZREM` the reader, drop expired entries, re-set the key's ttl (the key
+//!   vanishes with its last entry). A writer's release and the last reader's call the
+//!   waiters that may now go: the first one, and when it is a reader every reader right
+//!   behind it up to the first writer, each by its own message (each is one wake-up).
+//!   A release that leaves readers holding calls nobody.
+//! - *Crashed reader*: its entry expires on its own, and with it the key when it was the
+//!   longest-lived; the first waiter (and every reader before the first writer) wakes
+//!   at the key's PTTL, as for a crashed writer.
+//!
+//! The round trips are those of the exclusive lock below. The exclusive acquire and its
+//! uncontended cost are unchanged (its release and renewal check the key with a `GET`
+//! that tolerates a sorted set); a reader pays a `ZRANGE` for the key's longest entry
+//! more, and the queue scripts a `TYPE` and, when waiters queue behind readers, a read of
+//! the queue ahead of the caller (bounded by the number of waiting clients).
+//!
 //! **Order and bounds.** Waiting clients are served in the order they joined the queue
 //! (the per-process gate orders one client's tasks, so each client has at most one waiter
 //! per key). A waiter that crashed or was cut off stops refreshing its entry: the entry
@@ -118,7 +152,8 @@
 //! | fencing | best effort | the counter lives in the server's memory; tokens are floored by the server clock (µs), so they keep increasing across a restart without persistence or a failover unless the server clock steps back |
 //! | expiry | ttl | a silent holder's key expires `ttl` after its last renewal |
 //! | releases on disconnect | no | the key is not tied to a connection: a killed holder's key frees after its ttl |
-//! | wake-up | notification, one per release | a release calls the first live waiter by its token; the others ignore the message |
+//! | wake-up | notification, one per release | a release calls the first live waiter by its token; the others ignore the message. A release that admits several readers calls each of them (one wake-up each) |
+//! | shared | yes | readers are a sorted set at the lock key; one queue orders readers and writers, so a waiting writer is not starved by later readers |
 //! | max key length | 1024 bytes | the core's default |
 //!
 //! # URL

@@ -62,7 +62,10 @@ impl Backend for RedisBackend {
             },
             expiry: Expiry::Ttl,
             releases_on_disconnect: false,
-            // A release calls the first live waiter by name; the others sleep on.
+            // Readers are a sorted set at the lock key, ordered with writers in one queue.
+            shared: true,
+            // A release calls the first live waiter by name (and the readers right behind
+            // a reader); the others sleep on.
             wakeup: Wakeup::Notification {
                 one_per_release: true,
                 max_per_waiter: 1,
@@ -86,7 +89,7 @@ impl Backend for RedisBackend {
     ) -> Result<Option<Grant>> {
         let ttl = opts.ttl;
         let names = Names::new(&self.prefix, key);
-        let token = scripts::new_token();
+        let token = scripts::token_for(opts.mode);
         let nodes = std::slice::from_ref(&self.node);
         // A caller that may wait joins the key's queue from its first attempt on; its
         // waiter (a channel for calls, its place in line) is made only once it has to wait,

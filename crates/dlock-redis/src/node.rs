@@ -168,7 +168,8 @@ impl Node {
 
     /// One attempt to take the lock `names` with `token` for `ttl`: taken when the key is
     /// free and nobody waits before us; otherwise, with `queueing.wait`, we join the
-    /// key's queue of waiters.
+    /// key's queue of waiters. A reader's token ([`scripts::new_reader_token`]) asks for a
+    /// shared hold: taken when no writer holds the key and none waits before us.
     ///
     /// # Errors
     /// The server could not be reached, timed out, or refused the script.
@@ -179,7 +180,13 @@ impl Node {
         ttl: Duration,
         queueing: &Queueing,
     ) -> Result<Attempt, Error> {
-        let mut call = scripts::ACQUIRE.prepare_invoke();
+        // The token says the mode: a reader's joins the readers, a writer's takes the key.
+        let script = if scripts::is_reader_token(token) {
+            &*scripts::ACQUIRE_SHARED
+        } else {
+            &*scripts::ACQUIRE
+        };
+        let mut call = script.prepare_invoke();
         queue_keys(&mut call, names)
             .arg(token)
             .arg(scripts::millis(ttl))

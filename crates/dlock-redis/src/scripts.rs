@@ -92,6 +92,25 @@ pub fn new_token() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
+/// A fresh reader token: `r` and 128 random bits as 32 hex digits. The scripts tell a
+/// reader from a writer by that first letter (a writer's token is all hex digits).
+pub fn new_reader_token() -> String {
+    format!("r{:032x}", rand::random::<u128>())
+}
+
+/// A fresh token for a hold in `mode`: [`new_token`] or [`new_reader_token`].
+pub fn token_for(mode: dlock_core::Mode) -> String {
+    match mode {
+        dlock_core::Mode::Shared => new_reader_token(),
+        dlock_core::Mode::Exclusive => new_token(),
+    }
+}
+
+/// Whether `token` is a reader's (made by [`new_reader_token`]).
+pub fn is_reader_token(token: &str) -> bool {
+    token.starts_with('r')
+}
+
 /// How long a fence counter outlives the grant that last set it. Tokens are floored by the
 /// server clock, so an expired counter does not make them go back (see [`ACQUIRE`]); the
 /// counter only has to cover grants within the same microsecond and a server clock that
@@ -116,17 +135,52 @@ pub const WAITER_LEASE: Duration = Duration::from_secs(3);
 /// (another library's release, an operator's `DEL`) is noticed within `TOUCH_EVERY`.
 pub const TOUCH_EVERY: Duration = Duration::from_secs(1);
 
-/// Lua shared by the scripts that read the queue: `KEYS[1]` is the lock, `KEYS[3]` the
-/// queue (score: the enqueue ticket), `KEYS[4]` the waiters' expiries (score: µs of the
-/// server clock). `prune` drops the expired waiters and answers the first one before and
-/// after; `enqueue` adds or refreshes a waiter.
-macro_rules! queue_lua {
+/// Lua shared by every script: the server clock, and the reader set. A reader's token
+/// starts with `r` (see [`new_reader_token`]), so a script tells the modes apart by the
+/// token alone. Readers hold the lock key as a sorted set of reader token by when its
+/// entry expires (µs of the server clock); the key itself expires with the longest-lived
+/// entry, so a plain `SET NX` sees it busy and the last crashed reader frees it on its own.
+/// `reader_ttl` re-sets that expiry (the key vanishes with its last entry), and
+/// `extend_reader` renews one reader's entry.
+macro_rules! base_lua {
     () => {
         r"
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+local function is_reader(token)
+  return string.byte(token, 1) == 114
+end
+local function reader_ttl(key, now)
+  local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]
+  if top then
+    redis.call('PEXPIRE', key, string.format('%.0f', math.ceil((tonumber(top) - now) / 1000)))
+  end
+end
+local function extend_reader(key, token, ttl_ms, now)
+  local score = redis.pcall('ZSCORE', key, token)
+  if type(score) ~= 'string' or tonumber(score) <= now then return 0 end
+  redis.call('ZADD', key, string.format('%.0f', now + tonumber(ttl_ms) * 1000), token)
+  reader_ttl(key, now)
+  return 1
+end
+"
+    };
+}
+
+/// Lua shared by the scripts that read the queue: `KEYS[1]` is the lock, `KEYS[2]` the
+/// fence counter, `KEYS[3]` the queue (score: the enqueue ticket), `KEYS[4]` the waiters'
+/// expiries (score: µs of the server clock). `prune` drops the expired waiters and answers
+/// the first one before and after; `enqueue` adds or refreshes a waiter; `holders` answers
+/// who holds the key (`none`, `readers`, `writer`), dropping expired readers first;
+/// `clear_ahead` whether no writer waits before the caller (a writer: whether it is first;
+/// a caller not in the queue: whether nobody waits); `call_turns` calls every waiter that
+/// may take the key now (the first one, and when it is a reader the run of readers behind
+/// it; with readers holding, only that run); `grant_fence` issues the next fencing token.
+macro_rules! queue_lua {
+    () => {
+        r"
 local function head()
   return redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 end
@@ -145,14 +199,58 @@ local function enqueue(token, ticket, now, lease_ms)
   redis.call('PEXPIRE', KEYS[3], lease_ms)
   redis.call('PEXPIRE', KEYS[4], lease_ms)
 end
-local function call_next(before, after, caller, channel)
-  if after and after ~= before and after ~= caller and redis.call('EXISTS', KEYS[1]) == 0 then
-    redis.call('PUBLISH', channel, after)
+local function holders(now)
+  local kind = redis.call('TYPE', KEYS[1])['ok']
+  if kind == 'none' then return 'none' end
+  if kind ~= 'zset' then return 'writer' end
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  if redis.call('EXISTS', KEYS[1]) == 0 then return 'none' end
+  return 'readers'
+end
+local function clear_ahead(token)
+  local rank = redis.call('ZRANK', KEYS[3], token)
+  if not rank then return redis.call('EXISTS', KEYS[3]) == 0 end
+  if rank == 0 then return true end
+  if not is_reader(token) then return false end
+  for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, rank - 1)) do
+    if not is_reader(waiter) then return false end
   end
+  return true
+end
+local function call_turns(now, caller, channel)
+  local kind = holders(now)
+  if kind == 'writer' then return end
+  for i, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, 999)) do
+    if not is_reader(waiter) then
+      if i == 1 and kind == 'none' and waiter ~= caller then
+        redis.call('PUBLISH', channel, waiter)
+      end
+      return
+    end
+    if waiter ~= caller then redis.call('PUBLISH', channel, waiter) end
+  end
+end
+local function call_next(before, after, caller, channel, now)
+  if after and after ~= before and after ~= caller then call_turns(now, caller, channel) end
+end
+local function grant_fence(now)
+  local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  local floor = tonumber(ARGV[6])
+  local fence
+  if floor > 0 then
+    fence = math.max(last + 1, floor, now - 1000000)
+  else
+    fence = math.max(last + 1, now)
+  end
+  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
+  return fence
 end
 "
     };
 }
+
+mod shared;
+pub(crate) use shared::ACQUIRE_SHARED;
 
 /// Take the lock if it is free and nobody waits before us, in one round trip; when it is
 /// not, join the key's queue of waiters if asked to.
@@ -180,6 +278,7 @@ end
 /// clocks do not step back.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 const ACQUIRE_LUA: &str = concat!(
+    base_lua!(),
     queue_lua!(),
     r"
 local token = ARGV[1]
@@ -191,18 +290,9 @@ if (not first or first == token) and redis.call('SET', KEYS[1], token, 'NX', 'PX
     redis.call('ZREM', KEYS[3], token)
     redis.call('ZREM', KEYS[4], token)
   end
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-  local floor = tonumber(ARGV[6])
-  local fence
-  if floor > 0 then
-    fence = math.max(last + 1, floor, now - 1000000)
-  else
-    fence = math.max(last + 1, now)
-  end
-  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
-  return fence
+  return grant_fence(now)
 end
-call_next(before, first, token, ARGV[7])
+call_next(before, first, token, ARGV[7], now)
 if ARGV[4] == '1' then
   local ticket = ARGV[5]
   if ticket == '' then ticket = string.format('%.0f', now) end
@@ -228,16 +318,22 @@ return {redis.call('PTTL', KEYS[1]), holder, is_first}
 /// Returns 1 when the key is free and the caller is the first live waiter, else 0.
 pub(crate) static TOUCH: LazyLock<Script> = LazyLock::new(|| Script::new(TOUCH_LUA));
 const TOUCH_LUA: &str = concat!(
+    base_lua!(),
     queue_lua!(),
     r"
 local token = ARGV[1]
 local now = now_us()
 local before, first = prune(now)
-call_next(before, first, token, ARGV[3])
+call_next(before, first, token, ARGV[3], now)
 local ticket = ARGV[2]
 if ticket == '' then ticket = string.format('%.0f', now) end
 enqueue(token, ticket, now, tonumber(ARGV[4]))
-if head() == token and redis.call('EXISTS', KEYS[1]) == 0 then return 1 end
+local kind = holders(now)
+if is_reader(token) then
+  if kind ~= 'writer' and clear_ahead(token) then return 1 end
+elseif kind == 'none' and head() == token then
+  return 1
+end
 return 0
 "
 );
@@ -252,23 +348,30 @@ return 0
 /// or another holder's). With nobody queued it costs what a compare-and-delete costs.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 const RELEASE_LUA: &str = concat!(
+    base_lua!(),
     queue_lua!(),
     r"
 local token = ARGV[1]
 local released = 0
-if redis.call('GET', KEYS[1]) == token then
+local now
+if is_reader(token) then
+  if redis.pcall('ZREM', KEYS[1], token) == 1 then
+    released = 1
+    now = now_us()
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+    reader_ttl(KEYS[1], now)
+  end
+elseif redis.pcall('GET', KEYS[1]) == token then
   redis.call('DEL', KEYS[1])
   released = 1
 end
 if redis.call('EXISTS', KEYS[3]) == 0 then return released end
-local before, first = prune(now_us())
+now = now or now_us()
+local before, first = prune(now)
 local moved = released == 1 or first == token or first ~= before
 redis.call('ZREM', KEYS[3], token)
 redis.call('ZREM', KEYS[4], token)
-if ARGV[3] == '1' and moved and redis.call('EXISTS', KEYS[1]) == 0 then
-  local after = head()
-  if after then redis.call('PUBLISH', ARGV[2], after) end
-end
+if ARGV[3] == '1' and moved then call_turns(now, token, ARGV[2]) end
 return released
 "
 );
@@ -277,12 +380,16 @@ return released
 ///
 /// `KEYS`: lock key. `ARGV`: token, ttl ms. Returns 1 when extended, 0 when not ours.
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
-const EXTEND_LUA: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+const EXTEND_LUA: &str = concat!(
+    base_lua!(),
+    r"
+if is_reader(ARGV[1]) then return extend_reader(KEYS[1], ARGV[1], ARGV[2], now_us()) end
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
-";
+"
+);
 
 /// Reset the ttl of every key given that is still ours: [`EXTEND`] for many keys in one
 /// call. A key that is not ours (or not a string any more) is left alone and answers 0;
@@ -291,17 +398,25 @@ return 0
 /// `KEYS`: lock keys. `ARGV`: for each key in order, its token and its ttl ms. Returns one
 /// status per key: 1 when extended, 0 when not ours.
 pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_MANY_LUA));
-const EXTEND_MANY_LUA: &str = r"
+const EXTEND_MANY_LUA: &str = concat!(
+    base_lua!(),
+    r"
 local statuses = {}
+local now
 for i, key in ipairs(KEYS) do
-  if redis.pcall('GET', key) == ARGV[2 * i - 1] then
+  local token = ARGV[2 * i - 1]
+  if is_reader(token) then
+    now = now or now_us()
+    statuses[i] = extend_reader(key, token, ARGV[2 * i], now)
+  elseif redis.pcall('GET', key) == token then
     statuses[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
   else
     statuses[i] = 0
   end
 end
 return statuses
-";
+"
+);
 
 /// Make sure the lock is ours (create it if it is missing, e.g. on a node that restarted
 /// empty) and that the fence counter is at least a given token. Used by Redlock.
@@ -309,23 +424,38 @@ return statuses
 /// `KEYS`: lock key, fence key. `ARGV`: token, ttl ms, fencing token, fence lifetime ms.
 /// Returns 1 when the key is ours afterwards, 0 when another holder has it.
 pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM_LUA));
-const CLAIM_LUA: &str = r"
-local v = redis.call('GET', KEYS[1])
-if not v then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-elseif v ~= ARGV[1] then
-  return 0
+const CLAIM_LUA: &str = concat!(
+    base_lua!(),
+    r"
+local token = ARGV[1]
+if is_reader(token) then
+  local kind = redis.call('TYPE', KEYS[1])['ok']
+  if kind ~= 'none' and kind ~= 'zset' then return 0 end
+  if not redis.call('ZSCORE', KEYS[1], token) then
+    local now = now_us()
+    redis.call('ZADD', KEYS[1], string.format('%.0f', now + tonumber(ARGV[2]) * 1000), token)
+    reader_ttl(KEYS[1], now)
+  end
+else
+  local v = redis.pcall('GET', KEYS[1])
+  if not v then
+    redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+  elseif v ~= token then
+    return 0
+  end
 end
 local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 if tonumber(ARGV[3]) > last then
   redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
 end
 return 1
-";
+"
+);
 
 /// The source of every script, for loading them when a connection opens.
-pub(crate) const SOURCES: [&str; 6] = [
+pub(crate) const SOURCES: [&str; 7] = [
     ACQUIRE_LUA,
+    shared::ACQUIRE_SHARED_LUA,
     TOUCH_LUA,
     RELEASE_LUA,
     EXTEND_LUA,

@@ -16,7 +16,8 @@
 //!   the same way: a [`TaskQueue`] into a task started on first use, which [`gather`]s
 //!   what queued in one moment (one timer tick's renewals) into one batch.
 //! - [`Names`] (a lock key, its fence counter and its release channel, in one hash slot)
-//!   and [`new_token`] (a holder's random token, 128 bits).
+//!   and [`new_token`] (a holder's random token, 128 bits), [`new_reader_token`] for a
+//!   shared hold (`r` and 128 bits: every script tells the mode by the token).
 //! - [`Waiter`] and [`View`]: a waiting acquire subscribes to the key's release channel on
 //!   every server *before* it re-tries (so a release in between is not missed), then
 //!   sleeps until enough holders announced their release ([`Wake`]) or the shortest
@@ -39,5 +40,7 @@ pub use crate::gather::{TaskQueue, gather};
 pub use crate::lock::InFlight;
 pub use crate::node::{Attempt, Node, Queueing};
 pub use crate::renew::HeldKey;
-pub use crate::scripts::{Names, TOUCH_EVERY, WAITER_LEASE, new_token};
+pub use crate::scripts::{
+    Names, TOUCH_EVERY, WAITER_LEASE, is_reader_token, new_reader_token, new_token, token_for,
+};
 pub use crate::wait::{Subscribed, View, Waiter, Wake};

@@ -88,6 +88,24 @@
 //! next one: an abandoned waiter holds the line up at most 4 s. The queue keys vanish
 //! with the last waiter or expire 3 s after the last write to them.
 //!
+//! **Shared holds** ([`LockOptions::shared`](dlock_core::LockOptions::shared)). Each node
+//! runs the reader protocol of [`dlock_redis`] (readers as a sorted set at the lock key,
+//! one queue for readers and writers, a reader's token starting with `r`), and a reader's
+//! round, renewal, fence write-back and release are the writer's with a reader's token: a
+//! reader holds the key when `Q` nodes admitted it within its validity. *Why quorums keep
+//! readers and writers apart*, with any minority of nodes lost: a reader's grant needs `Q`
+//! nodes on which no writer holds the key (the node's script admits a reader only then),
+//! a writer's needs `Q` nodes on which the key did not exist (`SET NX`: no reader, no
+//! writer). Two sets of `Q > N/2` nodes share at least one node, and on that node the
+//! script refuses whichever hold comes second, so at most one of the two quorums can be
+//! complete at a time (under Redlock's usual timing assumptions, below). Readers do not
+//! exclude readers, so any number of reader quorums coexist. Fencing: a reader's token
+//! comes from the same per-node counters and is written back to a majority like a
+//! writer's, so it is greater than every earlier writer's, and a writer's is greater than
+//! every earlier token, reader or writer. Waiting: a release calls, on each node, the
+//! first waiter and the run of readers right behind it; each reader wakes once a majority
+//! of nodes called it, so a release that admits k readers costs k wake-ups.
+//!
 //! Round trips (one round trip = the slowest node of a parallel request to all of them):
 //!
 //! | operation | round trips |
@@ -131,7 +149,8 @@
 //! | fencing | best effort | tokens are written back to a majority; a node restarted without persistence can break the order (each node's counter is floored by the acquiring client's clock and the node's clock less 1 s, which keeps it unless clocks step back or disagree) |
 //! | expiry | ttl | a silent holder's keys expire `ttl` after its last extension |
 //! | releases on disconnect | no | keys are not tied to connections |
-//! | wake-up | notification, one per release | each node calls its first live waiter by token; that waiter wakes once a majority called it (split-vote retries are part of that one wake-up), the others ignore the calls |
+//! | wake-up | notification, one per release | each node calls its first live waiter by token; that waiter wakes once a majority called it (split-vote retries are part of that one wake-up), the others ignore the calls. A release that admits several readers calls each (one wake-up each) |
+//! | shared | yes | every node keeps dlock-redis's reader set; a reader quorum and a writer quorum share a node, which refuses the second (see *Shared holds*) |
 //! | max key length | 1024 bytes | the core's default |
 //!
 //! # URL

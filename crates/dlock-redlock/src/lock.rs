@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{Capabilities, Expiry, Fencing, LockOptions, LockStats, Result, Wakeup};
 use dlock_redis::server::{
-    Attempt, InFlight, Names, Node, NodeError, Queueing, View, Waiter, new_token,
+    Attempt, InFlight, Names, Node, NodeError, Queueing, View, Waiter, token_for,
 };
 use futures::future::join_all;
 use rand::Rng;
@@ -241,6 +241,9 @@ impl Backend for RedlockBackend {
             },
             expiry: Expiry::Ttl,
             releases_on_disconnect: false,
+            // Every node runs dlock-redis's reader set; any reader quorum and writer quorum
+            // share a node, whose script refuses the second (proof in the crate docs).
+            shared: true,
             // A release calls the first live waiter by name on every node; it wakes once a
             // majority called it, the others sleep on.
             wakeup: Wakeup::Notification {
@@ -267,7 +270,7 @@ impl Backend for RedlockBackend {
         let ttl = opts.ttl;
         let c = &*self.cluster;
         let names = Names::new(&self.prefix, key);
-        let token = new_token();
+        let token = token_for(opts.mode);
         // A caller that may wait joins the key's queue on every node from its first round
         // on, with one ticket for all of them: the nodes order their waiters alike, so the
         // first live waiter is first on every node that has its entry. Its waiter (a
