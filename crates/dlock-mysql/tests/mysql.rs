@@ -17,21 +17,12 @@ fn harness() -> MysqlHarness {
 }
 
 async fn client(h: &MysqlHarness) -> Arc<dyn DistributedLock> {
-    use dlock_conformance::Harness;
-    h.client().await.unwrap_or_else(|e| {
-        panic!(
-            "cannot use the MySQL/MariaDB server at {}: {e}\n  start it with: scripts/backends up mariadb",
-            h.config().addr()
-        )
-    })
+    h.must_client().await
 }
 
+/// A key no other test uses, under `mysql-test-` (the row names some tests check).
 fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_nanos();
-    format!("mysql-test-{nanos:x}/{name}")
+    format!("mysql-{}", dlock_conformance::testkit::unique_key(name))
 }
 
 fn opts(ttl: Duration) -> LockOptions {

@@ -20,21 +20,11 @@ fn harness() -> MysqlHarness {
 }
 
 async fn client(h: &MysqlHarness) -> Arc<dyn DistributedLock> {
-    use dlock_conformance::Harness;
-    h.client().await.unwrap_or_else(|e| {
-        panic!(
-            "cannot use the MySQL/MariaDB server at {}: {e}\n  start it with: scripts/backends up mariadb",
-            h.config().addr()
-        )
-    })
+    h.must_client().await
 }
 
 fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_nanos();
-    format!("mysql-rw-test-{nanos:x}/{name}")
+    dlock_conformance::testkit::unique_key(name)
 }
 
 fn write() -> LockOptions {

@@ -36,23 +36,6 @@ async fn take(client: &dyn DistributedLock, key: &str, opts: &LockOptions) -> Le
         .unwrap_or_else(|| panic!("{key} should be free"))
 }
 
-/// Wait until no session holds or waits for `key` (up to 5 s).
-async fn assert_no_session_on(h: &PostgresHarness, key: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let held = h.sessions_on(key, true).await.expect("pg_locks");
-        let waiting = h.sessions_on(key, false).await.expect("pg_locks");
-        if held.is_empty() && waiting.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{key}: held by {held:?}, waited for by {waiting:?}"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_gets_its_own_id_and_keeps_it() {
     let h = harness();
@@ -163,7 +146,7 @@ async fn another_application_takes_the_same_lock_by_hand() {
     assert!(!row.get::<bool, _>(0), "dlock holds it now");
     lease.release().await.unwrap();
     other.close().await.unwrap();
-    assert_no_session_on(&h, &key).await;
+    h.assert_no_session_on(&key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -189,7 +172,7 @@ async fn a_300ms_deadline_times_out_on_the_server_and_leaves_no_waiter() {
     // lock_timeout ended the wait on the server: nobody waits, at once.
     assert!(h.sessions_on(&key, false).await.unwrap().is_empty());
     lease.release().await.unwrap();
-    assert_no_session_on(&h, &key).await;
+    h.assert_no_session_on(&key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,7 +194,7 @@ async fn a_dropped_wait_is_cancelled_on_the_server() {
     // The freed key goes to nobody: the cancelled waiter did not take it.
     let again = take(&*a, &key, &opts(Duration::from_secs(5))).await;
     again.release().await.unwrap();
-    assert_no_session_on(&h, &key).await;
+    h.assert_no_session_on(&key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,7 +238,7 @@ async fn a_terminated_holder_fires_lost_and_frees_the_key_at_once() {
         ErrorKind::NotHeld
     );
     next.release().await.unwrap();
-    assert_no_session_on(&h, &key).await;
+    h.assert_no_session_on(&key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -329,7 +312,7 @@ async fn clients_racing_to_create_a_key_share_one_id_and_take_it_in_turn() {
         .await
         .unwrap();
     assert_eq!(rows, 1, "one row, one id");
-    assert_no_session_on(&h, &key).await;
+    h.assert_no_session_on(&key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

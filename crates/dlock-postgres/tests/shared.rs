@@ -69,23 +69,6 @@ async fn until_queued(h: &PostgresHarness, key: &str, n: usize) {
     }
 }
 
-/// Wait until no session holds or waits for `key` (up to 5 s).
-async fn until_untouched(h: &PostgresHarness, key: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let held = h.sessions_on(key, true).await.expect("pg_locks");
-        let queued = h.sessions_on(key, false).await.expect("pg_locks");
-        if held.is_empty() && queued.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{key}: held by {held:?}, waited for by {queued:?}"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_clients_readers_share_its_holder_connection() {
     let h = harness();
@@ -103,7 +86,7 @@ async fn one_clients_readers_share_its_holder_connection() {
     );
     second.release().await.expect("release the second reader");
     take(&*a, &key, &write()).await.release().await.unwrap();
-    until_untouched(&h, &key).await;
+    h.assert_no_session_on(&key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,7 +115,7 @@ async fn a_reader_on_a_connection_that_already_reads_does_not_pass_a_waiting_wri
     let reading = late.await.unwrap().expect("the late reader follows");
     assert!(reading.fencing_token() > written);
     reading.release().await.unwrap();
-    until_untouched(&h, &key).await;
+    h.assert_no_session_on(&key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,7 +177,7 @@ async fn readers_by_hand_share_with_dlock_readers_and_exclude_its_writers() {
     assert!(!row.get::<bool, _>(0), "read by hand while dlock writes");
     writing.release().await.unwrap();
     other.close().await.unwrap();
-    until_untouched(&h, &key).await;
+    h.assert_no_session_on(&key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,7 +201,7 @@ async fn a_writer_that_times_out_lets_the_readers_queued_behind_it_in() {
     assert_eq!(reading.mode(), Mode::Shared);
     first.release().await.unwrap();
     reading.release().await.unwrap();
-    until_untouched(&h, &key).await;
+    h.assert_no_session_on(&key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,7 +229,7 @@ async fn a_writers_release_admits_every_queued_reader_with_one_wake_up_each() {
     for lease in leases {
         lease.release().await.unwrap();
     }
-    until_untouched(&h, &key).await;
+    h.assert_no_session_on(&key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,5 +253,5 @@ async fn a_silent_readers_session_ends_after_the_ttl_and_frees_the_key() {
         ErrorKind::NotHeld
     );
     writing.release().await.unwrap();
-    until_untouched(&h, &key).await;
+    h.assert_no_session_on(&key).await;
 }

@@ -62,6 +62,17 @@ impl MysqlHarness {
         }
     }
 
+    /// A client of the test server; a server that cannot be used fails the test, naming
+    /// it and the command that starts it.
+    pub async fn must_client(&self) -> std::sync::Arc<dyn dlock_core::DistributedLock> {
+        self.client().await.unwrap_or_else(|e| {
+            panic!(
+                "cannot use the MySQL/MariaDB server at {}: {e}\n  start it with: scripts/backends up mariadb",
+                self.config().addr()
+            )
+        })
+    }
+
     pub fn config(&self) -> &MysqlConfig {
         &self.config
     }

@@ -30,6 +30,24 @@ impl PostgresHarness {
         Self { url, config }
     }
 
+    /// Wait until no session holds or waits for `key` (up to 5 s); fail naming who does.
+    pub async fn assert_no_session_on(&self, key: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let held = self.sessions_on(key, true).await.expect("pg_locks");
+            let waiting = self.sessions_on(key, false).await.expect("pg_locks");
+            if held.is_empty() && waiting.is_empty() {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{key}: held by {held:?}, waited for by {waiting:?}"
+            );
+            // The poll's interval, until the deadline.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// A client of the test server; a server that cannot be used fails the test, naming
     /// it and the command that starts it.
     pub async fn must_client(&self) -> std::sync::Arc<dyn dlock_core::DistributedLock> {
