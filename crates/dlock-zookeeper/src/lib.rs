@@ -397,7 +397,7 @@ mod session;
 mod tls;
 
 pub use auth::{Digest, Sasl};
-pub use config::{Tls, ZookeeperConfig};
+pub use config::{CuratorRecipe, Tls, ZookeeperConfig};
 pub use session::ZookeeperBackend;
 
 use dlock_core::Result;
