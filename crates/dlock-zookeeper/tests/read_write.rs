@@ -1,7 +1,8 @@
 //! Shared holds on ZooKeeper beyond the contract: Curator's `InterProcessReadWriteLock`
 //! node names on the wire (dlock readers make `__READ__` nodes; a `__WRIT__` node, as
-//! Curator's write lock makes it, excludes dlock readers and writers), and the wake-ups of a
-//! release that admits several readers.
+//! Curator's write lock makes it, excludes dlock readers and writers; with
+//! `curator=read_write_lock` dlock writers make such nodes), and the wake-ups of a release
+//! that admits several readers.
 
 mod common;
 
