@@ -114,7 +114,7 @@ impl ZookeeperBackend {
         mode: Mode,
         budget: Budget,
     ) -> Result<Option<Grant>, zk::Error> {
-        let mut me = Contender::new(client, self.acl(), dir, mode);
+        let mut me = Contender::new(client, self.acl(), dir, mode, self.config.curator);
         let sent_at = Instant::now();
         let mut listed = Some(me.create(budget).await?);
         loop {
@@ -138,7 +138,7 @@ impl ZookeeperBackend {
                     "our lock node vanished while waiting; queueing again"
                 );
                 me.forget();
-                me = Contender::new(client, self.acl(), dir, mode);
+                me = Contender::new(client, self.acl(), dir, mode, self.config.curator);
                 listed = Some(me.create(budget).await?);
                 continue;
             };

@@ -54,6 +54,55 @@ pub struct ZookeeperConfig {
     /// TLS (the `zks://` scheme), with the PEM files it reads when a session is opened.
     /// Default none: plain TCP.
     pub tls: Option<Tls>,
+    /// Which Curator recipe this client's exclusive holds exclude on a shared path (the
+    /// `curator` option), that is which name their nodes get. Default
+    /// [`CuratorRecipe::Mutex`].
+    pub curator: CuratorRecipe,
+}
+
+/// The Curator recipe that dlock's exclusive holds exclude (the `curator` URL option):
+/// Curator orders only the nodes named for its own recipe, so one exclusive node name
+/// cannot exclude both (see [Interop](crate#interop-with-curator-go-zookeeper-and-kazoo)).
+/// Shared holds are Curator read-lock nodes either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CuratorRecipe {
+    /// `mutex`: exclusive nodes are `_c_{uuid}-lock-{seq}`, as Curator's
+    /// `InterProcessMutex`, go-zookeeper's `zk.Lock` (and kazoo with
+    /// `extra_lock_patterns=["-lock-"]`) make and order them. Curator's read-write lock
+    /// ignores them.
+    #[default]
+    Mutex,
+    /// `read_write_lock`: exclusive nodes are `_c_{uuid}-__WRIT__{seq}`, as Curator's
+    /// `InterProcessReadWriteLock` write lock makes them, so its readers and writers wait
+    /// for ours. Curator's mutex ignores them (kazoo counts them with `"__WRIT__"` in
+    /// `extra_lock_patterns`).
+    ReadWriteLock,
+}
+
+impl CuratorRecipe {
+    /// The option's value as spelled in a URL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mutex => "mutex",
+            Self::ReadWriteLock => "read_write_lock",
+        }
+    }
+}
+
+impl FromStr for CuratorRecipe {
+    type Err = LockError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        [Self::Mutex, Self::ReadWriteLock]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| {
+                LockError::invalid_config(
+                    NAME,
+                    format!("option curator={s:?}: expected mutex or read_write_lock"),
+                )
+            })
+    }
 }
 
 /// TLS settings: the CA that signed the servers' certificates, and optionally a client
@@ -88,6 +137,8 @@ pub(crate) enum ConfigKey {
     /// `auth`: how the URL's credentials authenticate, `digest` (the default) or `sasl`
     /// (SASL `DIGEST-MD5`): see [`ZookeeperConfig::digest`] and [`ZookeeperConfig::sasl`].
     Auth,
+    /// `curator`: see [`ZookeeperConfig::curator`].
+    Curator,
 }
 
 impl ConfigKey {
@@ -101,11 +152,12 @@ impl ConfigKey {
             Self::Cert => "cert",
             Self::Key => "key",
             Self::Auth => "auth",
+            Self::Curator => "curator",
         }
     }
 
     /// Every key, in the order the docs list them.
-    const ALL: [Self; 7] = [
+    const ALL: [Self; 8] = [
         Self::Root,
         Self::SessionTimeout,
         Self::ConnectTimeout,
@@ -113,6 +165,7 @@ impl ConfigKey {
         Self::Cert,
         Self::Key,
         Self::Auth,
+        Self::Curator,
     ];
 }
 
@@ -128,7 +181,7 @@ impl FromStr for ConfigKey {
                     NAME,
                     format!(
                         "unknown option {s:?} (known: root, session_timeout, connect_timeout, \
-                         ca, cert, key, auth)"
+                         ca, cert, key, auth, curator)"
                     ),
                 )
             })
@@ -166,18 +219,20 @@ impl ZookeeperConfig {
             digest: None,
             sasl: None,
             tls: None,
+            curator: CuratorRecipe::default(),
         })
     }
 
-    /// Parse `zk://[user:password@]host1:port,host2:port[/chroot][?root=/dlock&session_timeout=10s&connect_timeout=5s&auth=sasl]`,
+    /// Parse `zk://[user:password@]host1:port,host2:port[/chroot][?root=/dlock&session_timeout=10s&connect_timeout=5s&auth=sasl&curator=mutex]`,
     /// or `zks://…?ca=PATH[&cert=PATH&key=PATH]` for TLS. Nothing is contacted and no file
     /// is read.
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] naming what is wrong: another scheme, no host, a bad port,
     /// a user without a password (or the reverse), a bad path, an unknown option, a bad
-    /// value, TLS options without `zks://`, `zks://` without `ca`, `auth=` without
-    /// credentials or with Kerberos (not supported). The message never shows the password.
+    /// value (`curator` other than `mutex` or `read_write_lock`), TLS options without
+    /// `zks://`, `zks://` without `ca`, `auth=` without credentials or with Kerberos (not
+    /// supported). The message never shows the password.
     pub fn from_url(url: &str) -> Result<Self> {
         let url = LockUrl::parse(NAME, url, crate::SCHEMES, DEFAULT_PORT)?;
         let hosts: Vec<String> = url.hosts().iter().map(Host::to_string).collect();
@@ -234,7 +289,7 @@ impl ZookeeperConfig {
     }
 
     /// Set one option from its string form, with its URL query spelling (`root`,
-    /// `session_timeout`, `connect_timeout`, `ca`, `cert`, `key`, `auth`). `root` replaces
+    /// `session_timeout`, `connect_timeout`, `ca`, `cert`, `key`, `auth`, `curator`). `root` replaces
     /// the whole [`base`](Self::base) path; `ca`, `cert` and `key` turn TLS on; `auth`
     /// moves the credentials already set to the scheme it names.
     ///
@@ -355,6 +410,7 @@ impl ZookeeperConfig {
                     }
                 }
             }
+            ConfigKey::Curator => self.curator = value.parse()?,
             ConfigKey::Ca | ConfigKey::Cert | ConfigKey::Key => {
                 let Some(tls) = self.tls.as_mut() else {
                     return Err(LockError::invalid_config(

@@ -392,3 +392,35 @@ fn bad_auth_options_are_refused_before_any_io() {
         assert!(err.to_string().contains(why), "{user}: {err}");
     }
 }
+
+#[test]
+fn curator_names_the_recipe_exclusive_holds_exclude() {
+    let default = ZookeeperConfig::from_url("zk://a").unwrap();
+    assert_eq!(default.curator, CuratorRecipe::Mutex);
+    for (url, recipe) in [
+        ("zk://a?curator=mutex", CuratorRecipe::Mutex),
+        (
+            "zk://a?curator=read_write_lock",
+            CuratorRecipe::ReadWriteLock,
+        ),
+    ] {
+        assert_eq!(
+            ZookeeperConfig::from_url(url).unwrap().curator,
+            recipe,
+            "{url}"
+        );
+    }
+    let from_code = ZookeeperConfig::new(["a"])
+        .unwrap()
+        .with_option("curator", "read_write_lock")
+        .unwrap();
+    assert_eq!(from_code.curator, CuratorRecipe::ReadWriteLock);
+    for bad in ["", "writ", "Mutex", "read-write-lock", "rw"] {
+        let err = ZookeeperConfig::from_url(&format!("zk://a?curator={bad}")).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad:?}");
+        assert!(
+            err.to_string().contains("mutex or read_write_lock"),
+            "{bad:?}: {err}"
+        );
+    }
+}

@@ -12,6 +12,7 @@ use zookeeper_client::{self as zk, Acls, CreateMode};
 
 use crate::NAME;
 use crate::acquire::Budget;
+use crate::config::CuratorRecipe;
 use crate::error::{is_session_over, is_uncertain};
 use crate::held::{ZookeeperHeld, watch_lease, watch_node};
 use crate::nodes;
@@ -33,6 +34,8 @@ pub(crate) struct Contender {
     uuid: uuid::Uuid,
     /// Exclusive or shared: which name our node gets.
     mode: Mode,
+    /// Which name an exclusive node gets: Curator's mutex's or its write lock's.
+    curator: CuratorRecipe,
     node: Option<Node>,
     /// A create went out whose outcome is unknown.
     unsure: bool,
@@ -45,13 +48,20 @@ struct Node {
 }
 
 impl Contender {
-    pub(crate) fn new(client: &zk::Client, acl: Arc<[zk::Acl]>, dir: &str, mode: Mode) -> Self {
+    pub(crate) fn new(
+        client: &zk::Client,
+        acl: Arc<[zk::Acl]>,
+        dir: &str,
+        mode: Mode,
+        curator: CuratorRecipe,
+    ) -> Self {
         Self {
             client: client.clone(),
             acl,
             dir: dir.to_owned(),
             uuid: uuid::Uuid::new_v4(),
             mode,
+            curator,
             node: None,
             unsure: false,
         }
@@ -70,7 +80,8 @@ impl Contender {
     /// (persistent nodes). Every node gets our ACL. After a lost connection, finds the node
     /// the lost create may have made before creating again (Curator's protected mode).
     pub(crate) async fn create(&mut self, budget: Budget) -> Result<Vec<String>, zk::Error> {
-        let prefix = format!("{}/{}", self.dir, nodes::node_prefix(&self.uuid, self.mode));
+        let name_prefix = nodes::node_prefix(&self.uuid, self.mode, self.curator);
+        let prefix = format!("{}/{name_prefix}", self.dir);
         let acl = Arc::clone(&self.acl);
         let acls = Acls::new(&acl);
         let container = CreateMode::Container.with_acls(acls);
@@ -97,7 +108,7 @@ impl Contender {
             match created {
                 Ok((stat, sequence)) => {
                     self.unsure = false;
-                    let name = format!("{}{sequence}", nodes::node_prefix(&self.uuid, self.mode));
+                    let name = format!("{name_prefix}{sequence}");
                     let ours = nodes::sequence(&name).is_some();
                     self.node = Some(Node {
                         name,

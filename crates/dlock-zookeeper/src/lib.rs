@@ -34,7 +34,9 @@
 //!
 //! **Acquire**
 //! 1. Send, in one round trip (one session's requests are answered in order): `create
-//!    {dir}/_c_{uuid}-lock-` (exclusive) or `{dir}/_c_{uuid}-__READ__` (shared, see
+//!    {dir}/_c_{uuid}-lock-` (exclusive; `_c_{uuid}-__WRIT__` with `curator=read_write_lock`,
+//!    see [Interop](#interop-with-curator-go-zookeeper-and-kazoo)) or
+//!    `{dir}/_c_{uuid}-__READ__` (shared, see
 //!    [Shared holds](#shared-holds)) as an ephemeral-sequential node and `getChildren {dir}`, whose
 //!    answer already holds the new node. The key directory is usually there (it outlives
 //!    its last lock node, see Release). If it is not (`NoNode`: first use of the key, or
@@ -209,6 +211,7 @@
 //! | `ca` | none; required by `zks://` | PEM file of the CA certificate(s) that signed the members' certificates |
 //! | `cert`, `key` | none | PEM client certificate (chain) and its private key, for servers with `ssl.clientAuth=need` (or `want`) |
 //! | `auth` | `digest` | how `user:password@` authenticates: `digest` (ZooKeeper's `digest` scheme, `addauth digest`) or `sasl` (SASL `DIGEST-MD5`); needs credentials |
+//! | `curator` | `mutex` | which Curator recipe exclusive holds exclude on a shared path: `mutex` (nodes `_c_{uuid}-lock-{seq}`: Curator's `InterProcessMutex`, go-zookeeper, kazoo) or `read_write_lock` (nodes `_c_{uuid}-__WRIT__{seq}`: Curator's `InterProcessReadWriteLock`, whose mutex then ignores them); see [Interop](#interop-with-curator-go-zookeeper-and-kazoo) |
 //!
 //! There is no option to skip the certificate or host name check, nor a `domain` to check
 //! the certificate against another name (the client library has neither safely).
@@ -350,7 +353,8 @@
 //!   orders every child by the text after the last `__READ__` or `__WRIT__`; its writer
 //!   counts every child, so it waits for our readers, and we count its `__WRIT__` and
 //!   `__READ__` nodes. Readers and writers of both sides exclude each other as they should,
-//!   **except dlock's exclusive holds**: see the rule below.
+//!   **except dlock's exclusive holds under the default `curator=mutex`**: see the rule
+//!   below, and `curator=read_write_lock`.
 //! - **go-zookeeper** counts our readers' nodes as exclusive contenders (versions that
 //!   split names on `lock-` and then `__`) or fails to lock while one exists (older ones,
 //!   which split on `-`): never an overlap.
@@ -378,6 +382,17 @@
 //! that Curator also locks, take only exclusive holds beside Curator's mutex, or only
 //! shared holds beside Curator's read-write lock. (Full interop would need two nodes per
 //! hold, one of each name, created in one `multi`; not done.)
+//!
+//! **`curator=read_write_lock`** chooses the other side for a client: its exclusive holds
+//! make `_c_{uuid}-__WRIT__{seq}` nodes, as Curator's write lock does, so on a path shared
+//! with Curator's `InterProcessReadWriteLock` a dlock writer and a Curator reader or writer
+//! exclude each other both ways (`tests/read_write.rs` checks the names sort and block by
+//! Curator's read-lock rule). Then Curator's *mutex* ignores dlock writers; go-zookeeper
+//! treats them as it treats our readers' nodes (counts them, or fails to lock: never an
+//! overlap); kazoo counts them with `"__WRIT__"` in `extra_lock_patterns`. Choose per
+//! path which Curator recipe you share, and give every dlock client of that path the same
+//! setting: dlock itself counts both names as exclusive, so mixed settings still exclude
+//! each other (only Curator's view changes). Shared holds and round trips are the same either way.
 //! - Sequence numbers wrap after 2^31 creates in one directory (ZOOKEEPER-2944) and every
 //!   implementation's order breaks then; the server's reaper deletes empty directories,
 //!   which resets the counter (a key never idle for a check interval keeps counting).
@@ -397,7 +412,7 @@ mod session;
 mod tls;
 
 pub use auth::{Digest, Sasl};
-pub use config::{Tls, ZookeeperConfig};
+pub use config::{CuratorRecipe, Tls, ZookeeperConfig};
 pub use session::ZookeeperBackend;
 
 use dlock_core::Result;

@@ -2,15 +2,18 @@
 //! which mode, and what a contender waits for.
 //!
 //! Ours are Curator's protected names: `_c_{uuid}-lock-{seq}` for an exclusive hold (the
-//! name of Curator's `InterProcessMutex`; go-zookeeper's `zk.Lock` makes the same shape) and
-//! `_c_{uuid}-__READ__{seq}` for a shared one (Curator's `InterProcessReadWriteLock` read
-//! lock). Contenders are the children whose name ends in one of the names below followed by
+//! name of Curator's `InterProcessMutex`; go-zookeeper's `zk.Lock` makes the same shape), or
+//! `_c_{uuid}-__WRIT__{seq}` with `curator=read_write_lock` (Curator's
+//! `InterProcessReadWriteLock` write lock), and `_c_{uuid}-__READ__{seq}` for a shared one
+//! (its read lock). Contenders are the children whose name ends in one of the names below followed by
 //! the server's 10-digit sequence number, ordered by that number: `-lock-`, `__lock__`
 //! (kazoo's `Lock`) and `__WRIT__` (Curator's write lock) are exclusive, `__READ__` and
 //! `__rlock__` (kazoo's `ReadLock`) shared. See [Interop](crate#interop-with-curator-go-zookeeper-and-kazoo)
 //! for why exclusive holds keep the name `-lock-`.
 
 use dlock_core::Mode;
+
+use crate::config::CuratorRecipe;
 
 /// The protected-mode marker Curator puts in front of the uuid.
 const PROTECTED: &str = "_c_";
@@ -20,7 +23,8 @@ const LOCK_NAME: &str = "-lock-";
 /// The read lock's name in Curator's `InterProcessReadWriteLock`. Our shared holds use it
 /// (after `_c_{uuid}-`, as Curator does).
 const READ_NAME: &str = "__READ__";
-/// The write lock's name in Curator's `InterProcessReadWriteLock`.
+/// The write lock's name in Curator's `InterProcessReadWriteLock`. Our exclusive holds use
+/// it (after `_c_{uuid}-`) with `curator=read_write_lock`.
 const WRITE_NAME: &str = "__WRIT__";
 /// kazoo's lock (and write lock) name.
 const KAZOO_LOCK_NAME: &str = "__lock__";
@@ -45,12 +49,16 @@ pub(crate) fn protected_prefix(uuid: &uuid::Uuid) -> String {
 }
 
 /// The name to create ephemeral-sequential for a hold in `mode` (the server appends the
-/// sequence number): `_c_{uuid}-lock-` or `_c_{uuid}-__READ__`.
-pub(crate) fn node_prefix(uuid: &uuid::Uuid, mode: Mode) -> String {
+/// sequence number): `_c_{uuid}-lock-` (or `_c_{uuid}-__WRIT__` when exclusive holds
+/// exclude Curator's read-write lock) or `_c_{uuid}-__READ__`.
+pub(crate) fn node_prefix(uuid: &uuid::Uuid, mode: Mode, curator: CuratorRecipe) -> String {
     let protected = protected_prefix(uuid);
-    match mode {
-        Mode::Exclusive => format!("{}{LOCK_NAME}", protected.trim_end_matches('-')),
-        Mode::Shared => format!("{protected}{READ_NAME}"),
+    match (mode, curator) {
+        (Mode::Exclusive, CuratorRecipe::Mutex) => {
+            format!("{}{LOCK_NAME}", protected.trim_end_matches('-'))
+        }
+        (Mode::Exclusive, CuratorRecipe::ReadWriteLock) => format!("{protected}{WRITE_NAME}"),
+        (Mode::Shared, _) => format!("{protected}{READ_NAME}"),
     }
 }
 
@@ -121,22 +129,32 @@ mod tests {
     #[test]
     fn our_names_are_curator_protected_names() {
         let uuid = uuid();
+        let mutex = CuratorRecipe::Mutex;
+        let rw = CuratorRecipe::ReadWriteLock;
         assert_eq!(
-            node_prefix(&uuid, Mode::Exclusive),
+            node_prefix(&uuid, Mode::Exclusive, mutex),
             "_c_1b4e28ba-2fa1-11d2-883f-0016cb8e9a2a-lock-"
         );
         assert_eq!(
-            node_prefix(&uuid, Mode::Shared),
-            "_c_1b4e28ba-2fa1-11d2-883f-0016cb8e9a2a-__READ__"
+            node_prefix(&uuid, Mode::Exclusive, rw),
+            "_c_1b4e28ba-2fa1-11d2-883f-0016cb8e9a2a-__WRIT__"
         );
+        for curator in [mutex, rw] {
+            assert_eq!(
+                node_prefix(&uuid, Mode::Shared, curator),
+                "_c_1b4e28ba-2fa1-11d2-883f-0016cb8e9a2a-__READ__"
+            );
+        }
         assert_eq!(
             protected_prefix(&uuid),
             "_c_1b4e28ba-2fa1-11d2-883f-0016cb8e9a2a-"
         );
         for mode in [Mode::Exclusive, Mode::Shared] {
-            let ours = format!("{}0000000007", node_prefix(&uuid, mode));
-            assert!(ours.starts_with(&protected_prefix(&uuid)));
-            assert_eq!(parse(&ours), Some(("0000000007", mode)));
+            for curator in [mutex, rw] {
+                let ours = format!("{}0000000007", node_prefix(&uuid, mode, curator));
+                assert!(ours.starts_with(&protected_prefix(&uuid)));
+                assert_eq!(parse(&ours), Some(("0000000007", mode)));
+            }
         }
     }
 

@@ -1,7 +1,8 @@
 //! Shared holds on ZooKeeper beyond the contract: Curator's `InterProcessReadWriteLock`
 //! node names on the wire (dlock readers make `__READ__` nodes; a `__WRIT__` node, as
-//! Curator's write lock makes it, excludes dlock readers and writers), and the wake-ups of a
-//! release that admits several readers.
+//! Curator's write lock makes it, excludes dlock readers and writers; with
+//! `curator=read_write_lock` dlock writers make such nodes), and the wake-ups of a release
+//! that admits several readers.
 
 mod common;
 
@@ -11,6 +12,7 @@ use std::time::Duration;
 use common::ZookeeperHarness;
 use dlock_conformance::Harness;
 use dlock_core::{DistributedLock, LockOptions, Wait};
+use dlock_zookeeper::CuratorRecipe;
 use tokio::time::{Instant, sleep, timeout};
 use zookeeper_client::{self as zk, CreateMode};
 
@@ -250,5 +252,69 @@ async fn a_release_that_admits_readers_wakes_only_those_readers() {
         (readers_woken, writer_woken),
         (READERS as u64, 0),
         "wake-ups of the release that admitted {READERS} readers (readers, queued writer)"
+    );
+}
+
+/// Curator's read lock rule, as its `InterProcessReadWriteLock` applies it to `children`:
+/// order every child by the text after the last `__READ__` or `__WRIT__` (the whole name
+/// when neither occurs), and hold when no child containing `__WRIT__` is before `ours`.
+fn curator_reader_holds(children: &[String], ours: &str) -> bool {
+    let sort_key = |name: &str| {
+        let cut = ["__READ__", "__WRIT__"]
+            .iter()
+            .filter_map(|tag| name.rfind(tag).map(|i| i + tag.len()))
+            .max();
+        cut.map_or(name, |i| &name[i..]).to_owned()
+    };
+    let mut order: Vec<&String> = children.iter().collect();
+    order.sort_by_key(|name| sort_key(name));
+    order
+        .iter()
+        .take_while(|name| name.as_str() != ours)
+        .all(|name| !name.contains("__WRIT__"))
+}
+
+/// With `curator=read_write_lock`, a dlock writer makes Curator's write-lock node, and a
+/// Curator reader that queues after it is ordered behind it and waits, as Curator would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_curator_read_write_lock_a_writer_makes_a_curator_write_node_readers_wait_for() {
+    let harness = ZookeeperHarness::from_env();
+    let raw = harness.raw().await.expect("raw client");
+    let url = dlock_conformance::url_with_option(&harness.url(), "curator=read_write_lock");
+    let lock = dlock_zookeeper::from_url(&url).await.expect("connect");
+    assert_eq!(
+        lock.backend().config().curator,
+        CuratorRecipe::ReadWriteLock
+    );
+    let key = key("curator-rw-writer");
+    let writer = lock
+        .try_acquire(&key, &LockOptions::new())
+        .await
+        .expect("try_acquire")
+        .expect("a fresh key is free");
+    let ours = children(&harness, &raw, &key).await;
+    let curator_reader = curator_node(&harness, &raw, &key, "__READ__").await;
+    let reader_name = curator_reader
+        .rsplit('/')
+        .next()
+        .expect("a name")
+        .to_owned();
+    let both = children(&harness, &raw, &key).await;
+    let waits_behind_writer = !curator_reader_holds(&both, &reader_name);
+    writer.release().await.expect("release");
+    let after_release = children(&harness, &raw, &key).await;
+    let holds_after_release = curator_reader_holds(&after_release, &reader_name);
+    raw.delete(&curator_reader, None)
+        .await
+        .expect("delete the reader's node");
+    assert!(
+        ours.len() == 1
+            && ours[0].starts_with("_c_")
+            && ours[0].contains("-__WRIT__")
+            && waits_behind_writer
+            && holds_after_release,
+        "writer's node {ours:?} (expected one `_c_{{uuid}}-__WRIT__{{seq}}`); a Curator reader \
+         queued after it: waits {waits_behind_writer} in {both:?}, holds once it is released \
+         {holds_after_release} in {after_release:?}"
     );
 }
