@@ -82,6 +82,8 @@ pub(crate) struct Report {
     pub(crate) pause_and_partition_ms: f64,
     pub(crate) declared: Declared,
     pub(crate) holds: usize,
+    /// Of `holds`, the shared (read) ones (0 where the backend declares no shared holds).
+    pub(crate) shared_holds: usize,
     pub(crate) holds_per_key: BTreeMap<String, usize>,
     pub(crate) leases_lost: usize,
     pub(crate) writes_accepted: usize,
@@ -206,6 +208,7 @@ impl Report {
                 member_down: safety_name(caps.faults.member_down),
             },
             holds: i.analysis.holds,
+            shared_holds: i.holds.iter().filter(|h| h.shared).count(),
             holds_per_key,
             leases_lost: i.holds.iter().filter(|h| h.lost_at.is_some()).count(),
             writes_accepted: accepted,
@@ -257,11 +260,12 @@ impl Report {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        md.push_str("| holds checked | writes accepted | writes rejected | leases lost | acquire errors | violations |\n|---|---|---|---|---|---|\n");
+        md.push_str("| holds checked (shared) | writes accepted | writes rejected | leases lost | acquire errors | violations |\n|---|---|---|---|---|---|\n");
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | **{}** |\n",
+            "| {} ({}) | {} | {} | {} | {} | **{}** |\n",
             self.holds,
+            self.shared_holds,
             self.writes_accepted,
             self.writes_rejected,
             self.leases_lost,

@@ -70,6 +70,12 @@ fn torture(name: &str, case: &Case) {
         json["holds"].as_u64().unwrap_or(0) > 50,
         "too few holds checked: {json:#}"
     );
+    // Every backend declares shared holds: the default workload mixes reads and writes.
+    let shared = json["shared_holds"].as_u64().unwrap_or(0);
+    assert!(
+        shared > 10 && shared < json["holds"].as_u64().unwrap_or(0),
+        "{name}: a mixed workload needs reads and writes, {shared} of the holds were reads: {json:#}"
+    );
     for kind in case.faults {
         let injected = json["by_kind"][kind]["injected"].as_u64().unwrap_or(0);
         assert!(
