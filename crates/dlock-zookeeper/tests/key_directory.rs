@@ -21,11 +21,7 @@ const CHECK_INTERVAL: Duration = Duration::from_secs(60);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_key_leaves_only_its_empty_directory() {
     let harness = ZookeeperHarness::from_env();
-    let lock = harness.client().await.unwrap_or_else(|e| {
-        panic!(
-            "cannot use the zookeeper server: {e}\n  start it with: scripts/backends up zookeeper"
-        )
-    });
+    let lock = harness.must_client().await;
     let key = format!("keydir-{}/k", uuid::Uuid::new_v4().simple());
     let zk = harness.raw().await.expect("raw client");
     let dir = harness.config().key_dir(&key);
@@ -50,11 +46,7 @@ async fn a_released_key_leaves_only_its_empty_directory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_reaps_an_empty_key_directory() {
     let harness = ZookeeperHarness::from_env();
-    let lock = harness.client().await.unwrap_or_else(|e| {
-        panic!(
-            "cannot use the zookeeper server: {e}\n  start it with: scripts/backends up zookeeper"
-        )
-    });
+    let lock = harness.must_client().await;
     let key = format!("keydir-{}/k", uuid::Uuid::new_v4().simple());
     let lease = lock.try_acquire(&key, &LockOptions::new()).await;
     lease
@@ -85,11 +77,7 @@ async fn the_server_reaps_an_empty_key_directory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_whose_directory_was_reaped_is_taken_again() {
     let harness = ZookeeperHarness::from_env();
-    let lock = harness.client().await.unwrap_or_else(|e| {
-        panic!(
-            "cannot use the zookeeper server: {e}\n  start it with: scripts/backends up zookeeper"
-        )
-    });
+    let lock = harness.must_client().await;
     let key = format!("keydir-{}/k", uuid::Uuid::new_v4().simple());
     let opts = LockOptions::new();
     let lease = lock.try_acquire(&key, &opts).await.expect("try_acquire");

@@ -21,12 +21,7 @@ fn key(name: &str) -> String {
 }
 
 async fn connect(harness: &ZookeeperHarness) -> Arc<dyn DistributedLock> {
-    harness.client().await.unwrap_or_else(|e| {
-        panic!(
-            "cannot use the zookeeper server at {}: {e}\n  start it with: scripts/backends up zookeeper",
-            harness.url()
-        )
-    })
+    harness.must_client().await
 }
 
 fn waiting() -> LockOptions {
@@ -74,6 +69,19 @@ async fn curator_node(
     format!("{prefix}{sequence}")
 }
 
+/// Take and release `key` once: its directory exists then, as after any first acquire.
+async fn make_key_dir(lock: &dyn dlock_core::DistributedLock, key: &str) {
+    let first = lock
+        .try_acquire(key, &LockOptions::new())
+        .await
+        .expect("try_acquire");
+    first
+        .expect("a fresh key is free")
+        .release()
+        .await
+        .expect("release");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_make_curator_read_nodes_and_writers_keep_the_mutex_name() {
     let harness = ZookeeperHarness::from_env();
@@ -111,16 +119,7 @@ async fn a_curator_write_node_excludes_readers_and_writers_until_deleted() {
     let raw = harness.raw().await.expect("raw client");
     let lock = connect(&harness).await;
     let key = key("curator-writer");
-    // Make the key's directory, as any first acquire does.
-    let first = lock
-        .try_acquire(&key, &LockOptions::new())
-        .await
-        .expect("try_acquire");
-    first
-        .expect("a fresh key is free")
-        .release()
-        .await
-        .expect("release");
+    make_key_dir(&*lock, &key).await;
     let curator_writer = curator_node(&harness, &raw, &key, "__WRIT__").await;
 
     let read_refused = lock
@@ -161,15 +160,7 @@ async fn a_curator_read_node_shares_with_readers_and_excludes_writers() {
     let raw = harness.raw().await.expect("raw client");
     let lock = connect(&harness).await;
     let key = key("curator-reader");
-    let first = lock
-        .try_acquire(&key, &LockOptions::new())
-        .await
-        .expect("try_acquire");
-    first
-        .expect("a fresh key is free")
-        .release()
-        .await
-        .expect("release");
+    make_key_dir(&*lock, &key).await;
     let curator_reader = curator_node(&harness, &raw, &key, "__READ__").await;
 
     let reader = lock

@@ -128,6 +128,17 @@ impl ZookeeperHarness {
         ZookeeperConfig::from_url(&self.url).expect("the test URL parses")
     }
 
+    /// A client of the test server; a server that cannot be used fails the test, naming
+    /// it and the command that starts it.
+    pub async fn must_client(&self) -> std::sync::Arc<dyn dlock_core::DistributedLock> {
+        self.client().await.unwrap_or_else(|e| {
+            panic!(
+                "cannot use the zookeeper server at {}: {e}\n  start it with: scripts/backends up zookeeper",
+                dlock_core::raw::url::redact(&self.url())
+            )
+        })
+    }
+
     /// A raw client of the server under test, for what an operator would do by hand.
     pub async fn raw(&self) -> Result<zk::Client, BoxError> {
         #[cfg(feature = "tls")]
