@@ -30,22 +30,6 @@ async fn wait_for_keys(harness: &EtcdHarness, key: &str, n: usize) -> Vec<etcd_c
     }
 }
 
-async fn assert_clean(harness: &EtcdHarness, key: &str) {
-    use dlock_conformance::Harness as _;
-    let started = Instant::now();
-    loop {
-        let left = harness.residue(key).await.expect("residue");
-        if left.is_empty() {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "left on the server: {left:?}"
-        );
-        sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Go's 3.4 Mutex keeps waiting (and later "acquires") after its own key vanished
 /// (etcd #11429, #19597). Here the waiter watches its own key and stops with `LeaseLost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,7 +68,7 @@ async fn a_waiter_whose_lease_is_revoked_stops_with_lease_lost() {
     );
     assert!(!holder.is_lost());
     holder.release().await.expect("the holder is undisturbed");
-    assert_clean(&harness, &key).await;
+    harness.assert_clean(&key).await;
 }
 
 /// A broken lease is noticed through the watch on our own key, long before the next renewal
@@ -118,7 +102,7 @@ async fn lost_fires_at_once_when_our_key_is_deleted() {
         matches!(err.kind(), ErrorKind::NotHeld | ErrorKind::LeaseLost),
         "{err}"
     );
-    assert_clean(&harness, &key).await;
+    harness.assert_clean(&key).await;
 }
 
 /// etcd cannot change a lease's ttl, so extending with another ttl attaches our key to a new
@@ -177,7 +161,7 @@ async fn extend_with_a_new_ttl_moves_the_key_to_a_new_lease() {
         "still held"
     );
     lease.release().await.expect("release");
-    assert_clean(&harness, &key).await;
+    harness.assert_clean(&key).await;
     // Every lease the client granted is revoked (the 4 s one after its linger).
     let started = Instant::now();
     while !a.backend().open_leases().is_empty() {
@@ -206,7 +190,7 @@ async fn nested_names_do_not_block_each_other() {
         .expect("parent is not blocked by a/b");
     child_lease.release().await.expect("release");
     parent_lease.release().await.expect("release");
-    assert_clean(&harness, &parent).await;
+    harness.assert_clean(&parent).await;
 }
 
 /// A try on a busy key removes its queued key before answering, so the same client can try
@@ -241,7 +225,7 @@ async fn a_busy_try_leaves_no_key_behind() {
         .expect("try")
         .expect("free after release");
     lease.release().await.expect("release");
-    assert_clean(&harness, &key).await;
+    harness.assert_clean(&key).await;
 }
 
 /// With the default prefix, an unrelated key that merely starts with the lock's name and a

@@ -39,22 +39,6 @@ async fn wait_for_keys(harness: &EtcdHarness, key: &str, n: usize) {
     }
 }
 
-async fn assert_clean(harness: &EtcdHarness, key: &str) {
-    use dlock_conformance::Harness as _;
-    let started = Instant::now();
-    loop {
-        let left = harness.residue(key).await.expect("residue");
-        if left.is_empty() {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "left on the server: {left:?}"
-        );
-        sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Acquire `key` with `opts` in a task, returning the lease.
 fn acquire_in_task(
     lock: &dlock_etcd::EtcdLock,
@@ -106,7 +90,7 @@ async fn a_reader_puts_its_key_in_the_readers_range_and_passes_older_readers() {
     raw.delete(foreign_reader.as_str(), None)
         .await
         .expect("delete the foreign reader's key");
-    assert_clean(&harness, &key).await;
+    harness.assert_clean(&key).await;
 }
 
 /// Any key under the lock outside the readers' range is a writer to a reader (here one
@@ -151,7 +135,7 @@ async fn a_reader_waits_for_an_older_key_outside_the_readers_range() {
     );
     assert!(lease.fencing_token() > foreign_rev);
     lease.release().await.expect("release");
-    assert_clean(&harness, &key).await;
+    harness.assert_clean(&key).await;
 }
 
 /// A writer's release admits every reader queued behind it, and wakes each once.
@@ -189,7 +173,7 @@ async fn a_writer_release_wakes_each_reader_it_admits_once() {
     for lease in leases {
         lease.release().await.expect("release a reader");
     }
-    assert_clean(&harness, &key).await;
+    harness.assert_clean(&key).await;
 }
 
 /// A reader queued behind a waiting writer is not woken when the reader holding the key
@@ -240,5 +224,5 @@ async fn a_reader_behind_a_waiting_writer_is_woken_only_by_the_writer() {
         read_lease.fencing_token()
     );
     read_lease.release().await.expect("release");
-    assert_clean(&harness, &key).await;
+    harness.assert_clean(&key).await;
 }

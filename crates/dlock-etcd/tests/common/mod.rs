@@ -26,6 +26,24 @@ pub(crate) struct EtcdHarness {
 }
 
 impl EtcdHarness {
+    /// Wait (up to 10 s) until nothing of `key`'s is left on the server; fail naming it.
+    pub(crate) async fn assert_clean(&self, key: &str) {
+        use dlock_conformance::Harness as _;
+        let started = tokio::time::Instant::now();
+        loop {
+            let left = self.residue(key).await.expect("residue");
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "left on the server: {left:?}"
+            );
+            // The poll's interval, until the bound.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The single member (`DLOCK_ETCD_URL`).
     pub(crate) fn from_env() -> Self {
         Self::new(
