@@ -110,19 +110,6 @@ async fn killing_the_holders_connection_fires_lost_and_frees_the_key() {
     assert_clean(&h, &key).await;
 }
 
-/// Poll (up to 3 s) until exactly `n` sessions wait for `key`'s row lock.
-async fn wait_for_waiters(h: &MysqlHarness, key: &str, n: u64) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while h.waiters_on(key).await.expect("lock waits") != n {
-        if Instant::now() > deadline {
-            return false;
-        }
-        // Longer than MariaDB's 0.1 s refresh of its lock tables (see `waiters_on`).
-        sleep(Duration::from_millis(150)).await;
-    }
-    true
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_300ms_deadline_times_out_and_leaves_no_waiter_behind() {
     let h = harness();
@@ -159,12 +146,12 @@ async fn a_300ms_deadline_times_out_and_leaves_no_waiter_behind() {
         async move { b.acquire(&key, &opts(ttl)).await.map(drop) }
     });
     assert!(
-        wait_for_waiters(&h, &key, 1).await,
+        h.wait_for_waiters(&key, 1).await,
         "the waiting acquire never showed on the server"
     );
     waiting.abort();
     assert!(
-        wait_for_waiters(&h, &key, 0).await,
+        h.wait_for_waiters(&key, 0).await,
         "a dropped waiter still waits on the server"
     );
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::MysqlHarness;
 use dlock_core::{DistributedLock, ErrorKind, Lease, LockOptions, Wait};
 use sqlx::Executor;
-use tokio::time::{Instant, sleep};
+use tokio::time::sleep;
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -55,19 +55,6 @@ fn row_literal(key: &str) -> String {
     }
     out.push('\'');
     out
-}
-
-/// Poll (up to 3 s) until exactly `n` sessions wait for `key`'s row lock.
-async fn wait_for_waiters(h: &MysqlHarness, key: &str, n: u64) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while h.waiters_on(key).await.expect("lock waits") != n {
-        if Instant::now() > deadline {
-            return false;
-        }
-        // Longer than MariaDB's 0.1 s refresh of its lock tables.
-        sleep(Duration::from_millis(150)).await;
-    }
-    true
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,7 +132,7 @@ async fn one_release_admits_every_queued_reader_each_woken_once() {
         })
         .collect();
     assert!(
-        wait_for_waiters(&h, &key, READERS as u64).await,
+        h.wait_for_waiters(&key, READERS as u64).await,
         "the readers never all waited on the server"
     );
     let woken_before: u64 = readers.iter().map(|c| c.stats().wakeups).sum();

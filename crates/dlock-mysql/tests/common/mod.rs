@@ -174,6 +174,19 @@ impl MysqlHarness {
         Ok(found)
     }
 
+    /// Poll (up to 3 s) until exactly `n` sessions wait for `key`'s row lock.
+    pub async fn wait_for_waiters(&self, key: &str, n: u64) -> bool {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        while self.waiters_on(key).await.expect("lock waits") != n {
+            if tokio::time::Instant::now() > deadline {
+                return false;
+            }
+            // Longer than MariaDB's 0.1 s refresh of its lock tables (see `waiters_on`).
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        true
+    }
+
     /// Sessions waiting for the row lock of `key` (MariaDB's `information_schema` lock
     /// tables, or MySQL 8's `performance_schema.data_locks`).
     ///
