@@ -1,5 +1,6 @@
 //! Every hold recorded as an interval, and the checker that rejects overlaps and token
-//! regressions. It knows modes: shared holds may overlap each other, never an exclusive one.
+//! regressions. It knows modes: shared holds may overlap each other, never an exclusive one,
+//! and a permit hold starts only while fewer holds of permits than its limit are trusted.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -16,7 +17,7 @@ pub struct Hold {
     pub key: String,
     /// The fencing token of the grant.
     pub token: u64,
-    /// Exclusive or shared.
+    /// Exclusive, shared or one of N permits.
     pub mode: Mode,
     /// When `acquire` returned.
     pub start: Instant,
@@ -47,6 +48,14 @@ pub enum Violation {
         /// The hold that started inside it.
         second: Hold,
     },
+    /// `hold`, one of N permits, started while N or more other holds of permits were still
+    /// trusted (N is `hold`'s own limit).
+    OverLimit {
+        /// The hold that started one too many.
+        hold: Hold,
+        /// The permit holds trusted when it started.
+        holders: Vec<Hold>,
+    },
     /// A later holder got a token no greater than an earlier holder's (for a shared
     /// later holder: than an earlier exclusive holder's).
     TokenRegression {
@@ -71,6 +80,16 @@ impl fmt::Display for Violation {
                     .saturating_duration_since(second.start),
                 first.client,
                 first.token
+            ),
+            Violation::OverLimit { hold, holders } => write!(
+                f,
+                "too many holders of {:?}: client {} (token {}, {}) acquired while {} permits were held (clients {:?})",
+                hold.key,
+                hold.client,
+                hold.token,
+                hold.mode,
+                holders.len(),
+                holders.iter().map(|h| h.client).collect::<Vec<_>>()
             ),
             Violation::TokenRegression { earlier, later } => write!(
                 f,
@@ -107,9 +126,11 @@ impl History {
     }
 
     /// Check every key's holds: no hold may start while an earlier one was still trusted
-    /// (not yet released and not yet told it was lost) unless both are shared, and, when
-    /// `ordered_tokens`, an exclusive hold's token must be greater than every earlier
-    /// hold's, a shared hold's greater than every earlier exclusive hold's.
+    /// (not yet released and not yet told it was lost) unless both are shared (readers or
+    /// permits), a permit hold may not start while its limit of permit holds is trusted,
+    /// and, when `ordered_tokens`, an exclusive hold's token must be greater than every
+    /// earlier hold's, a shared or permit hold's greater than every earlier exclusive
+    /// hold's.
     pub fn check(&self, ordered_tokens: bool) -> Vec<Violation> {
         check(&self.holds(), ordered_tokens)
     }
@@ -127,11 +148,23 @@ pub fn check(holds: &[Hold], ordered_tokens: bool) -> Vec<Violation> {
         // Among the holds so far, of any mode and exclusive only: the one trusted the
         // longest, and the one with the greatest token.
         let (mut any, mut exclusive) = (Latest::default(), Latest::default());
+        // Permit holds that may still be trusted at the current start.
+        let mut permits: Vec<&Hold> = Vec::new();
         for hold in holds {
+            if let Mode::Permits(limit) = hold.mode {
+                permits.retain(|p| p.trusted_until() > hold.start);
+                if permits.len() >= limit as usize {
+                    violations.push(Violation::OverLimit {
+                        hold: hold.clone(),
+                        holders: permits.iter().map(|&p| p.clone()).collect(),
+                    });
+                }
+                permits.push(hold);
+            }
             // What this hold must not overlap, nor get a smaller token than.
             let rival = match hold.mode {
                 Mode::Exclusive => &any,
-                Mode::Shared => &exclusive,
+                Mode::Shared | Mode::Permits(_) => &exclusive,
             };
             if let Some(prev) = rival.trusted
                 && hold.start < prev.trusted_until()
@@ -293,6 +326,56 @@ mod tests {
         assert_eq!(check(&writer_below_reader, true).len(), 1);
         let reader_below_writer = [hold(1, 7, 0, 10, t0), shared(2, 7, 11, 20, t0)];
         assert_eq!(check(&reader_below_writer, true).len(), 1);
+    }
+
+    fn permit(client: usize, of: u32, start_ms: u64, end_ms: u64, t0: Instant) -> Hold {
+        Hold {
+            mode: Mode::Permits(of),
+            ..hold(client, client as u64, start_ms, end_ms, t0)
+        }
+    }
+
+    #[test]
+    fn permit_holds_are_counted_against_their_limit() {
+        let t0 = Instant::now();
+        let two_of_two = [permit(1, 2, 0, 10, t0), permit(2, 2, 5, 20, t0)];
+        assert!(check(&two_of_two, true).is_empty());
+        let third = [
+            two_of_two[0].clone(),
+            two_of_two[1].clone(),
+            permit(3, 2, 8, 30, t0),
+        ];
+        let v = check(&third, true);
+        assert!(
+            matches!(v.as_slice(), [Violation::OverLimit { holders, .. }] if holders.len() == 2),
+            "{v:?}"
+        );
+        // Once the first is gone, a third fits; one asking for more permits fits anyway.
+        let later = [
+            two_of_two[0].clone(),
+            two_of_two[1].clone(),
+            permit(3, 2, 11, 30, t0),
+        ];
+        assert!(check(&later, true).is_empty());
+        let bigger = [
+            two_of_two[0].clone(),
+            two_of_two[1].clone(),
+            permit(3, 3, 8, 30, t0),
+        ];
+        assert!(check(&bigger, true).is_empty());
+    }
+
+    #[test]
+    fn permit_holds_never_overlap_an_exclusive_one() {
+        let t0 = Instant::now();
+        let holds = [permit(1, 5, 0, 10, t0), hold(2, 9, 5, 20, t0)];
+        assert_eq!(check(&holds, true).len(), 1);
+        let holds = [hold(2, 9, 0, 10, t0), permit(1, 5, 5, 20, t0)];
+        assert_eq!(
+            check(&holds, true).len(),
+            2,
+            "overlap and a token below the writer's"
+        );
     }
 
     #[test]

@@ -107,10 +107,7 @@ pub(crate) async fn serve_if_child(harness: &dyn Harness) -> bool {
         panic!("DLOCK_CONFORMANCE_HOLD is '<ttl ms> <mode> <key>', not {spec:?}");
     };
     let ttl = Duration::from_millis(ttl_ms.parse().expect("ttl in ms"));
-    let mode = match mode {
-        "shared" => Mode::Shared,
-        _ => Mode::Exclusive,
-    };
+    let mode: Mode = mode.parse().expect("a mode as Mode displays it");
     let result: Result<()> = async {
         let client = harness.client().await?;
         let lease = client

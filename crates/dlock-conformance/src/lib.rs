@@ -417,6 +417,14 @@ macro_rules! conformance {
                 shared_try_acquire_answers_at_once,
                 shared_timeout_and_cancellation_leave_nothing,
                 crashed_reader_and_writer_free_the_key,
+                permits_are_declared,
+                permits_admit_up_to_the_limit,
+                permits_cap_holders_under_contention,
+                freed_permit_lets_one_waiter_in,
+                permit_timeout_and_cancellation_leave_nothing,
+                crashed_permit_holder_gives_its_permit_back,
+                one_permit_is_a_mutex,
+                disagreeing_limits_count_against_their_own,
             );
         }
     };

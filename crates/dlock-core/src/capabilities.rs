@@ -48,6 +48,12 @@ pub struct Capabilities {
     /// stream of readers cannot starve a writer. Without it a shared acquire fails with
     /// [`Unsupported`](crate::LockError::Unsupported) before any network I/O.
     pub shared: bool,
+    /// The backend takes [permits](crate::Mode::Permits) (a counting semaphore): never more
+    /// holders of a key at once than the limit each of them asked for, a crashed holder's
+    /// permit back within [`crash_release_bound`](Self::crash_release_bound), and a waiter
+    /// let in when a permit frees. Without it a permit acquire fails with
+    /// [`Unsupported`](crate::LockError::Unsupported) before any network I/O.
+    pub permits: bool,
 }
 
 impl Capabilities {
@@ -79,6 +85,7 @@ impl Default for Capabilities {
             faults: Faults::default(),
             max_held: None,
             shared: false,
+            permits: false,
         }
     }
 }

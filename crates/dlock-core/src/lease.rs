@@ -241,7 +241,7 @@ impl Lease {
         &self.state.key
     }
 
-    /// Exclusive or shared, as asked for in [`LockOptions::mode`].
+    /// Exclusive, shared or one of N permits, as asked for in [`LockOptions::mode`].
     pub fn mode(&self) -> Mode {
         self.mode
     }

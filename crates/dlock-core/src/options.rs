@@ -18,11 +18,18 @@ pub enum Wait {
 
 /// How a hold shares its key with other holds.
 ///
+/// A key is used one way: as a lock (exclusive holds, and shared ones for a read-write
+/// lock) or as a semaphore (permits). What a permit hold and a lock hold on the same key
+/// make of each other is backend-specific and not checked (on ZooKeeper, as with Curator's
+/// recipes, they do not see each other at all).
+///
 /// ```
 /// use dlock_core::{LockOptions, Mode};
 ///
 /// assert_eq!(LockOptions::new().mode, Mode::Exclusive);
 /// assert_eq!(LockOptions::new().shared().mode, Mode::Shared);
+/// assert_eq!(LockOptions::new().permits(5).mode, Mode::Permits(5));
+/// assert_eq!("permits(5)".parse::<Mode>().unwrap(), Mode::Permits(5));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub enum Mode {
@@ -35,21 +42,74 @@ pub enum Mode {
     /// [`Capabilities::shared`](crate::Capabilities::shared); elsewhere a shared acquire
     /// fails with [`LockError::Unsupported`] before any network I/O.
     Shared,
+    /// One of this many permits (a counting semaphore): at most that many holds of the key
+    /// at once, each with its own lease. Each acquire counts
+    /// the holders against its own limit, as Curator's `InterProcessSemaphoreV2` does, so
+    /// clients must agree on it: one asking for `Permits(3)` gets in beside two holders
+    /// of `Permits(2)`. `Permits(1)` excludes like a mutex. A permit's fencing token is
+    /// unique on the key and never smaller than an earlier one's. Backends
+    /// that take permits say so in
+    /// [`Capabilities::permits`](crate::Capabilities::permits); elsewhere the acquire
+    /// fails with [`LockError::Unsupported`] before any network I/O. The limit must be
+    /// between 1 and [`Mode::MAX_PERMITS`].
+    Permits(u32),
 }
 
 impl Mode {
-    /// `"exclusive"` or `"shared"`, as logs and the CLI write it.
+    /// The largest accepted [`Mode::Permits`] limit.
+    pub const MAX_PERMITS: u32 = 10_000;
+
+    /// `"exclusive"`, `"shared"` or `"permits"`: the kind of hold, as logs and the CLI
+    /// write it (the limit is in the [`Display`](std::fmt::Display) form).
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Exclusive => "exclusive",
             Mode::Shared => "shared",
+            Mode::Permits(_) => "permits",
+        }
+    }
+
+    /// The permit limit of a [`Mode::Permits`] hold.
+    pub fn permits(self) -> Option<u32> {
+        match self {
+            Mode::Permits(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Whether other holds may share the key with this one (shared holds and permits).
+    pub fn is_shared(self) -> bool {
+        self != Mode::Exclusive
+    }
+}
+
+/// `exclusive`, `shared` or `permits(N)`; [`FromStr`](std::str::FromStr) reads the same.
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Mode::Permits(n) => write!(f, "permits({n})"),
+            other => f.write_str(other.as_str()),
         }
     }
 }
 
-impl std::fmt::Display for Mode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+impl std::str::FromStr for Mode {
+    type Err = LockError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let permits = s
+            .strip_prefix("permits(")
+            .and_then(|rest| rest.strip_suffix(')'))
+            .map(str::parse::<u32>);
+        match (s, permits) {
+            ("exclusive", _) => Ok(Mode::Exclusive),
+            ("shared", _) => Ok(Mode::Shared),
+            (_, Some(Ok(n))) => Ok(Mode::Permits(n)),
+            _ => Err(LockError::invalid_config(
+                "dlock",
+                format!("mode {s:?} is not one of exclusive, shared, permits(N)"),
+            )),
+        }
     }
 }
 
@@ -127,9 +187,26 @@ impl LockOptions {
         self.mode(Mode::Shared)
     }
 
+    /// One of `n` permits (a semaphore): [`Mode::Permits`].
+    pub fn permits(self, n: u32) -> Self {
+        self.mode(Mode::Permits(n))
+    }
+
     /// Check the values are in range. Called before any network I/O.
     pub fn validate(&self, backend: &'static str) -> Result<()> {
-        check_ttl(backend, self.ttl)
+        check_ttl(backend, self.ttl)?;
+        if let Mode::Permits(n) = self.mode
+            && !(1..=Mode::MAX_PERMITS).contains(&n)
+        {
+            return Err(LockError::invalid_config(
+                backend,
+                format!(
+                    "permits {n} is out of range: it must be between 1 and {}",
+                    Mode::MAX_PERMITS
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -169,5 +246,29 @@ mod tests {
             assert_eq!(err.kind(), crate::ErrorKind::InvalidConfig, "{ttl:?}");
         }
         LockOptions::new().validate("memory").unwrap();
+    }
+
+    #[test]
+    fn out_of_range_permits_are_invalid_config() {
+        for n in [0, Mode::MAX_PERMITS + 1] {
+            let err = LockOptions::new()
+                .permits(n)
+                .validate("memory")
+                .unwrap_err();
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidConfig, "{n}");
+        }
+        for n in [1, Mode::MAX_PERMITS] {
+            LockOptions::new().permits(n).validate("memory").unwrap();
+        }
+    }
+
+    #[test]
+    fn modes_read_back_what_they_display() {
+        for mode in [Mode::Exclusive, Mode::Shared, Mode::Permits(7)] {
+            assert_eq!(mode.to_string().parse::<Mode>().unwrap(), mode);
+        }
+        for bad in ["", "permits", "permits(x)", "permits(-1)", "Shared"] {
+            assert!(bad.parse::<Mode>().is_err(), "{bad:?}");
+        }
     }
 }

@@ -75,7 +75,8 @@ fn blocking_ranges(prefix: &str, mode: Mode) -> Vec<(String, String)> {
     let end = format!("{base}0");
     match mode {
         Mode::Exclusive => vec![(prefix.to_owned(), end)],
-        Mode::Shared => {
+        // Permits are not declared yet: the core refuses them before this is reached.
+        Mode::Shared | Mode::Permits(_) => {
             let readers = format!("{prefix}{READERS}");
             let after = format!("{prefix}{}0", READERS.trim_end_matches('/'));
             vec![(prefix.to_owned(), readers), (after, end)]

@@ -177,7 +177,7 @@ impl Backend for EtcdBackend {
             // A reader's key sits in the readers' range, which other readers pass over.
             let name = match opts.mode {
                 Mode::Exclusive => prefix.clone(),
-                Mode::Shared => format!("{prefix}{READERS}"),
+                Mode::Shared | Mode::Permits(_) => format!("{prefix}{READERS}"),
             };
             let my_key = match &lease {
                 KeyLease::Own(own) => format!("{name}{:x}", own.id),

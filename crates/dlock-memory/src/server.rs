@@ -32,8 +32,8 @@ struct State {
     swept_at: usize,
 }
 
-/// A key's holders (one exclusive, or any number of shared ones; expired ones linger until
-/// the next change) and its FIFO queue.
+/// A key's holders (one exclusive, any number of shared ones, or up to N permits; expired
+/// ones linger until the next change) and its FIFO queue.
 #[derive(Debug, Default)]
 struct Slot {
     holders: Vec<Holder>,
@@ -51,6 +51,10 @@ impl Slot {
         match mode {
             Mode::Exclusive => self.live().next().is_none(),
             Mode::Shared => self.live().all(|h| h.mode == Mode::Shared),
+            // Counted against the asker's own limit (Curator's rule).
+            Mode::Permits(n) => {
+                self.live().all(|h| h.mode.permits().is_some()) && self.live().count() < n as usize
+            }
         }
     }
 
@@ -159,7 +163,8 @@ impl State {
     }
 
     /// While the first waiter still waiting may join the holders, grant it (FIFO: a run
-    /// of shared waiters goes together, an exclusive one alone); drop the slot when nobody
+    /// of shared waiters goes together, permits while they last, an exclusive one alone);
+    /// drop the slot when nobody
     /// holds or waits.
     fn hand_off(&mut self, key: &str) {
         while let Some(slot) = self.keys.get_mut(key) {
@@ -310,6 +315,7 @@ impl Backend for MemoryBackend {
                 max_per_waiter: 1,
             },
             shared: true,
+            permits: true,
             ..Default::default()
         }
     }

@@ -58,6 +58,14 @@ struct WritesAsReads(MemoryBackend);
 #[derive(Debug)]
 struct ReadsAsWrites(MemoryBackend);
 
+/// Takes a permit as a shared hold: any number of holders, no limit.
+#[derive(Debug)]
+struct PermitsUncapped(MemoryBackend);
+
+/// Declares permits but takes every permit exclusively: one holder at a time.
+#[derive(Debug)]
+struct PermitsOneAtATime(MemoryBackend);
+
 /// Folds case and trailing spaces, as a case-insensitive, space-padding collation would.
 #[derive(Debug)]
 struct FoldsKeys(MemoryBackend);
@@ -165,6 +173,22 @@ wrapper!(WritesAsReads, |me, key, opts, deadline| {
 wrapper!(ReadsAsWrites, |me, key, opts, deadline| {
     me.0.acquire(key, &opts.mode(dlock_core::Mode::Exclusive), deadline)
         .await
+});
+
+wrapper!(PermitsUncapped, |me, key, opts, deadline| {
+    let opts = match opts.mode {
+        dlock_core::Mode::Permits(_) => opts.shared(),
+        _ => *opts,
+    };
+    me.0.acquire(key, &opts, deadline).await
+});
+
+wrapper!(PermitsOneAtATime, |me, key, opts, deadline| {
+    let opts = match opts.mode {
+        dlock_core::Mode::Permits(_) => opts.permits(1),
+        _ => *opts,
+    };
+    me.0.acquire(key, &opts, deadline).await
 });
 
 wrapper!(FoldsKeys, |me, key, opts, deadline| {
@@ -547,7 +571,44 @@ async fn readers_share_rejects_readers_taken_one_at_a_time() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_scenarios_reject_holders_past_the_limit() {
+    rejects_for::<PermitsUncapped, _, _>(
+        scenarios::permits_cap_holders_under_contention,
+        "too many holders",
+    )
+    .await;
+    rejects_for::<PermitsUncapped, _, _>(
+        scenarios::permits_admit_up_to_the_limit,
+        "should be held",
+    )
+    .await;
+    assert!(rejects::<PermitsUncapped, _, _>(scenarios::freed_permit_lets_one_waiter_in).await);
+    assert!(rejects::<PermitsUncapped, _, _>(scenarios::one_permit_is_a_mutex).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_scenarios_reject_permits_taken_one_at_a_time() {
+    rejects_for::<PermitsOneAtATime, _, _>(
+        scenarios::permits_admit_up_to_the_limit,
+        "should be free",
+    )
+    .await;
+    rejects_for::<PermitsOneAtATime, _, _>(
+        scenarios::permits_cap_holders_under_contention,
+        "should hold all",
+    )
+    .await;
+    assert!(
+        rejects::<PermitsOneAtATime, _, _>(scenarios::disagreeing_limits_count_against_their_own)
+            .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_scenarios_pass_on_the_real_memory_backend() {
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::permits_cap_holders_under_contention).await);
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::permits_admit_up_to_the_limit).await);
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::freed_permit_lets_one_waiter_in).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::readers_share).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::writer_excludes_readers_and_writers).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::mutual_exclusion).await);

@@ -115,10 +115,10 @@ impl Sql {
         match (mode, self.server, nowait) {
             (Mode::Exclusive, _, true) => "FOR UPDATE NOWAIT",
             (Mode::Exclusive, _, false) => "FOR UPDATE",
-            (Mode::Shared, Server::MariaDb, true) => "LOCK IN SHARE MODE NOWAIT",
-            (Mode::Shared, Server::MariaDb, false) => "LOCK IN SHARE MODE",
-            (Mode::Shared, Server::MySql, true) => "FOR SHARE NOWAIT",
-            (Mode::Shared, Server::MySql, false) => "FOR SHARE",
+            (Mode::Shared | Mode::Permits(_), Server::MariaDb, true) => "LOCK IN SHARE MODE NOWAIT",
+            (Mode::Shared | Mode::Permits(_), Server::MariaDb, false) => "LOCK IN SHARE MODE",
+            (Mode::Shared | Mode::Permits(_), Server::MySql, true) => "FOR SHARE NOWAIT",
+            (Mode::Shared | Mode::Permits(_), Server::MySql, false) => "FOR SHARE",
         }
     }
 

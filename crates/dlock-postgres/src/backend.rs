@@ -161,6 +161,7 @@ impl Backend for PostgresBackend {
             // pg_advisory_lock_shared on the same lock: the lock manager keeps readers and
             // writers apart and queues a reader behind a waiting writer.
             shared: true,
+            permits: false,
         }
     }
 

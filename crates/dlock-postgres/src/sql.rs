@@ -19,7 +19,8 @@ impl Advisory {
     /// The suffix of the advisory lock functions of this mode (`pg_advisory_lock_shared`).
     fn suffix(self) -> &'static str {
         match self.mode {
-            Mode::Shared => "_shared",
+            // Permits are not declared yet: the core refuses them before this is reached.
+            Mode::Shared | Mode::Permits(_) => "_shared",
             Mode::Exclusive => "",
         }
     }

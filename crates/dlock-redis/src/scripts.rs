@@ -101,7 +101,7 @@ pub fn new_reader_token() -> String {
 /// A fresh token for a hold in `mode`: [`new_token`] or [`new_reader_token`].
 pub fn token_for(mode: dlock_core::Mode) -> String {
     match mode {
-        dlock_core::Mode::Shared => new_reader_token(),
+        dlock_core::Mode::Shared | dlock_core::Mode::Permits(_) => new_reader_token(),
         dlock_core::Mode::Exclusive => new_token(),
     }
 }

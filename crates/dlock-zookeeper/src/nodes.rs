@@ -58,7 +58,8 @@ pub(crate) fn node_prefix(uuid: &uuid::Uuid, mode: Mode, curator: CuratorRecipe)
             format!("{}{LOCK_NAME}", protected.trim_end_matches('-'))
         }
         (Mode::Exclusive, CuratorRecipe::ReadWriteLock) => format!("{protected}{WRITE_NAME}"),
-        (Mode::Shared, _) => format!("{protected}{READ_NAME}"),
+        // Permits are not declared yet: the core refuses them before this is reached.
+        (Mode::Shared | Mode::Permits(_), _) => format!("{protected}{READ_NAME}"),
     }
 }
 
@@ -114,7 +115,7 @@ pub(crate) fn waits_for(order: &[Node], position: usize) -> Option<usize> {
     let ahead = order.get(..position)?;
     match order.get(position)?.mode {
         Mode::Exclusive => position.checked_sub(1),
-        Mode::Shared => ahead.iter().rposition(|n| n.mode == Mode::Exclusive),
+        Mode::Shared | Mode::Permits(_) => ahead.iter().rposition(|n| n.mode == Mode::Exclusive),
     }
 }
 

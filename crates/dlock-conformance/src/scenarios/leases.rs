@@ -75,7 +75,12 @@ pub(super) async fn killed_holder(
         .await
         .unwrap_or_else(|e| panic!("{}", cx.unreachable_message(&e)));
     let b = cx.client().await;
-    must_be_held(&*b, key, &opts(cx), "the holder process holds it").await;
+    // A reader's key is busy for a writer; any other hold's for one like it.
+    let probe = match held.mode {
+        dlock_core::Mode::Shared => opts(cx),
+        _ => *held,
+    };
+    must_be_held(&*b, key, &probe, "the holder process holds it").await;
     holder.kill().await;
     (holder, Instant::now())
 }

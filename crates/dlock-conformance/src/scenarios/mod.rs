@@ -4,7 +4,8 @@
 //!
 //! The scenarios are grouped by concern: one holder at a time (`exclusion`), waiting for a
 //! key (`waiters`), leases over time (`leases`), one client holding many keys at once
-//! (`many`), shared holds beside exclusive ones (`shared`), and what must be refused or
+//! (`many`), shared holds beside exclusive ones (`shared`), counted holds of a semaphore
+//! (`permits`), and what must be refused or
 //! reported (`errors`). All of them are re-exported
 //! here, at `scenarios::<name>`.
 
@@ -12,6 +13,7 @@ mod errors;
 mod exclusion;
 mod leases;
 mod many;
+mod permits;
 mod shared;
 mod waiters;
 
@@ -19,6 +21,7 @@ pub use errors::*;
 pub use exclusion::*;
 pub use leases::*;
 pub use many::*;
+pub use permits::*;
 pub use shared::*;
 pub use waiters::*;
 

@@ -60,10 +60,15 @@ impl<B: Backend> LockClient<B> {
         key::validate(key, caps.max_key_len)?;
         self.backend.check_key(key)?;
         opts.validate(B::NAME)?;
-        if opts.mode == Mode::Shared && !caps.shared {
+        let unsupported = match opts.mode {
+            Mode::Shared if !caps.shared => Some("a shared hold"),
+            Mode::Permits(_) if !caps.permits => Some("a permit (semaphore) hold"),
+            _ => None,
+        };
+        if let Some(what) = unsupported {
             return Err(LockError::Unsupported {
                 backend: B::NAME,
-                what: "a shared hold",
+                what,
             });
         }
         let Some(mut permit) = self.gate.enter(key, opts.mode, deadline).await else {

@@ -1,7 +1,8 @@
 //! The process-local gate: one FIFO queue per key per client, so tasks of one process wait
 //! for each other locally and only the head of the queue talks to the server.
 //!
-//! Shared holds pass the gate together (each still asks the server), and an exclusive
+//! Shared holds and permits pass the gate together (each still asks the server, which
+//! counts permits), and an exclusive
 //! request queues behind the shared ones ahead of it and ahead of those that come after
 //! it: tokio's `RwLock` is FIFO in both modes, so local readers cannot starve a local writer.
 
@@ -30,9 +31,9 @@ impl Gate {
         let handle = queue.handle();
         let guard = match (mode, deadline) {
             (Mode::Exclusive, Deadline::TryOnce) => handle.try_write_owned().ok().map(Turn::Alone),
-            (Mode::Shared, Deadline::TryOnce) => handle.try_read_owned().ok().map(Turn::Shared),
+            (_, Deadline::TryOnce) => handle.try_read_owned().ok().map(Turn::Shared),
             (Mode::Exclusive, _) => deadline.run(handle.write_owned()).await.map(Turn::Alone),
-            (Mode::Shared, _) => deadline.run(handle.read_owned()).await.map(Turn::Shared),
+            (_, _) => deadline.run(handle.read_owned()).await.map(Turn::Shared),
         }?;
         Some(GatePermit {
             _guard: guard,
