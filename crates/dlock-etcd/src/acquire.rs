@@ -1,7 +1,8 @@
 //! One acquisition's protocol ([`Attempt`]): the transaction that puts our key and reads
 //! the owner, then the wait for each predecessor's deletion. A shared attempt (a reader)
 //! looks only at the keys that block it: every key under the prefix outside the readers'
-//! range ([`blocking_ranges`]).
+//! range ([`blocking_ranges`]); a permit attempt only at the permits' range, and waits as
+//! [`crate::permits`] says.
 
 use std::fmt;
 use std::sync::atomic::Ordering;
@@ -21,7 +22,7 @@ use crate::watch::{OWN_WATCH, OwnWatch, Seen};
 
 /// How many times in a row a waiter's watch may break (the stream fails, or the server
 /// cancels a watch) before the acquire gives up.
-const WATCH_BREAKS: u32 = 3;
+pub(crate) const WATCH_BREAKS: u32 = 3;
 
 /// How many watches a waiter puts on its predecessor (see [`Attempt::wait`]).
 const PREDECESSOR_WATCHES: i64 = 2;
@@ -65,23 +66,39 @@ impl Next {
 /// `etcdctl lock`'s names are lease ids in hex, which never start with `r`.
 pub(crate) const READERS: &str = "read/";
 
+/// The name under the lock prefix below which permit holds put their keys
+/// (`{lock name}/permit/{lease id}`). Lease ids in hex never start with `p`, so no lock
+/// key of ours, Go's or etcdctl's falls in it.
+pub(crate) const PERMITS: &str = "permit/";
+
 /// The key ranges under `prefix` (ending in `/`) whose older keys an attempt in `mode`
 /// waits for, as `(start, end)`: everything under the prefix for a writer; for a reader,
 /// everything but the readers' range `{prefix}read/`, i.e. the two ranges either side of
-/// it.
-fn blocking_ranges(prefix: &str, mode: Mode) -> Vec<(String, String)> {
+/// it; for a permit, the permits' range `{prefix}permit/` alone (its own key included),
+/// of which it counts the older keys against its limit.
+pub(crate) fn blocking_ranges(prefix: &str, mode: Mode) -> Vec<(String, String)> {
     // The end of a prefix range: its last byte, `/`, plus one.
     let base = prefix.strip_suffix('/').unwrap_or(prefix);
     let end = format!("{base}0");
     match mode {
         Mode::Exclusive => vec![(prefix.to_owned(), end)],
-        // Permits are not declared yet: the core refuses them before this is reached.
-        Mode::Shared | Mode::Permits(_) => {
+        Mode::Shared => {
             let readers = format!("{prefix}{READERS}");
             let after = format!("{prefix}{}0", READERS.trim_end_matches('/'));
             vec![(prefix.to_owned(), readers), (after, end)]
         }
+        Mode::Permits(_) => {
+            let permits = format!("{prefix}{PERMITS}");
+            let end = format!("{prefix}{}0", PERMITS.trim_end_matches('/'));
+            vec![(permits, end)]
+        }
     }
+}
+
+/// How many older blocking keys an attempt in `mode` may have and still hold: none for a
+/// lock, fewer than its limit for a permit.
+pub(crate) fn admits(mode: Mode) -> usize {
+    mode.permits().map_or(1, |n| n as usize)
 }
 
 /// The key with the highest create revision among the first key of each range answered.
@@ -113,15 +130,15 @@ impl Attempt<'_> {
         };
         let rev = revision(OP, answer.header())?;
         let ops = answer.op_responses();
-        let oldest_blocking = (1..=self.ranges().len())
-            .map(|i| ranged(OP, &ops, i).map(|kvs| kvs.first().map(KeyValue::create_revision)))
-            .collect::<Result<Vec<_>, Error>>()?
-            .into_iter()
-            .flatten()
-            .min();
-        // Our own key is in the first range of a writer (the oldest is then `rev` when
-        // free), in none of a reader's.
-        if oldest_blocking.is_none_or(|oldest| oldest >= rev) {
+        // Each range was read oldest first, as many keys as may be older and still admit
+        // us (one for a lock); our own key (in a writer's and a permit's range) is not older.
+        let older = (1..=self.ranges().len())
+            .map(|i| {
+                ranged(OP, &ops, i)
+                    .map(|kvs| kvs.iter().filter(|kv| kv.create_revision() < rev).count())
+            })
+            .sum::<Result<usize, Error>>()?;
+        if older < admits(self.mode) {
             return Ok(Outcome::Held {
                 rev,
                 seen: rev,
@@ -131,18 +148,21 @@ impl Attempt<'_> {
         if !deadline.may_wait() {
             return Ok(Outcome::Busy);
         }
+        if let Mode::Permits(limit) = self.mode {
+            return self.wait_for_permit(lease, rev, limit).await;
+        }
         // The predecessor is read only now, by a member-local read: the transaction of a
         // free lock (the common case) reads only the oldest key.
         self.wait(lease, rev).await
     }
 
     /// The ranges whose older keys this attempt waits for (see [`blocking_ranges`]).
-    fn ranges(&self) -> Vec<(String, String)> {
+    pub(crate) fn ranges(&self) -> Vec<(String, String)> {
         blocking_ranges(&self.prefix, self.mode)
     }
 
     /// The acquiring transaction: if `my` does not exist, put it with the lease and read
-    /// the oldest key of each blocking range. `None` when the shared lease is gone on the
+    /// the oldest key of each blocking range (a permit: the oldest `limit` keys, names only). `None` when the shared lease is gone on the
     /// server.
     ///
     /// A key of our name that exists already can only be a stray of ours (the names on a
@@ -161,7 +181,8 @@ impl Attempt<'_> {
             let oldest = GetOptions::new()
                 .with_range(end)
                 .with_sort(SortTarget::Create, SortOrder::Ascend)
-                .with_limit(1);
+                .with_keys_only()
+                .with_limit(admits(self.mode) as i64);
             ops.push(TxnOp::get(start, Some(oldest)));
         }
         let txn = Txn::new()
@@ -323,6 +344,15 @@ impl Attempt<'_> {
 
     /// One read: the newest blocking key older than ours, and our own key, in a state at
     /// least as new as revision `floor`. Fails with `LeaseLost` when our key is gone.
+    async fn check(&self, rev: i64, floor: i64) -> Result<(Option<Vec<u8>>, i64)> {
+        let (older, seen) = self.read_older(rev, floor, true).await?;
+        let older: Vec<&[KeyValue]> = older.iter().map(Vec::as_slice).collect();
+        Ok((newest(&older).map(|kv| kv.key().to_vec()), seen))
+    }
+
+    /// One read: per blocking range, its keys older than ours (`newest_only`: the newest
+    /// of them; otherwise all, names only), and our own key, in a state at least as new as
+    /// revision `floor`, which is the answer's. Fails with `LeaseLost` when our key is gone.
     ///
     /// The read is member-local (serializable: no leader round, not queued behind the
     /// fsync of the writes in flight), which the answer's revision makes safe: a state at
@@ -331,7 +361,12 @@ impl Attempt<'_> {
     /// deletion after that state is seen by its watch (while waiting) or by the hold's
     /// watch, which starts at that revision. A member whose state is older than `floor`
     /// (another endpoint, lagging) is not trusted: the read is made again, linearizable.
-    async fn check(&self, rev: i64, floor: i64) -> Result<(Option<Vec<u8>>, i64)> {
+    pub(crate) async fn read_older(
+        &self,
+        rev: i64,
+        floor: i64,
+        newest_only: bool,
+    ) -> Result<(Vec<Vec<KeyValue>>, i64)> {
         const OP: &str = "acquire";
         let ranges = self.ranges();
         let read = |serializable: bool| {
@@ -341,15 +376,19 @@ impl Attempt<'_> {
             }
             let mut ops = vec![TxnOp::get(self.my_key.as_str(), Some(mine))];
             for (start, end) in &ranges {
-                let mut newest_older = GetOptions::new()
+                let mut older = GetOptions::new()
                     .with_range(end.as_str())
-                    .with_sort(SortTarget::Create, SortOrder::Descend)
-                    .with_max_create_revision(rev - 1)
-                    .with_limit(1);
+                    .with_max_create_revision(rev - 1);
+                older = match newest_only {
+                    true => older
+                        .with_sort(SortTarget::Create, SortOrder::Descend)
+                        .with_limit(1),
+                    false => older.with_keys_only(),
+                };
                 if serializable {
-                    newest_older = newest_older.with_serializable();
+                    older = older.with_serializable();
                 }
-                ops.push(TxnOp::get(start.as_str(), Some(newest_older)));
+                ops.push(TxnOp::get(start.as_str(), Some(older)));
             }
             Txn::new().and_then(ops)
         };
@@ -375,10 +414,9 @@ impl Attempt<'_> {
             ));
         }
         let older = (1..=ranges.len())
-            .map(|i| ranged(OP, &ops, i))
+            .map(|i| ranged(OP, &ops, i).map(<[KeyValue]>::to_vec))
             .collect::<Result<Vec<_>, Error>>()?;
-        let predecessor = newest(&older).map(|kv| kv.key().to_vec());
-        Ok((predecessor, seen))
+        Ok((older, seen))
     }
 }
 

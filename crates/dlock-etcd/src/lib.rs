@@ -288,6 +288,7 @@ mod held;
 mod keywatch;
 mod lease;
 mod lock;
+mod permits;
 mod shared;
 mod watch;
 

@@ -14,7 +14,7 @@ use dlock_core::{Capabilities, Expiry, Fencing, LockOptions, LockStats, Mode, Re
 use etcd_client::{Client, ConnectOptions};
 
 use crate::NAME;
-use crate::acquire::{Attempt, Outcome, READERS};
+use crate::acquire::{Attempt, Outcome, PERMITS, READERS};
 use crate::config::EtcdConfig;
 use crate::connection::Conn;
 use crate::error::Error;
@@ -136,6 +136,7 @@ impl Backend for EtcdBackend {
         Capabilities {
             fair: true,
             shared: true,
+            permits: true,
             fencing: Fencing::Strict,
             expiry: Expiry::Ttl,
             wakeup: Wakeup::Notification {
@@ -174,10 +175,12 @@ impl Backend for EtcdBackend {
                 },
             };
             let prefix = format!("{}/", self.config.lock_name(key));
-            // A reader's key sits in the readers' range, which other readers pass over.
+            // A reader's key sits in the readers' range, which other readers pass over; a
+            // permit's in the permits' range, the only one it counts.
             let name = match opts.mode {
                 Mode::Exclusive => prefix.clone(),
-                Mode::Shared | Mode::Permits(_) => format!("{prefix}{READERS}"),
+                Mode::Shared => format!("{prefix}{READERS}"),
+                Mode::Permits(_) => format!("{prefix}{PERMITS}"),
             };
             let my_key = match &lease {
                 KeyLease::Own(own) => format!("{name}{:x}", own.id),
