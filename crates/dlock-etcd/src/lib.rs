@@ -1,4 +1,4 @@
-//! A distributed lock on etcd v3 that excludes, and is excluded by, etcd's own `concurrency.Mutex` and `etcdctl lock`, with shared (read) holds beside exclusive ones.
+//! A distributed lock on etcd v3 that excludes, and is excluded by, etcd's own `concurrency.Mutex` and `etcdctl lock`, with shared (read) holds beside exclusive ones, and counting semaphores (permits).
 //!
 //! ```no_run
 //! # async fn demo() -> dlock_core::Result<()> {
@@ -114,6 +114,41 @@
 //! clients, 578–796 at 32 (p50 4.9–7.5 ms and 34–47 ms): a writer behind readers pays a
 //! read and a watch per hop as the readers before it release.
 //!
+//! **Permits** ([`LockOptions::permits`](dlock_core::LockOptions::permits), a counting
+//! semaphore; etcd has no standard one) queue in a line of their own. A permit's key is
+//! `{lock name}/permit/{lease id}` (suffixed as above while the client holds another
+//! permit of the lock), on the same leases as a lock's key, and a permit attempt looks
+//! only at the permits' range `{lock name}/permit/`: every key in it counts as a holder,
+//! whoever put it. With a limit of `n`:
+//! 1. As step 1 above.
+//! 2. One transaction: if `create_revision(my) == 0`, put `my` and read the names of the
+//!    `n` oldest keys in the permits' range. The permit is ours if fewer than `n` of them
+//!    are older than `my` (each attempt counts against its own `n`: Curator's rule for
+//!    limits that disagree); the token is `rev`. `try_acquire` otherwise deletes `my`.
+//! 3. `acquire` opens one watch stream with two watches on the deletions in the permits'
+//!    range, from the current revision (two for the reason of step 5; one round trip),
+//!    then reads `my` and the names of every older permit key in one member-local read,
+//!    trusted only at or after the watches' start (else read again through the leader).
+//! 4. Each deletion of one of those names that a watch delivers is counted off locally,
+//!    with no request: no key can become older than `my`, so the names are all there is
+//!    to wait for. When fewer than `n` are left, the permit is ours (its hold's watch on
+//!    `my` starts at that deletion's revision). A deletion of `my` (the range holds it
+//!    too) fails the acquire with [`LeaseLost`] at once; a broken watch is opened again
+//!    and the older keys read again. Timeouts and cancellation delete `my`, as in step 7.
+//!
+//! Hold, extend and release are a lock's (below). A crashed holder's permit comes back
+//! when its lease expires, as a lock does. **Fair:** with agreeing limits a waiter has
+//! every older key of the waiter before it, and that waiter besides, so waiters are let in
+//! in create-revision order. **Wake-ups:** a range watch delivers every deletion in the
+//! range to every waiter, so a release wakes each waiter queued behind it once (each
+//! counted in [`LockStats::wakeups`](dlock_core::LockStats)), at the cost of an event and
+//! no request; only one of them is let in. **Tokens** are `rev`: unique on the key, and
+//! with agreeing limits above every permit's let in before; a waiter passed by an
+//! attempt with a larger limit may be let in after it with a smaller token. A key is a
+//! lock or a semaphore: an exclusive hold (ours, Go's `Mutex`, `etcdctl lock`) and a
+//! reader wait for permit keys as for any key under the prefix, while permits do not see
+//! lock keys.
+//!
 //! **Hold.** The client watches every held key on one watch stream (one watch per key,
 //! created with one message, no round trip, 100 ms into the hold and from the revision it
 //! was won at, so a shorter hold costs no watch and no deletion is missed): a deletion of
@@ -150,6 +185,10 @@
 //! | `try_acquire`, free (shared lease alive or lingering) | transaction (put-if-absent, oldest key: its create revision compared with ours) | 1 |
 //! | `try_acquire`, held (shared lease alive) | transaction, delete | 2 |
 //! | `try_acquire`/`acquire`, shared | as exclusive: the transaction reads the oldest key of two ranges instead of one, a waiter's reads the newest older key of two | as exclusive |
+//! | `try_acquire`, permit free | transaction (put-if-absent, names of the `n` oldest permit keys) | 1 |
+//! | `try_acquire`, every permit taken | transaction, delete | 2 |
+//! | `acquire`, permit with a wake-up | transaction, watch (two, one round trip), member-local read (names of the older permit keys); on each release ahead: none (the event is counted) | 1 |
+//! | extend, release, hand-off of a permit | as a lock's | as a lock's |
 //! | first acquire of a ttl (none in the last ttl), or auto-renew off | lease grant, transaction | 2 |
 //! | `acquire` with a wake-up | transaction, member-local read, watch (and a member-local read if the store moved meanwhile); on the release: one member-local read | 1 |
 //! | extend, shared lease | none (the keeper's last answer) | 0 |
@@ -203,6 +242,8 @@
 //! - **Read-write holds** in the Mutex's queue: Go has none there (its experimental
 //!   `RWMutex` keeps writers under `{name}/write/`, which its Mutex does not know); ours
 //!   keep every exclusive key where the Mutex puts it.
+//! - **Permits**: Go's `concurrency` package has no semaphore; ours keep their keys in
+//!   `{name}/permit/`, which a `Mutex` on the same name waits for.
 //! - The server-side `Lock` RPC (v3lock) is never used: without a lease it orphans a 60 s
 //!   lease, and on 3.4 it runs the Mutex without the post-wait check.
 //!
@@ -223,7 +264,8 @@
 //! | fencing | strict | the token is `my`'s create revision: cluster-wide, persisted, strictly increasing across holders, crashes and restarts (a writer's above every earlier token, a reader's above every earlier writer's) |
 //! | expiry | ttl | the lease ends ⌈ttl⌉ s after the last keep-alive (see above) |
 //! | releases on disconnect | no | the key lives until its lease expires; a closed connection does not end a lease |
-//! | wake-up | notification, one per release | each waiter watches only its predecessor's key (a reader: the newest older exclusive key, so a writer's release wakes each reader it admits once) |
+//! | wake-up | notification, one per release | each waiter watches only its predecessor's key (a reader: the newest older exclusive key, so a writer's release wakes each reader it admits once); permits are the exception: a release wakes every permit waiter behind it once (an event, no request) |
+//! | permits | yes | keys in `{lock name}/permit/`; held while fewer than the limit are older; waiters count the deletions ahead off a range watch (see above) |
 //! | shared | yes | readers' keys in `{lock name}/read/`; a reader waits only for older keys outside it, a writer for every older key (see above) |
 //! | faults: holder paused | fenced | a paused holder cannot hear `lost()`; the next holder's token is higher |
 //! | faults: server restart, member down | exclusive | keys, leases and revisions are persisted and replicated; a new leader extends every lease, so no key frees early |
