@@ -145,6 +145,9 @@ async fn a_deletion_ahead_wakes_each_waiter_behind_it_once() {
         waiters.push(acquire_in_task(client, &key, waiting(permits(1))));
         wait_for_keys(&harness, &key, 2 + i).await;
     }
+    // A waiter's key exists before its watch and read do: give both waiters time to be
+    // watching (the deletion would otherwise be read, not heard).
+    sleep(Duration::from_millis(500)).await;
     let woken = || clients.iter().map(|c| c.stats().wakeups).sum::<u64>();
     assert_eq!(woken(), 0, "nothing freed yet");
     delete(&harness, &foreign).await;
