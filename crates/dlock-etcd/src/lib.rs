@@ -147,7 +147,11 @@
 //! attempt with a larger limit may be let in after it with a smaller token. A key is a
 //! lock or a semaphore: an exclusive hold (ours, Go's `Mutex`, `etcdctl lock`) and a
 //! reader wait for permit keys as for any key under the prefix, while permits do not see
-//! lock keys.
+//! lock keys. Measured (an ad-hoc loop of acquire + release with no hold, 5 s, release
+//! build, single member, 2 busy shared cores, two runs; not lockbench): one client
+//! 669–770 cycles/s (the mutex 729–834); 8 clients on `permits(2)` 594–806 (acquire p50
+//! 6.3–7.1 ms, p99 43–76 ms; the mutex at 8: 508–553); 32 clients on `permits(8)`
+//! 699–928 (p50 21–27 ms, p99 87–108 ms).
 //!
 //! **Hold.** The client watches every held key on one watch stream (one watch per key,
 //! created with one message, no round trip, 100 ms into the hold and from the revision it
