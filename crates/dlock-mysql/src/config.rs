@@ -235,6 +235,11 @@ impl MysqlConfig {
         format!("{}_fence", self.table)
     }
 
+    /// The table holding the permit slots of semaphore keys: `{table}_slots`.
+    pub fn slots_table(&self) -> String {
+        format!("{}_slots", self.table)
+    }
+
     /// Check what `from_url` cannot: values set directly on the fields.
     pub(crate) fn validate(&self) -> Result<()> {
         check_table(&self.table)?;

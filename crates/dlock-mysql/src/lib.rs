@@ -401,6 +401,7 @@ mod config;
 mod error;
 mod held;
 mod named;
+mod permits;
 mod pool;
 mod sql;
 mod tls;
