@@ -32,7 +32,8 @@ pub struct MysqlConfig {
     pub password: Option<Secret>,
     /// Database (schema) holding the lock tables.
     pub database: String,
-    /// The lock table; the fence counters live in `{table}_fence`. Created if missing.
+    /// The lock table; the fence counters live in `{table}_fence`, permit slots in
+    /// `{table}_slots`. Created if missing.
     /// An identifier of letters, digits and `_`, at most 58 characters. Default
     /// `dlock_locks`.
     pub table: String,
