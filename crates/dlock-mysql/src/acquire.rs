@@ -27,6 +27,7 @@ use crate::NAME;
 use crate::backend::{Batch, Inner, run_into};
 use crate::error::Error;
 use crate::held::MysqlHeld;
+use crate::permits;
 use crate::pool::Lent;
 use crate::sql::{self, End, LOCK_WAIT_ROUND, Sql, Tokens};
 
@@ -76,7 +77,7 @@ pub(crate) enum Why {
 }
 
 /// Where an acquire stands after a step.
-enum Step {
+pub(crate) enum Step {
     /// The row lock is ours, with the token the locking statement drew (`0` where tokens
     /// come from counters).
     Granted(u64),
@@ -94,7 +95,7 @@ enum Step {
     Failed(Error),
 }
 
-enum Guarded {
+pub(crate) enum Guarded {
     Done(Batch),
     /// Stopped before it answered; `late` is what it answered after the kill, if it did.
     Stopped {
@@ -105,18 +106,19 @@ enum Guarded {
 
 /// One acquire, running in its own task.
 pub(crate) struct Attempt {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
     key: String,
-    name: String,
-    /// Exclusive (`FOR UPDATE`) or shared (InnoDB's shared row lock).
+    pub(crate) name: String,
+    /// Exclusive (`FOR UPDATE`), shared (InnoDB's shared row lock), or a permit (a slot
+    /// row's exclusive lock, see `permits`).
     mode: Mode,
     /// The holding session's idle timeout, in seconds.
     idle: u32,
-    deadline: Deadline,
+    pub(crate) deadline: Deadline,
     reply: Reply,
     /// When the statement that was granted the row was sent: the session was busy from
     /// then until the grant, so its idle clock cannot end the lease earlier than ttl after.
-    sent_at: Instant,
+    pub(crate) sent_at: Instant,
 }
 
 impl Attempt {
@@ -233,10 +235,16 @@ impl Attempt {
         ))
     }
 
-    /// Step 1: lock the row without waiting (with `create`, create it first if missing).
-    async fn try_take(&mut self, lent: &mut Lent, create: bool) -> Step {
+    /// Step 1: lock the row (a permit: a free slot row) without waiting (with `create`,
+    /// create it, or the slots, first if missing).
+    pub(crate) async fn try_take(&mut self, lent: &mut Lent, create: bool) -> Step {
         let set = self.idle_to_set(lent);
-        let sql = self.inner.sql.try_take(&self.name, self.mode, set, create);
+        let sql = match self.mode {
+            Mode::Permits(limit) => self.permit_try_sql(lent, limit, set, create),
+            Mode::Exclusive | Mode::Shared => {
+                self.inner.sql.try_take(&self.name, self.mode, set, create)
+            }
+        };
         self.sent_at = Instant::now();
         let silent = self.sent_at + self.inner.config.response_timeout;
         let batch = match self.guarded(lent, &sql, None, silent, set).await {
@@ -249,6 +257,9 @@ impl Attempt {
             } if late.error.as_ref().is_some_and(Error::is_interrupted) => return Step::Busy,
             Guarded::Stopped { why, late } => return Step::Stopped { why, late },
         };
+        if let Mode::Permits(limit) = self.mode {
+            return permits::tried(batch, limit, create, lent.reused);
+        }
         match batch.error {
             None if batch.granted() => locked_token(&batch),
             None if create => Step::Restart,
@@ -263,6 +274,9 @@ impl Attempt {
 
     /// Step 2: wait for the row, woken by the server's grant, until the deadline.
     async fn wait_take(&mut self, lent: &mut Lent) -> Step {
+        if let Mode::Permits(limit) = self.mode {
+            return self.permit_wait(lent, limit).await;
+        }
         let deadline = match self.deadline {
             Deadline::At(at) => Some(at),
             Deadline::TryOnce | Deadline::Never => None,
@@ -297,14 +311,14 @@ impl Attempt {
     }
 
     /// The idle timeout a lock batch must set first: `None` when the session has it.
-    fn idle_to_set(&self, lent: &Lent) -> Option<u32> {
+    pub(crate) fn idle_to_set(&self, lent: &Lent) -> Option<u32> {
         (lent.lease_idle() != Some(self.idle)).then_some(self.idle)
     }
 
     /// Run `sql` on `lent` until it answers, the deadline passes, the server stays silent
     /// until `silent`, or the caller goes away; in the last three cases stop it on the
     /// server before returning. `set`: the idle timeout `sql` sets first, if any.
-    async fn guarded(
+    pub(crate) async fn guarded(
         &mut self,
         lent: &mut Lent,
         sql: &str,
@@ -385,7 +399,7 @@ impl Attempt {
 }
 
 /// The granted step of a batch whose last statement locked the row and drew its token.
-fn locked_token(batch: &Batch) -> Step {
+pub(crate) fn locked_token(batch: &Batch) -> Step {
     let token = batch.rows.last().map(|row| row.try_get::<u64, _>(0));
     match token {
         Some(Ok(token)) => Step::Granted(token),

@@ -144,6 +144,9 @@ impl Backend for MysqlBackend {
             // Row mode: InnoDB's shared row lock beside its exclusive one. Named locks
             // (`GET_LOCK`) have no shared form.
             shared: self.inner.config.mode == LockMode::Row,
+            // Row mode: one exclusive row lock on a free slot row of the key. `GET_LOCK`
+            // cannot wait for any one of N names.
+            permits: self.inner.config.mode == LockMode::Row,
             // The row-lock grant wakes exactly the waiters that get the row: one writer, or
             // the readers one release admits together (each woken once, granted).
             wakeup: Wakeup::Notification {
@@ -184,12 +187,18 @@ impl Backend for MysqlBackend {
                     .await;
                 true
             }
-            // The core refuses a shared acquire where `shared` is false; never hand one to
-            // `GET_LOCK`, which would make it exclusive.
+            // The core refuses shared and permit acquires where the capabilities say no;
+            // never hand one to `GET_LOCK`, which would make it exclusive.
             LockMode::Named if opts.mode == Mode::Shared => {
                 return Err(LockError::Unsupported {
                     backend: NAME,
                     what: "a shared hold in mode=named",
+                });
+            }
+            LockMode::Named if opts.mode.permits().is_some() => {
+                return Err(LockError::Unsupported {
+                    backend: NAME,
+                    what: "a permit (semaphore) hold in mode=named",
                 });
             }
             LockMode::Named => {
@@ -319,19 +328,21 @@ impl Inner {
     /// this is.
     async fn prepare_tables(&self) -> Result<(Tokens, Server)> {
         let mut tables = self.side("connect", &self.sql.describe_tables()).await?;
-        if tables.len() < 2 {
+        // Tables of an older version may lack the permit slots: created here too.
+        if tables.len() < 3 {
             self.side("create tables", &self.sql.create_tables())
                 .await?;
             tables = self.side("connect", &self.sql.describe_tables()).await?;
         }
-        if tables.len() < 2 {
+        if tables.len() < 3 {
             return Err(LockError::backend(
                 NAME,
                 "create tables",
                 format!(
-                    "tables `{}` and `{}` are not visible after CREATE TABLE",
+                    "tables `{}`, `{}` and `{}` are not visible after CREATE TABLE",
                     self.config.table,
-                    self.config.fence_table()
+                    self.config.fence_table(),
+                    self.config.slots_table()
                 ),
             ));
         }

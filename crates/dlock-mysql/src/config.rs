@@ -32,7 +32,8 @@ pub struct MysqlConfig {
     pub password: Option<Secret>,
     /// Database (schema) holding the lock tables.
     pub database: String,
-    /// The lock table; the fence counters live in `{table}_fence`. Created if missing.
+    /// The lock table; the fence counters live in `{table}_fence`, permit slots in
+    /// `{table}_slots`. Created if missing.
     /// An identifier of letters, digits and `_`, at most 58 characters. Default
     /// `dlock_locks`.
     pub table: String,
@@ -233,6 +234,11 @@ impl MysqlConfig {
     /// The table holding the fence counters: `{table}_fence`.
     pub fn fence_table(&self) -> String {
         format!("{}_fence", self.table)
+    }
+
+    /// The table holding the permit slots of semaphore keys: `{table}_slots`.
+    pub fn slots_table(&self) -> String {
+        format!("{}_slots", self.table)
     }
 
     /// Check what `from_url` cannot: values set directly on the fields.

@@ -16,7 +16,7 @@ use crate::NAME;
 use crate::backend::Inner;
 use crate::error::Error;
 use crate::pool::Lent;
-use crate::sql::{self, End, Sql};
+use crate::sql::{self, End, LOCK_WAIT_ROUND, Sql};
 
 /// The shortest lease idle timeout (seconds) a released connection keeps in the pool;
 /// shorter ones are restored to the server's default at release.
@@ -161,13 +161,22 @@ impl Inner {
         // A released connection keeps a long idle timeout (the next acquire of that ttl
         // sends no `SET`); a short one is restored, or the pool would drop it too soon.
         let restore = lent.lease_idle().is_some_and(|idle| idle < KEEP_IDLE_FROM);
-        let batch = self.run(&mut lent, &Sql::finish(end, restore), op).await;
+        // A permit wait shortens the lock wait; the next user of the connection expects
+        // the usual round.
+        let lock_wait = lent.lock_wait() != Some(LOCK_WAIT_ROUND);
+        let mut sql = Sql::finish(end, restore);
+        if lock_wait {
+            sql.push(';');
+            sql.push_str(&Sql::lock_wait(LOCK_WAIT_ROUND));
+        }
+        let batch = self.run(&mut lent, &sql, op).await;
         tracing::debug!(id = lent.id(), ?end, done = batch.done, error = ?batch.error, "finish");
         match batch.error {
             None => {
                 if restore {
                     lent.set_lease_idle(None);
                 }
+                lent.set_lock_wait(Some(LOCK_WAIT_ROUND));
                 lent.give_back();
                 Finished::Ended
             }

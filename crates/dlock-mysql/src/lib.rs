@@ -30,6 +30,7 @@
 //! | grant order | MariaDB: queue order; MySQL 8: contention-weighted | not promised (metadata-lock queue) |
 //! | visible in SQL as | `{table}` rows and InnoDB lock waits | `IS_USED_LOCK(name)`, `performance_schema.metadata_locks` (MySQL) |
 //! | shared holds ([`shared`](dlock_core::Capabilities::shared)) | yes: InnoDB's shared row lock (see *Shared holds*) | no: `GET_LOCK` has no shared form, so a shared acquire is refused with `Unsupported` before any I/O |
+//! | permits ([`permits`](dlock_core::Capabilities::permits)) | yes: a row lock on one of the key's N slot rows (see *Permits*) | no: `GET_LOCK` cannot wait for any one of N names, so a permit acquire is refused with `Unsupported` before any I/O |
 //!
 //! **Choose `mode=named` to hold many keys from one process** (a lock per entity, thousands
 //! held at once): 10,000 held keys cost a few holder connections and a few pings a second.
@@ -49,8 +50,9 @@
 //!
 //! # Protocol, `mode=row`
 //!
-//! Two tables, created if missing: `{table}` (default `dlock_locks`) with one row per key
-//! ever locked, kept for the key's next use, and `{table}_fence` (per-key counters on
+//! Three tables, created if missing: `{table}` (default `dlock_locks`) with one row per key
+//! ever locked, kept for the key's next use, `{table}_slots` (permit slots, see
+//! *Permits*), and `{table}_fence` (per-key counters on
 //! MySQL 8; on MariaDB the latest named-mode holder); and on MariaDB a sequence,
 //! `{table}_seq`, the source of every token (created starting above every counter of
 //! `{table}_fence`). Row
@@ -160,6 +162,67 @@
 //! 500–541 µs; 32 clients 4,702–5,750 cycles/s, p50 4.9–5.9 ms (readers queued behind a
 //! waiting writer wait for it, by design).
 //!
+//! # Permits
+//!
+//! Row mode only. [`LockOptions::permits(n)`](dlock_core::LockOptions::permits) holds one
+//! of the key's `n` *slots*: rows `(name, 0)` to `(name, n-1)` of `{table}_slots` (primary
+//! key `(name, slot)`), made when an acquire finds no free slot and fewer than `n` rows,
+//! and kept like the key rows. A permit is InnoDB's exclusive row lock on one slot, held by
+//! an open transaction on a pinned connection exactly as a mutex holds the key's row: the
+//! same renewal, release, idle timeout and crash release.
+//!
+//! **Acquire** (the same tasks, kills and roll-backs as the mutex):
+//! 1. One batch: (`SET SESSION wait_timeout`), `BEGIN; SELECT token FROM {table}_slots WHERE
+//!    name = … AND slot < n ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED` (the lowest free
+//!    slot; the scan stops at it, so no other slot is locked), `SELECT COUNT(*) … slot < n`
+//!    (a consistent read). A row: granted. No row and `n` slots: busy. No row and fewer
+//!    slots: one batch `ROLLBACK; SET SESSION innodb_lock_wait_timeout = 1; INSERT … SELECT`
+//!    the missing slot numbers `WHERE NOT EXISTS` (autocommit, a consistent read, no gap
+//!    locks; a duplicate-key error, or the 1 s wait of a duplicate check that meets a slot
+//!    another client just created and locked, starts over), then step 1's statements.
+//! 2. Busy: `try_acquire`, or an acquire whose deadline passed, answers "held".
+//!    Otherwise wait in rounds: one batch `(SET SESSION innodb_lock_wait_timeout = 1;)
+//!    BEGIN; SELECT token … WHERE name = … AND slot = s FOR UPDATE`, for slot `s` = (the
+//!    connection id + the round) mod `n`. The server wakes it by granting that slot when
+//!    its holder releases; after 1 s without a grant it looks at every slot again (step
+//!    1's batch, no creation) and waits on the next slot. InnoDB cannot wait for any one of
+//!    N rows, so this re-scan is a bounded poll: **a permit freed on a slot no waiter is
+//!    queued on stays free for at most 1 s** (plus a round trip) while others wait; one
+//!    queued on reaches its first waiter at once. Each waiting client sends two statements a
+//!    second. At the deadline, or when the caller drops the future, the waiting statement is
+//!    killed as for the mutex.
+//! 3. Granted: the token as for the mutex (MariaDB: `NEXTVAL` in the locking statement;
+//!    MySQL 8: the key's counter on a side connection, then the keep), so every permit has
+//!    its own token, greater than every token of an earlier grant on the key.
+//!
+//! **Extend**, **release** and **crash** are the mutex's: a ping, `COMMIT`, and the
+//! server's roll-back of a closed session (the slot is free at once). A connection whose
+//! lock wait a permit shortened gets `innodb_lock_wait_timeout = 60` back in its release
+//! batch.
+//!
+//! **Limits that disagree**: an acquire of `Permits(n)` is admitted while one of slots
+//! `0..n` is free, so it counts the holders of those slots. When every client of a key
+//! asks for the same `n` (the intended use) that is exactly "fewer than `n` holders", the
+//! rule of [`Mode::Permits`](dlock_core::Mode::Permits). With disagreeing limits a holder of
+//! a larger limit in a slot at or above `n` is not counted by an acquire of `n`: two holders
+//! of 2 keep a third of 2 out and let one of 3 in (slot 2), but once a holder of 2 leaves,
+//! an asker of 2 takes its slot beside the holder of 3. Never more than the largest limit
+//! hold at once, and never more than `n` in slots below `n`.
+//!
+//! **Grant order**: not FIFO (not `fair`): waiters spread over the slots and leave a slot's
+//! queue each round. `Permits(1)` is a mutex on slot 0 (a different row from the key's
+//! mutex: a key is used either as a lock or as a semaphore).
+//!
+//! | permit operation (MariaDB) | round trips |
+//! |---|---|
+//! | `try_acquire`, a slot free | 1 |
+//! | `try_acquire`, every slot held | 1 (a `ROLLBACK` follows the answer) |
+//! | `try_acquire`, the key's first use (or a larger `n`) | 2: the try, the creating batch |
+//! | `acquire` with a wake-up | 2 + the wait: try, wait batch; 2 more per 1 s round without a grant |
+//! | `extend`, `release` | 1 |
+//!
+//! On MySQL 8 a grant adds the mutex's two round trips (fence, keep).
+//!
 //! # Protocol, `mode=named`
 //!
 //! A key's lock name is `dlock:` and the first 58 hex digits (232 bits) of the SHA-256 of
@@ -228,7 +291,7 @@
 //! # Capabilities
 //!
 //! Both modes, except `max_held`, `Some(max_connections)` in row mode and `None` in named
-//! mode, and `shared`, `true` in row mode and `false` in named mode.
+//! mode, and `shared` and `permits`, `true` in row mode and `false` in named mode.
 //!
 //! | capability | value | why |
 //! |---|---|---|
@@ -238,6 +301,7 @@
 //! | releases on disconnect | yes | a closed connection's transaction is rolled back at once |
 //! | wake-up | notification, one per release | the server grants the row lock to one writer, or to the readers one release admits (each woken once) |
 //! | shared | row mode: yes; named mode: no | InnoDB's shared row lock; `GET_LOCK` has none |
+//! | permits | row mode: yes; named mode: no | a row lock on one of N slot rows; `GET_LOCK` cannot wait for any one of N names. The declared wake-up is the mutex's: a permit waiter is woken by the server only when the slot it waits on frees, and otherwise finds a freed slot by its re-scan within 1 s (see *Permits*) |
 //! | max key length | 1024 bytes | longer names are hashed to 255 bytes in the table |
 //!
 //! **ttl rounding**: `wait_timeout` counts whole seconds, so the server keeps a silent
@@ -324,6 +388,8 @@
 //!   at each release would cost an insert and a delete per cycle. An unlocked row is not
 //!   a held key. Delete rows of keys retired for good (a deleted row is recreated on the
 //!   key's next use).
+//! - `{table}_slots`: one small row per permit slot ever needed (a key used with
+//!   `Permits(n)` keeps up to `n`), unlocked. Delete a retired key's slots with its row.
 //! - `{table}_seq` (MariaDB): the token sequence. Never reset, `ALTER` or `SETVAL` it:
 //!   tokens would go back.
 //! - `{table}_fence`: on MySQL 8 one counter per key ever locked (the counter must never
@@ -392,6 +458,14 @@
 //!   MySQL 8 has none, so its tokens are per-key counters committed on a side connection
 //!   (two more round trips and a commit per grant). Detected at connect from `VERSION()`.
 //! - Killing one's own sessions needs no privilege on either server.
+//! - Permits: `SKIP LOCKED` needs MariaDB ≥ 10.6 or MySQL ≥ 8.0.1 (an older server
+//!   answers a permit acquire with a syntax error, `Backend`; the mutex works). The
+//!   permit lock wait is set per session (`innodb_lock_wait_timeout = 1`, MySQL's
+//!   shortest; MySQL 8 has no per-statement `WAIT n`), and put back to 60 before the
+//!   connection returns to the pool. MariaDB's 0 is not used: with it, `NEXTVAL` in a
+//!   transaction fails (error 1180) while another open transaction has drawn a value.
+//!   Slot numbers are generated by cross-joined digits, not a recursive CTE (MySQL 8
+//!   stops those at 1,000 rows by default).
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
@@ -401,6 +475,7 @@ mod config;
 mod error;
 mod held;
 mod named;
+mod permits;
 mod pool;
 mod sql;
 mod tls;

@@ -16,7 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, timeout};
 
 use crate::error::Error;
-use crate::sql::Sql;
+use crate::sql::{LOCK_WAIT_ROUND, Sql};
 
 /// How long an idle connection is kept, at most: a server may close it after its own
 /// `wait_timeout`, and a connection found dead is replaced at the cost of one failed call.
@@ -32,6 +32,9 @@ pub(crate) struct Conn {
     /// The `wait_timeout` row mode set on the session (whole seconds), when it is not the
     /// default: an acquire with the same one does not send it again.
     lease_idle: Option<u32>,
+    /// The session's `innodb_lock_wait_timeout` (seconds); `None`: unknown (a batch that
+    /// changed it stopped part-way).
+    lock_wait: Option<u32>,
 }
 
 impl Conn {
@@ -143,6 +146,7 @@ impl Pool {
             id,
             server_idle: Duration::from_secs(server_idle),
             lease_idle: None,
+            lock_wait: Some(LOCK_WAIT_ROUND),
         })
     }
 
@@ -200,6 +204,18 @@ impl Lent {
     pub(crate) fn set_lease_idle(&mut self, idle: Option<u32>) {
         if let Some(conn) = self.conn.as_mut() {
             conn.lease_idle = idle;
+        }
+    }
+
+    /// The session's `innodb_lock_wait_timeout` as last set; `None`: unknown.
+    pub(crate) fn lock_wait(&self) -> Option<u32> {
+        self.conn.as_ref().and_then(|c| c.lock_wait)
+    }
+
+    /// Record the session's `innodb_lock_wait_timeout` (`None`: unknown).
+    pub(crate) fn set_lock_wait(&mut self, seconds: Option<u32>) {
+        if let Some(conn) = self.conn.as_mut() {
+            conn.lock_wait = seconds;
         }
     }
 

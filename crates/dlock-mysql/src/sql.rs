@@ -80,7 +80,7 @@ impl Server {
 }
 
 /// `SET SESSION wait_timeout = …;`, or nothing when the session has it already.
-fn set_idle(idle: Option<u32>) -> String {
+pub(crate) fn set_idle(idle: Option<u32>) -> String {
     idle.map_or_else(String::new, |idle| {
         format!("SET SESSION wait_timeout = {idle};")
     })
@@ -92,6 +92,8 @@ pub(crate) struct Sql {
     table: String,
     fence: String,
     seq: String,
+    /// `{table}_slots`: a semaphore key's permit slots (see `permits`).
+    pub(crate) slots: String,
     pub(crate) tokens: Tokens,
     server: Server,
 }
@@ -104,21 +106,23 @@ impl Sql {
             table: table.to_owned(),
             fence: format!("{table}_fence"),
             seq: format!("{table}_seq"),
+            slots: format!("{table}_slots"),
             tokens,
             server,
         }
     }
 
-    /// The locking clause of a `mode` hold: InnoDB's exclusive row lock for a writer, its
-    /// shared one for a reader (which InnoDB queues behind a waiting exclusive request).
+    /// The locking clause of a `mode` hold of the key's row: InnoDB's exclusive row lock
+    /// for a writer, its shared one for a reader (which InnoDB queues behind a waiting
+    /// exclusive request). Permits lock slot rows instead (see `permits`), exclusively.
     fn lock_clause(&self, mode: Mode, nowait: bool) -> &'static str {
         match (mode, self.server, nowait) {
-            (Mode::Exclusive, _, true) => "FOR UPDATE NOWAIT",
-            (Mode::Exclusive, _, false) => "FOR UPDATE",
-            (Mode::Shared | Mode::Permits(_), Server::MariaDb, true) => "LOCK IN SHARE MODE NOWAIT",
-            (Mode::Shared | Mode::Permits(_), Server::MariaDb, false) => "LOCK IN SHARE MODE",
-            (Mode::Shared | Mode::Permits(_), Server::MySql, true) => "FOR SHARE NOWAIT",
-            (Mode::Shared | Mode::Permits(_), Server::MySql, false) => "FOR SHARE",
+            (Mode::Exclusive | Mode::Permits(_), _, true) => "FOR UPDATE NOWAIT",
+            (Mode::Exclusive | Mode::Permits(_), _, false) => "FOR UPDATE",
+            (Mode::Shared, Server::MariaDb, true) => "LOCK IN SHARE MODE NOWAIT",
+            (Mode::Shared, Server::MariaDb, false) => "LOCK IN SHARE MODE",
+            (Mode::Shared, Server::MySql, true) => "FOR SHARE NOWAIT",
+            (Mode::Shared, Server::MySql, false) => "FOR SHARE",
         }
     }
 
@@ -158,14 +162,14 @@ impl Sql {
 
     /// What the locking statement selects from the row: the next token where the sequence
     /// gives it (drawn once the row is locked, so a later holder's is larger), else `0`.
-    fn locked_value(&self) -> String {
+    pub(crate) fn locked_value(&self) -> String {
         match self.tokens {
             Tokens::Sequence => format!("CAST(NEXTVAL(`{}`) AS UNSIGNED)", self.seq),
             Tokens::Counter => "CAST(0 AS UNSIGNED)".to_owned(),
         }
     }
 
-    /// Create both tables if missing.
+    /// Create the tables if missing: the key rows, the fence counters, the permit slots.
     pub(crate) fn create_tables(&self) -> String {
         format!(
             "CREATE TABLE IF NOT EXISTS `{t}` (\
@@ -176,9 +180,15 @@ impl Sql {
                fence BIGINT UNSIGNED NOT NULL,\
                holder BIGINT UNSIGNED NOT NULL COMMENT 'CONNECTION_ID() of the latest holder',\
                granted_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)\
-             ) ENGINE=InnoDB COMMENT='dlock: fencing counters, kept for ever by design'",
+             ) ENGINE=InnoDB COMMENT='dlock: fencing counters, kept for ever by design';\
+             CREATE TABLE IF NOT EXISTS `{s}` (\
+               name VARBINARY({NAME_WIDTH}) NOT NULL,\
+               slot SMALLINT UNSIGNED NOT NULL,\
+               PRIMARY KEY (name, slot)\
+             ) ENGINE=InnoDB COMMENT='dlock: permit slots, one row per slot ever used, kept for reuse'",
             t = self.table,
             f = self.fence,
+            s = self.slots,
         )
     }
 
@@ -193,8 +203,8 @@ impl Sql {
              JOIN information_schema.COLUMNS c \
                ON c.TABLE_SCHEMA = t.TABLE_SCHEMA AND c.TABLE_NAME = t.TABLE_NAME \
               AND c.COLUMN_NAME = 'name' \
-             WHERE t.TABLE_SCHEMA = DATABASE() AND t.TABLE_NAME IN ('{}', '{}')",
-            self.table, self.fence
+             WHERE t.TABLE_SCHEMA = DATABASE() AND t.TABLE_NAME IN ('{}', '{}', '{}')",
+            self.table, self.fence, self.slots
         )
     }
 
@@ -277,6 +287,11 @@ impl Sql {
             f = self.fence,
             n = literal(name),
         )
+    }
+
+    /// Set how long the session's locking statements wait, in whole seconds.
+    pub(crate) fn lock_wait(seconds: u32) -> String {
+        format!("SET SESSION innodb_lock_wait_timeout = {seconds}")
     }
 
     /// Set the idle timeout of a holding session: the lease's renewal.

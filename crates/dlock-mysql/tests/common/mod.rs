@@ -339,15 +339,34 @@ impl Harness for MysqlHarness {
         self.kill_session(id).await
     }
 
-    /// Rows of keys starting with `prefix` that some session still locks. Not residue:
-    /// rows nobody locks, which stay for the key's next use (one per key ever locked, as
-    /// the fence counters), and the fence table and token sequence.
+    /// Rows of keys, and permit slots (`name#slot`), starting with `prefix` that some
+    /// session still locks. Not residue: rows and slots nobody locks, which stay for the
+    /// key's next use (one per key or slot ever locked, as the fence counters), and the
+    /// fence table and token sequence.
     async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError> {
+        let mut locked = self.locked_rows(&self.config.table, "name", prefix).await?;
+        let slots = "CONCAT(name, '#', slot)";
+        locked.extend(
+            self.locked_rows(&self.config.slots_table(), slots, prefix)
+                .await?,
+        );
+        Ok(locked)
+    }
+}
+
+impl MysqlHarness {
+    /// `what` of the rows of `table` whose name starts with `prefix`'s row name and that
+    /// some session locks.
+    async fn locked_rows(
+        &self,
+        table: &str,
+        what: &str,
+        prefix: &str,
+    ) -> Result<Vec<String>, BoxError> {
         let escaped = row_name(prefix);
         let mut admin = self.admin().await?;
         let select = format!(
-            "SELECT CAST(name AS CHAR) FROM `{}` WHERE LEFT(name, {}) = {}",
-            self.config.table,
+            "SELECT CAST({what} AS CHAR) FROM `{table}` WHERE LEFT(name, {}) = {}",
             escaped.len(),
             literal(&escaped)
         );
