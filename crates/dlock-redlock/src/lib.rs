@@ -194,6 +194,7 @@ mod config;
 mod error;
 mod held;
 mod lock;
+mod permits;
 mod renew;
 
 use dlock_core::Result;
