@@ -28,6 +28,7 @@
 //! |---|---|---|
 //! | lock | `<prefix><key>` | the holder's token: 128 random bits, hex; ttl = the lease's |
 //! | lock, held shared | `<prefix><key>` | sorted set: reader token (`r` + 128 bits, hex) by when its entry expires (server clock, µs); the key's ttl = the longest entry's |
+//! | lock, held by permits | `<prefix><key>` | the same sorted set of permit tokens (`p` + the limit + `.` + 128 bits, hex) |
 //! | fence counter | `{<prefix><key>}:fence` | the last fencing token; expires 1 h after the last grant's ttl |
 //! | waiters' queue | `{<prefix><key>}:queue` | sorted set: waiter token by enqueue ticket (server clock, µs) |
 //! | waiters' expiries | `{<prefix><key>}:waiters` | sorted set: waiter token by when its entry expires (server clock, µs) |
