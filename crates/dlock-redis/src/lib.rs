@@ -28,6 +28,7 @@
 //! |---|---|---|
 //! | lock | `<prefix><key>` | the holder's token: 128 random bits, hex; ttl = the lease's |
 //! | lock, held shared | `<prefix><key>` | sorted set: reader token (`r` + 128 bits, hex) by when its entry expires (server clock, µs); the key's ttl = the longest entry's |
+//! | lock, held by permits | `<prefix><key>` | the same sorted set of permit tokens (`p` + the limit + `.` + 128 bits, hex) |
 //! | fence counter | `{<prefix><key>}:fence` | the last fencing token; expires 1 h after the last grant's ttl |
 //! | waiters' queue | `{<prefix><key>}:queue` | sorted set: waiter token by enqueue ticket (server clock, µs) |
 //! | waiters' expiries | `{<prefix><key>}:waiters` | sorted set: waiter token by when its entry expires (server clock, µs) |
@@ -107,6 +108,40 @@
 //!   longest-lived; the first waiter (and every reader before the first writer) wakes
 //!   at the key's PTTL, as for a crashed writer.
 //!
+//! **Permits** (a counting semaphore, [`LockOptions::permits`](dlock_core::LockOptions::permits)).
+//! A permit's token is `p`, its limit `N` in decimal, `.` and 128 random bits (hex), so
+//! every script reads each holder's and waiter's limit from its token. Permit holders are
+//! members of the sorted set at the lock key, as readers are (token by when its entry
+//! expires; the key lives as long as its longest entry), and share the one queue.
+//!
+//! - *Acquire permit*: one script. It drops expired entries and waiters; a caller that
+//!   will wait and finds a queue joins it first. The caller takes a permit when
+//!   `held + rank < N`: `held` the live entries, `rank` the waiters before it in the queue
+//!   (all of them for a caller not in it, `try_acquire` included). So the first `N - held`
+//!   waiters may go at once and a newcomer never takes a permit promised to a waiter.
+//!   Taking it adds the entry, leaves the queue and draws a fencing token from the key's
+//!   one counter (unique and increasing on the key). Otherwise the caller joins the queue
+//!   (if it waits) and the answer is the soonest-expiring entry's PTTL, with `first` set
+//!   for the waiter to which that permit would go.
+//! - *Extend*: the member's entry gets expiry now + ttl, as a reader's.
+//! - *Release*: `ZREM` the entry, then call the one waiter whose turn that makes (rank
+//!   `N - held - 1` after the release), by its token. A waiter that gives up does the same
+//!   for the waiter its leaving moves up. Taking a permit changes nobody's turn (`held`
+//!   grows as the ranks behind shrink), so it calls nobody. When a script drops expired
+//!   entries or waiters, it calls every waiter whose turn it is.
+//! - *Crashed holder*: its entry expires `ttl` after its last renewal; the waiter it was
+//!   promised to wakes at that entry's PTTL (not the key's, which is the longest entry's)
+//!   and its attempt drops it. A refresh (every 1 s) also answers whether the waiter's turn
+//!   came.
+//! - Clients that disagree on `N` each count the holders against their own (Curator's
+//!   rule, see [`Mode::Permits`](dlock_core::Mode::Permits)); permits, shared and
+//!   exclusive holds of one key are not checked against each other.
+//!
+//! A permit costs the round trips of a reader: acquire 1 (free) or 1 + `SUBSCRIBE` + 1
+//! and 1 per call while waiting, extend 1 (batched), release 1, a contended hand-off
+//! about 1.5 RTT. The scripts read the queue up to the caller (bounded by the waiting
+//! clients, 1000 at most per script).
+//!
 //! The round trips are those of the exclusive lock below. The exclusive acquire and its
 //! uncontended cost are unchanged (its release and renewal check the key with a `GET`
 //! that tolerates a sorted set); a reader pays a `ZRANGE` for the key's longest entry
@@ -154,6 +189,7 @@
 //! | releases on disconnect | no | the key is not tied to a connection: a killed holder's key frees after its ttl |
 //! | wake-up | notification, one per release | a release calls the first live waiter by its token; the others ignore the message. A release that admits several readers calls each of them (one wake-up each) |
 //! | shared | yes | readers are a sorted set at the lock key; one queue orders readers and writers, so a waiting writer is not starved by later readers |
+//! | permits | yes | permit holders are members of that sorted set, admitted while the live entries and the waiters before the caller are fewer than its limit; a release calls the one waiter whose turn it makes (FIFO); a crashed holder's permit comes back `ttl` after its last renewal |
 //! | max key length | 1024 bytes | the core's default |
 //!
 //! # URL

@@ -64,6 +64,9 @@ impl Backend for RedisBackend {
             releases_on_disconnect: false,
             // Readers are a sorted set at the lock key, ordered with writers in one queue.
             shared: true,
+            // Permit holders are members of that sorted set, counted against each
+            // acquirer's own limit; the queue calls the waiters whose turn a release makes.
+            permits: true,
             // A release calls the first live waiter by name (and the readers right behind
             // a reader); the others sleep on.
             wakeup: Wakeup::Notification {

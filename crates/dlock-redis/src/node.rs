@@ -169,7 +169,8 @@ impl Node {
     /// One attempt to take the lock `names` with `token` for `ttl`: taken when the key is
     /// free and nobody waits before us; otherwise, with `queueing.wait`, we join the
     /// key's queue of waiters. A reader's token ([`scripts::new_reader_token`]) asks for a
-    /// shared hold: taken when no writer holds the key and none waits before us.
+    /// shared hold: taken when no writer holds the key and none waits before us. A permit's
+    /// token ([`scripts::new_permit_token`]) asks for one of its limit's permits.
     ///
     /// # Errors
     /// The server could not be reached, timed out, or refused the script.
@@ -180,9 +181,12 @@ impl Node {
         ttl: Duration,
         queueing: &Queueing,
     ) -> Result<Attempt, Error> {
-        // The token says the mode: a reader's joins the readers, a writer's takes the key.
+        // The token says the mode: a reader's joins the readers, a permit's takes one of
+        // its limit's permits, a writer's takes the key.
         let script = if scripts::is_reader_token(token) {
             &*scripts::ACQUIRE_SHARED
+        } else if scripts::is_permit_token(token) {
+            &*scripts::ACQUIRE_PERMIT
         } else {
             &*scripts::ACQUIRE
         };

@@ -98,12 +98,27 @@ pub fn new_reader_token() -> String {
     format!("r{:032x}", rand::random::<u128>())
 }
 
-/// A fresh token for a hold in `mode`: [`new_token`] or [`new_reader_token`].
+/// A fresh permit token for a limit of `limit` permits: `p`, the limit in decimal, `.`,
+/// and 128 random bits as 32 hex digits. The scripts tell a permit from the other holds by
+/// that first letter and read each holder's and waiter's limit from the token, so no
+/// script needs the limit as an argument, and the queue knows every waiter's limit.
+pub fn new_permit_token(limit: u32) -> String {
+    format!("p{limit}.{:032x}", rand::random::<u128>())
+}
+
+/// A fresh token for a hold in `mode`: [`new_token`], [`new_reader_token`] or
+/// [`new_permit_token`].
 pub fn token_for(mode: dlock_core::Mode) -> String {
     match mode {
-        dlock_core::Mode::Shared | dlock_core::Mode::Permits(_) => new_reader_token(),
+        dlock_core::Mode::Shared => new_reader_token(),
+        dlock_core::Mode::Permits(limit) => new_permit_token(limit),
         dlock_core::Mode::Exclusive => new_token(),
     }
+}
+
+/// Whether `token` is a permit's (made by [`new_permit_token`]).
+pub fn is_permit_token(token: &str) -> bool {
+    token.starts_with('p')
 }
 
 /// Whether `token` is a reader's (made by [`new_reader_token`]).
@@ -136,12 +151,13 @@ pub const WAITER_LEASE: Duration = Duration::from_secs(3);
 pub const TOUCH_EVERY: Duration = Duration::from_secs(1);
 
 /// Lua shared by every script: the server clock, and the reader set. A reader's token
-/// starts with `r` (see [`new_reader_token`]), so a script tells the modes apart by the
-/// token alone. Readers hold the lock key as a sorted set of reader token by when its
+/// starts with `r` (see [`new_reader_token`]) and a permit's with `p` and its limit (see
+/// [`new_permit_token`]), so a script tells the modes apart by the token alone. Readers
+/// and permit holders (*members*) hold the lock key as a sorted set of token by when its
 /// entry expires (µs of the server clock); the key itself expires with the longest-lived
-/// entry, so a plain `SET NX` sees it busy and the last crashed reader frees it on its own.
+/// entry, so a plain `SET NX` sees it busy and the last crashed member frees it on its own.
 /// `reader_ttl` re-sets that expiry (the key vanishes with its last entry), and
-/// `extend_reader` renews one reader's entry.
+/// `extend_reader` renews one member's entry.
 macro_rules! base_lua {
     () => {
         r"
@@ -151,6 +167,15 @@ local function now_us()
 end
 local function is_reader(token)
   return string.byte(token, 1) == 114
+end
+local function is_permit(token)
+  return string.byte(token, 1) == 112
+end
+local function is_member(token)
+  return is_reader(token) or is_permit(token)
+end
+local function permit_limit(token)
+  return tonumber(string.match(token, '^p(%d+)%.'))
 end
 local function reader_ttl(key, now)
   local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]
@@ -177,7 +202,15 @@ end
 /// `clear_ahead` whether no writer waits before the caller (a writer: whether it is first;
 /// a caller not in the queue: whether nobody waits); `call_turns` calls every waiter that
 /// may take the key now (the first one, and when it is a reader the run of readers behind
-/// it; with readers holding, only that run); `grant_fence` issues the next fencing token.
+/// it; with readers holding, only that run; when the first waiter wants a permit, every
+/// permit waiter whose turn it is); `grant_fence` issues the next fencing token.
+/// `count_members` answers how many members hold the key (`nil` when a writer does) and
+/// how many expired entries it dropped first; `call_permits` calls the permit waiters
+/// whose turn it is with `held` members holding: the waiter at rank `i` (from 0) with
+/// limit `n` may take a permit while `held + i < n`, so the first `n - held` waiters go
+/// together and no later waiter passes them. With `only_new`, it calls only those whose
+/// turn came by one permit freeing or one waiter ahead leaving (`held + i == n - 1`): the
+/// others were called when their turn came.
 macro_rules! queue_lua {
     () => {
         r"
@@ -217,7 +250,28 @@ local function clear_ahead(token)
   end
   return true
 end
+local function count_members(now)
+  local kind = redis.call('TYPE', KEYS[1])['ok']
+  if kind == 'none' then return 0, 0 end
+  if kind ~= 'zset' then return nil, 0 end
+  local expired = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  return redis.call('ZCARD', KEYS[1]), expired
+end
+local function call_permits(held, caller, channel, only_new)
+  if not held then return end
+  for i, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, 999)) do
+    local n = permit_limit(waiter)
+    if n and waiter ~= caller and held + i - 1 < n and (not only_new or held + i == n) then
+      redis.call('PUBLISH', channel, waiter)
+    end
+  end
+end
 local function call_turns(now, caller, channel)
+  local first = head()
+  if first and is_permit(first) then
+    local held = count_members(now)
+    return call_permits(held, caller, channel, false)
+  end
   local kind = holders(now)
   if kind == 'writer' then return end
   for i, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, 999)) do
@@ -249,7 +303,9 @@ end
     };
 }
 
+mod permits;
 mod shared;
+pub(crate) use permits::ACQUIRE_PERMIT;
 pub(crate) use shared::ACQUIRE_SHARED;
 
 /// Take the lock if it is free and nobody waits before us, in one round trip; when it is
@@ -328,6 +384,12 @@ call_next(before, first, token, ARGV[3], now)
 local ticket = ARGV[2]
 if ticket == '' then ticket = string.format('%.0f', now) end
 enqueue(token, ticket, now, tonumber(ARGV[4]))
+if is_permit(token) then
+  local held, expired = count_members(now)
+  if expired > 0 then call_permits(held, token, ARGV[3], false) end
+  if held and held + redis.call('ZRANK', KEYS[3], token) < permit_limit(token) then return 1 end
+  return 0
+end
 local kind = holders(now)
 if is_reader(token) then
   if kind ~= 'writer' and clear_ahead(token) then return 1 end
@@ -353,12 +415,13 @@ const RELEASE_LUA: &str = concat!(
     r"
 local token = ARGV[1]
 local released = 0
+local expired = 0
 local now
-if is_reader(token) then
+if is_member(token) then
   if redis.pcall('ZREM', KEYS[1], token) == 1 then
     released = 1
     now = now_us()
-    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+    expired = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     reader_ttl(KEYS[1], now)
   end
 elseif redis.pcall('GET', KEYS[1]) == token then
@@ -369,9 +432,19 @@ if redis.call('EXISTS', KEYS[3]) == 0 then return released end
 now = now or now_us()
 local before, first = prune(now)
 local moved = released == 1 or first == token or first ~= before
-redis.call('ZREM', KEYS[3], token)
+local left = redis.call('ZREM', KEYS[3], token)
 redis.call('ZREM', KEYS[4], token)
-if ARGV[3] == '1' and moved then call_turns(now, token, ARGV[2]) end
+if ARGV[3] ~= '1' then return released end
+if is_permit(token) then
+  -- One permit freed or one waiter left: only the waiter whose turn that makes is new,
+  -- unless expired entries went too.
+  if released == 1 or left == 1 or first ~= before then
+    local held, more = count_members(now)
+    call_permits(held, token, ARGV[2], expired + more == 0 and first == before)
+  end
+elseif moved then
+  call_turns(now, token, ARGV[2])
+end
 return released
 "
 );
@@ -383,7 +456,7 @@ pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND
 const EXTEND_LUA: &str = concat!(
     base_lua!(),
     r"
-if is_reader(ARGV[1]) then return extend_reader(KEYS[1], ARGV[1], ARGV[2], now_us()) end
+if is_member(ARGV[1]) then return extend_reader(KEYS[1], ARGV[1], ARGV[2], now_us()) end
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -405,7 +478,7 @@ local statuses = {}
 local now
 for i, key in ipairs(KEYS) do
   local token = ARGV[2 * i - 1]
-  if is_reader(token) then
+  if is_member(token) then
     now = now or now_us()
     statuses[i] = extend_reader(key, token, ARGV[2 * i], now)
   elseif redis.pcall('GET', key) == token then
@@ -422,17 +495,24 @@ return statuses
 /// empty) and that the fence counter is at least a given token. Used by Redlock.
 ///
 /// `KEYS`: lock key, fence key. `ARGV`: token, ttl ms, fencing token, fence lifetime ms.
-/// Returns 1 when the key is ours afterwards, 0 when another holder has it.
+/// Returns 1 when the key is ours afterwards, 0 when another holder has it (for a permit:
+/// when the key is missing the permit and every permit of the token's limit is taken).
 pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM_LUA));
 const CLAIM_LUA: &str = concat!(
     base_lua!(),
     r"
 local token = ARGV[1]
-if is_reader(token) then
+if is_member(token) then
   local kind = redis.call('TYPE', KEYS[1])['ok']
   if kind ~= 'none' and kind ~= 'zset' then return 0 end
   if not redis.call('ZSCORE', KEYS[1], token) then
     local now = now_us()
+    -- A permit comes back only to a node with a permit free: a node never counts more
+    -- holders than the limit (the Redlock permit quorum rests on it).
+    if is_permit(token) then
+      redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+      if redis.call('ZCARD', KEYS[1]) >= permit_limit(token) then return 0 end
+    end
     redis.call('ZADD', KEYS[1], string.format('%.0f', now + tonumber(ARGV[2]) * 1000), token)
     reader_ttl(KEYS[1], now)
   end
@@ -453,9 +533,10 @@ return 1
 );
 
 /// The source of every script, for loading them when a connection opens.
-pub(crate) const SOURCES: [&str; 7] = [
+pub(crate) const SOURCES: [&str; 8] = [
     ACQUIRE_LUA,
     shared::ACQUIRE_SHARED_LUA,
+    permits::ACQUIRE_PERMIT_LUA,
     TOUCH_LUA,
     RELEASE_LUA,
     EXTEND_LUA,
@@ -464,64 +545,4 @@ pub(crate) const SOURCES: [&str; 7] = [
 ];
 
 #[cfg(test)]
-mod tests {
-    #[test]
-    fn no_key_names_another_locks_fence_counter() {
-        use super::Names;
-        for prefix in ["", "{", "{app}:", "dlock:"] {
-            for key in ["x", "a}b", "{x}", "{x}:released", ":fence", "{}:fence"] {
-                let names = Names::new(prefix, key);
-                if Names::check(prefix, key).is_ok() {
-                    for other in ["x", "a}b", "{x}", "", "{"] {
-                        assert_ne!(
-                            names.key,
-                            Names::new(prefix, other).fence,
-                            "{prefix:?} {key:?}"
-                        );
-                    }
-                }
-            }
-            // The collision the check exists for.
-            let victim = Names::new(prefix, "x");
-            let attacker = victim.fence.strip_prefix(prefix).map(str::to_owned);
-            if let Some(attacker) = attacker {
-                assert_eq!(Names::new(prefix, &attacker).key, victim.fence);
-                assert!(
-                    Names::check(prefix, &attacker).is_err(),
-                    "{prefix:?} {attacker:?}"
-                );
-            }
-        }
-        assert!(Names::check("", "{x}:fence").is_err());
-        assert!(Names::check("", "{x}:queue").is_err());
-        assert!(Names::check("", "{x}:waiters").is_err());
-        assert!(Names::check("dlock:", "{x}:fence").is_ok());
-    }
-
-    use super::*;
-
-    #[test]
-    fn names_are_distinct_and_share_the_hash_tag() {
-        let n = Names::new("dlock:", "orders/42");
-        assert_eq!(n.key, "dlock:orders/42");
-        assert_eq!(n.fence, "{dlock:orders/42}:fence");
-        assert_eq!(n.channel, "{dlock:orders/42}:released");
-        assert_eq!(n.queue, "{dlock:orders/42}:queue");
-        assert_eq!(n.waiters, "{dlock:orders/42}:waiters");
-        assert_eq!(Names::new("", "x").key, "x");
-    }
-
-    #[test]
-    fn tokens_are_128_bits_and_differ() {
-        let (a, b) = (new_token(), new_token());
-        assert_eq!(a.len(), 32);
-        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, b);
-    }
-
-    #[test]
-    fn millis_is_never_zero() {
-        assert_eq!(millis(Duration::ZERO), 1);
-        assert_eq!(millis(Duration::from_millis(1500)), 1500);
-    }
-}
+mod tests;

@@ -17,7 +17,9 @@
 //!   what queued in one moment (one timer tick's renewals) into one batch.
 //! - [`Names`] (a lock key, its fence counter and its release channel, in one hash slot)
 //!   and [`new_token`] (a holder's random token, 128 bits), [`new_reader_token`] for a
-//!   shared hold (`r` and 128 bits: every script tells the mode by the token).
+//!   shared hold (`r` and 128 bits: every script tells the mode by the token), and
+//!   [`new_permit_token`] for a permit (`p`, the limit, `.`, 128 bits: the scripts read
+//!   each holder's and waiter's limit from its token).
 //! - [`Waiter`] and [`View`]: a waiting acquire subscribes to the key's release channel on
 //!   every server *before* it re-tries (so a release in between is not missed), then
 //!   sleeps until enough holders announced their release ([`Wake`]) or the shortest
@@ -41,6 +43,7 @@ pub use crate::lock::InFlight;
 pub use crate::node::{Attempt, Node, Queueing};
 pub use crate::renew::HeldKey;
 pub use crate::scripts::{
-    Names, TOUCH_EVERY, WAITER_LEASE, is_reader_token, new_reader_token, new_token, token_for,
+    Names, TOUCH_EVERY, WAITER_LEASE, is_permit_token, is_reader_token, new_permit_token,
+    new_reader_token, new_token, token_for,
 };
 pub use crate::wait::{Subscribed, View, Waiter, Wake};

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{RedisHarness, forget_fence, set_foreign, unique_key};
+use common::{RedisHarness, forget_fence, server_micros, set_foreign, unique_key, until_queued};
 use dlock_conformance::testkit::must_take;
 use dlock_core::{DistributedLock, LockOptions, Wait};
 use dlock_redis::RedisLock;
@@ -17,30 +17,6 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-
-/// Waiters in the queue of `names`' key.
-async fn queued(admin: &mut MultiplexedConnection, names: &Names) -> usize {
-    admin.zcard(&names.queue).await.expect("ZCARD")
-}
-
-/// Poll (up to 10 s) until `n` waiters are in the queue.
-async fn until_queued(admin: &mut MultiplexedConnection, names: &Names, n: usize) {
-    let started = Instant::now();
-    while queued(admin, names).await != n {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the queue of {} never held {n} waiters",
-            names.key
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// The server clock in µs.
-async fn server_micros(admin: &mut MultiplexedConnection) -> u64 {
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(admin).await.expect("TIME");
-    secs * 1_000_000 + micros
-}
 
 /// A waiter that crashed at the head of the queue: its entry, written as the acquire
 /// script writes one, with the smallest ticket and an expiry `lease` from now.

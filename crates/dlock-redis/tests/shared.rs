@@ -7,55 +7,17 @@ mod common;
 
 use std::time::Duration;
 
-use common::{RedisHarness, forget_fence, set_foreign, unique_key};
+use common::{
+    RedisHarness, forget_fence, set_foreign, unique_key, until_queued, wait_for_subscribers,
+};
 use dlock_conformance::testkit::must_take;
 use dlock_core::{DistributedLock, LockOptions, Wait};
 use dlock_redis::server::Names;
 use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
 
 fn read(ttl: Duration) -> LockOptions {
     LockOptions::new().shared().ttl(ttl)
-}
-
-/// Poll (up to 10 s) until `n` waiters are in the queue of `names`' key.
-async fn until_queued(admin: &mut MultiplexedConnection, names: &Names, n: usize) {
-    let started = Instant::now();
-    loop {
-        let queued: usize = admin.zcard(&names.queue).await.expect("ZCARD");
-        if queued == n {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the queue of {} never held {n} waiters",
-            names.key
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Poll (up to 10 s) until `n` clients listen on `channel`.
-async fn wait_for_subscribers(admin: &mut MultiplexedConnection, channel: &str, n: usize) {
-    let started = Instant::now();
-    loop {
-        let listening: Vec<(String, usize)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(channel)
-            .query_async(admin)
-            .await
-            .expect("PUBSUB NUMSUB");
-        if listening.first().is_some_and(|(_, count)| *count >= n) {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{n} clients never listened on {channel}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

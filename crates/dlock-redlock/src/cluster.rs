@@ -63,10 +63,21 @@ impl Cluster {
     }
 
     pub(crate) fn no_quorum(&self, op: &'static str, failures: Vec<NodeError>) -> LockError {
+        self.no_quorum_of(op, self.quorum, failures)
+    }
+
+    /// Too few of the nodes answered for `quorum` of them (a permit's quorum may be more
+    /// than the majority).
+    pub(crate) fn no_quorum_of(
+        &self,
+        op: &'static str,
+        quorum: usize,
+        failures: Vec<NodeError>,
+    ) -> LockError {
         Error::NoQuorum {
             op,
             nodes: self.nodes.len(),
-            quorum: self.quorum,
+            quorum,
             answered: self.nodes.len() - failures.len(),
             failures: Failures(failures),
         }

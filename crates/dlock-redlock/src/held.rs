@@ -25,6 +25,8 @@ pub(crate) struct RedlockHeld {
     pub(crate) renewal: Option<HeldKey>,
     pub(crate) fence: u64,
     pub(crate) ttl: Duration,
+    /// The nodes that must keep the key: the majority, or a permit's quorum.
+    pub(crate) quorum: usize,
 }
 
 impl RedlockHeld {
@@ -54,7 +56,7 @@ impl Held for RedlockHeld {
                 Err(e) => failures.push(e),
             }
         }
-        if extended >= c.quorum {
+        if extended >= self.quorum {
             self.ttl = ttl;
             if !missing.is_empty() {
                 // A node that lost the key (restarted empty) gets it back, with the fence;
@@ -71,9 +73,9 @@ impl Held for RedlockHeld {
             }
             return Ok(());
         }
-        if extended + failures.len() >= c.quorum {
+        if extended + failures.len() >= self.quorum {
             // Cannot tell: the watchdog retries until the validity runs out.
-            return Err(c.no_quorum("extend", failures));
+            return Err(c.no_quorum_of("extend", self.quorum, failures));
         }
         Err(self.not_held())
     }

@@ -106,6 +106,25 @@
 //! first waiter and the run of readers right behind it; each reader wakes once a majority
 //! of nodes called it, so a release that admits k readers costs k wake-ups.
 //!
+//! **Permits** ([`LockOptions::permits`](dlock_core::LockOptions::permits), a counting
+//! semaphore of `N` permits). Each node runs the permit protocol of [`dlock_redis`]
+//! (permit holders as members of the sorted set at the lock key, each node admitting while
+//! its live entries and the waiters before the caller are fewer than `N`; a release calls
+//! the waiter whose turn it makes), and a permit's round, fence write-back, renewal and
+//! release are the writer's with a permit's token, except that a permit needs
+//! `q = floor(M N / (N + 1)) + 1` nodes instead of the majority, for the grant and for
+//! each extension (fewer than `q` extended within the validity: the permit is lost).
+//! *Why*: `H` holders acknowledged by `q` nodes each, on nodes holding at most `N` each,
+//! give `H q <= M N`; `(N + 1) q > M N` rules out `N + 1` holders, and one acknowledgement
+//! fewer lets a round-robin placement of `N + 1` holders fit (the proof is next to the
+//! code, in `permits.rs`). A node gives a lost permit back (extension) only where one is
+//! free. With `N = 1` that is the majority. *Availability*: with 5 nodes, `N = 1` survives
+//! 2 nodes down, `N = 2, 3` (`q = 4`) one, and `N >= 4` (`q = 5`) none: with a node down,
+//! such an acquire fails with `Unavailable` ("only 4 of 5 nodes answered, 5 needed") and a
+//! held permit's extensions fail until `lost()` fires. A permit round in which some nodes
+//! granted and fewer than `q` did is a split vote (retried after a random pause, as for the
+//! mutex). Round trips: those of the writer below.
+//!
 //! Round trips (one round trip = the slowest node of a parallel request to all of them):
 //!
 //! | operation | round trips |
@@ -151,6 +170,7 @@
 //! | releases on disconnect | no | keys are not tied to connections |
 //! | wake-up | notification, one per release | each node calls its first live waiter by token; that waiter wakes once a majority called it (split-vote retries are part of that one wake-up), the others ignore the calls. A release that admits several readers calls each (one wake-up each) |
 //! | shared | yes | every node keeps dlock-redis's reader set; a reader quorum and a writer quorum share a node, which refuses the second (see *Shared holds*) |
+//! | permits | yes | every node counts the key's permit holders; a permit needs `floor(M N / (N + 1)) + 1` nodes (all 5 of 5 from `N = 4`), so `N + 1` holders cannot all have theirs (see *Permits*) |
 //! | max key length | 1024 bytes | the core's default |
 //!
 //! # URL
@@ -194,6 +214,7 @@ mod config;
 mod error;
 mod held;
 mod lock;
+mod permits;
 mod renew;
 
 use dlock_core::Result;

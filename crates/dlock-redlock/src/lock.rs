@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
-use dlock_core::{Capabilities, Expiry, Fencing, LockOptions, LockStats, Result, Wakeup};
+use dlock_core::{Capabilities, Expiry, Fencing, LockOptions, LockStats, Mode, Result, Wakeup};
 use dlock_redis::server::{
     Attempt, InFlight, Names, Node, NodeError, Queueing, View, Waiter, token_for,
 };
@@ -20,6 +20,7 @@ use crate::NAME;
 use crate::cluster::Cluster;
 use crate::config::RedlockConfig;
 use crate::held::RedlockHeld;
+use crate::permits::permit_quorum;
 use crate::renew::Renewals;
 
 /// Split votes in a row that are re-tried after a random pause, before falling back to
@@ -99,7 +100,16 @@ impl RedlockBackend {
     /// highest fence back to a majority. On failure, give back what we may hold.
     /// `queueing` says whether to join the key's queue on the nodes that do not grant it;
     /// its fence floor is set here, the same for every node.
-    async fn round(&self, names: &Names, token: &str, ttl: Duration, queueing: Queueing) -> Round {
+    /// `quorum` is the number of nodes that must grant the key: the majority, or a permit's
+    /// [`permit_quorum`].
+    async fn round(
+        &self,
+        names: &Names,
+        token: &str,
+        ttl: Duration,
+        queueing: Queueing,
+        quorum: usize,
+    ) -> Round {
         let c = &*self.cluster;
         let limit = c.node_timeout(ttl);
         let sent_at = Instant::now();
@@ -131,9 +141,11 @@ impl RedlockBackend {
                 }
             }
         }
-        if taken.len() >= c.quorum
+        if taken.len() >= quorum
             && !validity(ttl, sent_at.elapsed()).is_zero()
-            && let Some(fence) = self.write_back(names, token, ttl, limit, &taken).await
+            && let Some(fence) = self
+                .write_back(names, token, ttl, limit, &taken, quorum)
+                .await
             && !validity(ttl, sent_at.elapsed()).is_zero()
         {
             return Round::Won { fence, sent_at };
@@ -141,7 +153,7 @@ impl RedlockBackend {
         // Give back what we took, and what a node that did not answer may have granted.
         // Call the next waiter only if we had a quorum: then others may be waiting on us.
         let mine: Vec<usize> = taken.iter().map(|(i, _)| *i).chain(unsure).collect();
-        let announce = taken.len() >= c.quorum;
+        let announce = taken.len() >= quorum;
         c.on(&mine, limit, "release", |n| {
             n.release(names, token, announce)
         })
@@ -149,6 +161,7 @@ impl RedlockBackend {
         Round::Lost {
             views,
             failures,
+            granted: taken.len(),
             took: sent_at.elapsed(),
         }
     }
@@ -163,6 +176,7 @@ impl RedlockBackend {
         ttl: Duration,
         limit: Duration,
         taken: &[(usize, u64)],
+        quorum: usize,
     ) -> Option<u64> {
         let c = &*self.cluster;
         let top = taken.iter().map(|(_, fence)| *fence).max()?;
@@ -178,7 +192,7 @@ impl RedlockBackend {
             .into_iter()
             .filter(|(_, r)| matches!(r, Ok(true)))
             .count();
-        (at_top + claimed >= c.quorum).then_some(top)
+        (at_top + claimed >= quorum).then_some(top)
     }
 }
 
@@ -190,6 +204,8 @@ enum Round {
     Lost {
         views: Vec<View>,
         failures: Vec<NodeError>,
+        /// Nodes that granted the key (and were given it back).
+        granted: usize,
         took: Duration,
     },
 }
@@ -244,6 +260,9 @@ impl Backend for RedlockBackend {
             // Every node runs dlock-redis's reader set; any reader quorum and writer quorum
             // share a node, whose script refuses the second (proof in the crate docs).
             shared: true,
+            // Each node counts a key's permit holders; a permit needs
+            // floor(M N / (N + 1)) + 1 nodes, so N + 1 holders cannot all have theirs.
+            permits: true,
             // A release calls the first live waiter by name on every node; it wakes once a
             // majority called it, the others sleep on.
             wakeup: Wakeup::Notification {
@@ -271,6 +290,11 @@ impl Backend for RedlockBackend {
         let c = &*self.cluster;
         let names = Names::new(&self.prefix, key);
         let token = token_for(opts.mode);
+        // A permit needs enough nodes that no N + 1 holders fit (see `permits`).
+        let quorum = match opts.mode {
+            Mode::Permits(limit) => permit_quorum(c.nodes.len(), limit),
+            Mode::Exclusive | Mode::Shared => c.quorum,
+        };
         // A caller that may wait joins the key's queue on every node from its first round
         // on, with one ticket for all of them: the nodes order their waiters alike, so the
         // first live waiter is first on every node that has its entry. Its waiter (a
@@ -295,7 +319,7 @@ impl Backend for RedlockBackend {
                 },
             };
             let request = InFlight::new(&c.nodes, &names, &token)
-                .run(self.round(&names, &token, ttl, queueing));
+                .run(self.round(&names, &token, ttl, queueing, quorum));
             // The first round may run its node timeouts out; later ones, made while
             // waiting, end at the deadline.
             let round = if std::mem::take(&mut first_round) {
@@ -313,11 +337,11 @@ impl Backend for RedlockBackend {
                     names.clone(),
                     token.clone(),
                     ticket,
-                    c.quorum,
+                    quorum,
                     Some(c.node_timeout(ttl)),
                 ));
             }
-            let (views, failures, took) = match round {
+            let (views, failures, granted, took) = match round {
                 Round::Won { fence, sent_at } => {
                     if let Some(w) = &mut waiter {
                         w.granted();
@@ -330,19 +354,21 @@ impl Backend for RedlockBackend {
                         token,
                         fence,
                         ttl,
+                        quorum,
                     };
                     return Ok(Some(Grant::new(fence, Box::new(held), sent_at)));
                 }
                 Round::Lost {
                     views,
                     failures,
+                    granted,
                     took,
-                } => (views, failures, took),
+                } => (views, failures, granted, took),
             };
-            if c.nodes.len() - failures.len() < c.quorum {
+            if c.nodes.len() - failures.len() < quorum {
                 // Too few nodes answered: once more (broken connections reopen), then give up.
                 if retried || !deadline.may_wait() {
-                    return Err(c.no_quorum("acquire", failures));
+                    return Err(c.no_quorum_of("acquire", quorum, failures));
                 }
                 retried = true;
                 continue;
@@ -363,7 +389,13 @@ impl Backend for RedlockBackend {
                     continue;
                 }
             }
-            if !majority_holder(&views, c.quorum) && backoffs < MAX_BACKOFFS {
+            // Permit holders differ per node, so no one holder names the state: a permit
+            // round is split when some nodes granted it and too few did.
+            let split = match opts.mode {
+                Mode::Permits(_) => granted > 0,
+                Mode::Exclusive | Mode::Shared => !majority_holder(&views, quorum),
+            };
+            if split && backoffs < MAX_BACKOFFS {
                 // A split vote: nobody got a majority (contenders that joined the queues at
                 // once, or waiters whose entries are on too few nodes yet). They gave their
                 // nodes back; try again after a random pause, which also re-joins the queues.

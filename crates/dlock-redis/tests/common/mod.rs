@@ -93,6 +93,50 @@ pub async fn wait_for_subscriber(admin: &mut MultiplexedConnection, channel: &st
     }
 }
 
+/// Poll (up to 10 s) until `n` waiters are in the queue of `names`' key.
+pub async fn until_queued(admin: &mut MultiplexedConnection, names: &Names, n: usize) {
+    let started = tokio::time::Instant::now();
+    loop {
+        let queued: usize = admin.zcard(&names.queue).await.expect("ZCARD");
+        if queued == n {
+            return;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the queue of {} never held {n} waiters",
+            names.key
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// Poll (up to 10 s) until `n` clients listen on `channel`.
+pub async fn wait_for_subscribers(admin: &mut MultiplexedConnection, channel: &str, n: usize) {
+    let started = tokio::time::Instant::now();
+    loop {
+        let listening: Vec<(String, usize)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(admin)
+            .await
+            .expect("PUBSUB NUMSUB");
+        if listening.first().is_some_and(|(_, count)| *count >= n) {
+            return;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{n} clients never listened on {channel}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// The server clock in µs.
+pub async fn server_micros(admin: &mut MultiplexedConnection) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(admin).await.expect("TIME");
+    secs * 1_000_000 + micros
+}
+
 /// Take `key` as another library would (`SET key token NX PX ms`); whether it was set.
 pub async fn set_foreign(admin: &mut MultiplexedConnection, key: &str, px: u64) -> bool {
     let set: Option<String> = redis::cmd("SET")
