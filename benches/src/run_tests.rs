@@ -57,9 +57,10 @@ impl dlock_core::raw::Backend for AlwaysGrants {
     const NAME: &'static str = "broken";
     fn capabilities(&self) -> dlock::Capabilities {
         // It declares permits, so that a permit request reaches it.
-        let mut caps = dlock::Capabilities::default();
-        caps.permits = true;
-        caps
+        dlock::Capabilities {
+            permits: true,
+            ..Default::default()
+        }
     }
     async fn acquire(
         &self,
