@@ -103,6 +103,7 @@ impl Step {
             Step::Lock(Workload::Contended, n) => format!("contended ×{n}"),
             Step::Lock(Workload::Spread, n) => format!("spread ×{n}"),
             Step::Lock(Workload::ReadMostly, n) => format!("read-mostly ×{n}"),
+            Step::Lock(Workload::Semaphore, n) => format!("semaphore ×{n}"),
             Step::HoldMany(n) => format!("hold-many {n}"),
         }
     }
@@ -127,6 +128,7 @@ fn steps(kind: Kind, clients: &[usize]) -> Vec<Step> {
     out.extend(multi.iter().map(|&n| Step::Lock(Workload::Contended, n)));
     out.extend(multi.iter().map(|&n| Step::Lock(Workload::Spread, n)));
     out.extend(multi.iter().map(|&n| Step::Lock(Workload::ReadMostly, n)));
+    out.extend(multi.iter().map(|&n| Step::Lock(Workload::Semaphore, n)));
     out
 }
 
@@ -192,8 +194,10 @@ async fn measure(
                 Workload::Contended => Scenario::Contended,
                 Workload::Spread => Scenario::Spread,
                 Workload::ReadMostly => Scenario::ReadMostly,
+                Workload::Semaphore => Scenario::Semaphore,
             };
-            let r = ScenarioResult::new(scenario, n);
+            let mut r = ScenarioResult::new(scenario, n);
+            r.permits = workload.permits(n);
             match run::lock(url, workload, n, plan).await {
                 Ok(m) => {
                     let mut r = match workload {
@@ -205,6 +209,9 @@ async fn measure(
                     r.per_sec = m.per_sec;
                     r.holds_checked = Some(m.holds_checked);
                     r.overlaps = Some(0);
+                    if workload == Workload::Semaphore {
+                        r.most_holders = Some(m.most_at_once);
+                    }
                     if workload == Workload::Contended && m.count > 0 {
                         r.wakeups_per_acquire =
                             Some((m.wakeups as f64 / m.count as f64 * 100.0).round() / 100.0);
@@ -350,6 +357,11 @@ async fn main() -> ExitCode {
                 Step::Lock(Workload::ReadMostly, n) if !capabilities.shared => {
                     ScenarioResult::new(Scenario::ReadMostly, n).unsupported()
                 }
+                Step::Lock(Workload::Semaphore, n) if !capabilities.permits => {
+                    let mut r = ScenarioResult::new(Scenario::Semaphore, n).unsupported();
+                    r.permits = Workload::Semaphore.permits(n);
+                    r
+                }
                 _ => measure(*kind, url, step, &plan, args.hold_for).await,
             };
             if let Some(error) = &result.error {
@@ -472,7 +484,9 @@ mod tests {
                 "spread ×8",
                 "spread ×32",
                 "read-mostly ×8",
-                "read-mostly ×32"
+                "read-mostly ×32",
+                "semaphore ×8",
+                "semaphore ×32"
             ]
         );
         let memory: Vec<String> = steps(Kind::Memory, &[1])
@@ -487,7 +501,8 @@ mod tests {
                 "uncontended",
                 "contended ×2",
                 "spread ×2",
-                "read-mostly ×2"
+                "read-mostly ×2",
+                "semaphore ×2"
             ]
         );
     }

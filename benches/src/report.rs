@@ -87,6 +87,8 @@ pub(crate) struct Caps {
     pub(crate) wakeup: String,
     /// Shared (read) holds beside exclusive ones.
     pub(crate) shared: bool,
+    /// Permit (semaphore) holds.
+    pub(crate) permits: bool,
 }
 
 impl From<Capabilities> for Caps {
@@ -114,6 +116,7 @@ impl From<Capabilities> for Caps {
                 } => "notification, all waiters".into(),
             },
             shared: c.shared,
+            permits: c.permits,
         }
     }
 }
@@ -128,6 +131,8 @@ pub(crate) enum Scenario {
     /// N clients on one key, nine shared holds in ten.
     #[serde(rename = "read_mostly")]
     ReadMostly,
+    /// N clients on one key, every hold one of N/4 permits.
+    Semaphore,
     /// One client holding `--hold-many` keys.
     #[serde(rename = "hold_many")]
     HoldMany,
@@ -141,6 +146,7 @@ impl Scenario {
             Scenario::Contended => "contended",
             Scenario::Spread => "spread",
             Scenario::ReadMostly => "read-mostly",
+            Scenario::Semaphore => "semaphore",
             Scenario::HoldMany => "hold-many",
         }
     }
@@ -151,7 +157,7 @@ impl Scenario {
 pub(crate) enum Status {
     Ok,
     Failed,
-    /// The backend does not declare what the workload needs (shared holds).
+    /// The backend does not declare what the workload needs (shared holds, permits).
     Unsupported,
 }
 
@@ -195,6 +201,13 @@ pub(crate) struct ScenarioResult {
     pub(crate) holds_checked: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) overlaps: Option<usize>,
+    /// Semaphore: the permits each hold took.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) permits: Option<u32>,
+    /// Semaphore: the most holders of the key at once (must equal `permits`; more is a
+    /// violation the history checker reports).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) most_holders: Option<usize>,
     /// The hold-many figures (present even when the run failed, for what it did hold).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) hold_many: Option<HoldMany>,
@@ -225,6 +238,8 @@ impl ScenarioResult {
             ratio_to_raw: None,
             holds_checked: None,
             overlaps: None,
+            permits: None,
+            most_holders: None,
             hold_many: None,
         }
     }
@@ -304,7 +319,7 @@ impl BackendReport {
             .collect();
         for r in self.results.iter_mut().filter(|r| r.ok()) {
             r.ratio_to_raw = match r.scenario {
-                Scenario::Raw | Scenario::HoldMany => None,
+                Scenario::Raw | Scenario::HoldMany | Scenario::Semaphore => None,
                 Scenario::Uncontended | Scenario::Contended => match (r.p50_us, raw_p50) {
                     (Some(lock), Some(raw)) if raw > 0.0 => Some(lock / raw),
                     _ => None,

@@ -163,6 +163,8 @@ pub(crate) enum Workload {
     Spread,
     /// N clients, one key, nine shared holds in ten (a read-write lock's common case).
     ReadMostly,
+    /// N clients, one key, every hold one of N/4 permits (a semaphore).
+    Semaphore,
 }
 
 impl Workload {
@@ -174,7 +176,20 @@ impl Workload {
             _ => Mode::Exclusive,
         }
     }
+
+    /// The permits of a semaphore run with `clients` clients: a quarter of them, so that
+    /// three in four wait (at least one).
+    pub(crate) fn permits(self, clients: usize) -> Option<u32> {
+        match self {
+            Workload::Semaphore => Some(u32::try_from(clients / 4).unwrap_or(u32::MAX).max(1)),
+            _ => None,
+        }
+    }
 }
+
+/// The shortest hold of a semaphore run: with none at all, holds last a few microseconds
+/// and rarely overlap, so the run would not show that the cap is reached.
+pub(crate) const SEMAPHORE_MIN_HOLD: Duration = Duration::from_millis(1);
 
 /// A lock measurement that kept mutual exclusion.
 #[derive(Debug)]
@@ -194,6 +209,8 @@ pub(crate) struct LockMeasure {
     pub(crate) wakeups: u64,
     /// Holds the history checker saw (warm-up and drain included).
     pub(crate) holds_checked: usize,
+    /// The most holds of the key at once, over the whole run (one key only).
+    pub(crate) most_at_once: usize,
 }
 
 /// A lock measurement that could not produce numbers.
@@ -248,13 +265,18 @@ async fn lock_with(
         Workload::Contended => "contended",
         Workload::Spread => "spread",
         Workload::ReadMostly => "read-mostly",
+        Workload::Semaphore => "semaphore",
     };
     let key_of = |i: usize| match workload {
         Workload::Spread => format!("{}/{name}{clients}/{i}", plan.prefix),
         _ => format!("{}/{name}{clients}", plan.prefix),
     };
     let opts = plan.options();
-    let hold = plan.hold;
+    let permits = workload.permits(clients);
+    let hold = match permits {
+        Some(_) => plan.hold.max(SEMAPHORE_MIN_HOLD),
+        None => plan.hold,
+    };
     let window = Window::after_warmup(plan);
     let tasks: Vec<_> = locks
         .iter()
@@ -268,7 +290,7 @@ async fn lock_with(
                     if call >= window.stop {
                         break;
                     }
-                    let mode = workload.mode(i, n);
+                    let mode = permits.map_or_else(|| workload.mode(i, n), Mode::Permits);
                     let lease = match lock.acquire(&key, &opts.mode(mode)).await {
                         Ok(lease) => lease,
                         Err(e) => return (rec, Err(format!("client {i}: acquire: {e}"))),
@@ -327,6 +349,7 @@ async fn lock_with(
         per_client: Vec::with_capacity(clients),
         wakeups,
         holds_checked: 0,
+        most_at_once: 0,
     };
     let mut errors = Vec::new();
     let mut all_holds = Vec::new();
@@ -361,11 +384,21 @@ async fn lock_with(
     }
     drop(locks);
     measure.holds_checked = all_holds.len();
+    if workload != Workload::Spread {
+        measure.most_at_once = crate::stats::most_at_once(&all_holds);
+    }
     let violations = history.check(ordered_tokens);
     if !violations.is_empty() {
+        // Too many permit holders at once is the semaphore's overlap.
         let overlaps = violations
             .iter()
-            .filter(|v| matches!(v, dlock_conformance::Violation::Overlap { .. }))
+            .filter(|v| {
+                matches!(
+                    v,
+                    dlock_conformance::Violation::Overlap { .. }
+                        | dlock_conformance::Violation::OverLimit { .. }
+                )
+            })
             .count();
         let shown: Vec<String> = violations.iter().take(3).map(|v| v.to_string()).collect();
         return Err(LockFailure {
@@ -380,6 +413,15 @@ async fn lock_with(
     }
     if !errors.is_empty() {
         return Err(format!("{} client error(s): {}", errors.len(), errors.join("; ")).into());
+    }
+    if let Some(n) = permits
+        && measure.most_at_once < n as usize
+    {
+        return Err(format!(
+            "the semaphore never reached its cap: at most {} of {n} permits were held at once, with {clients} clients waiting for them",
+            measure.most_at_once
+        )
+        .into());
     }
     // Hand-offs are between holders of one key in turn; shared holds overlap.
     if matches!(workload, Workload::Uncontended | Workload::Contended) {
@@ -398,119 +440,5 @@ async fn lock_with(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn plan() -> Plan {
-        Plan {
-            duration: Duration::from_millis(300),
-            warmup: Duration::from_millis(50),
-            hold: Duration::ZERO,
-            connect_timeout: Duration::from_secs(10),
-            ttl: Duration::from_secs(30),
-            prefix: format!("lbtest{:08x}", rand::random::<u32>()),
-        }
-    }
-
-    #[tokio::test]
-    async fn raw_measurements_count_operations_on_every_server() {
-        let plan = plan();
-        for kind in crate::backends::test_backends() {
-            let url = kind.url();
-            for (op, clients) in [(RawOp::Ping, 1), (RawOp::Cycle, 1), (RawOp::Cycle, 3)] {
-                let m = raw(kind, &url, clients, op, &plan)
-                    .await
-                    .unwrap_or_else(|e| panic!("{kind} {op:?} ×{clients}: {e}"));
-                assert!(
-                    m.ops > 0 && m.latency.quantile(0.5).is_some(),
-                    "{kind} {op:?}"
-                );
-                eprintln!(
-                    "{kind} {op:?} ×{clients}: {:.0}/s p50 {:?}",
-                    m.per_sec,
-                    m.latency.quantile(0.5).unwrap()
-                );
-            }
-        }
-    }
-
-    /// A backend that grants every request, held or not.
-    #[derive(Debug, Default)]
-    struct AlwaysGrants(std::sync::atomic::AtomicU64);
-
-    #[derive(Debug)]
-    struct Nothing;
-
-    #[async_trait::async_trait]
-    impl dlock_core::raw::Held for Nothing {
-        async fn extend(&mut self, _ttl: Duration) -> dlock::Result<()> {
-            Ok(())
-        }
-        async fn release(&mut self) -> dlock::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[async_trait::async_trait]
-    impl dlock_core::raw::Backend for AlwaysGrants {
-        const NAME: &'static str = "broken";
-        fn capabilities(&self) -> dlock::Capabilities {
-            dlock::Capabilities::default()
-        }
-        async fn acquire(
-            &self,
-            _key: &str,
-            _opts: &LockOptions,
-            _deadline: dlock_core::raw::Deadline,
-        ) -> dlock::Result<Option<dlock_core::raw::Grant>> {
-            let token = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            Ok(Some(dlock_core::raw::Grant::new(
-                token,
-                Box::new(Nothing),
-                Instant::now(),
-            )))
-        }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_overlap_is_a_failure_not_a_number() {
-        let plan = Plan {
-            hold: Duration::from_millis(2),
-            ..plan()
-        };
-        let clients: Vec<Arc<dyn DistributedLock>> = (0..3)
-            .map(|_| {
-                Arc::new(dlock_core::raw::LockClient::new(AlwaysGrants::default()))
-                    as Arc<dyn DistributedLock>
-            })
-            .collect();
-        let failure = lock_with(clients, Workload::Contended, &plan)
-            .await
-            .expect_err("three clients holding one key at once must fail");
-        assert!(failure.overlaps > 0, "{}", failure.error);
-        assert!(failure.error.contains("overlap"), "{}", failure.error);
-    }
-
-    #[tokio::test]
-    async fn lock_workloads_check_their_history() {
-        let plan = plan();
-        for (workload, clients) in [
-            (Workload::Uncontended, 1),
-            (Workload::Contended, 3),
-            (Workload::Spread, 3),
-        ] {
-            let m = lock("memory://lockbench-test", workload, clients, &plan)
-                .await
-                .unwrap_or_else(|f| panic!("{workload:?}: {}", f.error));
-            assert!(
-                m.count > 0 && m.holds_checked as u64 >= m.count,
-                "{workload:?}"
-            );
-            assert_eq!(m.per_client.len(), clients);
-            assert_eq!(m.per_client.iter().sum::<u64>(), m.count);
-            if workload == Workload::Contended {
-                assert!(m.handoff.count() > 0);
-            }
-        }
-    }
-}
+#[path = "run_tests.rs"]
+mod tests;

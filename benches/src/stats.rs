@@ -108,6 +108,27 @@ pub(crate) fn jain(counts: &[u64]) -> f64 {
     sum * sum / (n * squares)
 }
 
+/// The most intervals (start, end) open at once; one that ends where another starts does
+/// not overlap it.
+pub(crate) fn most_at_once<T: Ord + Copy>(intervals: &[(T, T)]) -> usize {
+    // (instant, +1 for a start, -1 for an end): ends sort before starts at the same instant.
+    let mut events: Vec<(T, i8)> = intervals
+        .iter()
+        .flat_map(|&(start, end)| [(start, 1), (end, -1)])
+        .collect();
+    events.sort_unstable();
+    let (mut open, mut most) = (0usize, 0usize);
+    for (_, step) in events {
+        if step > 0 {
+            open += 1;
+            most = most.max(open);
+        } else {
+            open = open.saturating_sub(1);
+        }
+    }
+    most
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,6 +168,17 @@ mod tests {
         assert_eq!(a.count(), 3);
         let p50 = a.quantile(0.5).unwrap().as_nanos() as f64;
         assert!((p50 / 30_000.0 - 1.0).abs() < 0.02, "{p50}");
+    }
+
+    #[test]
+    fn most_at_once_counts_overlapping_intervals() {
+        assert_eq!(most_at_once::<u32>(&[]), 0);
+        assert_eq!(most_at_once(&[(0, 10), (5, 15), (8, 9), (20, 30)]), 3);
+        assert_eq!(
+            most_at_once(&[(0, 10), (10, 20)]),
+            1,
+            "a hand-off is no overlap"
+        );
     }
 
     #[test]

@@ -142,5 +142,46 @@ impl Report {
                 let _ = writeln!(s, "| {} | {} | {cells} |", b.backend, r.clients);
             }
         }
+        self.semaphore_table(s);
+    }
+
+    /// N clients on one key, every hold one of N/4 permits: how many acquisitions a second
+    /// the permits allow, how long a client waits for one, and the cap checked.
+    fn semaphore_table(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "\n### Semaphore: N clients, one key, N/4 permits\n\n\
+             Each hold lasts `--hold`, at least {} ms. *Most at once*: the most holders of the \
+             key at the same time over the run, which must equal the permits (more is a \
+             violation and fails the run; fewer means the permits were never all used).\n",
+            crate::run::SEMAPHORE_MIN_HOLD.as_millis()
+        );
+        let _ = writeln!(
+            s,
+            "| backend | N | permits | acquisitions/s | wait p50 | wait p99 | max wait | most at once |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        for b in &self.backends {
+            for r in b
+                .results
+                .iter()
+                .filter(|r| r.scenario == Scenario::Semaphore)
+            {
+                let permits = r.permits.map_or("—".into(), |n| n.to_string());
+                let cells = match r.status {
+                    Status::Ok => format!(
+                        "{} | {} | {} | {} | {}",
+                        fmt_rate(r.per_sec),
+                        fmt_us(r.wait_p50_us),
+                        fmt_us(r.wait_p99_us),
+                        fmt_us(r.max_wait_us),
+                        r.most_holders.map_or("—".into(), |m| m.to_string()),
+                    ),
+                    Status::Unsupported => "no permits | | | | ".into(),
+                    Status::Failed => format!("{} | | | | ", failed_cell(r)),
+                };
+                let _ = writeln!(s, "| {} | {} | {permits} | {cells} |", b.backend, r.clients);
+            }
+        }
     }
 }

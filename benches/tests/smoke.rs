@@ -11,7 +11,14 @@ use std::process::Command;
 
 use serde_json::Value;
 
-const SCENARIOS: [&str; 5] = ["raw", "uncontended", "contended", "spread", "read_mostly"];
+const SCENARIOS: [&str; 6] = [
+    "raw",
+    "uncontended",
+    "contended",
+    "spread",
+    "read_mostly",
+    "semaphore",
+];
 
 fn field<'a>(v: &'a Value, name: &str) -> &'a Value {
     v.get(name)
@@ -105,6 +112,7 @@ fn lockbench_measures_every_reachable_backend_without_overlaps() {
             );
         }
         let shared = b["capabilities"]["shared"] == true;
+        let permits = b["capabilities"]["permits"] == true;
         for r in results {
             let what = format!("{name} {} ×{}", r["scenario"], r["clients"]);
             // Read-mostly needs shared holds: measured where declared, reported
@@ -112,6 +120,16 @@ fn lockbench_measures_every_reachable_backend_without_overlaps() {
             if r["scenario"] == "read_mostly" && !shared {
                 assert_eq!(r["status"], "unsupported", "{what}");
                 continue;
+            }
+            // The semaphore likewise needs permits; where measured, it reached its cap.
+            if r["scenario"] == "semaphore" {
+                if !permits {
+                    assert_eq!(r["status"], "unsupported", "{what}");
+                    continue;
+                }
+                assert_eq!(r["status"], "ok", "{what}: {}", r["error"]);
+                assert!(r["permits"].as_u64().is_some(), "{what}: no permits");
+                assert_eq!(r["most_holders"], r["permits"], "{what}: the cap");
             }
             assert_eq!(r["status"], "ok", "{what}: {}", r["error"]);
             assert!(
@@ -124,8 +142,10 @@ fn lockbench_measures_every_reachable_backend_without_overlaps() {
                     field(r, "holds_checked").as_u64().unwrap_or(0) > 0,
                     "{what}: the history checker saw no holds"
                 );
+                // A semaphore's rate is bounded by its holds, not by round trips.
                 assert!(
-                    r["ratio_to_raw"].as_f64().is_some_and(|x| x > 0.0),
+                    r["scenario"] == "semaphore"
+                        || r["ratio_to_raw"].as_f64().is_some_and(|x| x > 0.0),
                     "{what}: no ratio to raw"
                 );
             }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use dlock::{LockError, LockOptions, Wait};
+use dlock::{LockError, LockOptions, Mode, Wait};
 
 const AFTER_HELP: &str = "\
 Exit codes: 64 usage or configuration error, 69 lock server unavailable, 70 lease lost or server
@@ -18,7 +18,8 @@ DLOCK_URL_FILE, or in DLOCK_URL: every user of the host can read --url with `ps`
 Examples:
   dlock run --url redis://127.0.0.1:6379 --key nightly-backup --no-wait -- /usr/local/bin/backup
   DLOCK_URL=zk://10.0.0.5:2181 dlock hold --key maintenance --for 10m
-  dlock run --url-file /etc/dlock/url --key reports --wait 5m -- /usr/local/bin/reports";
+  dlock run --url-file /etc/dlock/url --key reports --wait 5m -- /usr/local/bin/reports
+  dlock run --url etcd://127.0.0.1:2379 --key exports --permits 4 --wait 10m -- /usr/local/bin/export";
 
 /// Run a command under a distributed lock, or hold one.
 #[derive(Debug, Parser)]
@@ -119,11 +120,17 @@ pub(crate) struct LockArgs {
     no_wait: bool,
     /// Take a shared (read) hold: any number of --read holders together, none while a
     /// --write holder has it. Backends without shared holds refuse it (exit 64).
-    #[arg(long, conflicts_with = "write")]
+    #[arg(long, conflicts_with_all = ["write", "permits"])]
     read: bool,
     /// Take an exclusive (write) hold, alone on the key: the default.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "permits")]
     write: bool,
+    /// Take one of N permits (a counting semaphore): up to N holders of the key at once,
+    /// each counted against the N it asked for, so every holder of a key should give the
+    /// same N; --permits 1 excludes like a mutex. N is 1 to 10000. Backends without
+    /// semaphores refuse it (exit 64).
+    #[arg(long, value_name = "N", value_parser = parse_permits)]
+    permits: Option<u32>,
 }
 
 impl LockArgs {
@@ -151,7 +158,11 @@ impl LockArgs {
             (false, None) => Wait::Forever,
         };
         let opts = LockOptions::new().ttl(self.ttl).wait(wait);
-        if self.read { opts.shared() } else { opts }
+        match (self.read, self.permits) {
+            (true, _) => opts.shared(),
+            (false, Some(n)) => opts.permits(n),
+            (false, None) => opts,
+        }
     }
 }
 
@@ -209,6 +220,21 @@ fn parse_ttl(text: &str) -> Result<Duration, String> {
         ));
     }
     Ok(ttl)
+}
+
+/// --permits: a limit every backend accepts (1 to [`Mode::MAX_PERMITS`]), checked before
+/// anything is connected.
+fn parse_permits(text: &str) -> Result<u32, String> {
+    let n: u32 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a whole number"))?;
+    if !(1..=Mode::MAX_PERMITS).contains(&n) {
+        return Err(format!(
+            "the number of permits must be between 1 and {}",
+            Mode::MAX_PERMITS
+        ));
+    }
+    Ok(n)
 }
 
 /// --wait, --for, --grace: a duration of at most [`MAX_SPAN`].
@@ -287,5 +313,14 @@ mod tests {
             "at most 1year is accepted"
         );
         assert!(after(MAX_SPAN) > tokio::time::Instant::now());
+    }
+
+    #[test]
+    fn permits_are_bounded() {
+        assert_eq!(parse_permits("1"), Ok(1));
+        assert_eq!(parse_permits("10000"), Ok(Mode::MAX_PERMITS));
+        for n in ["0", "10001", "-1", "two", "1.5", ""] {
+            assert!(parse_permits(n).is_err(), "{n}");
+        }
     }
 }

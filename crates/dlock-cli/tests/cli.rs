@@ -70,6 +70,50 @@ fn read_and_write_choose_the_mode_and_exclude_each_other() {
     assert_eq!(out.status.code(), Some(64), "{out:?}");
 }
 
+/// `--permits N` takes one of N permits; it excludes `--read` and `--write`, and N outside
+/// 1..=10000 is a usage error, before anything is connected.
+#[test]
+fn permits_take_one_of_n_and_exclude_read_and_write() {
+    let out = dlock(&[
+        "hold",
+        "--url",
+        "memory://",
+        "--key",
+        "k",
+        "--permits",
+        "3",
+        "--for",
+        "10ms",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "acquired key=k token=1\nreleased\n"
+    );
+    for flags in [
+        &["--permits", "2", "--read"][..],
+        &["--permits", "2", "--write"],
+        &["--permits", "0"],
+        &["--permits", "10001"],
+        &["--permits", "many"],
+    ] {
+        // A URL nothing listens on: a usage error must come before any connect.
+        let out = Command::new(DLOCK)
+            .args(["run", "--url", "redis://127.0.0.1:1", "--key", "k"])
+            .args(flags)
+            .args(["--", "true"])
+            .output()
+            .expect("run dlock");
+        assert_eq!(out.status.code(), Some(64), "{flags:?}: {out:?}");
+        assert!(!out.stderr.is_empty(), "{flags:?}: no message");
+    }
+    let help = dlock(&["run", "--help"]);
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("--permits <N>"),
+        "{help:?}"
+    );
+}
+
 #[test]
 fn run_passes_key_and_token_and_exit_code() {
     let out = dlock(&[

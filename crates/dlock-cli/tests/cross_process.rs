@@ -208,6 +208,38 @@ fn read_holds_share_or_are_refused(url: &str) {
     );
 }
 
+/// `--permits 2` from three processes: two hold the key together, the third and a
+/// `--write` are kept out, and a freed permit lets the next one in. Every backend takes
+/// permits: a refusal (exit 64) fails the test, naming the backend's answer.
+fn permits_let_n_holders_in_and_no_more(url: &str) {
+    let key = unique("permits");
+    let probe = run_true(url, &key, &["--permits", "2", "--no-wait"]);
+    assert!(
+        probe.status.success(),
+        "a permit hold on a free key was refused (does the backend declare permits?): {probe:?}"
+    );
+    let (mut first, _) = hold(url, &key, &["--permits", "2"]);
+    let (mut second, _) = hold(url, &key, &["--permits", "2"]);
+    let third = run_true(url, &key, &["--permits", "2", "--no-wait"]);
+    assert_eq!(
+        third.status.code(),
+        Some(75),
+        "a third permit of two: {third:?}"
+    );
+    let writer = run_true(url, &key, &["--write", "--no-wait"]);
+    assert_eq!(
+        writer.status.code(),
+        Some(75),
+        "a writer beside permit holders: {writer:?}"
+    );
+    common::sigterm(&first);
+    assert!(first.wait().unwrap().success());
+    let freed = run_true(url, &key, &["--permits", "2", "--wait", "30s"]);
+    assert!(freed.status.success(), "the freed permit: {freed:?}");
+    common::sigterm(&second);
+    assert!(second.wait().unwrap().success());
+}
+
 /// Stamp the cross-process tests for one backend.
 macro_rules! backend {
     ($name:ident, $var:literal, $default:literal, $crash_bound:expr) => {
@@ -234,6 +266,10 @@ macro_rules! backend {
             #[test]
             fn read_holds_share_or_are_refused() {
                 super::read_holds_share_or_are_refused(&url());
+            }
+            #[test]
+            fn permits_let_n_holders_in_and_no_more() {
+                super::permits_let_n_holders_in_and_no_more(&url());
             }
         }
     };

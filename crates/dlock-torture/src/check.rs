@@ -39,6 +39,8 @@ pub(crate) struct Analysis {
     pub(crate) stale_holders: BTreeMap<FaultKind, BTreeSet<u64>>,
     /// Writes the store rejected during faults that allow it.
     pub(crate) expected_rejections: usize,
+    /// Per key, the most permit holders at once (empty without permit holds).
+    pub(crate) most_permit_holders: BTreeMap<String, usize>,
     pub(crate) violations: Vec<Violation>,
 }
 
@@ -57,11 +59,11 @@ pub(crate) struct Input<'a> {
 }
 
 impl Input<'_> {
-    fn rel(&self, t: u64) -> String {
+    pub(crate) fn rel(&self, t: u64) -> String {
         format!("{:.3}s", ms(t.saturating_sub(self.t0)) / 1000.0)
     }
 
-    fn describe(&self, h: &HoldRec) -> String {
+    pub(crate) fn describe(&self, h: &HoldRec) -> String {
         let lost = match (h.lost_at, &h.lost_reason) {
             (Some(t), Some(why)) => format!(", told lost at {} ({why})", self.rel(t)),
             _ => String::new(),
@@ -98,7 +100,7 @@ impl Input<'_> {
     /// A fault after which `later` started while `earlier` still trusted its lease, and
     /// which may cost exclusion. A paused process may hold either side: its grant may have
     /// come just before the pause and been noted just after it.
-    fn excusing_fault(&self, earlier: &HoldRec, later: &HoldRec) -> Option<&FaultRec> {
+    pub(crate) fn excusing_fault(&self, earlier: &HoldRec, later: &HoldRec) -> Option<&FaultRec> {
         self.faults.iter().find(|f| {
             later.start >= f.start
                 && later.start <= f.end + self.grace
@@ -114,7 +116,7 @@ impl Input<'_> {
         })
     }
 
-    fn fault_at(&self, t: u64) -> Option<&FaultRec> {
+    pub(crate) fn fault_at(&self, t: u64) -> Option<&FaultRec> {
         self.faults
             .iter()
             .find(|f| t >= f.start && t <= f.end + self.grace)
@@ -154,7 +156,9 @@ pub(crate) fn analyse(input: &Input<'_>) -> Analysis {
     for (earlier, later) in &pairs {
         check_overlap(input, &accepted, earlier, later, &mut out);
     }
-    cross_check(input, &pairs, &mut out);
+    let permits = crate::permits::sweep(input, &by_key, &mut out);
+    cross_check(input, &pairs, &permits.over_limit, &mut out);
+    out.most_permit_holders = permits.most_holders;
     if input.caps.fencing.is_ordered() {
         token_order(input, &by_key, &mut out);
     }
@@ -173,7 +177,8 @@ pub(crate) fn analyse(input: &Input<'_>) -> Analysis {
 }
 
 /// Every pair of holds of a key where the later started while the earlier was still
-/// trusted (not released, not told it was lost), unless both are shared.
+/// trusted (not released, not told it was lost), unless both are shared (readers or
+/// permits, whose count [`crate::permits`] checks).
 fn overlaps<'a>(
     by_key: &BTreeMap<&str, Vec<&'a HoldRec>>,
     run_end: u64,
@@ -186,7 +191,7 @@ fn overlaps<'a>(
             pairs.extend(
                 active
                     .iter()
-                    .filter(|a| !(a.shared && hold.shared))
+                    .filter(|a| !(a.shares() && hold.shares()))
                     .map(|&a| (a, hold)),
             );
             active.push(hold);
@@ -254,8 +259,14 @@ fn check_overlap(
         .push(Violation::new("overlap", format!("{what}, {during}")));
 }
 
-/// The suite's own checker must find no overlap that the sweep missed.
-fn cross_check(input: &Input<'_>, pairs: &[(&HoldRec, &HoldRec)], out: &mut Analysis) {
+/// The suite's own checker must find no overlap and no hold over its permit limit that
+/// the sweeps missed.
+fn cross_check(
+    input: &Input<'_>,
+    pairs: &[(&HoldRec, &HoldRec)],
+    over_limit: &BTreeSet<u64>,
+    out: &mut Analysis,
+) {
     let t0 = tokio::time::Instant::now();
     let at = |t: u64| t0 + Duration::from_nanos(t.saturating_sub(input.t0));
     let holds: Vec<Hold> = input
@@ -266,17 +277,25 @@ fn cross_check(input: &Input<'_>, pairs: &[(&HoldRec, &HoldRec)], out: &mut Anal
             client: i,
             key: h.key.clone(),
             token: h.token,
-            mode: if h.shared {
-                dlock_core::Mode::Shared
-            } else {
-                dlock_core::Mode::Exclusive
-            },
+            mode: h.mode(),
             start: at(h.start),
             end: at(h.end.unwrap_or(input.run_end)),
             lost_at: h.lost_at.map(at),
         })
         .collect();
     for v in dlock_conformance::history::check(&holds, false) {
+        if let ConformanceViolation::OverLimit { hold, .. } = &v {
+            let h = &input.holds[hold.client];
+            if !over_limit.contains(&h.id) {
+                out.violations.push(Violation::new(
+                    "checker disagreement",
+                    format!(
+                        "dlock_conformance::check found a hold over its permit limit the sweep missed: {}",
+                        input.describe(h)
+                    ),
+                ));
+            }
+        }
         if let ConformanceViolation::Overlap { first, second } = v {
             let (a, b) = (&input.holds[first.client], &input.holds[second.client]);
             if !pairs.iter().any(|(x, y)| x.id == a.id && y.id == b.id) {
@@ -299,10 +318,10 @@ fn cross_check(input: &Input<'_>, pairs: &[(&HoldRec, &HoldRec)], out: &mut Anal
 fn token_order(input: &Input<'_>, by_key: &BTreeMap<&str, Vec<&HoldRec>>, out: &mut Analysis) {
     for holds in by_key.values() {
         // holds are sorted by start.
-        let exclusive: Vec<&HoldRec> = holds.iter().copied().filter(|h| !h.shared).collect();
+        let exclusive: Vec<&HoldRec> = holds.iter().copied().filter(|h| !h.shares()).collect();
         let (tops_all, tops_exclusive) = (prefix_tops(holds), prefix_tops(&exclusive));
         for &later in holds {
-            let (rivals, tops) = if later.shared {
+            let (rivals, tops) = if later.shares() {
                 (&exclusive, &tops_exclusive)
             } else {
                 (holds, &tops_all)

@@ -43,6 +43,8 @@ pub(crate) struct Config {
     pub(crate) allow_memory: bool,
     /// The share of holds taken shared where the backend declares shared holds.
     pub(crate) read_share: f64,
+    /// Every hold one of this many permits (the semaphore workload).
+    pub(crate) permits: Option<u32>,
 }
 
 /// Timings derived from the backend's expiry and the ttl.
@@ -99,14 +101,6 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
         format!("scripts/backends up {}", units.join(" "))
     };
 
-    let probe = dlock::connect(&cfg.url)
-        .await
-        .map_err(|e| format!("cannot connect to {}: {e} ({hint})", target.redacted()))?;
-    let caps = probe.capabilities();
-    let backend = probe.backend_name();
-    drop(probe);
-    let timings = Timings::new(&caps, cfg.ttl);
-
     let plan = FaultPlan::new(&cfg.faults, script.is_some(), &addrs, &units)?;
     let (selected, not_injected) = (plan.selected, plan.not_injected);
     // Hold the units for the whole run (even with no server fault selected: another run's
@@ -117,6 +111,19 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
         None
     };
     let ctl = script.filter(|_| plan.server_control).map(ServerCtl::new);
+    // Probe once the units are ours: another run may be restarting them until then.
+    let probe = dlock::connect(&cfg.url)
+        .await
+        .map_err(|e| format!("cannot connect to {}: {e} ({hint})", target.redacted()))?;
+    let caps = probe.capabilities();
+    let backend = probe.backend_name();
+    drop(probe);
+    if cfg.permits.is_some() && !caps.permits {
+        return Err(format!(
+            "{backend} does not declare permits (Capabilities::permits): the semaphore workload (--permits) cannot run on it"
+        ));
+    }
+    let timings = Timings::new(&caps, cfg.ttl);
 
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     // Characters no backend escapes, so the residue check finds the keys by this stem.
@@ -143,7 +150,10 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
             format!("--wait={}ms", timings.wait.as_millis()),
             format!("--seed={}", cfg.seed),
             format!("--read-share={}", cfg.read_share),
-        ],
+        ]
+        .into_iter()
+        .chain(cfg.permits.map(|n| format!("--permits={n}")))
+        .collect(),
     };
     for _ in 0..cfg.workers.max(1) {
         let mut proxies = Vec::new();

@@ -13,6 +13,7 @@ mod check;
 mod clock;
 mod coordinator;
 mod faults;
+mod permits;
 mod report;
 mod residue;
 mod servers;
@@ -34,6 +35,7 @@ run could not be carried out (bad arguments, server unreachable).
 
 Examples:
   torture --backend redis://127.0.0.1:6380 --duration 60s
+  torture --backend redis://127.0.0.1:6380 --duration 60s --permits 3
   torture --backend zk://127.0.0.1:2182,127.0.0.1:2183,127.0.0.1:2184?session_timeout=3s --faults kill,member
   torture --backend etcd://127.0.0.1:23791,127.0.0.1:23792,127.0.0.1:23793 --duration 10m --report etcd.json";
 
@@ -90,6 +92,11 @@ struct Cli {
     /// shared holds (`Capabilities::shared`); elsewhere every hold is exclusive.
     #[arg(long, default_value_t = 0.5)]
     read_share: f64,
+    /// A semaphore workload: every hold is one of N permits (no reads, no writes to the
+    /// fenced store), and the check counts the holders of each key at once. The backend must
+    /// declare permits (`Capabilities::permits`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(dlock_core::Mode::MAX_PERMITS)))]
+    permits: Option<u32>,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -150,6 +157,7 @@ fn main() -> ExitCode {
         backends_script: cli.backends_script,
         allow_memory: cli.allow_memory,
         read_share: cli.read_share,
+        permits: cli.permits,
     };
     let report = match runtime.block_on(coordinator::run(cfg)) {
         Ok(report) => report,

@@ -84,6 +84,13 @@ pub(crate) struct Report {
     pub(crate) holds: usize,
     /// Of `holds`, the shared (read) ones (0 where the backend declares no shared holds).
     pub(crate) shared_holds: usize,
+    /// The semaphore workload's limit (`--permits`), if it ran.
+    pub(crate) permits: Option<u32>,
+    /// Of `holds`, the permit (semaphore) ones.
+    pub(crate) permit_holds: usize,
+    /// Per key, the most permit holders at once (not counting holders a declared fault may
+    /// have left stale): equal to `permits` when the run really overlapped.
+    pub(crate) most_permit_holders: BTreeMap<String, usize>,
     pub(crate) holds_per_key: BTreeMap<String, usize>,
     pub(crate) leases_lost: usize,
     pub(crate) writes_accepted: usize,
@@ -209,6 +216,9 @@ impl Report {
             },
             holds: i.analysis.holds,
             shared_holds: i.holds.iter().filter(|h| h.shared).count(),
+            permits: i.cfg.permits,
+            permit_holds: i.holds.iter().filter(|h| h.permits.is_some()).count(),
+            most_permit_holders: i.analysis.most_permit_holders.clone(),
             holds_per_key,
             leases_lost: i.holds.iter().filter(|h| h.lost_at.is_some()).count(),
             writes_accepted: accepted,
@@ -272,6 +282,20 @@ impl Report {
             errors,
             self.violations.len()
         );
+        if let Some(n) = self.permits {
+            let most = self
+                .most_permit_holders
+                .iter()
+                .map(|(k, m)| format!("`{k}` {m}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let _ = writeln!(
+                md,
+                "Semaphore: every hold one of {n} permits ({} permit holds); most holders at once per key: {}.\n",
+                self.permit_holds,
+                if most.is_empty() { "none" } else { &most }
+            );
+        }
         if !self.by_kind.is_empty() {
             md.push_str(
                 "| fault | injected | declared | stale holders fenced (overlapping holds) | takeover of the victim's keys (max) | first acquire after the fault (median / max) | every key acquired again (max) |\n\

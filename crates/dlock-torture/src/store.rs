@@ -22,6 +22,8 @@ pub(crate) struct HoldRec {
     pub(crate) token: u64,
     /// A shared (read) hold, which may overlap other shared holds.
     pub(crate) shared: bool,
+    /// One of this many permits: it may overlap fewer than that many other permit holds.
+    pub(crate) permits: Option<u32>,
     /// When `acquire` was called.
     pub(crate) requested: u64,
     /// When `acquire` returned.
@@ -37,6 +39,20 @@ pub(crate) struct HoldRec {
 }
 
 impl HoldRec {
+    /// Whether the hold may overlap others of its kind (a reader, a permit).
+    pub(crate) fn shares(&self) -> bool {
+        self.shared || self.permits.is_some()
+    }
+
+    /// The hold's mode, as the conformance checker counts it.
+    pub(crate) fn mode(&self) -> dlock_core::Mode {
+        match (self.permits, self.shared) {
+            (Some(n), _) => dlock_core::Mode::Permits(n),
+            (None, true) => dlock_core::Mode::Shared,
+            (None, false) => dlock_core::Mode::Exclusive,
+        }
+    }
+
     /// The last instant the holder could rightly believe it held the key.
     pub(crate) fn trusted_until(&self, fallback_end: u64) -> u64 {
         let end = self.end.unwrap_or(fallback_end);
@@ -98,6 +114,7 @@ impl State {
                 requested,
                 at,
                 shared,
+                permits,
             } => {
                 // A message that was on its way when the process died ends at its death.
                 let exit = self.exits.get(&process).copied();
@@ -109,6 +126,7 @@ impl State {
                         key,
                         token,
                         shared,
+                        permits,
                         requested,
                         start: at,
                         end: exit.map(|(t, _)| t),
@@ -300,6 +318,7 @@ mod tests {
             requested: at - 1,
             at,
             shared: false,
+            permits: None,
         };
         r.apply(1, acquired(10, 100));
         assert_eq!(r.held_by(1), ["k"]);

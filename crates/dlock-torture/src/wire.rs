@@ -18,6 +18,9 @@ pub(crate) enum Msg {
         /// A shared (read) hold; it writes nothing to the store.
         #[serde(default)]
         shared: bool,
+        /// One of this many permits (a semaphore hold); it writes nothing to the store.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        permits: Option<u32>,
     },
     /// A write to the fenced store, carrying the hold's token (answered).
     Write { hold: u64, key: String, token: u64 },
@@ -50,6 +53,7 @@ mod tests {
             requested: 1,
             at: 2,
             shared: true,
+            permits: Some(3),
         };
         let line = serde_json::to_string(&msg).unwrap();
         assert!(!line.contains('\n'));

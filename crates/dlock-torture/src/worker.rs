@@ -50,6 +50,9 @@ pub(crate) struct WorkerArgs {
     /// The share of holds taken shared (read), where the backend declares shared holds.
     #[arg(long, default_value_t = 0.0)]
     pub(crate) read_share: f64,
+    /// Every hold one of this many permits (then no reads and no writes).
+    #[arg(long)]
+    pub(crate) permits: Option<u32>,
 }
 
 /// How long a worker keeps trying to connect (the server may be down when it is spawned).
@@ -183,11 +186,11 @@ async fn contend(
     };
     while !*stop.borrow() {
         let key = &args.keys[rng.random_range(0..args.keys.len())];
-        let shared = rng.random_bool(read_share);
-        let mode = if shared {
-            Mode::Shared
-        } else {
-            Mode::Exclusive
+        let shared = args.permits.is_none() && rng.random_bool(read_share);
+        let mode = match (args.permits, shared) {
+            (Some(n), _) => Mode::Permits(n),
+            (None, true) => Mode::Shared,
+            (None, false) => Mode::Exclusive,
         };
         let requested = now_ns();
         let lease = match client.acquire(key, &opts.mode(mode)).await {
@@ -214,6 +217,7 @@ async fn contend(
                 requested,
                 at,
                 shared,
+                permits: args.permits,
             })
             .await?;
         let watcher = tokio::spawn({
@@ -232,7 +236,7 @@ async fn contend(
                 }
             }
         });
-        // The critical section: a few writes (a reader only waits), a little apart; one hold
+        // The critical section: a few writes (a reader or a permit holder only waits), a little apart; one hold
         // in eight is long (half a ttl to two ttls), so that faults find holders that renew.
         let (writes, gap) = if rng.random_ratio(1, 8) {
             let span = args.ttl.mul_f64(rng.random_range(0.5..2.0));
@@ -242,7 +246,8 @@ async fn contend(
         };
         for _ in 0..writes {
             tokio::time::sleep(gap.mul_f64(rng.random_range(0.0..1.0))).await;
-            if lease.is_lost() || (!shared && !store.write(hold, key, token).await?) {
+            let writer = mode == Mode::Exclusive;
+            if lease.is_lost() || (writer && !store.write(hold, key, token).await?) {
                 break;
             }
         }

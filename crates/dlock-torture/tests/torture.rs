@@ -4,6 +4,9 @@
 //! Each test runs the `torture` binary against the backend's fault-test servers with every
 //! fault its topology allows, and fails on any violation, any missing recovery, or a fault
 //! kind that was not injected. The tests stop and start servers, so they run one at a time.
+//! Beside each, a short semaphore run (`--permits`) injects only the faults that hit
+//! holders, so it runs concurrently with the others (after its own backend's run, whose
+//! servers it waits for).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -27,8 +30,9 @@ struct Case {
     faults: &'static [&'static str],
 }
 
-fn torture(name: &str, case: &Case) {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+/// Run the `torture` binary on the case's servers with `extra` arguments; its JSON report,
+/// once the run passed with no violation.
+fn run(name: &str, case: &Case, duration: &str, extra: &[&str]) -> Value {
     let mut url = std::env::var(case.env).unwrap_or_else(|_| case.default.to_owned());
     if !case.options.is_empty() {
         url.push(if url.contains('?') { '&' } else { '?' });
@@ -41,9 +45,10 @@ fn torture(name: &str, case: &Case) {
     let report = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("torture-{name}.json"));
     let _ = std::fs::remove_file(&report);
     let out = Command::new(env!("CARGO_BIN_EXE_torture"))
-        .args(["--backend", &url, "--duration", case.duration])
+        .args(["--backend", &url, "--duration", duration])
         .args(["--seed", &seed.to_string(), "--report"])
         .arg(&report)
+        .args(extra)
         .output()
         .expect("run the torture binary");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -66,6 +71,16 @@ fn torture(name: &str, case: &Case) {
         Some(0),
         "{json:#}"
     );
+    assert_eq!(
+        json["final_check"]["free_at_once"], json["final_check"]["keys"],
+        "{json:#}"
+    );
+    json
+}
+
+fn torture(name: &str, case: &Case) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let json = run(name, case, case.duration, &[]);
     assert!(
         json["holds"].as_u64().unwrap_or(0) > 50,
         "too few holds checked: {json:#}"
@@ -87,116 +102,180 @@ fn torture(name: &str, case: &Case) {
             "{name}: no recovery time after {kind}: {json:#}"
         );
     }
-    assert_eq!(
-        json["final_check"]["free_at_once"], json["final_check"]["keys"],
-        "{json:#}"
+}
+
+/// The limit of the semaphore runs: below the tasks per key, so that it is reached.
+const PERMITS: u64 = 3;
+
+/// A short semaphore run: every hold one of [`PERMITS`] permits on two keys, with the faults
+/// that hit holders (kill, pause, partition) and none that stop servers, so it may run
+/// beside the other backends' runs (the run waits for its own servers' unit locks). It
+/// passes with no violation, and each key had exactly [`PERMITS`] holders at once.
+fn semaphore(name: &str, case: &Case) {
+    let permits = PERMITS.to_string();
+    let faults = ["kill", "pause", "partition"];
+    let json = run(
+        &format!("{name}-permits"),
+        case,
+        "8s",
+        &[
+            "--permits",
+            &permits,
+            "--keys",
+            "2",
+            "--faults",
+            &faults.join(","),
+        ],
     );
+    let permit_holds = json["permit_holds"].as_u64().unwrap_or(0);
+    assert!(
+        permit_holds > 20 && permit_holds == json["holds"].as_u64().unwrap_or(0),
+        "{name}: every hold a permit, and enough of them: {json:#}"
+    );
+    let most = json["most_permit_holders"].as_object().expect("per key");
+    assert_eq!(most.len(), 2, "{json:#}");
+    for (key, n) in most {
+        assert_eq!(
+            n.as_u64(),
+            Some(PERMITS),
+            "{name}: {key} never had {PERMITS} holders at once (the run did not overlap): {json:#}"
+        );
+    }
+    for kind in faults {
+        assert!(
+            json["by_kind"][kind]["injected"].as_u64().unwrap_or(0) >= 1,
+            "{name}: no {kind} fault was injected: {json:#}"
+        );
+    }
 }
 
 const ONE_SERVER_FAULTS: &[&str] = &["kill", "pause", "partition", "restart"];
 const ALL_FAULTS: &[&str] = &["kill", "pause", "partition", "restart", "member"];
 
+const REDIS: Case = Case {
+    env: "DLOCK_TORTURE_REDIS_URL",
+    default: "redis://127.0.0.1:6380",
+    options: "",
+    setup: "torture-redis",
+    duration: "25s",
+    seed: 11,
+    faults: ONE_SERVER_FAULTS,
+};
+
 #[test]
 fn redis() {
-    torture(
-        "redis",
-        &Case {
-            env: "DLOCK_TORTURE_REDIS_URL",
-            default: "redis://127.0.0.1:6380",
-            options: "",
-            setup: "torture-redis",
-            duration: "25s",
-            seed: 11,
-            faults: ONE_SERVER_FAULTS,
-        },
-    );
+    torture("redis", &REDIS);
 }
+
+#[test]
+fn redis_semaphore() {
+    semaphore("redis", &REDIS);
+}
+
+const REDLOCK: Case = Case {
+    env: "DLOCK_REDLOCK_URL",
+    default: "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005",
+    options: "",
+    setup: "redlock",
+    duration: "30s",
+    seed: 12,
+    faults: ALL_FAULTS,
+};
 
 #[test]
 fn redlock() {
-    torture(
-        "redlock",
-        &Case {
-            env: "DLOCK_REDLOCK_URL",
-            default: "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005",
-            options: "",
-            setup: "redlock",
-            duration: "30s",
-            seed: 12,
-            faults: ALL_FAULTS,
-        },
-    );
+    torture("redlock", &REDLOCK);
 }
+
+#[test]
+fn redlock_semaphore() {
+    semaphore("redlock", &REDLOCK);
+}
+
+const ZOOKEEPER: Case = Case {
+    env: "DLOCK_ZK_ENSEMBLE_URL",
+    default: "zk://127.0.0.1:2182,127.0.0.1:2183,127.0.0.1:2184",
+    options: "session_timeout=3s",
+    setup: "zk-ensemble",
+    duration: "40s",
+    seed: 13,
+    faults: ALL_FAULTS,
+};
 
 #[test]
 fn zookeeper() {
-    torture(
-        "zookeeper",
-        &Case {
-            env: "DLOCK_ZK_ENSEMBLE_URL",
-            default: "zk://127.0.0.1:2182,127.0.0.1:2183,127.0.0.1:2184",
-            options: "session_timeout=3s",
-            setup: "zk-ensemble",
-            duration: "40s",
-            seed: 13,
-            faults: ALL_FAULTS,
-        },
-    );
+    torture("zookeeper", &ZOOKEEPER);
 }
+
+#[test]
+fn zookeeper_semaphore() {
+    semaphore("zookeeper", &ZOOKEEPER);
+}
+
+const ETCD: Case = Case {
+    env: "DLOCK_ETCD_CLUSTER_URL",
+    default: "etcd://127.0.0.1:23791,127.0.0.1:23792,127.0.0.1:23793",
+    options: "",
+    setup: "etcd-cluster",
+    duration: "40s",
+    seed: 14,
+    faults: ALL_FAULTS,
+};
 
 #[test]
 fn etcd() {
-    torture(
-        "etcd",
-        &Case {
-            env: "DLOCK_ETCD_CLUSTER_URL",
-            default: "etcd://127.0.0.1:23791,127.0.0.1:23792,127.0.0.1:23793",
-            options: "",
-            setup: "etcd-cluster",
-            duration: "40s",
-            seed: 14,
-            faults: ALL_FAULTS,
-        },
-    );
+    torture("etcd", &ETCD);
 }
+
+#[test]
+fn etcd_semaphore() {
+    semaphore("etcd", &ETCD);
+}
+
+const MYSQL: Case = Case {
+    env: "DLOCK_TORTURE_MYSQL_URL",
+    default: "mysql://dlock:dlock@127.0.0.1:3307/dlock",
+    options: "",
+    setup: "torture-mariadb",
+    duration: "25s",
+    seed: 15,
+    faults: ONE_SERVER_FAULTS,
+};
 
 #[test]
 fn mysql() {
-    torture(
-        "mysql",
-        &Case {
-            env: "DLOCK_TORTURE_MYSQL_URL",
-            default: "mysql://dlock:dlock@127.0.0.1:3307/dlock",
-            options: "",
-            setup: "torture-mariadb",
-            duration: "25s",
-            seed: 15,
-            faults: ONE_SERVER_FAULTS,
-        },
-    );
+    torture("mysql", &MYSQL);
 }
+
+#[test]
+fn mysql_semaphore() {
+    semaphore("mysql", &MYSQL);
+}
+
+const POSTGRES: Case = Case {
+    env: "DLOCK_TORTURE_POSTGRES_URL",
+    default: "postgres://dlock:dlock@127.0.0.1:5433/dlock",
+    options: "",
+    setup: "torture-postgres",
+    duration: "25s",
+    seed: 16,
+    faults: ONE_SERVER_FAULTS,
+};
 
 #[test]
 fn postgres() {
-    torture(
-        "postgres",
-        &Case {
-            env: "DLOCK_TORTURE_POSTGRES_URL",
-            default: "postgres://dlock:dlock@127.0.0.1:5433/dlock",
-            options: "",
-            setup: "torture-postgres",
-            duration: "25s",
-            seed: 16,
-            faults: ONE_SERVER_FAULTS,
-        },
-    );
+    torture("postgres", &POSTGRES);
 }
 
-/// The checks catch a lock that does not exclude: with memory://, each worker process has
-/// a lock of its own, so holds overlap across processes and stale writes reach the store.
 #[test]
-fn a_lock_that_does_not_exclude_across_processes_fails_the_run() {
-    let report = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("torture-memory.json");
+fn postgres_semaphore() {
+    semaphore("postgres", &POSTGRES);
+}
+
+/// A run on memory://, where each worker process has a lock of its own: it must fail.
+/// The violations it found, by kind.
+fn broken_run(name: &str, extra: &[&str]) -> Vec<String> {
+    let report = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("torture-{name}.json"));
     let _ = std::fs::remove_file(&report);
     let out = Command::new(env!("CARGO_BIN_EXE_torture"))
         .args(["--backend", "memory://torture-self-test", "--allow-memory"])
@@ -210,6 +289,7 @@ fn a_lock_that_does_not_exclude_across_processes_fails_the_run() {
             "--report",
         ])
         .arg(&report)
+        .args(extra)
         .output()
         .expect("run the torture binary");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -219,15 +299,72 @@ fn a_lock_that_does_not_exclude_across_processes_fails_the_run() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(stdout.contains("**FAILED**"), "{stdout}");
     let json: Value =
         serde_json::from_str(&std::fs::read_to_string(&report).expect("a report")).expect("JSON");
-    let whats: Vec<&str> = json["violations"]
+    json["violations"]
         .as_array()
         .expect("violations")
         .iter()
-        .filter_map(|v| v["what"].as_str())
-        .collect();
-    assert!(whats.contains(&"overlap"), "{whats:?}");
-    assert!(whats.contains(&"unexpected rejection"), "{whats:?}");
-    assert!(stdout.contains("**FAILED**"), "{stdout}");
+        .filter_map(|v| v["what"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The checks catch a lock that does not exclude: with memory://, each worker process has
+/// a lock of its own, so holds overlap across processes and stale writes reach the store.
+#[test]
+fn a_lock_that_does_not_exclude_across_processes_fails_the_run() {
+    let whats = broken_run("memory", &[]);
+    assert!(whats.iter().any(|w| w == "overlap"), "{whats:?}");
+    assert!(
+        whats.iter().any(|w| w == "unexpected rejection"),
+        "{whats:?}"
+    );
+}
+
+/// The checks catch a semaphore that does not count across processes: with memory://,
+/// each of the three worker processes lets its own two holders in.
+#[test]
+fn a_semaphore_that_does_not_count_across_processes_fails_the_run() {
+    let whats = broken_run("memory-permits", &["--permits", "2"]);
+    assert!(whats.iter().any(|w| w == "over limit"), "{whats:?}");
+    assert!(
+        whats.iter().all(|w| w == "over limit"),
+        "only the count is broken: {whats:?}"
+    );
+}
+
+/// The semaphore checks do not cry wolf: one worker process shares one memory:// lock, so
+/// the count holds, and the report shows each key at its limit.
+#[test]
+fn a_semaphore_within_one_process_passes_at_its_limit() {
+    let report = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("torture-memory-one.json");
+    let _ = std::fs::remove_file(&report);
+    let out = Command::new(env!("CARGO_BIN_EXE_torture"))
+        .args(["--backend", "memory://torture-self-test", "--allow-memory"])
+        .args([
+            "--workers",
+            "1",
+            "--tasks",
+            "12",
+            "--keys",
+            "2",
+            "--permits",
+            "3",
+        ])
+        .args(["--duration", "3s", "--faults", "kill,pause", "--seed", "3"])
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .expect("run the torture binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("a report")).expect("JSON");
+    assert!(json["permit_holds"].as_u64().unwrap_or(0) > 20, "{json:#}");
+    let most = json["most_permit_holders"].as_object().expect("per key");
+    assert!(
+        most.len() == 2 && most.values().all(|n| n.as_u64() == Some(3)),
+        "{json:#}"
+    );
 }
