@@ -46,7 +46,10 @@ pub enum Mode {
     /// at once, each with its own lease. Each acquire counts
     /// the holders against its own limit, as Curator's `InterProcessSemaphoreV2` does, so
     /// clients must agree on it: one asking for `Permits(3)` gets in beside two holders
-    /// of `Permits(2)`. `Permits(1)` excludes like a mutex. A permit's fencing token is
+    /// of `Permits(2)`. With disagreeing limits, how exactly holds of a larger limit count
+    /// toward a smaller one is backend-specific (a slot-per-permit backend sees only the
+    /// slots below its own limit), but never more holders than the largest limit in use
+    /// hold the key at once. `Permits(1)` excludes like a mutex. A permit's fencing token is
     /// unique on the key and never smaller than an earlier one's. Backends
     /// that take permits say so in
     /// [`Capabilities::permits`](crate::Capabilities::permits); elsewhere the acquire
