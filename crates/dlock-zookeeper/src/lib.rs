@@ -407,6 +407,7 @@ mod error;
 mod held;
 mod nodes;
 mod request;
+mod semaphore;
 mod session;
 #[cfg(feature = "tls")]
 mod tls;
