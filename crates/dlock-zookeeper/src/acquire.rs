@@ -1,6 +1,7 @@
 //! The [`Backend`] implementation and its acquire: the lock recipe on one session, queueing
 //! a node and, until it holds the key, watching the one node whose deletion may admit it
-//! (see [`nodes::waits_for`]).
+//! (see [`nodes::waits_for`]). Permits take such a node as their semaphore's mutex (see
+//! [`crate::semaphore`]).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
