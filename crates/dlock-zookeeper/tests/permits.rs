@@ -269,7 +269,8 @@ async fn deleting_a_lease_node_fires_lost_and_frees_the_permit() {
 
 /// The semaphore's directories are containers, as Curator makes them: once the last
 /// permit is released, the server's container reaper removes `locks` and `leases`, then
-/// the key directory (each pass removes one level; default check interval 60 s).
+/// the key directory (within three passes: a pass may remove only one level; default
+/// check interval 60 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_reaps_a_released_semaphores_directories() {
     const CHECK_INTERVAL: Duration = Duration::from_secs(60);
