@@ -1,6 +1,7 @@
 //! The [`Backend`] implementation and its acquire: the lock recipe on one session, queueing
 //! a node and, until it holds the key, watching the one node whose deletion may admit it
-//! (see [`nodes::waits_for`]).
+//! (see [`nodes::waits_for`]). Permits take such a node as their semaphore's mutex (see
+//! [`crate::semaphore`]).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -45,6 +46,8 @@ impl Backend for ZookeeperBackend {
                 server_restart: dlock_core::FaultSafety::Exclusive,
                 member_down: dlock_core::FaultSafety::Exclusive,
             },
+            // Curator's `InterProcessSemaphoreV2` (see the crate docs' Permits).
+            permits: true,
             ..Default::default()
         }
     }
@@ -66,7 +69,11 @@ impl Backend for ZookeeperBackend {
                 deadline,
                 bound: client.session_timeout(),
             };
-            match self.take(&client, key, &dir, opts.mode, budget).await {
+            let taken = match opts.mode {
+                Mode::Permits(limit) => self.take_permit(&client, key, &dir, limit, budget).await,
+                mode => self.take(&client, key, &dir, mode, budget).await,
+            };
+            match taken {
                 Ok(grant) => return Ok(grant),
                 Err(e) if is_session_over(&e) => {
                     tracing::info!(backend = NAME, key, error = %e, "session ended during acquire; starting over");
@@ -93,6 +100,11 @@ pub(crate) struct Budget {
 }
 
 impl Budget {
+    /// The caller's deadline.
+    pub(crate) fn deadline(&self) -> Deadline {
+        self.deadline
+    }
+
     pub(crate) fn until(&self) -> Instant {
         let bounded = Instant::now() + self.bound;
         match self.deadline {
@@ -103,9 +115,7 @@ impl Budget {
 }
 
 impl ZookeeperBackend {
-    /// The recipe on one session: create our node, then until it holds the key in `mode`,
-    /// watch the node it waits for (exclusive: the one just before it; shared: the last
-    /// exclusive one before it).
+    /// The lock recipe on one session, for an exclusive or shared hold.
     async fn take(
         &self,
         client: &zk::Client,
@@ -114,8 +124,26 @@ impl ZookeeperBackend {
         mode: Mode,
         budget: Budget,
     ) -> Result<Option<Grant>, zk::Error> {
-        let mut me = Contender::new(client, self.acl(), dir, mode, self.config.curator);
         let sent_at = Instant::now();
+        let contender = Contender::new(client, self.acl(), dir, mode, self.config.curator);
+        match self.queue(client, contender, budget).await? {
+            Some(held) => held.into_grant(key, sent_at).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Queue `me` in its directory until its node holds it in its mode, and return it then
+    /// (`None`: the deadline came, or `try_acquire` found it held; our node is deleted).
+    /// Create our node, then until it holds, watch the node it waits for (exclusive: the
+    /// one just before it; shared: the last exclusive one before it).
+    pub(crate) async fn queue(
+        &self,
+        client: &zk::Client,
+        mut me: Contender,
+        budget: Budget,
+    ) -> Result<Option<Contender>, zk::Error> {
+        let dir = me.dir().to_owned();
+        let dir = dir.as_str();
         let mut listed = Some(me.create(budget).await?);
         loop {
             let children = match listed.take() {
@@ -137,13 +165,12 @@ impl ZookeeperBackend {
                     dir,
                     "our lock node vanished while waiting; queueing again"
                 );
-                me.forget();
-                me = Contender::new(client, self.acl(), dir, mode, self.config.curator);
+                me = me.renewed();
                 listed = Some(me.create(budget).await?);
                 continue;
             };
             let Some(blocker) = nodes::waits_for(&order, position) else {
-                return me.into_grant(key, sent_at).map(Some);
+                return Ok(Some(me));
             };
             if !budget.deadline.may_wait() {
                 me.withdraw().await;

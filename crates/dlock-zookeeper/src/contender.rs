@@ -36,9 +36,22 @@ pub(crate) struct Contender {
     mode: Mode,
     /// Which name an exclusive node gets: Curator's mutex's or its write lock's.
     curator: CuratorRecipe,
+    /// What `dir` hangs from, so a missing one is made the way Curator makes it.
+    parent: Parent,
     node: Option<Node>,
     /// A create went out whose outcome is unknown.
     unsure: bool,
+}
+
+/// What the directory a contender's node goes in hangs from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Parent {
+    /// The base path: a lock's key directory is made in it, and the base path's missing
+    /// nodes are made persistent.
+    Base,
+    /// A semaphore's key directory (`locks` and `leases` go in it): made a container node
+    /// in the base path when missing, as Curator's `creatingParentContainersIfNeeded` does.
+    Semaphore,
 }
 
 #[derive(Debug, Clone)]
@@ -62,6 +75,35 @@ impl Contender {
             uuid: uuid::Uuid::new_v4(),
             mode,
             curator,
+            parent: Parent::Base,
+            node: None,
+            unsure: false,
+        }
+    }
+
+    /// The same, for a node in one of a semaphore's directories (`locks` or `leases`).
+    pub(crate) fn in_semaphore(mut self) -> Self {
+        self.parent = Parent::Semaphore;
+        self
+    }
+
+    /// The directory our node goes in.
+    pub(crate) fn dir(&self) -> &str {
+        &self.dir
+    }
+
+    /// A contender like this one, with a new uuid and no node yet, to queue again after
+    /// our node vanished (the old one has nothing left to clean up).
+    pub(crate) fn renewed(mut self) -> Self {
+        self.forget();
+        Self {
+            client: self.client.clone(),
+            acl: Arc::clone(&self.acl),
+            dir: self.dir.clone(),
+            uuid: uuid::Uuid::new_v4(),
+            mode: self.mode,
+            curator: self.curator,
+            parent: self.parent,
             node: None,
             unsure: false,
         }
@@ -109,7 +151,7 @@ impl Contender {
                 Ok((stat, sequence)) => {
                     self.unsure = false;
                     let name = format!("{name_prefix}{sequence}");
-                    let ours = nodes::sequence(&name).is_some();
+                    let ours = nodes::has_sequence(&name);
                     self.node = Some(Node {
                         name,
                         czxid: stat.czxid,
@@ -131,12 +173,9 @@ impl Contender {
                     match dir {
                         // No directory: make it with the next try.
                         None => make_dir = true,
-                        // No base path yet (first use): make it, then try again.
+                        // No parent yet (first use): make it, then try again.
                         Some(Err(zk::Error::NoNode)) => {
-                            let base = self.dir.rsplit_once('/').map_or("", |(base, _)| base);
-                            let client = &self.client;
-                            retry(client, budget.until(), || client.mkdir(base, &persistent))
-                                .await?;
+                            self.make_parent(budget, &persistent, &container).await?;
                         }
                         // The reaper removed the directory between our two creates: try
                         // again.
@@ -167,6 +206,37 @@ impl Contender {
             }
         }
         Err(zk::Error::ConnectionLoss)
+    }
+
+    /// Make the directory `dir` hangs from: the base path (persistent nodes), or a
+    /// semaphore's key directory (a container node, in a base path made if missing).
+    async fn make_parent(
+        &self,
+        budget: Budget,
+        persistent: &zk::CreateOptions<'_>,
+        container: &zk::CreateOptions<'_>,
+    ) -> Result<(), zk::Error> {
+        let client = &self.client;
+        let parent = self.dir.rsplit_once('/').map_or("", |(parent, _)| parent);
+        if self.parent == Parent::Base {
+            return retry(client, budget.until(), || client.mkdir(parent, persistent)).await;
+        }
+        let base = parent.rsplit_once('/').map_or("", |(base, _)| base);
+        for _ in 0..2 {
+            match retry(client, budget.until(), || {
+                client.create(parent, &[], container)
+            })
+            .await
+            {
+                Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
+                Err(zk::Error::NoNode) => {
+                    retry(client, budget.until(), || client.mkdir(base, persistent)).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        // The base path went again between our two creates: the caller tries once more.
+        Ok(())
     }
 
     async fn list(&self, budget: Budget) -> Result<Vec<String>, zk::Error> {
@@ -234,7 +304,7 @@ impl Contender {
     }
 
     /// Our node is gone already; nothing to clean up.
-    pub(crate) fn forget(&mut self) {
+    fn forget(&mut self) {
         self.node = None;
         self.unsure = false;
     }

@@ -74,8 +74,9 @@
 //! acquire that finds the directory gone creates it again). Deleting it on every release
 //! would cost the next acquire's `create {dir}` too: two writes per cycle for nothing.
 //!
-//! **What stays on the server**: only the empty key directories of keys used recently,
-//! each until the reaper's next pass (at most about two check intervals; they hold no
+//! **What stays on the server**: only the empty key directories of keys used recently
+//! (for a semaphore, `{dir}` and its empty `locks` and `leases`), each until the
+//! reaper's next pass (at most about two check intervals, three for a semaphore's; they hold no
 //! lock, no data and no session). No lock node outlives its lock: released, withdrawn and
 //! abandoned nodes are deleted, and a dead session's go with it.
 //!
@@ -126,6 +127,67 @@
 //!   distinct tokens in no particular order.
 //! - **Round trips**: as for the mutex, in both modes (table below).
 //!
+//! # Permits
+//!
+//! [`LockOptions::permits`](dlock_core::LockOptions::permits) takes one of N permits (a
+//! counting semaphore): Apache Curator's `InterProcessSemaphoreV2` recipe, with its layout
+//! and names, so dlock and Curator holders of one path with the same N count each other's
+//! permits. The key directory `{dir}` (mapped from the key as for a lock) holds two
+//! children: `locks`, the directory of a mutex (the lock recipe above, exclusive,
+//! `_c_{uuid}-lock-` names whatever `curator` says, as Curator's `InterProcessMutex`), and
+//! `leases`, one ephemeral-sequential `_c_{uuid}-lease-{seq}` node per holder. `{dir}`,
+//! `locks` and `leases` are container nodes, made when missing as Curator's
+//! `creatingParentContainersIfNeeded` makes them. Use a key either as a lock or as a
+//! semaphore: a lock and a semaphore on one key do not see each other.
+//!
+//! **Acquire** (a limit of N)
+//! 1. Take the mutex on `{dir}/locks` (steps 1 to 5 above; `try_acquire` gives up at once
+//!    if another acquirer holds it). Acquirers hold it in turn, FIFO: at most one counts
+//!    the leases at a time, and a waiter that came first is admitted first.
+//! 2. Send `create {dir}/leases/_c_{uuid}-lease-` (ephemeral-sequential) and `getChildren
+//!    {dir}/leases` in one round trip (`leases` missing: `create` it as a container ahead
+//!    of the same two, as for a key directory). If our node is not listed, create it
+//!    again (Curator's `RETRY_DUE_TO_MISSING_NODE`).
+//! 3. If `leases` has at most N children (ours included; every child counts, whatever its
+//!    name, as in Curator) the permit is ours: `delete` our mutex node and answer. The
+//!    fencing token is our lease node's `czxid`.
+//! 4. Otherwise (`try_acquire`: delete both nodes, in one round trip, and answer "held")
+//!    `getChildren {dir}/leases` with a watch, still holding the mutex, and count again
+//!    each time the watch fires (a lease released, or its holder's session ended; each
+//!    counted in [`LockStats::wakeups`](dlock_core::LockStats)). Nobody else creates a
+//!    lease meanwhile (they wait for the mutex), so a release is what wakes us.
+//! 5. Timeout, failure or cancellation: both nodes are deleted (in the background if need
+//!    be), as for a lock's node.
+//!
+//! Clients that disagree on N each count the holders against their own N (Curator's
+//! rule): beside two holders of `Permits(2)`, `Permits(2)` waits and `Permits(3)` gets in.
+//!
+//! **Release**: `delete` our lease node, one write; `NoNode` is `NotHeld`. The directories
+//! stay for the container reaper: `locks` and `leases` go at its first pass once empty,
+//! `{dir}` at the next one. **Extend, renewal, loss**: as for a lock, on the lease node
+//! (the session keeps it; the watch on it reports its deletion). **Crash**: the lease node
+//! goes with the session, one session timeout after the last heartbeat.
+//!
+//! - **Never more than N**: a holder was admitted seeing at most N lease nodes, its own
+//!   created before it looked. Of N+1 holders at one instant, the last to count saw every
+//!   other's node (created before their own counts, not yet deleted): N+1 nodes. This
+//!   holds whatever the mutex does; the mutex gives the order and keeps waiters from all
+//!   counting at once.
+//! - **Tokens**: leases are created under the mutex and admitted in the order they were
+//!   created (a later acquirer creates its lease only after the earlier one let the mutex
+//!   go, admitted), so a permit's `czxid` is greater than every earlier permit's on the
+//!   key: strict, as for the mutex. (A client that creates lease nodes without the mutex
+//!   breaks the order, not the cap.)
+//! - **Wake-ups**: a release wakes only the acquirer counting under the mutex (one
+//!   notification, one listing); when that one is admitted, its mutex delete wakes the next
+//!   waiter in the mutex queue, which creates its lease and counts. Waiters further back
+//!   are not woken.
+//!
+//! **Curator interop** (`tests/permits.rs`, with the nodes made as Curator makes them):
+//! `new InterProcessSemaphoreV2(client, ZookeeperConfig::key_dir(key), n)` on the same
+//! ensemble and N. Curator writes its host address into its lease nodes; ours are empty.
+//! Curator's `SharedCountReader` limit is not read: give dlock the same number.
+//!
 //! # Round trips
 //!
 //! Measured through a proxy that delays each direction by half a round trip
@@ -142,14 +204,25 @@
 //! | after each grant | none waited for | `exists` with a watch on our node, sent by the loss signal |
 //! | `release` | 1 | `delete` node |
 //! | first use of a new base path | +3 | `NoNode` for the node, then for the directory; `create` the base path's nodes; the pipelined creates again |
+//! | permit `try_acquire` / `acquire`, a permit free | 3 | mutex `create` + `getChildren`; lease `create` + `getChildren`; mutex `delete` |
+//! | the same, directories missing (first use) | 7 | mutex `create` (`NoNode`); `create locks` (`NoNode`); `create {dir}`; `locks` + mutex node + listing; lease (`NoNode`); `leases` + lease + listing; mutex `delete` (5 when only `locks` and `leases` were reaped) |
+//! | permit `try_acquire`, every permit held | 3 | mutex, lease and count as above, then both `delete`s together |
+//! | permit `try_acquire`, another acquirer holds the mutex | 2 | mutex `create` + `getChildren`, then `delete` |
+//! | permit hand-off to the counting waiter | 3 from the release call | the release's `delete` (1/2), the children watch's notification (1/2), `getChildren` with a watch (1), mutex `delete` (1) |
+//! | permit `release` | 1 | `delete` lease node |
 //! | [`from_url`] with credentials | +2 | `auth` once the session is open, then `getACL` on the base path |
 //! | [`from_url`] with `auth=sasl` | +2 (by the protocol, not measured) | the `DIGEST-MD5` exchange (two `sasl` packets, the first pipelined with the connect request), then `whoAmI` and `getACL` on the base path, pipelined; again on every reconnection |
+//!
+//! Permit round trips are measured with a 400 ms round trip (busy-machine write latency
+//! adds up over their three writes). Writes per uncontended permit cycle: four (mutex
+//! node `create` and `delete`, lease node `create` and `delete`).
 //!
 //! Writes per uncontended cycle: two (`create` node, `delete` node), as the raw ephemeral
 //! create + delete; plus two reads (`getChildren`, and the loss signal's `exists`).
 //!
 //! On loopback (standalone 3.8.0 server, 2 shared cores): `try_acquire` + `release` p50
-//! 1.6 ms (p99 12 ms); release-to-waiter hand-off p50 1.9 ms (p99 8 ms). In `lockbench`
+//! 1.6 ms (p99 12 ms); release-to-waiter hand-off p50 1.9 ms (p99 8 ms); a permit's
+//! `try_acquire` + `release` p50 2.7 ms (p99 10 ms). In `lockbench`
 //! (same machine, busy, five runs), one client's acquire + release of one key costs 0.63×
 //! to 1.39× the raw ephemeral create + delete measured in the same run, p50 0.74 to
 //! 0.84 ms (1.9× to 3.3× and 1.4 to 3.4 ms before the key directory's create and delete
@@ -160,11 +233,12 @@
 //! | capability | value | why |
 //! |---|---|---|
 //! | fair | yes | waiters queue by sequence number, FIFO |
+//! | permits | yes | Curator's `InterProcessSemaphoreV2`: lease nodes counted under its `locks` mutex (see [Permits](#permits)) |
 //! | shared | yes | Curator's read-write lock: `__READ__` nodes share, an exclusive node waits for all before it, readers queue behind a waiting writer |
 //! | fencing | strict | the node's `czxid`: zxids only grow, across leader elections and restarts |
 //! | expiry | session (`ttl` not used) | the ephemeral node lives as long as the session; a silent holder loses it one session timeout after its last heartbeat |
 //! | releases on disconnect | no | a closed connection is not a closed session: the session (and the lock) survives until it times out, so a client can move to another member |
-//! | wake-up | notification, one per release | only the next contender watches the holder's node; a writer's release that admits readers wakes those readers |
+//! | wake-up | notification, one per release | only the next contender watches the holder's node; a writer's release that admits readers wakes those readers; a permit's release wakes the one acquirer counting leases, whose admission wakes the next in the mutex queue |
 //! | max key length | 1024 bytes | the default; long keys are shortened with a digest |
 //!
 //! # URL
@@ -326,8 +400,9 @@
 //!   fires as for a partition (measured: 3.4 s after a majority stopped, 10 s session).
 //!   Sessions that the new leader still knows are restored on reconnect with their nodes;
 //!   the others expire and their nodes go.
-//! - **Operator deletes the lock node**: `lost()` fires at once (`NotHeld`); `release` and
-//!   `extend` answer `NotHeld`; the next waiter takes the key.
+//! - **Operator deletes the lock node** (or a permit's lease node): `lost()` fires at once
+//!   (`NotHeld`); `release` and `extend` answer `NotHeld`; the next waiter takes the key
+//!   (the permit).
 //! - **Request timeouts**: no request waits longer than a session timeout (the client
 //!   cannot keep the session longer than that without an answer either), and never past the
 //!   acquire's deadline.
@@ -407,6 +482,7 @@ mod error;
 mod held;
 mod nodes;
 mod request;
+mod semaphore;
 mod session;
 #[cfg(feature = "tls")]
 mod tls;

@@ -30,6 +30,9 @@ const WRITE_NAME: &str = "__WRIT__";
 const KAZOO_LOCK_NAME: &str = "__lock__";
 /// kazoo's read lock name.
 const KAZOO_READ_NAME: &str = "__rlock__";
+/// The name of a lease node in a semaphore's `leases` directory, after `_c_{uuid}-`
+/// (Curator's `InterProcessSemaphoreV2`).
+const LEASE_NAME: &str = "lease-";
 /// Digits ZooKeeper appends to a sequential node's name.
 const SEQUENCE_DIGITS: usize = 10;
 
@@ -50,7 +53,8 @@ pub(crate) fn protected_prefix(uuid: &uuid::Uuid) -> String {
 
 /// The name to create ephemeral-sequential for a hold in `mode` (the server appends the
 /// sequence number): `_c_{uuid}-lock-` (or `_c_{uuid}-__WRIT__` when exclusive holds
-/// exclude Curator's read-write lock) or `_c_{uuid}-__READ__`.
+/// exclude Curator's read-write lock) or `_c_{uuid}-__READ__`; for a permit, the lease
+/// node `_c_{uuid}-lease-` (it goes in the semaphore's `leases` directory).
 pub(crate) fn node_prefix(uuid: &uuid::Uuid, mode: Mode, curator: CuratorRecipe) -> String {
     let protected = protected_prefix(uuid);
     match (mode, curator) {
@@ -58,8 +62,8 @@ pub(crate) fn node_prefix(uuid: &uuid::Uuid, mode: Mode, curator: CuratorRecipe)
             format!("{}{LOCK_NAME}", protected.trim_end_matches('-'))
         }
         (Mode::Exclusive, CuratorRecipe::ReadWriteLock) => format!("{protected}{WRITE_NAME}"),
-        // Permits are not declared yet: the core refuses them before this is reached.
-        (Mode::Shared | Mode::Permits(_), _) => format!("{protected}{READ_NAME}"),
+        (Mode::Shared, _) => format!("{protected}{READ_NAME}"),
+        (Mode::Permits(_), _) => format!("{protected}{LEASE_NAME}"),
     }
 }
 
@@ -74,6 +78,15 @@ pub(crate) fn parse(name: &str) -> Option<(&str, Mode)> {
         .iter()
         .find(|(tag, _)| head.ends_with(tag))
         .map(|&(_, mode)| (digits, mode))
+}
+
+/// Whether `name` ends in the server's 10-digit sequence number (what every lock client
+/// orders by; a 64-bit sequence would never be ordered).
+pub(crate) fn has_sequence(name: &str) -> bool {
+    name.len() >= SEQUENCE_DIGITS
+        && name.as_bytes()[name.len() - SEQUENCE_DIGITS..]
+            .iter()
+            .all(u8::is_ascii_digit)
 }
 
 /// The sequence number of a contender, `None` for any other child.
@@ -115,7 +128,10 @@ pub(crate) fn waits_for(order: &[Node], position: usize) -> Option<usize> {
     let ahead = order.get(..position)?;
     match order.get(position)?.mode {
         Mode::Exclusive => position.checked_sub(1),
-        Mode::Shared | Mode::Permits(_) => ahead.iter().rposition(|n| n.mode == Mode::Exclusive),
+        Mode::Shared => ahead.iter().rposition(|n| n.mode == Mode::Exclusive),
+        // Lease nodes are counted in `leases`, never ordered in a lock directory (`parse`
+        // gives no name this mode); a permit's turn to count comes from the `locks` mutex.
+        Mode::Permits(_) => None,
     }
 }
 
@@ -146,6 +162,10 @@ mod tests {
                 "_c_1b4e28ba-2fa1-11d2-883f-0016cb8e9a2a-__READ__"
             );
         }
+        assert_eq!(
+            node_prefix(&uuid, Mode::Permits(3), mutex),
+            "_c_1b4e28ba-2fa1-11d2-883f-0016cb8e9a2a-lease-"
+        );
         assert_eq!(
             protected_prefix(&uuid),
             "_c_1b4e28ba-2fa1-11d2-883f-0016cb8e9a2a-"
@@ -242,5 +262,9 @@ mod tests {
             let _ = parse(name);
         }
         assert_eq!(sequence("é-lock-0000000001"), Some("0000000001"));
+        assert!(has_sequence("_c_1-lease-0000000001"));
+        for name in ["", "é", "lease-000000001", "lease-00000000x1"] {
+            assert!(!has_sequence(name), "{name}");
+        }
     }
 }

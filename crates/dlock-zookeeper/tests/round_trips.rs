@@ -18,6 +18,8 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 /// Large against the server's and this machine's own latency, so rounding is exact.
 const RTT: Duration = Duration::from_millis(200);
+/// Permits cost more writes per operation, whose latency adds up on a busy machine.
+const PERMIT_RTT: Duration = Duration::from_millis(400);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trips_per_operation() {
@@ -97,6 +99,93 @@ async fn round_trips_per_operation() {
     eprintln!("round trips:\n  {}", measured.join("\n  "));
 }
 
+/// Permits: the `locks` mutex (create + list), the lease (create + list), the mutex's
+/// delete; see the crate docs' Permits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_round_trips() {
+    let harness = ZookeeperHarness::from_env();
+    let proxy = delaying_proxy(harness.server_addrs()[0], PERMIT_RTT / 2).await;
+    let url = harness.url_with_addrs(&[proxy]);
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(
+            harness
+                .connect(&url)
+                .await
+                .expect("client through the proxy"),
+        );
+    }
+    let (a, b, c) = (&clients[0], &clients[1], &clients[2]);
+    let key = format!("rtt-{}/permits", uuid::Uuid::new_v4().simple());
+    let two = LockOptions::new().permits(2);
+    let mut measured = Vec::new();
+    let mut check = |what: &'static str, took: Duration, expected: u32| {
+        let rounds = (took.as_secs_f64() / PERMIT_RTT.as_secs_f64()).round() as u32;
+        measured.push(format!("{what}: {rounds} ({took:?})"));
+        assert_eq!(rounds, expected, "{what} took {took:?}");
+    };
+    // Make sure the base path exists, so only the key's directories are missing.
+    let direct = harness.client().await.expect("direct client");
+    let base_made = format!("rtt-{}/base", uuid::Uuid::new_v4().simple());
+    let lease = direct.try_acquire(&base_made, &LockOptions::new()).await;
+    lease
+        .expect("try")
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+
+    // `NoNode` for the mutex node, then for `locks`; the key directory; `locks`, the node
+    // and the listing; `NoNode` for the lease; `leases`, the lease and the listing; the
+    // mutex's delete.
+    let (first, took) = timed(a.try_acquire(&key, &two)).await;
+    let first = first.expect("try_acquire").expect("free");
+    check("permit try_acquire, new key (directories missing)", took, 7);
+    let (released, took) = timed(first.release()).await;
+    released.expect("release");
+    check("permit release", took, 1);
+    let (first, took) = timed(a.try_acquire(&key, &two)).await;
+    let first = first.expect("try_acquire").expect("free");
+    check("permit try_acquire, a permit free", took, 3);
+    let (second, took) = timed(b.try_acquire(&key, &two)).await;
+    let second = second.expect("try_acquire").expect("free");
+    check("permit try_acquire, the last permit", took, 3);
+    let (held, took) = timed(c.try_acquire(&key, &two)).await;
+    assert!(held.expect("try_acquire").is_none());
+    // The mutex, the lease and its count, then both deletes together.
+    check("permit try_acquire, every permit held", took, 3);
+
+    let waiter = {
+        let (c, key) = (c.clone(), key.clone());
+        tokio::spawn(async move {
+            let wait = two.wait(Wait::For(Duration::from_secs(30)));
+            let lease = c.acquire(&key, &wait).await.expect("the waiter acquires");
+            (Instant::now(), lease)
+        })
+    };
+    sleep(PERMIT_RTT * 6).await;
+    let (held, took) = timed(b.try_acquire(&key, &two)).await;
+    assert!(held.expect("try_acquire").is_none());
+    // The waiter holds the mutex: our node is not first, and is deleted.
+    check("permit try_acquire, a waiter holds the mutex", took, 2);
+    let released_at = Instant::now();
+    let (released, took) = timed(first.release()).await;
+    released.expect("release");
+    check("permit release, a waiter counting", took, 1);
+    let (acquired_at, third) = waiter.await.expect("waiter");
+    // The delete (1/2), the children watch's notification (1/2), the count (1), the
+    // mutex's delete (1).
+    check(
+        "permit hand-off, from the release call",
+        acquired_at - released_at,
+        3,
+    );
+    for lease in [second, third] {
+        lease.release().await.expect("release");
+    }
+    eprintln!("permit round trips:\n  {}", measured.join("\n  "));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loopback_latency() {
     const ROUNDS: usize = 100;
@@ -145,8 +234,18 @@ async fn loopback_latency() {
         lease = next_lease;
     }
     lease.release().await.expect("release");
+    let mut permit_cycle = Vec::new();
+    let permits = LockOptions::new().permits(2);
+    for _ in 0..ROUNDS {
+        let started = Instant::now();
+        let lease = a.try_acquire(&key, &permits).await.expect("try");
+        lease.expect("free").release().await.expect("release");
+        permit_cycle.push(started.elapsed());
+    }
     let (cycle, handoff) = (percentiles(cycle), percentiles(handoff));
+    let permit_cycle = percentiles(permit_cycle);
     eprintln!("loopback: try_acquire+release p50/p99 {cycle:?}; hand-off p50/p99 {handoff:?}");
+    eprintln!("loopback: permit try_acquire+release p50/p99 {permit_cycle:?}");
     // Generous: these are single-digit milliseconds on loopback; a polling sleep would not be.
     assert!(cycle.0 < Duration::from_millis(100), "{cycle:?}");
     assert!(handoff.0 < Duration::from_millis(100), "{handoff:?}");

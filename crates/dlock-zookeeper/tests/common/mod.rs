@@ -240,7 +240,9 @@ impl Harness for ZookeeperHarness {
     /// or another client's, is a hold or a queued waiter. An empty key directory is not
     /// residue: it holds nothing, and the lock leaves it on purpose to the server's
     /// container reaper (see the crate docs' Release); the test `key_directory` checks that
-    /// it is a container node, which the reaper removes.
+    /// it is a container node, which the reaper removes. A semaphore's `locks` and `leases`
+    /// directories are looked into the same way: every node in them is residue, the empty
+    /// directories (containers too, checked in `permits`) are not.
     async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError> {
         let zk = self.raw().await?;
         let config = self.config();
@@ -253,10 +255,22 @@ impl Harness for ZookeeperHarness {
         let mut left = Vec::new();
         for dir in dirs.into_iter().filter(|d| d.starts_with(&segment_prefix)) {
             let path = format!("{}/{dir}", config.base);
-            match zk.list_children(&path).await {
-                Ok(children) => left.extend(children.into_iter().map(|c| format!("{path}/{c}"))),
-                Err(zk::Error::NoNode) => {}
+            let children = match zk.list_children(&path).await {
+                Ok(children) => children,
+                Err(zk::Error::NoNode) => continue,
                 Err(e) => return Err(e.into()),
+            };
+            for child in children {
+                let child = format!("{path}/{child}");
+                if !(child.ends_with("/locks") || child.ends_with("/leases")) {
+                    left.push(child);
+                    continue;
+                }
+                match zk.list_children(&child).await {
+                    Ok(nodes) => left.extend(nodes.into_iter().map(|n| format!("{child}/{n}"))),
+                    Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
         Ok(left)
