@@ -276,6 +276,7 @@ mod acquire;
 mod backend;
 mod config;
 mod error;
+mod permits;
 mod pool;
 mod session;
 mod sql;
