@@ -116,6 +116,29 @@ impl PostgresHarness {
             .collect::<std::result::Result<_, _>>()?)
     }
 
+    /// The permit slots of `key` held now, as (backend pid, slot), by slot.
+    pub async fn slots_of(&self, key: &str) -> Result<Vec<(i32, i64)>, BoxError> {
+        let mut admin = self.admin().await?;
+        let sql = format!(
+            "SELECT l.pid, (l.classid::bigint - (($2::int)::bigint + 4294967296) % 4294967296 \
+               + 4294967296) % 4294967296 AS slot \
+             FROM pg_locks l JOIN {} k \
+             ON l.locktype = 'advisory' AND l.objsubid = 2 \
+             AND {SLOT_CLASS} AND l.objid = k.id::oid \
+             WHERE k.name = $1 AND l.granted ORDER BY slot",
+            self.config.table
+        );
+        let rows = sqlx::query(&sql)
+            .bind(key)
+            .bind(self.config.namespace)
+            .fetch_all(&mut admin)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Ok((r.try_get::<i32, _>(0)?, r.try_get::<i64, _>(1)?)))
+            .collect::<std::result::Result<_, sqlx::Error>>()?)
+    }
+
     /// Whether backend `pid` still exists.
     pub async fn session_exists(&self, pid: i32) -> Result<bool, BoxError> {
         let mut admin = self.admin().await?;
