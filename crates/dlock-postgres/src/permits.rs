@@ -42,10 +42,13 @@ struct Listener {
     _stop: oneshot::Sender<()>,
 }
 
+/// The waiters of one key: each one's number and its wake-up.
+type KeyWaiters = Vec<(u64, Arc<Notify>)>;
+
 #[derive(Default)]
 struct Registry {
-    /// Key id → (waiter number, its wake-up).
-    waiters: Mutex<HashMap<i32, Vec<(u64, Arc<Notify>)>>>,
+    /// Key id → its waiters.
+    waiters: Mutex<HashMap<i32, KeyWaiters>>,
     next: AtomicU64,
 }
 
