@@ -164,5 +164,86 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         assert!(lease.release().await.is_err(), "the killed lease is gone");
     }
     println!("holder's session killed -> held {}", percentiles(freed));
+    permits(&a, &b, &format!("{prefix}p"), rounds, &mut raw).await
+}
+
+/// Permits of a semaphore of 4: tries on free and taken slots, the hand-off from a release
+/// (its notification) to a waiter, and from an ended session (the re-check) to a waiter.
+async fn permits(
+    a: &dlock_postgres::PostgresLock,
+    b: &dlock_postgres::PostgresLock,
+    key: &str,
+    rounds: usize,
+    raw: &mut sqlx::PgConnection,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let opts = LockOptions::new().ttl(Duration::from_secs(30)).permits(4);
+    let (mut first, mut last, mut busy) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let mut held = vec![a.try_acquire(key, &opts).await?.expect("free")];
+        first.push(t.elapsed());
+        held.push(a.try_acquire(key, &opts).await?.expect("free"));
+        held.push(a.try_acquire(key, &opts).await?.expect("free"));
+        let t = Instant::now();
+        held.push(a.try_acquire(key, &opts).await?.expect("free"));
+        last.push(t.elapsed());
+        let t = Instant::now();
+        assert!(b.try_acquire(key, &opts).await?.is_none());
+        busy.push(t.elapsed());
+        for lease in held {
+            lease.release().await?;
+        }
+    }
+    println!("permit try, slot 0 free         {}", percentiles(first));
+    println!("permit try, only slot 3 free    {}", percentiles(last));
+    println!("permit try, all 4 taken         {}", percentiles(busy));
+
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(a.try_acquire(key, &opts).await?.expect("free"));
+    }
+    let (mut handoff, mut ended) = (Vec::new(), Vec::new());
+    for round in 0..rounds.min(200) {
+        let waiting = {
+            let (b, key) = (b.clone(), key.to_owned());
+            let opts = opts.wait(Wait::For(Duration::from_secs(10)));
+            tokio::spawn(async move { b.acquire(&key, &opts).await.map(|l| (Instant::now(), l)) })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let released = Instant::now();
+        if round < 10 {
+            // The session of a holder connection (of a's) ends: no notification.
+            let holder: i32 = sqlx::query_scalar(
+                "SELECT l.pid FROM pg_locks l JOIN dlock_keys k ON l.locktype = 'advisory' \
+                 AND l.objsubid = 2 AND l.objid = k.id::oid AND l.granted WHERE k.name = $1 \
+                 LIMIT 1",
+            )
+            .bind(key)
+            .fetch_one(&mut *raw)
+            .await?;
+            raw.execute(format!("SELECT pg_terminate_backend({holder})").as_str())
+                .await?;
+            let (acquired, lease) = waiting.await??;
+            ended.push(acquired - released);
+            lease.release().await?;
+            for lease in held.drain(..) {
+                let _ = lease.release().await;
+            }
+            for _ in 0..4 {
+                held.push(a.try_acquire(key, &opts).await?.expect("free"));
+            }
+            continue;
+        }
+        held.remove(0).release().await?;
+        let (acquired, lease) = waiting.await??;
+        handoff.push(acquired - released);
+        lease.release().await?;
+        held.push(a.try_acquire(key, &opts).await?.expect("free"));
+    }
+    for lease in held {
+        lease.release().await?;
+    }
+    println!("permit hand-off (release)       {}", percentiles(handoff));
+    println!("permit session killed -> held   {}", percentiles(ended));
     Ok(())
 }

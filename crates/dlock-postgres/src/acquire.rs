@@ -143,17 +143,38 @@ impl Attempt {
             id,
             mode: self.mode,
         };
+        match self.take_now(lock).await {
+            Some(Ok(None)) if self.deadline.may_wait() => First::Busy(lock),
+            Some(answer) => First::Answer(answer),
+            None => First::Answer(Ok(None)),
+        }
+    }
+
+    /// Take `lock` without waiting on a holder connection shared with other holds, within
+    /// the deadline (`None`: it passed first).
+    pub(crate) async fn take_now(&self, lock: Advisory) -> Option<Answer> {
         let inner = self.inner.clone();
         let open = || open_session(inner.clone());
         let tried =
             self.inner
                 .carriers
                 .try_take(&self.key, lock, self.ttl, self.shares_carrier, open);
-        match self.deadline.run(tried).await {
-            Some(Ok(None)) if self.deadline.may_wait() => First::Busy(lock),
-            Some(answer) => First::Answer(answer),
-            None => First::Answer(Ok(None)),
-        }
+        self.deadline.run(tried).await
+    }
+
+    /// The backend's state.
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
+    /// The acquire's deadline.
+    pub(crate) fn deadline(&self) -> Deadline {
+        self.deadline
+    }
+
+    /// The key's name.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
     }
 
     /// Busy: wait on a connection of its own, which then carries the hold.
@@ -277,6 +298,23 @@ pub(crate) fn token(rows: &[PgRow]) -> Result<Option<u64>> {
     };
     let token: Option<i64> = row.try_get(0).map_err(Error::sql("acquire"))?;
     Ok(token.map(|t| u64::try_from(t).unwrap_or(0)))
+}
+
+/// The slot a granted permit took: the third column of the last row.
+pub(crate) fn slot(rows: &[PgRow]) -> Result<i32> {
+    let slot: Option<i32> = rows
+        .last()
+        .map(|row| row.try_get(2))
+        .transpose()
+        .map_err(Error::sql("acquire"))?
+        .flatten();
+    slot.ok_or_else(|| {
+        Error::Unexpected {
+            op: "acquire",
+            what: "a granted permit returned no slot".into(),
+        }
+        .into()
+    })
 }
 
 impl Inner {

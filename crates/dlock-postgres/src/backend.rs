@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
-use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, Result, Wakeup};
+use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, Mode, Result, Wakeup};
 use futures::TryStreamExt;
 use sqlx::postgres::PgRow;
 use sqlx::{Either, Executor, Row};
@@ -23,6 +23,7 @@ use crate::NAME;
 use crate::acquire::{Attempt, First};
 use crate::config::PostgresConfig;
 use crate::error::Error;
+use crate::permits::PermitWaits;
 use crate::pool::{Lent, Pool};
 use crate::session::PgSession;
 use crate::sql::Sql;
@@ -59,6 +60,8 @@ pub(crate) struct Inner {
     pub(crate) wakeups: AtomicU64,
     /// Holder connections, each carrying many holds.
     pub(crate) carriers: Carriers<PgSession>,
+    /// Waiters for permits and the listener that wakes them.
+    pub(crate) permit_waits: PermitWaits,
 }
 
 impl PostgresBackend {
@@ -108,6 +111,7 @@ impl PostgresBackend {
             ids: Mutex::new(HashMap::new()),
             wakeups: AtomicU64::new(0),
             carriers: Carriers::new(NAME).open_while_busy(BUSY_CARRIERS),
+            permit_waits: PermitWaits::new(),
         };
         inner.prepare().await?;
         Ok(Self {
@@ -161,7 +165,8 @@ impl Backend for PostgresBackend {
             // pg_advisory_lock_shared on the same lock: the lock manager keeps readers and
             // writers apart and queues a reader behind a waiting writer.
             shared: true,
-            permits: false,
+            // N slot locks per key; a permit is the first free one (see the crate docs).
+            permits: true,
         }
     }
 
@@ -177,6 +182,10 @@ impl Backend for PostgresBackend {
             First::Answer(answer) => return answer,
             First::Busy(id) => id,
         };
+        if let Mode::Permits(_) = id.mode {
+            // A permit waiter holds nothing on the server: it waits here.
+            return crate::permits::wait(&attempt, id).await;
+        }
         let (tx, rx) = oneshot::channel();
         // Counted as clean-up: once the caller gives up, the task still cancels the waiting
         // statement and tidies the connection.

@@ -125,6 +125,47 @@
 //! hold together have distinct tokens in the order of their grants, which says nothing
 //! about which of them wrote last.
 //!
+//! **Permits** (a semaphore, `LockOptions::permits(n)`): a key of `n` permits has `n`
+//! *slots*, the exclusive advisory locks `(namespace + s, id)` for `s` = 0 … `n - 1`
+//! (slot 0 is the key's own lock, so `Permits(1)` is the mutex; the first numbers wrap
+//! in `int4`, and a key table's namespace owns the 10,000 numbers from its own). A permit
+//! is one slot, held on a holder connection like any hold:
+//! 1. The key's id, as for a lock.
+//! 2. Try, one statement: a recursive query tries `pg_try_advisory_lock` on slot 0, 1, …
+//!    in order, each only after the previous one failed, so it takes at most one slot,
+//!    the lowest free; it skips the slots its own session holds (the server would grant
+//!    those again, re-entrantly: a holder connection carrying two permits of a key holds
+//!    two slots). Granted: the token (`nextval`) and the idle timeout in the same
+//!    statement, as for a lock. All `n` busy: NULL.
+//! 3. Busy and the deadline allows a wait: the waiter holds and queues nothing on the
+//!    server. It registers with the client's *listener*, one connection per client
+//!    (opened at its first permit wait, until the client is dropped) that `LISTEN`s on
+//!    `dlock_permits_<namespace as unsigned>`, and tries step 2 again once the listener
+//!    listens, then each time it is woken, until the deadline. A release notifies the
+//!    channel with the key's id; the listener wakes every waiter of that key in the client,
+//!    and each tries again (one round trip each; the statement lets one in per freed
+//!    slot). A session that ends (a crash, `pg_terminate_backend`) frees its slots at once
+//!    but notifies nobody, so a waiter also tries again 1 s after its last try: a slot
+//!    freed that way reaches a waiter within about 1 s (as does a release while the
+//!    listener reconnects). Timeout and cancellation end the wait in the client: nothing
+//!    to undo on the server (a try in flight that is granted after the caller left is
+//!    released by its holder connection).
+//! 4. Release, one statement: `pg_advisory_unlock(namespace + s, id)` and
+//!    `pg_notify(channel, id)` (sent at its commit, after the unlock). Of the slots its
+//!    session holds for the key, a hold frees the highest: permits of a key are alike.
+//!
+//! Keeping and losing permits is as for locks (the holder connection's pings and idle
+//! timeout). Tokens are strictly increasing on the key, as for locks. Clients that
+//! disagree on the limit: an acquire of limit `n` is admitted while one of slots
+//! 0 … `n - 1` is free. When every holder agrees, that is "fewer than `n` holders"; a
+//! holder of a larger limit that took a slot ≥ `n` (the lower ones were busy then) does
+//! not count against a limit of `n`, so the core's rule (count every holder against one's
+//! own limit) holds only while such holders keep the lower slots busy. By hand, a permit
+//! is `pg_try_advisory_lock(namespace + s, id)` on a free slot, and its release
+//! `SELECT pg_advisory_unlock(namespace + s, id), pg_notify('dlock_permits_<namespace>',
+//! id::text)` (without the notification, waiters find the slot within 1 s). A key is
+//! used either as a lock or as a semaphore: mixing them on one key is not checked.
+//!
 //! **Keeping the holds**: a holder connection of auto-renewed holds pings the server
 //! itself, once a third of the ttl after its last answered request, however many keys it
 //! carries, and its holds are granted
@@ -154,7 +195,8 @@
 //! `max_locks_per_transaction`; raise it (a server restart) for more.
 //!
 //! **Crash**: a dead client's connection closes; the server ends its session and frees
-//! its advisory locks at once.
+//! its advisory locks at once. A waiter for a lock is granted it at once; a waiter for a
+//! permit finds the freed slot at its next re-check, within about 1 s.
 //!
 //! | operation | round trips | measured p50 (loopback, PostgreSQL 15) |
 //! |---|---|---|
@@ -172,6 +214,11 @@
 //! | `release` | 1 | 0.07 ms |
 //! | holder's session ends (`pg_terminate_backend`, crash) → waiter holds | the server frees → grant | 0.88 ms |
 //! | `acquire` with a 300 ms deadline on a held key | the wait, ended by `lock_timeout` | 300.7 ms |
+//! | permit `try_acquire`, slot 0 free / only slot 3 of 4 free / all 4 busy ² | 1 | 0.22 / 0.21 / 0.19 ms |
+//! | permit `release` | 1 (with `pg_notify`) | — |
+//! | permit hand-off, `release` called → waiter holds ² | unlock + notify → listener → 1 try per waiter of the key in each client | 0.79 ms (a mutex's 0.60 ms in the same run) |
+//! | permit holder's session ends → waiter holds ² | the re-check: ≤ 1 s + 1 try | 996 ms |
+//! | permit `acquire` that waits, first time in a client | + the listener's connect and `LISTEN` | — |
 //!
 //! A server round trip (`SELECT 1`) measured 0.06 ms, a raw `pg_advisory_lock` +
 //! `pg_advisory_unlock` pair on one connection 0.14 ms. Medians of
@@ -183,6 +230,8 @@
 //! ¹ From a later, quieter run, where `SELECT 1` took 0.021 ms and an exclusive
 //! `try_acquire` of a free key 0.074 ms; the re-entry's `pg_locks` read grows with the
 //! number of locks on the whole server.
+//! ² `latency 40` in a busier run (`SELECT 1` took 0.082 ms, an exclusive `try_acquire`
+//! of a free key 0.19 ms); a semaphore of 4 permits.
 //!
 //! # Many keys
 //!
@@ -203,6 +252,7 @@
 //! | expiry | ttl | the holding session's `idle_session_timeout` is the ttl (milliseconds), restarted by every ping; a silent holder's session is ended by the server ttl after its last statement |
 //! | releases on disconnect | yes | a closed session's advisory locks are freed at once |
 //! | wake-up | notification, one per release | the lock manager grants the lock to one waiter; a release that lets k queued readers in grants each of them once (k wake-ups, each a grant) |
+//! | permits | yes | N slot locks per key, the first free one taken by one statement; waiters are woken by `pg_notify` on release (every waiter of the key tries again, one per freed slot gets in) and re-check every 1 s for slots freed by ended sessions, so a crashed permit holder's permit reaches a waiter within about 1 s, not at once; not fair |
 //! | shared | yes | `pg_advisory_lock_shared` on the same lock; a reader that comes while a writer waits queues behind it (the lock manager's wait mask, and a `pg_locks` check on re-entry) |
 //! | max key length | 1024 bytes | names are stored as given in the key table |
 //!
@@ -218,10 +268,10 @@
 //! | option | default | meaning |
 //! |---|---|---|
 //! | `table` | `dlock_keys` | key table (`{table}_id` and `{table}_fence` are its sequences); lower-case letters, digits, `_`, at most 57 characters; found through the role's `search_path` |
-//! | `namespace` | `1684828003` (`0x646c6f63`) | first number of every advisory lock; two key tables in one database need two namespaces |
+//! | `namespace` | `1684828003` (`0x646c6f63`) | first number of every advisory lock (permit slots use the 10,000 numbers from it); two key tables in one database need namespaces at least 10,000 apart |
 //! | `connect_timeout` | `5s` | bound on opening a connection (`500ms`, `5s`, `2m`; a bare number is refused) |
 //! | `response_timeout` | `5s` | bound on every statement that does not wait for a lock |
-//! | `max_connections` | `100` | lock connections: holder connections (each carries many keys) and one per waiting acquire; when all are in use an acquire waits for one until its deadline, at most `connect_timeout`, then fails `Unavailable` naming `max_connections` |
+//! | `max_connections` | `100` | lock connections: holder connections (each carries many keys) and one per waiting acquire; when all are in use an acquire waits for one until its deadline, at most `connect_timeout`, then fails `Unavailable` naming `max_connections`. A client that has waited for a permit has one more, its listener |
 //! | `application_name` | `dlock` | what `pg_stat_activity` shows |
 //! | `sslmode` (`ssl-mode`) | `verify-full` if a certificate file is given, else `prefer` | `disable`, `allow`, `prefer`, `require`, `verify-ca`, `verify-full` |
 //! | `sslrootcert` (`ssl-root-cert`) | none | PEM file of the CA(s) the server's certificate must chain to |
@@ -242,7 +292,7 @@
 //! client still has its id cached (or is about to lock it) would let the key get a second
 //! id, and two holders. Delete rows only of keys retired for good, with every client
 //! stopped. The sequences never go back. Advisory locks live only as long as the sessions
-//! holding them.
+//! holding them. A permit waiter leaves nothing at all: it waits in the client.
 //!
 //! The role needs `CREATE` on the schema the first time (or create the table and
 //! sequences beforehand), then `SELECT`, `INSERT` on the table and `USAGE` on the
@@ -276,6 +326,7 @@ mod acquire;
 mod backend;
 mod config;
 mod error;
+mod permits;
 mod pool;
 mod session;
 mod sql;

@@ -23,6 +23,9 @@ pub(crate) struct PgSession {
     /// How many shared holds of each lock id this session carries: taking one of these
     /// again needs the check for waiting writers the server skips on re-entry.
     shared: HashMap<i32, u32>,
+    /// The permit slots of each lock id this session holds, one per permit hold: a new
+    /// permit of the key must take another slot (the server would grant one of these again).
+    slots: HashMap<i32, Vec<i32>>,
     /// Taken idle from the pool and not used since: it may have died while idle (a server
     /// restart), which its first statement finds out.
     unproven: bool,
@@ -37,6 +40,7 @@ impl PgSession {
             inner,
             lent,
             shared: HashMap::new(),
+            slots: HashMap::new(),
         }
     }
 
@@ -59,6 +63,47 @@ impl PgSession {
             *n -= 1;
             if *n == 0 {
                 self.shared.remove(&lock.id);
+            }
+        }
+    }
+
+    /// The statement that takes `lock` without waiting on this session.
+    fn try_sql(&self, lock: Advisory, idle: Duration) -> String {
+        let sql = &self.inner.sql;
+        match lock.mode {
+            Mode::Shared if self.shared.contains_key(&lock.id) => {
+                sql.try_share_again(lock.id, millis(idle))
+            }
+            Mode::Permits(limit) => {
+                let held = self.slots.get(&lock.id).map_or(&[][..], Vec::as_slice);
+                sql.try_permit(lock.id, limit, held, millis(idle))
+            }
+            Mode::Shared | Mode::Exclusive => sql.try_take(lock, millis(idle)),
+        }
+    }
+
+    /// The statement that gives `lock` back, and for a permit the slot it frees (the
+    /// highest this session holds of the key: all of them are alike, and keeping the low
+    /// ones held makes smaller limits count them). `None` when the session holds no slot.
+    fn unlock_sql(&self, lock: Advisory, last: bool) -> Option<(String, Option<i32>)> {
+        let sql = &self.inner.sql;
+        if let Mode::Permits(_) = lock.mode {
+            let slot = *self.slots.get(&lock.id)?.iter().max()?;
+            return Some((sql.unlock_permit(lock.id, slot, last), Some(slot)));
+        }
+        let statement = if last {
+            sql.release(lock)
+        } else {
+            sql.unlock(lock)
+        };
+        Some((statement, None))
+    }
+
+    fn forget_slot(&mut self, id: i32, slot: i32) {
+        if let Some(slots) = self.slots.get_mut(&id) {
+            slots.retain(|s| *s != slot);
+            if slots.is_empty() {
+                self.slots.remove(&id);
             }
         }
     }
@@ -89,11 +134,7 @@ impl Session for PgSession {
 
     async fn try_lock(&mut self, lock: &Advisory, idle: Duration) -> Result<Option<u64>, Failure> {
         let lock = *lock;
-        let sql = if lock.mode == Mode::Shared && self.shared.contains_key(&lock.id) {
-            self.inner.sql.try_share_again(lock.id, millis(idle))
-        } else {
-            self.inner.sql.try_take(lock, millis(idle))
-        };
+        let sql = self.try_sql(lock, idle);
         let mut rows = self.inner.run(&mut self.lent, &sql, "acquire").await;
         if std::mem::take(&mut self.unproven)
             && let Err(e) = &rows
@@ -111,19 +152,24 @@ impl Session for PgSession {
         let token = crate::acquire::token(&rows).map_err(Failure::Request)?;
         if token.is_some() {
             self.count(lock, true);
+            if let Mode::Permits(_) = lock.mode {
+                let slot = crate::acquire::slot(&rows).map_err(Failure::Request)?;
+                self.slots.entry(lock.id).or_default().push(slot);
+            }
         }
         Ok(token)
     }
 
     async fn unlock(&mut self, lock: &Advisory, last: bool) -> Result<bool, Failure> {
         let lock = *lock;
-        let sql = if last {
-            self.inner.sql.release(lock)
-        } else {
-            self.inner.sql.unlock(lock)
+        let Some((sql, slot)) = self.unlock_sql(lock, last) else {
+            return Ok(false);
         };
         let rows = self.run(&sql, "release").await?;
         self.count(lock, false);
+        if let Some(slot) = slot {
+            self.forget_slot(lock.id, slot);
+        }
         Ok(rows
             .first()
             .and_then(|r| r.try_get::<Option<bool>, _>(0).ok().flatten())

@@ -19,11 +19,17 @@ impl Advisory {
     /// The suffix of the advisory lock functions of this mode (`pg_advisory_lock_shared`).
     fn suffix(self) -> &'static str {
         match self.mode {
-            // Permits are not declared yet: the core refuses them before this is reached.
-            Mode::Shared | Mode::Permits(_) => "_shared",
-            Mode::Exclusive => "",
+            Mode::Shared => "_shared",
+            // A permit is an exclusive lock on one of the key's slots (see `try_permit`).
+            Mode::Exclusive | Mode::Permits(_) => "",
         }
     }
+}
+
+/// The first number of slot `slot`'s advisory lock: `namespace + slot`, wrapping in `int4`.
+/// Slot 0 is the key's own lock `(namespace, id)`.
+pub(crate) fn slot_class(namespace: i32, slot: i32) -> i32 {
+    namespace.wrapping_add(slot)
 }
 
 /// The statements of one configuration.
@@ -165,6 +171,62 @@ impl Sql {
         )
     }
 
+    /// Take one permit of key `id` with limit `limit` without waiting: one statement that
+    /// tries the slot locks `(namespace + s, id)` for s = 0, 1, …, `limit - 1` in order,
+    /// skipping the slots in `held` (this session's own: the server would grant those again,
+    /// re-entrantly), and stops at the first it gets. A recursive query tries the next slot
+    /// only when the previous try failed, so it never takes two. When it gets one, the token
+    /// and the idle timeout as in [`try_take`](Self::try_take). One row: the token (NULL:
+    /// every slot is busy), the idle timeout, the slot taken.
+    pub(crate) fn try_permit(&self, id: i32, limit: u32, held: &[i32], idle_ms: u64) -> String {
+        let ns = self.namespace;
+        let skip = if held.is_empty() {
+            "false".to_owned()
+        } else {
+            let list: Vec<String> = held.iter().map(i32::to_string).collect();
+            format!("s.n + 1 IN ({})", list.join(", "))
+        };
+        // The slot's class `namespace + s`, wrapped into int4 as `slot_class` does.
+        let class =
+            format!("(((({ns})::bigint + s.n + 1 + 2147483648) % 4294967296) - 2147483648)::int4");
+        format!(
+            "SELECT p.token, CASE WHEN p.token IS NOT NULL THEN \
+               set_config('idle_session_timeout', '{idle_ms}', false) END, p.slot \
+             FROM (SELECT q.slot, CASE WHEN q.slot IS NOT NULL \
+               THEN nextval('{fence}') END AS token \
+             FROM (SELECT (WITH RECURSIVE s(n, got) AS ( \
+                 SELECT -1, false \
+                 UNION ALL \
+                 SELECT s.n + 1, CASE WHEN {skip} THEN false \
+                   ELSE pg_try_advisory_lock({class}, {id}) END \
+                 FROM s WHERE NOT s.got AND s.n + 1 < {limit}) \
+               SELECT n FROM s WHERE got) AS slot OFFSET 0) q OFFSET 0) p",
+            fence = self.fence_seq,
+        )
+    }
+
+    /// The channel a permit release notifies (payload: the key's id), one per namespace.
+    pub(crate) fn permit_channel(&self) -> String {
+        // As unsigned, so that the name has no '-'.
+        format!("dlock_permits_{}", self.namespace as u32)
+    }
+
+    /// Give back slot `slot` of key `id` and tell the waiters of the key (`pg_notify`, sent
+    /// when the statement commits, after the unlock); with `last`, the session back to its
+    /// defaults. One row: whether the slot was held.
+    pub(crate) fn unlock_permit(&self, id: i32, slot: i32, last: bool) -> String {
+        let reset = if last {
+            ", set_config('idle_session_timeout', '0', false)"
+        } else {
+            ""
+        };
+        format!(
+            "SELECT pg_advisory_unlock({}, {id}), pg_notify('{}', '{id}'){reset}",
+            slot_class(self.namespace, slot),
+            self.permit_channel(),
+        )
+    }
+
     /// Renew with a new ttl: the session's idle timeout.
     pub(crate) fn keep(idle_ms: u64) -> String {
         format!("SELECT set_config('idle_session_timeout', '{idle_ms}', false)")
@@ -233,6 +295,29 @@ mod tests {
         assert!(sql.unlock(read).contains("pg_advisory_unlock_shared(9, 7)"));
         let again = sql.try_share_again(7, 1);
         assert!(again.contains("pg_locks") && again.contains("pg_try_advisory_lock_shared(9, 7)"));
+    }
+
+    #[test]
+    fn slots_are_classes_after_the_namespace_and_wrap() {
+        assert_eq!(slot_class(9, 0), 9);
+        assert_eq!(slot_class(9, 3), 12);
+        assert_eq!(slot_class(i32::MAX, 1), i32::MIN);
+        let sql = Sql::new("dlock_keys", 9);
+        let taking = sql.try_permit(7, 3, &[0, 2], 1);
+        assert!(taking.contains("s.n + 1 IN (0, 2)") && taking.contains("s.n + 1 < 3"));
+        assert!(!sql.try_permit(7, 3, &[], 1).contains(" IN ("));
+        let freeing = sql.unlock_permit(7, 2, false);
+        assert!(freeing.contains("pg_advisory_unlock(11, 7)"));
+        assert!(freeing.contains("pg_notify('dlock_permits_9', '7')"));
+        assert!(!freeing.contains("idle_session_timeout"));
+        assert!(
+            sql.unlock_permit(7, 0, true)
+                .contains("idle_session_timeout")
+        );
+        assert_eq!(
+            Sql::new("t", -1).permit_channel(),
+            "dlock_permits_4294967295"
+        );
     }
 
     #[test]

@@ -14,6 +14,11 @@ use dlock_postgres::PostgresConfig;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, Row};
 
+/// SQL: lock `l`'s first number is the namespace `$2` or one of the permit slots after it
+/// (`namespace + s` for s < `Mode::MAX_PERMITS`, wrapping as unsigned 32-bit numbers).
+pub const SLOT_CLASS: &str = "((l.classid::bigint - (($2::int)::bigint + 4294967296) % 4294967296 \
+     + 4294967296) % 4294967296) < 10000";
+
 pub const DEFAULT_URL: &str = "postgres://dlock:dlock@127.0.0.1:5432/dlock";
 
 pub struct PostgresHarness {
@@ -94,7 +99,7 @@ impl PostgresHarness {
         let sql = format!(
             "SELECT l.pid FROM pg_locks l JOIN {} k \
              ON l.locktype = 'advisory' AND l.objsubid = 2 \
-             AND l.classid = ($2::int)::oid AND l.objid = k.id::oid \
+             AND {SLOT_CLASS} AND l.objid = k.id::oid \
              WHERE k.name = $1 AND l.granted = $3 AND l.database = \
              (SELECT oid FROM pg_database WHERE datname = current_database())",
             self.config.table
@@ -109,6 +114,29 @@ impl PostgresHarness {
             .iter()
             .map(|r| r.try_get::<i32, _>(0))
             .collect::<std::result::Result<_, _>>()?)
+    }
+
+    /// The permit slots of `key` held now, as (backend pid, slot), by slot.
+    pub async fn slots_of(&self, key: &str) -> Result<Vec<(i32, i64)>, BoxError> {
+        let mut admin = self.admin().await?;
+        let sql = format!(
+            "SELECT l.pid, (l.classid::bigint - (($2::int)::bigint + 4294967296) % 4294967296 \
+               + 4294967296) % 4294967296 AS slot \
+             FROM pg_locks l JOIN {} k \
+             ON l.locktype = 'advisory' AND l.objsubid = 2 \
+             AND {SLOT_CLASS} AND l.objid = k.id::oid \
+             WHERE k.name = $1 AND l.granted ORDER BY slot",
+            self.config.table
+        );
+        let rows = sqlx::query(&sql)
+            .bind(key)
+            .bind(self.config.namespace)
+            .fetch_all(&mut admin)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Ok((r.try_get::<i32, _>(0)?, r.try_get::<i64, _>(1)?)))
+            .collect::<std::result::Result<_, sqlx::Error>>()?)
     }
 
     /// Whether backend `pid` still exists.
@@ -223,7 +251,7 @@ impl Harness for PostgresHarness {
             "SELECT k.name || CASE WHEN l.granted THEN ' (held)' ELSE ' (waited for)' END \
              FROM pg_locks l JOIN {} k \
              ON l.locktype = 'advisory' AND l.objsubid = 2 \
-             AND l.classid = ($2::int)::oid AND l.objid = k.id::oid \
+             AND {SLOT_CLASS} AND l.objid = k.id::oid \
              WHERE left(k.name, length($1)) = $1",
             self.config.table
         );
