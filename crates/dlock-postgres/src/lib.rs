@@ -222,7 +222,7 @@
 //!
 //! A server round trip (`SELECT 1`) measured 0.06 ms, a raw `pg_advisory_lock` +
 //! `pg_advisory_unlock` pair on one connection 0.14 ms. Medians of
-//! `cargo run --release -p dlock-postgres --example latency` on a shared 2-core machine; the
+//! `cargo run --release -p dlock-postgres --example postgres_latency` on a shared 2-core machine; the
 //! lockbench row from `lockbench --backends postgres` (two runs). What the cycle pays beyond
 //! the raw pair: the hand-offs to and from the holder connection's task (a task per
 //! holder connection, which retires when it holds nothing), and `nextval`, which WAL-logs
@@ -230,7 +230,7 @@
 //! ¹ From a later, quieter run, where `SELECT 1` took 0.021 ms and an exclusive
 //! `try_acquire` of a free key 0.074 ms; the re-entry's `pg_locks` read grows with the
 //! number of locks on the whole server.
-//! ² `latency 40` in a busier run (`SELECT 1` took 0.082 ms, an exclusive `try_acquire`
+//! ² `postgres_latency` in a busier run (`SELECT 1` took 0.082 ms, an exclusive `try_acquire`
 //! of a free key 0.19 ms); a semaphore of 4 permits.
 //!
 //! # Many keys

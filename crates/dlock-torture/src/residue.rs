@@ -1,7 +1,8 @@
 //! What a run left on the servers, read with each server's own client: lock keys, nodes
 //! rows and advisory locks whose name starts with the run's key stem. Fence counters, which outlive
-//! holders by design, are not residue, nor are ZooKeeper's empty key directories (container
-//! nodes the lock leaves for the server's reaper; see dlock-zookeeper's Release).
+//! holders by design, are not residue, nor are ZooKeeper's empty key directories and a
+//! semaphore's empty `locks` and `leases` directories (container nodes left for the server's
+//! reaper; see dlock-zookeeper's Release and Permits).
 
 use std::time::Duration;
 
@@ -99,13 +100,31 @@ async fn zookeeper_nodes(url: &str, stem: &str) -> Result<Vec<String>, String> {
     let mut left = Vec::new();
     for dir in dirs.into_iter().filter(|d| d.starts_with(stem)) {
         let path = format!("{}/{dir}", config.base);
-        match zk.list_children(&path).await {
-            Ok(children) => left.extend(children.into_iter().map(|c| format!("node {path}/{c}"))),
-            Err(zookeeper_client::Error::NoNode) => {}
-            Err(e) => return Err(format!("list {path}: {e}")),
+        for child in zookeeper_children(&zk, &path).await? {
+            // A semaphore's `locks` and `leases` containers are left to the reaper like the
+            // key directory; what is inside them is residue.
+            if child == "locks" || child == "leases" {
+                let inner = format!("{path}/{child}");
+                let nodes = zookeeper_children(&zk, &inner).await?;
+                left.extend(nodes.into_iter().map(|c| format!("node {inner}/{c}")));
+            } else {
+                left.push(format!("node {path}/{child}"));
+            }
         }
     }
     Ok(left)
+}
+
+/// The children of `path`; none when it is gone (reaped meanwhile).
+async fn zookeeper_children(
+    zk: &zookeeper_client::Client,
+    path: &str,
+) -> Result<Vec<String>, String> {
+    match zk.list_children(path).await {
+        Ok(children) => Ok(children),
+        Err(zookeeper_client::Error::NoNode) => Ok(Vec::new()),
+        Err(e) => Err(format!("list {path}: {e}")),
+    }
 }
 
 async fn etcd_keys(url: &str, stem: &str) -> Result<Vec<String>, String> {

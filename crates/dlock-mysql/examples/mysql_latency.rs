@@ -3,7 +3,7 @@
 //! round trip (`SELECT 1` on a plain sqlx connection).
 //!
 //! ```text
-//! cargo run --release -p dlock-mysql --example latency [-- ROUNDS]
+//! cargo run --release -p dlock-mysql --example mysql_latency [-- ROUNDS]
 //! ```
 
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! `pg_advisory_lock` + `pg_advisory_unlock` pair on one connection.
 //!
 //! ```text
-//! cargo run --release -p dlock-postgres --example latency [-- ROUNDS]
+//! cargo run --release -p dlock-postgres --example postgres_latency [-- ROUNDS]
 //! ```
 
 use std::time::Duration;
