@@ -208,8 +208,9 @@ fn read_holds_share_or_are_refused(url: &str) {
     );
 }
 
-/// `--permits 2` from three processes: two hold the key together, the third and a
-/// `--write` are kept out, and a freed permit lets the next one in. Every backend takes
+/// `--permits 2` from three processes: two hold the key together, the third is kept out,
+/// and a freed permit lets the next one in (a key is a lock or a semaphore: what a
+/// `--write` makes of permit holders is backend-specific, so it is not asked). Every backend takes
 /// permits: a refusal (exit 64) fails the test, naming the backend's answer.
 fn permits_let_n_holders_in_and_no_more(url: &str) {
     let key = unique("permits");
@@ -225,12 +226,6 @@ fn permits_let_n_holders_in_and_no_more(url: &str) {
         third.status.code(),
         Some(75),
         "a third permit of two: {third:?}"
-    );
-    let writer = run_true(url, &key, &["--write", "--no-wait"]);
-    assert_eq!(
-        writer.status.code(),
-        Some(75),
-        "a writer beside permit holders: {writer:?}"
     );
     common::sigterm(&first);
     assert!(first.wait().unwrap().success());
