@@ -414,15 +414,8 @@ async fn lock_with(
     if !errors.is_empty() {
         return Err(format!("{} client error(s): {}", errors.len(), errors.join("; ")).into());
     }
-    if let Some(n) = permits
-        && measure.most_at_once < n as usize
-    {
-        return Err(format!(
-            "the semaphore never reached its cap: at most {} of {n} permits were held at once, with {clients} clients waiting for them",
-            measure.most_at_once
-        )
-        .into());
-    }
+    // Fewer holders at once than permits is a figure, not a failure: a protocol that admits
+    // one acquirer at a time (ZooKeeper's, as Curator's) cannot keep many short holds busy.
     // Hand-offs are between holders of one key in turn; shared holds overlap.
     if matches!(workload, Workload::Uncontended | Workload::Contended) {
         all_holds.sort_by_key(|&(start, _)| start);
