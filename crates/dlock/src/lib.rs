@@ -26,7 +26,8 @@
 //! | `mysql://`, `mariadb://` | MySQL 8 / MariaDB row lock | `mysql` | `dlock-mysql` |
 //! | `postgres://`, `postgresql://` | PostgreSQL advisory lock | `postgres` | `dlock-postgres` |
 //!
-//! All features are on by default.
+//! All features are on by default, and so is `blocking`: [`blocking`] is the same API for
+//! code that is not async (threads, CLI tools, build scripts).
 //!
 //! Each backend is a cargo feature; a URL whose backend is compiled out is
 //! [`LockError::InvalidConfig`] naming the feature to enable. A backend's URL options are
@@ -43,6 +44,9 @@
 use std::sync::Arc;
 
 use dlock_core::raw::url as raw_url;
+
+#[cfg(feature = "blocking")]
+pub mod blocking;
 
 pub use dlock_core::{
     BoxError, Capabilities, DistributedLock, ErrorKind, Expiry, FaultSafety, Faults, Fencing,
