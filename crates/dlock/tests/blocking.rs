@@ -78,10 +78,12 @@ fn threads_exclude_each_other(server: &Server) {
             })
         })
         .collect();
-    let ordered = workers
+    // Every thread joined before looking at the answers.
+    let orders: Vec<bool> = workers
         .into_iter()
         .map(|w| w.join().expect("worker thread"))
-        .fold(true, |all, ordered| all && ordered);
+        .collect();
+    let ordered = orders.into_iter().all(|ordered| ordered);
     let violations = history.check(ordered);
     assert!(
         violations.is_empty(),

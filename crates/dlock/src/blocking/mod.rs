@@ -14,7 +14,7 @@
 //! ```
 //!
 //! [`connect`] gives a [`Client`] with every operation of the async
-//! [`DistributedLock`](crate::DistributedLock), each of which blocks the calling thread until
+//! [`DistributedLock`], each of which blocks the calling thread until
 //! it is done; a [`Lease`] has the async lease's operations, and a blocking
 //! [`wait_lost`](Lease::wait_lost) in place of the `lost()` future. Modes come through the
 //! options as they do in the async API: [`LockOptions::shared`](crate::LockOptions::shared),
