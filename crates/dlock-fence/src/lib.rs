@@ -16,7 +16,7 @@
 //!
 //! A lease is a promise with a deadline. A holder that pauses (GC, a stalled VM, a slow
 //! disk) past its ttl no longer holds the lock, but may not know it yet when it writes.
-//! Every lease carries a [fencing token](dlock::Lease::fencing_token) that grows with each
+//! Every lease carries a fencing token (`dlock::Lease::fencing_token`) that grows with each
 //! new holder of the key; when the store keeps the token of the last write beside the data
 //! and refuses a write whose token is not larger, the late write of the paused holder is
 //! refused ([`FenceError::StaleToken`]) and the newer holder's write stands. The lock gives
@@ -85,7 +85,7 @@
 //! # Which tokens the check can trust
 //!
 //! The check is only as good as the order of the tokens, which the lock backend declares
-//! in [`Capabilities::fencing`](dlock::Capabilities::fencing):
+//! in `dlock::Capabilities::fencing`:
 //!
 //! - `Strict` (MySQL, PostgreSQL, etcd, ZooKeeper): every later holder's token is larger,
 //!   across holder crashes and server restarts. A refused write is always a stale one.

@@ -1,5 +1,7 @@
 //! Fenced puts on etcd, with tokens from dlock's etcd backend (strict fencing).
 
+#![cfg(feature = "etcd")]
+
 mod common;
 
 use common::{Handover, unique_name, unreachable};

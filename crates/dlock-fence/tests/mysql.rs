@@ -1,5 +1,7 @@
 //! Fenced updates on MySQL/MariaDB, with tokens from dlock's MySQL backend (strict fencing).
 
+#![cfg(feature = "mysql")]
+
 mod common;
 
 use common::{Handover, unique_name, unreachable};

@@ -1,5 +1,7 @@
 //! Fenced updates on PostgreSQL, with tokens from dlock's PostgreSQL backend (strict fencing).
 
+#![cfg(feature = "postgres")]
+
 mod common;
 
 use common::{Handover, unique_name, unreachable};
@@ -27,7 +29,7 @@ impl Fixture {
         );
         // sqlx takes the same URL without dlock's options.
         let plain = url.split('?').next().unwrap_or_default();
-        let mut conn = PgConnection::connect(&plain)
+        let mut conn = PgConnection::connect(plain)
             .await
             .unwrap_or_else(|e| unreachable(SERVER, SETUP, e));
         let name = unique_name();

@@ -1,5 +1,7 @@
 //! Fenced writes on Redis, with tokens from dlock's Redis backend (best-effort fencing).
 
+#![cfg(feature = "redis")]
+
 mod common;
 
 use common::{Handover, unique_name, unreachable};
@@ -16,6 +18,17 @@ async fn connect() -> (String, MultiplexedConnection) {
         .await
         .unwrap_or_else(|e| unreachable("Redis", "redis", e));
     (url, conn)
+}
+
+/// dlock-redis's fence counter of `key` (`{<prefix><key>}:fence`, its docs' key table), under
+/// the URL's `prefix` option (raw) or the default `dlock:`.
+fn fence_counter(url: &str, key: &str) -> String {
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    let prefix = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("prefix="))
+        .unwrap_or("dlock:");
+    format!("{{{prefix}{key}}}:fence")
 }
 
 async fn delete(conn: &mut MultiplexedConnection, key: &str) {
@@ -55,6 +68,7 @@ async fn the_late_write_of_a_holder_that_lost_its_lease_is_refused() {
     assert_eq!(kept, Some(("newer".to_owned(), newer)));
     delete(&mut conn, &data).await;
     handover.finish().await;
+    delete(&mut conn, &fence_counter(&url, &lock_key)).await;
 }
 
 /// A restart without persistence loses the fence counter; dlock floors the next token by
@@ -76,7 +90,7 @@ async fn the_late_write_is_refused_even_after_the_fence_counter_was_lost() {
         .expect("acquire")
         .expect("free");
     // What a restart without persistence does to the counter (named in dlock-redis's docs).
-    delete(&mut conn, &format!("{{dlock:{lock_key}}}:fence")).await;
+    delete(&mut conn, &fence_counter(&url, &lock_key)).await;
     let handover_wait = dlock::LockOptions::new()
         .ttl(std::time::Duration::from_secs(30))
         .wait(dlock::Wait::For(std::time::Duration::from_secs(30)));
@@ -98,6 +112,7 @@ async fn the_late_write_is_refused_even_after_the_fence_counter_was_lost() {
     assert!(late.as_ref().is_err_and(FenceError::is_stale), "{late:?}");
     delete(&mut conn, &data).await;
     newer_lease.release().await.expect("release");
+    delete(&mut conn, &fence_counter(&url, &lock_key)).await;
 }
 
 #[tokio::test]
