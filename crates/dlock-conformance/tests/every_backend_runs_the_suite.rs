@@ -10,6 +10,7 @@ const NOT_BACKENDS: &[&str] = &[
     "dlock",
     "dlock-cli",
     "dlock-torture",
+    "dlock-fence",
 ];
 
 #[test]

@@ -14,7 +14,8 @@ async fn main() -> dlock::Result<()> {
         .ttl(Duration::from_secs(10))
         .wait(Wait::For(Duration::from_secs(5)));
     let lease = lock.acquire("invoices/2026-11", &opts).await?;
-    // e.g. UPDATE invoices SET …, fence = $token WHERE id = … AND fence < $token
+    // The store must refuse older tokens: UPDATE invoices SET …, fence = $token WHERE id = …
+    // AND fence < $token. The dlock-fence crate does it for SQL, Redis and etcd.
     println!("write invoices with fence {}", lease.fencing_token());
     println!("fencing here is {:?}", lock.capabilities().fencing);
     lease.release().await
