@@ -152,7 +152,7 @@ impl Report {
             s,
             "\n### Semaphore: N clients, one key, N/4 permits\n\n\
              Each hold lasts `--hold`, at least {} ms. *Most at once*: the most holders of the \
-             key at the same time over the run, which must equal the permits (more is a \
+             key at the same time over the run, at most the permits (more is a \
              violation and fails the run; fewer means the holds were too short for the protocol to keep \
              every permit busy).\n",
             crate::run::SEMAPHORE_MIN_HOLD.as_millis()

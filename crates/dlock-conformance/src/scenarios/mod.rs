@@ -27,9 +27,11 @@ pub use waiters::*;
 
 use std::time::Duration;
 
-use dlock_core::{DistributedLock, Lease, LockOptions, Wait};
+use dlock_core::{DistributedLock, Lease, LockOptions, Mode, Wait};
+use futures::future::join_all;
+use tokio::time::{Instant, sleep};
 
-use crate::Ctx;
+use crate::{Ctx, History, Hold};
 
 /// Extra time allowed over a computed bound, for a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(3);
@@ -70,6 +72,52 @@ fn join_panics<T>(results: Vec<Result<T, tokio::task::JoinError>>) -> Vec<T> {
             Err(e) => panic!("task failed: {e}"),
         })
         .collect()
+}
+
+/// `clients` fresh clients take `key` `rounds` times each, in the mode `mode(client, round)`
+/// and otherwise with `opts`, each hold lasting `pause` (a fixed pause, not a poll: it gives
+/// holds time to overlap). Every hold is recorded; none may be lost in calm weather.
+/// Returns the history and whether the backend declares ordered tokens.
+async fn contend(
+    cx: &Ctx,
+    key: &str,
+    (clients, rounds): (usize, usize),
+    opts: LockOptions,
+    pause: Duration,
+    mode: fn(usize, usize) -> Mode,
+) -> (History, bool) {
+    let history = History::new();
+    let mut tasks = Vec::new();
+    let mut ordered = false;
+    for c in 0..clients {
+        let client = cx.client().await;
+        ordered = client.capabilities().fencing.is_ordered();
+        let (key, history) = (key.to_owned(), history.clone());
+        tasks.push(tokio::spawn(async move {
+            for round in 0..rounds {
+                let lease = client
+                    .acquire(&key, &opts.mode(mode(c, round)))
+                    .await
+                    .expect("acquire under contention");
+                let start = Instant::now();
+                sleep(pause).await;
+                history.record(Hold {
+                    client: c,
+                    key: key.clone(),
+                    token: lease.fencing_token(),
+                    mode: lease.mode(),
+                    start,
+                    end: Instant::now(),
+                    lost_at: None,
+                });
+                assert!(!lease.is_lost(), "lease lost in calm weather");
+                lease.release().await.expect("release");
+            }
+        }));
+    }
+    join_panics(join_all(tasks).await);
+    assert_eq!(history.holds().len(), clients * rounds);
+    (history, ordered)
 }
 
 /// The first few violations of a history, one a line.

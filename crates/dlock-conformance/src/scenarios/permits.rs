@@ -8,13 +8,12 @@
 use std::time::Duration;
 
 use dlock_core::{ErrorKind, Lease, LockOptions, Mode, Wait};
-use futures::future::join_all;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 
 use super::leases::killed_holder;
-use super::{SLACK, join_panics, must_be_held, must_take, opts, violations_report};
-use crate::{Ctx, History, Hold};
+use super::{SLACK, contend, must_be_held, must_take, opts, violations_report};
+use crate::{Ctx, Hold};
 
 fn permits(cx: &Ctx, n: u32) -> LockOptions {
     opts(cx).permits(n)
@@ -148,42 +147,15 @@ pub async fn permits_cap_holders_under_contention(cx: Ctx) {
         return;
     };
     let key = cx.key("k");
-    let history = History::new();
-    let mut tasks = Vec::new();
-    let mut ordered = false;
-    for c in 0..CLIENTS {
-        let client = cx.client().await;
-        ordered = client.capabilities().fencing.is_ordered();
-        let (key, history) = (key.clone(), history.clone());
-        let wait = permits(&cx, N).wait(Wait::For(Duration::from_secs(120)));
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
-                let lease = client
-                    .acquire(&key, &wait)
-                    .await
-                    .expect("acquire under contention");
-                let start = Instant::now();
-                // A fixed pause, not a poll: it gives holders time to overlap.
-                sleep(Duration::from_millis(30)).await;
-                history.record(Hold {
-                    client: c,
-                    key: key.clone(),
-                    token: lease.fencing_token(),
-                    mode: lease.mode(),
-                    start,
-                    end: Instant::now(),
-                    lost_at: None,
-                });
-                assert!(!lease.is_lost(), "lease lost in calm weather");
-                lease.release().await.expect("release");
-            }
-        }));
-    }
-    join_panics(join_all(tasks).await);
+    let wait = opts(&cx).wait(Wait::For(Duration::from_secs(120)));
+    let pause = Duration::from_millis(30);
+    let (history, ordered) = contend(&cx, &key, (CLIENTS, ROUNDS), wait, pause, |_, _| {
+        Mode::Permits(N)
+    })
+    .await;
     let violations = history.check(ordered);
     assert!(violations.is_empty(), "{}", violations_report(&violations));
     let holds = history.holds();
-    assert_eq!(holds.len(), CLIENTS * ROUNDS);
     let most = holds
         .iter()
         .map(|h| {
@@ -339,35 +311,22 @@ pub async fn one_permit_is_a_mutex(cx: Ctx) {
         return;
     };
     let key = cx.key("k");
-    let history = History::new();
-    let mut tasks = Vec::new();
-    let mut ordered = false;
-    for c in 0..CLIENTS {
-        let client = cx.client().await;
-        ordered = client.capabilities().fencing.is_ordered();
-        let (key, history) = (key.clone(), history.clone());
-        let wait = permits(&cx, 1).wait(Wait::For(Duration::from_secs(120)));
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
-                let lease = client.acquire(&key, &wait).await.expect("acquire");
-                let start = Instant::now();
-                sleep(Duration::from_millis(5)).await;
-                history.record(Hold {
-                    client: c,
-                    key: key.clone(),
-                    token: lease.fencing_token(),
-                    // Checked as exclusive: overlaps and token order as for the mutex.
-                    mode: Mode::Exclusive,
-                    start,
-                    end: Instant::now(),
-                    lost_at: None,
-                });
-                lease.release().await.expect("release");
-            }
-        }));
-    }
-    join_panics(join_all(tasks).await);
-    let violations = history.check(ordered);
+    let wait = opts(&cx).wait(Wait::For(Duration::from_secs(120)));
+    let pause = Duration::from_millis(5);
+    let (history, ordered) = contend(&cx, &key, (CLIENTS, ROUNDS), wait, pause, |_, _| {
+        Mode::Permits(1)
+    })
+    .await;
+    // Checked as exclusive holds: overlaps and token order as for the mutex.
+    let holds: Vec<Hold> = history
+        .holds()
+        .into_iter()
+        .map(|h| Hold {
+            mode: Mode::Exclusive,
+            ..h
+        })
+        .collect();
+    let violations = crate::history::check(&holds, ordered);
     assert!(violations.is_empty(), "{}", violations_report(&violations));
     cx.finish().await;
 }

@@ -7,12 +7,11 @@
 use std::time::Duration;
 
 use dlock_core::{DistributedLock, ErrorKind, LockOptions, Mode};
-use futures::future::join_all;
 use tokio::time::{Instant, sleep, timeout};
 
 use super::leases::killed_holder;
-use super::{SLACK, join_panics, must_be_held, must_take, opts, violations_report, waiting};
-use crate::{Ctx, History, Hold};
+use super::{SLACK, contend, must_be_held, must_take, opts, violations_report, waiting};
+use crate::Ctx;
 
 fn read(cx: &Ctx) -> LockOptions {
     opts(cx).shared()
@@ -114,47 +113,19 @@ pub async fn writer_excludes_readers_and_writers(cx: Ctx) {
         return;
     };
     let key = cx.key("k");
-    let history = History::new();
-    let mut tasks = Vec::new();
-    let mut ordered = false;
-    for c in 0..CLIENTS {
-        let client = cx.client().await;
-        ordered = client.capabilities().fencing.is_ordered();
-        let (key, history) = (key.clone(), history.clone());
-        let wait = waiting(&cx, Duration::from_secs(120));
-        tasks.push(tokio::spawn(async move {
-            for round in 0..ROUNDS {
-                // Every client writes now and then; most holds are reads.
-                let mode = if (c + round) % 3 == 0 {
-                    Mode::Exclusive
-                } else {
-                    Mode::Shared
-                };
-                let lease = client
-                    .acquire(&key, &wait.mode(mode))
-                    .await
-                    .expect("acquire under contention");
-                let start = Instant::now();
-                // A fixed pause, not a poll: it gives readers time to overlap.
-                sleep(Duration::from_millis(5)).await;
-                history.record(Hold {
-                    client: c,
-                    key: key.clone(),
-                    token: lease.fencing_token(),
-                    mode,
-                    start,
-                    end: Instant::now(),
-                    lost_at: None,
-                });
-                assert!(!lease.is_lost(), "lease lost in calm weather");
-                lease.release().await.expect("release");
-            }
-        }));
-    }
-    join_panics(join_all(tasks).await);
+    // Every client writes now and then; most holds are reads.
+    let mode = |c, round| {
+        if (c + round) % 3 == 0 {
+            Mode::Exclusive
+        } else {
+            Mode::Shared
+        }
+    };
+    let wait = waiting(&cx, Duration::from_secs(120));
+    let pause = Duration::from_millis(5);
+    let (history, ordered) = contend(&cx, &key, (CLIENTS, ROUNDS), wait, pause, mode).await;
     let violations = history.check(ordered);
     assert!(violations.is_empty(), "{}", violations_report(&violations));
-    assert_eq!(history.holds().len(), CLIENTS * ROUNDS);
     cx.finish().await;
 }
 
