@@ -1,0 +1,207 @@
+//! The fault injection loop: warm up, one fault at a time on a worker or the servers, and
+//! the wait for every key to be acquired again after each.
+
+use std::time::Duration;
+
+use dlock_conformance::Proxy;
+use nix::sys::signal::Signal;
+use rand::Rng;
+use rand::rngs::StdRng;
+use rand::seq::{IndexedRandom, SliceRandom};
+
+use super::fleet::Fleet;
+use super::{Config, Timings};
+use crate::clock::{ms, now_ns, ns};
+use crate::faults::{FaultKind, FaultRec, Victim};
+use crate::servers::ServerCtl;
+use crate::store::Recorder;
+
+/// The fault schedule of a run, carried out on the fleet and the servers.
+pub(super) struct Injector<'a> {
+    pub(super) cfg: &'a Config,
+    pub(super) timings: Timings,
+    pub(super) keys: &'a [String],
+    pub(super) fleet: &'a mut Fleet,
+    pub(super) ctl: Option<&'a ServerCtl>,
+    pub(super) units: &'a [String],
+    pub(super) recorder: &'a Recorder,
+    pub(super) rng: StdRng,
+    pub(super) t0: u64,
+}
+
+impl Injector<'_> {
+    fn rel(&self, t: u64) -> f64 {
+        ms(t.saturating_sub(self.t0)) / 1000.0
+    }
+
+    /// Warm up, inject faults one at a time until the duration is over and every kind was
+    /// injected once (waiting for recovery after each), then let the rest of the duration
+    /// run calm.
+    pub(super) async fn run(
+        &mut self,
+        kinds: &[FaultKind],
+        faults: &mut Vec<FaultRec>,
+    ) -> Result<(), String> {
+        let end = self.t0 + ns(self.cfg.duration);
+        let warm = self
+            .wait_all_acquired(self.t0, self.t0 + ns(self.timings.recovery_limit))
+            .await;
+        if warm.is_none() {
+            return Err(format!(
+                "the workers did not acquire every key within {:?} of starting: is the server up?",
+                self.timings.recovery_limit
+            ));
+        }
+        let most = self.cfg.max_faults.unwrap_or_else(|| {
+            kinds
+                .len()
+                .max(usize::try_from(self.cfg.duration.as_secs() / 6).unwrap_or(usize::MAX))
+        });
+        let mut order: Vec<FaultKind> = Vec::new();
+        while faults.len() < most && !kinds.is_empty() {
+            let gap = Duration::from_millis(self.rng.random_range(1000..3000));
+            let all_seen = kinds.iter().all(|k| faults.iter().any(|f| f.kind == *k));
+            if all_seen && now_ns() + ns(gap) >= end {
+                break;
+            }
+            tokio::time::sleep(gap).await;
+            if order.is_empty() {
+                order = kinds.to_vec();
+                order.shuffle(&mut self.rng);
+            }
+            let kind = order.pop().expect("refilled above");
+            let mut fault = self.inject(kind).await?;
+            fault.recovered = self
+                .wait_all_acquired(fault.end, fault.end + ns(self.timings.recovery_limit))
+                .await;
+            eprintln!(
+                "torture: {:>7.2}s {:<9} {:<28} lasted {:>6.0} ms, every key acquired again {}",
+                self.rel(fault.start),
+                kind.name(),
+                describe_target(&fault),
+                ms(fault.end - fault.start),
+                fault.recovered.map_or_else(
+                    || "NEVER".to_owned(),
+                    |t| format!("{:.0} ms later", ms(t - fault.end))
+                )
+            );
+            faults.push(fault);
+        }
+        let left = end.saturating_sub(now_ns());
+        tokio::time::sleep(Duration::from_nanos(left)).await;
+        Ok(())
+    }
+
+    /// Wait until every key was acquired at or after `since`; when the last one was.
+    async fn wait_all_acquired(&self, since: u64, until: u64) -> Option<u64> {
+        loop {
+            let notified = self.recorder.acquired.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let firsts = self.recorder.first_acquired_since(self.keys, since);
+            if firsts.iter().all(Option::is_some) {
+                return firsts.into_iter().flatten().max();
+            }
+            let now = now_ns();
+            if now >= until {
+                return None;
+            }
+            let _ = tokio::time::timeout(Duration::from_nanos(until - now), notified).await;
+        }
+    }
+
+    /// A worker slot to hit: one whose process holds a key right now, if any.
+    fn pick_victim(&mut self) -> Result<Victim, String> {
+        let slots: Vec<(usize, u32)> = (0..self.fleet.slots.len())
+            .filter_map(|s| self.fleet.running(s).map(|r| (s, r.process)))
+            .collect();
+        let holding: Vec<(usize, u32)> = slots
+            .iter()
+            .copied()
+            .filter(|(_, p)| !self.recorder.held_by(*p).is_empty())
+            .collect();
+        let &(slot, process) = holding
+            .choose(&mut self.rng)
+            .or_else(|| slots.choose(&mut self.rng))
+            .ok_or("no running worker")?;
+        Ok(Victim {
+            slot,
+            process,
+            held: self.recorder.held_by(process),
+        })
+    }
+
+    async fn inject(&mut self, kind: FaultKind) -> Result<FaultRec, String> {
+        let mut fault = FaultRec {
+            kind,
+            victim: None,
+            units: Vec::new(),
+            start: 0,
+            end: 0,
+            recovered: None,
+            first_acquire: None,
+            takeovers: Vec::new(),
+        };
+        match kind {
+            FaultKind::Kill => {
+                let victim = self.pick_victim()?;
+                fault.start = now_ns();
+                fault.end = self.fleet.kill(victim.slot).await?;
+                self.fleet.spawn(victim.slot)?;
+                fault.victim = Some(victim);
+            }
+            FaultKind::Pause => {
+                let victim = self.pick_victim()?;
+                fault.start = now_ns();
+                self.fleet.signal(victim.slot, Signal::SIGSTOP);
+                tokio::time::sleep(self.timings.fault_hold).await;
+                self.fleet.signal(victim.slot, Signal::SIGCONT);
+                fault.end = now_ns();
+                fault.victim = Some(victim);
+            }
+            FaultKind::Partition => {
+                let victim = self.pick_victim()?;
+                let proxies = &self.fleet.slots[victim.slot].proxies;
+                fault.start = now_ns();
+                proxies.iter().for_each(Proxy::cut);
+                tokio::time::sleep(self.timings.fault_hold).await;
+                proxies.iter().for_each(Proxy::heal);
+                fault.end = now_ns();
+                fault.victim = Some(victim);
+            }
+            FaultKind::Restart => {
+                let ctl = self.ctl.ok_or("no server control")?;
+                fault.units = self.units.to_vec();
+                fault.start = now_ns();
+                ctl.stop(&fault.units).await?;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                ctl.start(&fault.units).await?;
+                fault.end = now_ns();
+            }
+            FaultKind::Member => {
+                let ctl = self.ctl.ok_or("no server control")?;
+                let minority = (self.units.len() - 1) / 2;
+                fault.units = self
+                    .units
+                    .choose_multiple(&mut self.rng, minority)
+                    .cloned()
+                    .collect();
+                fault.units.sort();
+                fault.start = now_ns();
+                ctl.stop(&fault.units).await?;
+                tokio::time::sleep(self.timings.member_down).await;
+                ctl.start(&fault.units).await?;
+                fault.end = now_ns();
+            }
+        }
+        Ok(fault)
+    }
+}
+
+fn describe_target(f: &FaultRec) -> String {
+    match &f.victim {
+        Some(v) if v.held.is_empty() => format!("worker {} (holding nothing)", v.process),
+        Some(v) => format!("worker {} holding {}", v.process, v.held.len()),
+        None => f.units.join(","),
+    }
+}

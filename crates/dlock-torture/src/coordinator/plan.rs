@@ -1,0 +1,165 @@
+//! Which servers a run may stop and start (the `scripts/backends` units behind the URL),
+//! and so which faults it injects.
+
+use super::Config;
+use crate::faults::{FaultKind, FaultSet};
+use crate::servers::{self, SHARED_UNITS};
+
+/// The `scripts/backends` units behind the URL's servers: `--units`, or each address's port
+/// looked up in the script's port table. Empty when not every server is a unit.
+pub(super) fn units_of(
+    cfg: &Config,
+    script: Option<&std::path::Path>,
+    addrs: &[std::net::SocketAddr],
+) -> Vec<String> {
+    if !cfg.units.is_empty() {
+        return cfg.units.clone();
+    }
+    let table = script
+        .and_then(|s| std::fs::read_to_string(s).ok())
+        .map(|s| servers::port_table(&s))
+        .unwrap_or_default();
+    let units: Vec<String> = addrs
+        .iter()
+        .filter_map(|a| {
+            table
+                .iter()
+                .find(|(_, p)| *p == a.port())
+                .map(|(u, _)| u.clone())
+        })
+        .collect();
+    if units.len() == addrs.len() {
+        units
+    } else {
+        Vec::new()
+    }
+}
+
+/// Which faults a run injects, and why the others are not.
+pub(super) struct FaultPlan {
+    pub(super) selected: Vec<FaultKind>,
+    pub(super) not_injected: Vec<(FaultKind, String)>,
+    /// Whether the run may stop and start the servers.
+    pub(super) server_control: bool,
+}
+
+impl FaultPlan {
+    pub(super) fn new(
+        asked: &FaultSet,
+        have_script: bool,
+        addrs: &[std::net::SocketAddr],
+        units: &[String],
+    ) -> Result<Self, String> {
+        let server_control = if addrs.is_empty() {
+            Err("no server".to_owned())
+        } else if !have_script {
+            Err("scripts/backends not found (--backends-script)".to_owned())
+        } else if units.is_empty() {
+            Err("the servers are not scripts/backends units (--units)".to_owned())
+        } else if let Some(u) = units.iter().find(|u| SHARED_UNITS.contains(&u.as_str())) {
+            Err(format!(
+                "{u} is a shared test server that other tests use; it is never stopped"
+            ))
+        } else {
+            Ok(())
+        };
+        let mut available = vec![FaultKind::Kill, FaultKind::Pause];
+        let mut not_injected = Vec::new();
+        if addrs.is_empty() {
+            not_injected.push((FaultKind::Partition, "no server".to_owned()));
+        } else {
+            available.push(FaultKind::Partition);
+        }
+        match &server_control {
+            Ok(()) => available.push(FaultKind::Restart),
+            Err(why) => not_injected.push((FaultKind::Restart, why.clone())),
+        }
+        match (&server_control, units.len()) {
+            (Ok(()), n) if n >= 3 => available.push(FaultKind::Member),
+            (Ok(()), _) => not_injected.push((
+                FaultKind::Member,
+                "one server: no minority of members to stop".to_owned(),
+            )),
+            (Err(why), _) => not_injected.push((FaultKind::Member, why.clone())),
+        }
+        let selected = match asked {
+            FaultSet::All => available,
+            FaultSet::Only(kinds) => {
+                if let Some(kind) = kinds.iter().find(|k| !available.contains(k)) {
+                    let why = not_injected
+                        .iter()
+                        .find(|(k, _)| k == kind)
+                        .map_or("", |(_, w)| w.as_str());
+                    return Err(format!("cannot inject {kind} here: {why}"));
+                }
+                not_injected.clear();
+                kinds.clone()
+            }
+        };
+        Ok(Self {
+            selected,
+            not_injected,
+            server_control: server_control.is_ok(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addrs(n: u16) -> Vec<std::net::SocketAddr> {
+        (0..n).map(|i| ([127, 0, 0, 1], 7001 + i).into()).collect()
+    }
+
+    fn units(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_topology_decides_which_faults_are_possible() {
+        let one =
+            FaultPlan::new(&FaultSet::All, true, &addrs(1), &units(&["torture-redis"])).unwrap();
+        assert_eq!(
+            one.selected,
+            [
+                FaultKind::Kill,
+                FaultKind::Pause,
+                FaultKind::Partition,
+                FaultKind::Restart
+            ]
+        );
+        assert_eq!(one.not_injected[0].0, FaultKind::Member);
+        assert!(one.server_control);
+
+        let five = units(&[
+            "redlock-1",
+            "redlock-2",
+            "redlock-3",
+            "redlock-4",
+            "redlock-5",
+        ]);
+        let many = FaultPlan::new(&FaultSet::All, true, &addrs(5), &five).unwrap();
+        assert_eq!(many.selected.len(), 5);
+        assert!(many.not_injected.is_empty());
+
+        let shared = FaultPlan::new(&FaultSet::All, true, &addrs(1), &units(&["redis"])).unwrap();
+        assert!(
+            !shared.server_control,
+            "the shared servers are never stopped"
+        );
+        assert!(!shared.selected.contains(&FaultKind::Restart));
+
+        let memory = FaultPlan::new(&FaultSet::All, true, &[], &[]).unwrap();
+        assert_eq!(memory.selected, [FaultKind::Kill, FaultKind::Pause]);
+
+        let unknown = FaultPlan::new(&FaultSet::All, true, &addrs(1), &[]).unwrap();
+        assert!(!unknown.server_control);
+
+        let asked = "member".parse().unwrap();
+        let err = FaultPlan::new(&asked, true, &addrs(1), &units(&["torture-redis"]))
+            .err()
+            .unwrap();
+        assert!(err.contains("no minority"), "{err}");
+    }
+}
