@@ -48,9 +48,12 @@ pub enum Mode {
     /// clients must agree on it: one asking for `Permits(3)` gets in beside two holders
     /// of `Permits(2)`. With disagreeing limits, how exactly holds of a larger limit count
     /// toward a smaller one is backend-specific (a slot-per-permit backend sees only the
-    /// slots below its own limit), but never more holders than the largest limit in use
-    /// hold the key at once. `Permits(1)` excludes like a mutex. A permit's fencing token is
-    /// unique on the key and never smaller than an earlier one's. Backends
+    /// slots below its own limit), and on every backend but Redlock never more holders than
+    /// the largest limit in use hold the key at once (Redlock's quorums, computed from each
+    /// caller's own limit, do not bound mixed limits; see `dlock-redlock`). `Permits(1)`
+    /// excludes like a mutex. On a backend with [strict](crate::Fencing::Strict) fencing a
+    /// permit's fencing token is unique on the key and never smaller than an earlier one's;
+    /// elsewhere, as for the mutex, as far as [`Capabilities::fencing`](crate::Capabilities::fencing) says. Backends
     /// that take permits say so in
     /// [`Capabilities::permits`](crate::Capabilities::permits); elsewhere the acquire
     /// fails with [`LockError::Unsupported`] before any network I/O. The limit must be

@@ -125,6 +125,14 @@
 //! granted and fewer than `q` did is a split vote (retried after a random pause, as for the
 //! mutex). Round trips: those of the writer below.
 //!
+//! *Clients must agree on `N`* here, more than anywhere else: the proof counts every holder
+//! against one `N`. With mixed limits each acquire's quorum comes from its own limit, and
+//! the quorums need not overlap enough: on 5 nodes, one `Permits(1)` (3 nodes) and three
+//! `Permits(3)` (4 nodes each) can all win at once, 4 holders where the largest limit is 3.
+//! And a permit's token is the highest counter among the nodes of its own round, so two
+//! permits held at the same time can carry the same token (Redlock's fencing is best
+//! effort).
+//!
 //! Round trips (one round trip = the slowest node of a parallel request to all of them):
 //!
 //! | operation | round trips |
