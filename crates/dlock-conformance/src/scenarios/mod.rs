@@ -120,6 +120,67 @@ async fn contend(
     (history, ordered)
 }
 
+/// On a backend that does not declare `asked`'s mode (`declared` is false): check that both
+/// `try_acquire` and `acquire` refuse it with `Unsupported`, that the key was not touched,
+/// and finish; `None` then. Otherwise hand the context back.
+async fn declared_or_refused(cx: Ctx, declared: bool, asked: LockOptions) -> Option<Ctx> {
+    if declared {
+        return Some(cx);
+    }
+    let client = cx.client().await;
+    let key = cx.key("refused");
+    for answer in [
+        client.try_acquire(&key, &asked).await.map(drop),
+        client.acquire(&key, &asked.wait(Wait::No)).await.map(drop),
+    ] {
+        let err = answer.expect_err("a mode the backend does not declare");
+        assert_eq!(err.kind(), dlock_core::ErrorKind::Unsupported, "{err}");
+    }
+    // The key was not touched: an exclusive hold takes it at once.
+    must_take(&*client, &key, &opts(&cx))
+        .await
+        .release()
+        .await
+        .expect("release");
+    cx.finish().await;
+    None
+}
+
+/// A client of an unreachable server, or `None` when none can even be made.
+async fn unreachable_client(cx: &Ctx) -> Option<std::sync::Arc<dyn DistributedLock>> {
+    match cx.harness().unreachable_client().await {
+        Ok(client) => Some(client),
+        Err(e) if e.kind() == dlock_core::ErrorKind::Unavailable => None,
+        Err(e) => panic!("a client of an unreachable server: {e}"),
+    }
+}
+
+/// A request in `asked`'s mode to an unreachable server reaches the network only where
+/// the mode is `declared`: it answers `Unavailable` then, `Unsupported` otherwise, within
+/// the client's timeouts.
+async fn dead_server_answers(
+    dead: &dyn DistributedLock,
+    key: &str,
+    asked: &LockOptions,
+    declared: bool,
+) {
+    let answer = tokio::time::timeout(Duration::from_secs(30), dead.try_acquire(key, asked))
+        .await
+        .expect("an unreachable server answers within its timeouts");
+    let err = answer.expect_err("nothing answers");
+    let expected = if declared {
+        dlock_core::ErrorKind::Unavailable
+    } else {
+        dlock_core::ErrorKind::Unsupported
+    };
+    assert_eq!(
+        err.kind(),
+        expected,
+        "{} declared = {declared}: {err}",
+        asked.mode
+    );
+}
+
 /// The first few violations of a history, one a line.
 fn violations_report(violations: &[crate::Violation]) -> String {
     const SHOWN: usize = 5;

@@ -12,7 +12,10 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 
 use super::leases::killed_holder;
-use super::{SLACK, contend, must_be_held, must_take, opts, violations_report};
+use super::{
+    SLACK, contend, dead_server_answers, declared_or_refused, must_be_held, must_take, opts,
+    unreachable_client, violations_report,
+};
 use crate::{Ctx, Hold};
 
 fn permits(cx: &Ctx, n: u32) -> LockOptions {
@@ -21,29 +24,9 @@ fn permits(cx: &Ctx, n: u32) -> LockOptions {
 
 /// On a backend without permits: check the refusal and finish. Returns `None` then.
 async fn permits_or_refused(cx: Ctx) -> Option<Ctx> {
-    let client = cx.client().await;
-    if client.capabilities().permits {
-        return Some(cx);
-    }
-    let key = cx.key("refused");
-    for ask in [
-        client.try_acquire(&key, &permits(&cx, 2)).await.map(|_| ()),
-        client
-            .acquire(&key, &permits(&cx, 2).wait(Wait::No))
-            .await
-            .map(|_| ()),
-    ] {
-        let err = ask.expect_err("a permit on a backend that does not declare them");
-        assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
-    }
-    // The key was not touched: an exclusive hold takes it at once.
-    must_take(&*client, &key, &opts(&cx))
-        .await
-        .release()
-        .await
-        .expect("release");
-    cx.finish().await;
-    None
+    let declared = cx.client().await.capabilities().permits;
+    let asked = permits(&cx, 2);
+    declared_or_refused(cx, declared, asked).await
 }
 
 /// Start acquiring `key` with `opts` on a fresh client; the task returns the lease and when
@@ -66,11 +49,8 @@ async fn waiter(cx: &Ctx, key: &str, opts: LockOptions) -> JoinHandle<(Lease, In
 /// any I/O either way.
 pub async fn permits_are_declared(cx: Ctx) {
     let declared = cx.client().await.capabilities().permits;
-    let dead = match cx.harness().unreachable_client().await {
-        Ok(client) => client,
-        // A client that cannot even be made cannot be asked.
-        Err(e) if e.kind() == ErrorKind::Unavailable => return cx.finish().await,
-        Err(e) => panic!("a client of an unreachable server: {e}"),
+    let Some(dead) = unreachable_client(&cx).await else {
+        return cx.finish().await;
     };
     let key = cx.key("k");
     for n in [0, Mode::MAX_PERMITS + 1] {
@@ -82,19 +62,7 @@ pub async fn permits_are_declared(cx: Ctx) {
         assert_eq!(err.kind(), ErrorKind::InvalidConfig, "permits({n}): {err}");
         assert!(asked.elapsed() < SLACK, "permits({n}) reached the network");
     }
-    let answer = timeout(
-        Duration::from_secs(30),
-        dead.try_acquire(&key, &permits(&cx, 2)),
-    )
-    .await
-    .expect("an unreachable server answers within its timeouts");
-    let err = answer.expect_err("nothing answers");
-    let expected = if declared {
-        ErrorKind::Unavailable
-    } else {
-        ErrorKind::Unsupported
-    };
-    assert_eq!(err.kind(), expected, "declared permits = {declared}: {err}");
+    dead_server_answers(&*dead, &key, &permits(&cx, 2), declared).await;
     cx.finish().await;
 }
 

@@ -10,7 +10,10 @@ use dlock_core::{DistributedLock, ErrorKind, LockOptions, Mode};
 use tokio::time::{Instant, sleep, timeout};
 
 use super::leases::killed_holder;
-use super::{SLACK, contend, must_be_held, must_take, opts, violations_report, waiting};
+use super::{
+    SLACK, contend, dead_server_answers, declared_or_refused, must_be_held, must_take, opts,
+    unreachable_client, violations_report, waiting,
+};
 use crate::Ctx;
 
 fn read(cx: &Ctx) -> LockOptions {
@@ -19,29 +22,9 @@ fn read(cx: &Ctx) -> LockOptions {
 
 /// On a backend without shared holds: check the refusal and finish. Returns `None` then.
 async fn shared_or_refused(cx: Ctx) -> Option<Ctx> {
-    let client = cx.client().await;
-    if client.capabilities().shared {
-        return Some(cx);
-    }
-    let key = cx.key("refused");
-    let err = client
-        .try_acquire(&key, &read(&cx))
-        .await
-        .expect_err("a shared hold on a backend that does not declare them");
-    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
-    let err = client
-        .acquire(&key, &read(&cx).wait(dlock_core::Wait::No))
-        .await
-        .expect_err("a shared hold on a backend that does not declare them");
-    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
-    // The key was not touched: an exclusive hold takes it at once.
-    must_take(&*client, &key, &opts(&cx))
-        .await
-        .release()
-        .await
-        .expect("release");
-    cx.finish().await;
-    None
+    let declared = cx.client().await.capabilities().shared;
+    let asked = read(&cx);
+    declared_or_refused(cx, declared, asked).await
 }
 
 /// Shared holds are refused before any I/O where the backend has none, and reach the
@@ -49,25 +32,9 @@ async fn shared_or_refused(cx: Ctx) -> Option<Ctx> {
 /// `Unavailable` accordingly.
 pub async fn shared_mode_is_declared(cx: Ctx) {
     let declared = cx.client().await.capabilities().shared;
-    let dead = match cx.harness().unreachable_client().await {
-        Ok(client) => client,
-        // A client that cannot even be made cannot be asked.
-        Err(e) if e.kind() == ErrorKind::Unavailable => return cx.finish().await,
-        Err(e) => panic!("a client of an unreachable server: {e}"),
-    };
-    let answer = timeout(
-        Duration::from_secs(30),
-        dead.try_acquire(&cx.key("k"), &read(&cx)),
-    )
-    .await
-    .expect("an unreachable server answers within its timeouts");
-    let err = answer.expect_err("nothing answers");
-    let expected = if declared {
-        ErrorKind::Unavailable
-    } else {
-        ErrorKind::Unsupported
-    };
-    assert_eq!(err.kind(), expected, "declared shared = {declared}: {err}");
+    if let Some(dead) = unreachable_client(&cx).await {
+        dead_server_answers(&*dead, &cx.key("k"), &read(&cx), declared).await;
+    }
     cx.finish().await;
 }
 
