@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{LockOptions, Mode, Result};
+use dlock_core::{LockExt as _, LockOptions, Mode, Result};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -55,10 +55,20 @@ impl ChildHolder {
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut lines = BufReader::new(stdout).lines();
+        // A set reports each of its keys; the first key's token stands for the holder.
+        let mut waiting: Vec<&str> = key.lines().collect();
+        let mut first = None;
         let token = tokio::time::timeout(Duration::from_secs(60), async {
             while let Some(line) = lines.next_line().await? {
-                if let Some(token) = parse_acquired(&line, key) {
-                    return Ok(token);
+                let Some(i) =
+                    (0..waiting.len()).find(|&i| parse_acquired(&line, waiting[i]).is_some())
+                else {
+                    continue;
+                };
+                let token = parse_acquired(&line, waiting.remove(i));
+                first = first.or(token);
+                if waiting.is_empty() {
+                    return Ok(first.expect("one key was reported"));
                 }
             }
             Err(std::io::Error::other(
@@ -102,6 +112,7 @@ pub(crate) async fn serve_if_child(harness: &dyn Harness) -> bool {
     let Ok(spec) = std::env::var(HOLD_VAR) else {
         return false;
     };
+    // The key part may hold several keys, one a line (a set).
     let mut parts = spec.splitn(3, ' ');
     let (Some(ttl_ms), Some(mode), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
         panic!("DLOCK_CONFORMANCE_HOLD is '<ttl ms> <mode> <key>', not {spec:?}");
@@ -110,16 +121,20 @@ pub(crate) async fn serve_if_child(harness: &dyn Harness) -> bool {
     let mode: Mode = mode.parse().expect("a mode as Mode displays it");
     let result: Result<()> = async {
         let client = harness.client().await?;
-        let lease = client
-            .acquire(key, &LockOptions::new().ttl(ttl).mode(mode))
+        let keys: Vec<&str> = key.lines().collect();
+        let set = client
+            .acquire_all(&keys, &LockOptions::new().ttl(ttl).mode(mode))
             .await?;
         {
             let mut out = std::io::stdout().lock();
-            writeln!(out, "acquired key={key} token={}", lease.fencing_token()).expect("stdout");
+            for lease in set.leases() {
+                let (key, token) = (lease.key(), lease.fencing_token());
+                writeln!(out, "acquired key={key} token={token}").expect("stdout");
+            }
             out.flush().expect("stdout");
         }
-        let reason = lease.lost().await;
-        panic!("holder lost its lease before it was killed: {reason}");
+        let (key, reason) = set.lost().await;
+        panic!("holder lost its lease on {key} before it was killed: {reason}");
     }
     .await;
     panic!("holder could not acquire {key}: {result:?}");

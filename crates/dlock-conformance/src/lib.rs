@@ -171,7 +171,8 @@ pub trait Harness: Send + Sync + 'static {
     async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError>;
 
     /// Start a holder of `key` that the suite can kill, taking it with `opts` (its ttl and
-    /// mode). By default a child process running test `test` of this binary (see
+    /// mode). A `key` of several lines names a set: the holder takes every line's key as
+    /// one hold ([`LockExt::acquire_all`](dlock_core::LockExt::acquire_all)). By default a child process running test `test` of this binary (see
     /// [`holder`]).
     async fn spawn_holder(
         &self,
@@ -425,6 +426,12 @@ macro_rules! conformance {
                 crashed_permit_holder_gives_its_permit_back,
                 one_permit_is_a_mutex,
                 disagreeing_limits_count_against_their_own,
+                key_sets_never_deadlock_or_overlap,
+                key_set_with_a_busy_key_leaves_the_others_free,
+                crashed_key_set_holder_frees_every_key,
+                cancelled_key_set_leaves_nothing,
+                bad_key_in_a_set_is_refused_before_any_key_is_taken,
+                key_set_lost_fires_when_any_key_is_lost,
             );
         }
     };

@@ -19,6 +19,7 @@
 //!   [`LockExt`] with conveniences;
 //! - [`Lease`]: a held key with its [`fencing_token`](Lease::fencing_token),
 //!   [`lost`](Lease::lost) signal, [`extend`](Lease::extend) and [`release`](Lease::release);
+//! - [`LeaseSet`]: several keys held as one, all or none ([`LockExt::acquire_all`]);
 //! - [`LockOptions`], [`LockError`], [`Capabilities`];
 //! - [`Secret`]: a credential whose `Debug` and `Display` never show it.
 //!
@@ -36,6 +37,7 @@ mod background;
 mod capabilities;
 mod error;
 mod lease;
+mod lease_set;
 mod options;
 pub mod raw;
 
@@ -47,6 +49,7 @@ pub use background::settle;
 pub use capabilities::{Capabilities, Expiry, FaultSafety, Faults, Fencing, Wakeup};
 pub use error::{BoxError, ErrorKind, LockError, Result};
 pub use lease::{Lease, LostReason, LostSignal};
+pub use lease_set::LeaseSet;
 pub use options::{LockOptions, Mode, Wait};
 pub use raw::url::Secret;
 
@@ -98,6 +101,14 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
 
     /// Counters since this client was created.
     fn stats(&self) -> LockStats;
+
+    /// Check `key` and `opts` as an acquire would, without any network I/O: the key's
+    /// form and length, the option ranges, and whether this backend takes the mode.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`], [`LockError::InvalidConfig`] or
+    /// [`LockError::Unsupported`], as [`acquire`](Self::acquire) would return them.
+    fn validate(&self, key: &str, opts: &LockOptions) -> Result<()>;
 
     /// Take `key` if it is free right now; `Ok(None)` if it is held (by another client, or
     /// by another task of this client). Ignores [`LockOptions::wait`].
@@ -168,6 +179,64 @@ pub trait LockExt: DistributedLock {
             lease.release().await?;
             Ok(out)
         }
+    }
+
+    /// Take every key of `keys` as one hold: all of them, or none, within one
+    /// [`LockOptions::wait`] for the whole set. `opts` applies to each key (ttl, mode,
+    /// auto-renew); a key named twice is taken once.
+    ///
+    /// The keys are taken one by one in ascending byte order, whatever the order given, so
+    /// callers whose sets overlap never deadlock; while the set is being taken, its keys
+    /// taken so far are held. When a key stays busy past the wait, or fails, the keys
+    /// taken before it are released before the call returns. Each key keeps its backend's
+    /// promises (fencing token, lost signal, crash bound) as a lease of its own.
+    ///
+    /// # Errors
+    /// Every key and the options are checked first, as [`DistributedLock::validate`] does:
+    /// a bad key anywhere, or an empty set ([`LockError::InvalidKey`]), is refused before
+    /// any key is taken. [`LockError::Timeout`] names the key that stayed busy and counts
+    /// the whole wait. Otherwise the first error of [`DistributedLock::acquire`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future releases the keys taken so far in the background (as dropped
+    /// leases are; [`settle`] waits for them), and the key being waited for as
+    /// [`DistributedLock::acquire`] says.
+    fn acquire_all<K>(
+        &self,
+        keys: &[K],
+        opts: &LockOptions,
+    ) -> impl Future<Output = Result<LeaseSet>> + Send
+    where
+        K: AsRef<str> + Sync,
+    {
+        async move {
+            let started = tokio::time::Instant::now();
+            match lease_set::take_all(self, keys, opts, false).await? {
+                Ok(set) => Ok(set),
+                Err(key) => Err(LockError::Timeout {
+                    backend: self.backend_name(),
+                    key,
+                    waited: started.elapsed(),
+                }),
+            }
+        }
+    }
+
+    /// Take every key of `keys` if all are free right now: `Ok(None)`, with nothing held,
+    /// if any of them is held. Ignores [`LockOptions::wait`]. See
+    /// [`acquire_all`](Self::acquire_all).
+    ///
+    /// # Errors
+    /// As [`acquire_all`](Self::acquire_all), without `Timeout`.
+    fn try_acquire_all<K>(
+        &self,
+        keys: &[K],
+        opts: &LockOptions,
+    ) -> impl Future<Output = Result<Option<LeaseSet>>> + Send
+    where
+        K: AsRef<str> + Sync,
+    {
+        async move { Ok(lease_set::take_all(self, keys, opts, true).await?.ok()) }
     }
 }
 

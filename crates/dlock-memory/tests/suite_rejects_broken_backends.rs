@@ -76,8 +76,57 @@ struct FoldsKeys(MemoryBackend);
 #[derive(Debug)]
 struct AsksFirst(MemoryBackend);
 
+/// Answers a release with success but leaves the key held until its ttl runs out.
+#[derive(Debug)]
+struct ForgetsReleases(MemoryBackend);
+
+/// Answers every extend with success and drops the server's loss signal, so a broken
+/// lease is never reported lost.
+#[derive(Debug)]
+struct ExtendsBlindly(MemoryBackend);
+
 #[derive(Debug)]
 struct Fake;
+
+/// A held key whose release does nothing (`forget`) or whose extends say yes (`blind`).
+#[derive(Debug)]
+struct Careless {
+    inner: Box<dyn Held>,
+    forget: bool,
+    blind: bool,
+}
+
+#[async_trait]
+impl Held for Careless {
+    async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        match self.blind {
+            true => Ok(()),
+            false => self.inner.extend(ttl).await,
+        }
+    }
+    async fn release(&mut self) -> Result<()> {
+        match self.forget {
+            true => Ok(()),
+            false => self.inner.release().await,
+        }
+    }
+}
+
+/// `grant` with its held key made [`Careless`]; a blind one also loses the server's own
+/// loss signal.
+fn careless(mut grant: Grant, forget: bool, blind: bool) -> Grant {
+    if blind {
+        grant.lost = None;
+        grant.kept_alive = false;
+    }
+    let inner = std::mem::replace(&mut grant.held, Box::new(Fake));
+    grant.held = Box::new(Careless {
+        inner,
+        forget,
+        blind,
+    });
+    grant
+}
 
 #[async_trait]
 impl Held for Fake {
@@ -157,6 +206,16 @@ wrapper!(ReleasesAnyone, |me, key, opts, deadline| {
         });
         grant
     }))
+});
+
+wrapper!(ForgetsReleases, |me, key, opts, deadline| {
+    let grant = me.0.acquire(key, opts, deadline).await?;
+    Ok(grant.map(|grant| careless(grant, true, false)))
+});
+
+wrapper!(ExtendsBlindly, |me, key, opts, deadline| {
+    let grant = me.0.acquire(key, opts, deadline).await?;
+    Ok(grant.map(|grant| careless(grant, false, true)))
 });
 
 wrapper!(ConstantToken, |me, key, opts, deadline| {
@@ -406,6 +465,9 @@ impl DistributedLock for AsksFirstClient {
     fn stats(&self) -> LockStats {
         self.0.stats()
     }
+    fn validate(&self, key: &str, opts: &LockOptions) -> Result<()> {
+        self.0.validate(key, opts)
+    }
     async fn try_acquire(&self, key: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         self.ask(key, opts).await;
         self.0.try_acquire(key, opts).await
@@ -605,7 +667,46 @@ async fn permit_scenarios_reject_permits_taken_one_at_a_time() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_set_scenarios_reject_overlapping_holders() {
+    rejects_for::<LetsTwoIn, _, _>(scenarios::key_sets_never_deadlock_or_overlap, "overlap").await;
+}
+
+/// A set that gave up must give back the keys it took: a release that frees nothing
+/// leaves them held, which another client finds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_set_scenarios_reject_keys_that_are_not_given_back() {
+    rejects_for::<ForgetsReleases, _, _>(
+        scenarios::key_set_with_a_busy_key_leaves_the_others_free,
+        "should be free",
+    )
+    .await;
+    rejects_for::<ForgetsReleases, _, _>(
+        scenarios::cancelled_key_set_leaves_nothing,
+        "should be free",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_set_lost_rejects_a_backend_that_never_reports_a_loss() {
+    rejects_for::<ExtendsBlindly, _, _>(
+        scenarios::key_set_lost_fires_when_any_key_is_lost,
+        "lost() did not fire",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_scenarios_pass_on_the_real_memory_backend() {
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::key_sets_never_deadlock_or_overlap).await);
+    assert!(
+        !rejects::<MemoryBackend, _, _>(scenarios::key_set_with_a_busy_key_leaves_the_others_free)
+            .await
+    );
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::cancelled_key_set_leaves_nothing).await);
+    assert!(
+        !rejects::<MemoryBackend, _, _>(scenarios::key_set_lost_fires_when_any_key_is_lost).await
+    );
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::permits_cap_holders_under_contention).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::permits_admit_up_to_the_limit).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::freed_permit_lets_one_waiter_in).await);

@@ -80,7 +80,10 @@ pub(super) async fn killed_holder(
         dlock_core::Mode::Shared => opts(cx),
         _ => *held,
     };
-    must_be_held(&*b, key, &probe, "the holder process holds it").await;
+    // A key of several lines is a set: each of its keys is held.
+    for key in key.lines() {
+        must_be_held(&*b, key, &probe, "the holder process holds it").await;
+    }
     holder.kill().await;
     (holder, Instant::now())
 }

@@ -5,7 +5,7 @@
 //! The scenarios are grouped by concern: one holder at a time (`exclusion`), waiting for a
 //! key (`waiters`), leases over time (`leases`), one client holding many keys at once
 //! (`many`), shared holds beside exclusive ones (`shared`), counted holds of a semaphore
-//! (`permits`), and what must be refused or
+//! (`permits`), several keys taken as one (`sets`), and what must be refused or
 //! reported (`errors`). All of them are re-exported
 //! here, at `scenarios::<name>`.
 
@@ -14,6 +14,7 @@ mod exclusion;
 mod leases;
 mod many;
 mod permits;
+mod sets;
 mod shared;
 mod waiters;
 
@@ -22,6 +23,7 @@ pub use exclusion::*;
 pub use leases::*;
 pub use many::*;
 pub use permits::*;
+pub use sets::*;
 pub use shared::*;
 pub use waiters::*;
 

@@ -50,13 +50,8 @@ impl<B: Backend> LockClient<B> {
         &self.backend
     }
 
-    async fn take(
-        &self,
-        key: &str,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Lease>> {
-        let caps = self.backend.capabilities();
+    /// The checks every acquire makes before any network I/O.
+    fn check(&self, caps: &Capabilities, key: &str, opts: &LockOptions) -> Result<()> {
         key::validate(key, caps.max_key_len)?;
         self.backend.check_key(key)?;
         opts.validate(B::NAME)?;
@@ -65,12 +60,23 @@ impl<B: Backend> LockClient<B> {
             Mode::Permits(_) if !caps.permits => Some("a permit (semaphore) hold"),
             _ => None,
         };
-        if let Some(what) = unsupported {
-            return Err(LockError::Unsupported {
+        match unsupported {
+            Some(what) => Err(LockError::Unsupported {
                 backend: B::NAME,
                 what,
-            });
+            }),
+            None => Ok(()),
         }
+    }
+
+    async fn take(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Lease>> {
+        let caps = self.backend.capabilities();
+        self.check(&caps, key, opts)?;
         let Some(mut permit) = self.gate.enter(key, opts.mode, deadline).await else {
             return Ok(None);
         };
@@ -250,6 +256,10 @@ impl<B: Backend> DistributedLock for LockClient<B> {
 
     fn stats(&self) -> LockStats {
         self.backend.stats()
+    }
+
+    fn validate(&self, key: &str, opts: &LockOptions) -> Result<()> {
+        self.check(&self.backend.capabilities(), key, opts)
     }
 
     async fn try_acquire(&self, key: &str, opts: &LockOptions) -> Result<Option<Lease>> {

@@ -9,7 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_conformance::{Harness, Holder, Partition};
 use dlock_core::raw::{Backend, Deadline, Grant, Held, LockClient};
-use dlock_core::{BoxError, DistributedLock, ErrorKind, LockError, LockOptions, LockStats, Result};
+use dlock_core::{
+    BoxError, DistributedLock, ErrorKind, LockError, LockExt as _, LockOptions, LockStats, Result,
+};
 use dlock_memory::{MemoryBackend, MemoryServer};
 
 /// A backend made from a memory client: the memory backend itself, or a broken wrapper.
@@ -182,7 +184,7 @@ impl<B: FromMemory> Partition for Cut<B> {
 struct InProcessHolder<B: FromMemory> {
     lock: LockClient<Wired<B>>,
     token: u64,
-    _lease: dlock_core::Lease,
+    _set: dlock_core::LeaseSet,
 }
 
 #[async_trait]
@@ -268,11 +270,13 @@ impl<B: FromMemory> Harness for InProcess<B> {
         opts: &LockOptions,
     ) -> Result<Box<dyn Holder>, BoxError> {
         let lock = self.lock();
-        let lease = lock.acquire(key, opts).await?;
+        // A key of several lines is a set (see `Harness::spawn_holder`).
+        let keys: Vec<&str> = key.lines().collect();
+        let set = lock.acquire_all(&keys, opts).await?;
         Ok(Box::new(InProcessHolder {
             lock,
-            token: lease.fencing_token(),
-            _lease: lease,
+            token: set.leases()[0].fencing_token(),
+            _set: set,
         }))
     }
 
