@@ -50,8 +50,8 @@ pub mod blocking;
 
 pub use dlock_core::{
     BoxError, Capabilities, DistributedLock, ErrorKind, Expiry, FaultSafety, Faults, Fencing,
-    Lease, LockError, LockExt, LockOptions, LockStats, LostReason, LostSignal, Mode, Result,
-    Secret, Wait, Wakeup, settle,
+    Lease, LeaseSet, LockError, LockExt, LockOptions, LockStats, LostReason, LostSignal, Mode,
+    Result, Secret, Wait, Wakeup, settle,
 };
 
 /// A backend, chosen by the URL scheme.
