@@ -210,3 +210,110 @@ async fn give_back(leases: Vec<Lease>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::raw::{Backend, Deadline, Grant, Held, LockClient};
+    use crate::{Capabilities, LockExt as _};
+
+    /// Grants every key but `busy`, at once, and logs what it was asked.
+    #[derive(Debug, Default)]
+    struct Log {
+        busy: &'static str,
+        log: Arc<Mutex<Vec<String>>>,
+    }
+
+    #[derive(Debug)]
+    struct Taken(String, Arc<Mutex<Vec<String>>>);
+
+    #[async_trait]
+    impl Held for Taken {
+        async fn extend(&mut self, _ttl: Duration) -> Result<()> {
+            Ok(())
+        }
+        async fn release(&mut self) -> Result<()> {
+            self.1.lock().unwrap().push(format!("release {}", self.0));
+            Ok(())
+        }
+    }
+
+    #[async_trait]
+    impl Backend for Log {
+        const NAME: &'static str = "log";
+
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::default()
+        }
+
+        async fn acquire(
+            &self,
+            key: &str,
+            _opts: &LockOptions,
+            _deadline: Deadline,
+        ) -> Result<Option<crate::raw::Grant>> {
+            self.log.lock().unwrap().push(format!("acquire {key}"));
+            if key == self.busy {
+                return Ok(None);
+            }
+            let held = Taken(key.to_owned(), self.log.clone());
+            Ok(Some(Grant::new(1, Box::new(held), Instant::now())))
+        }
+    }
+
+    fn lock(busy: &'static str) -> (LockClient<Log>, Arc<Mutex<Vec<String>>>) {
+        let log = Arc::default();
+        let backend = Log {
+            busy,
+            log: Arc::clone(&log),
+        };
+        (LockClient::new(backend), log)
+    }
+
+    #[tokio::test]
+    async fn keys_are_taken_in_ascending_byte_order_once_each() {
+        let (lock, log) = lock("");
+        let set = lock
+            .try_acquire_all(&["b", "a/x", "B", "a", "b"], &LockOptions::new())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(set.keys().collect::<Vec<_>>(), ["B", "a", "a/x", "b"]);
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["acquire B", "acquire a", "acquire a/x", "acquire b"]
+        );
+        set.release().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_busy_key_gives_back_the_keys_taken_before_the_call_returns() {
+        let (lock, log) = lock("c");
+        let opts = LockOptions::new().wait(Wait::No);
+        let err = lock.acquire_all(&["d", "c", "a"], &opts).await.unwrap_err();
+        assert!(
+            matches!(&err, LockError::Timeout { key, .. } if key == "c"),
+            "{err}"
+        );
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["acquire a", "acquire c", "release a"],
+            "the key after the busy one is not tried; the one before is given back"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_bad_key_anywhere_is_refused_before_any_key_is_asked_for() {
+        let (lock, log) = lock("");
+        let err = lock
+            .try_acquire_all(&["a", "b\0"], &LockOptions::new())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidKey, "{err}");
+        assert!(log.lock().unwrap().is_empty());
+    }
+}

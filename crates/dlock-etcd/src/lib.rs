@@ -260,6 +260,18 @@
 //! server keeps the key of a crashed holder: at most max(⌈ttl⌉, minimum) plus the half
 //! second between the lessor's expiry checks.
 //!
+//! # Key sets
+//!
+//! A set of keys taken as one hold ([`LockExt::acquire_all`](dlock_core::LockExt::acquire_all))
+//! is taken key by key, in ascending byte order, each key with the protocol above: one
+//! key per lock under the client's shared lease, so N free keys cost N acquire transactions,
+//! each key's token is its own create revision, and the shared lease keeps them all alive
+//! (one revoke or expiry loses every key of the set at once). Not one transaction for the
+//! whole set: a transaction cannot wait in a key's queue. While a set is being taken, its
+//! keys taken so far are held: a waiter on one of them watches its predecessor as usual and
+//! is woken when the set deletes that key on release, or gives it back because a later key
+//! stayed busy (before `acquire_all` returns).
+//!
 //! # Capabilities
 //!
 //! | capability | value | why |

@@ -22,6 +22,12 @@
 //! `memory://` is the process-wide default server; `memory://NAME` a named one. Every
 //! `from_url` with the same URL is a new client of the same server.
 //!
+//! # Key sets
+//!
+//! A set of keys ([`LockExt::acquire_all`](dlock_core::LockExt::acquire_all)) is taken key by
+//! key in ascending byte order, as on every backend; a waiter on a key the set already took
+//! waits for that key's release, or for the set to give it back when a later key stays busy.
+//!
 //! # Capabilities
 //! | capability | value |
 //! |---|---|

@@ -288,6 +288,18 @@
 //! `max_connections` (100) held keys with `Unavailable` naming it. The README's *Holding
 //! many keys* has every backend from the same session.
 //!
+//! # Key sets
+//!
+//! A set of keys taken as one hold ([`LockExt::acquire_all`](dlock_core::LockExt::acquire_all))
+//! is taken key by key, in ascending byte order, each key with the protocol above: in
+//! `mode=row` each key holds its own connection and transaction (a set of N keys keeps N
+//! connections out of the pool, within `max_held`); in `mode=named` each key is one
+//! `GET_LOCK` on the holder connections that carry many keys. N free keys cost N times a
+//! single key's round trips, and each key has its own token. While a set is being taken, its
+//! keys taken so far are held: a waiter on one of them waits in the server's lock queue and
+//! is granted the key when the set releases it, or gives it back because a later key stayed
+//! busy (before `acquire_all` returns).
+//!
 //! # Capabilities
 //!
 //! Both modes, except `max_held`, `Some(max_connections)` in row mode and `None` in named

@@ -243,6 +243,16 @@
 //! (`max_connections`). The README's *Holding many keys* has every backend from the same
 //! session.
 //!
+//! # Key sets
+//!
+//! A set of keys taken as one hold ([`LockExt::acquire_all`](dlock_core::LockExt::acquire_all))
+//! is taken key by key, in ascending byte order, each key with the protocol above: one
+//! advisory lock per key on the holder connections, so N free keys cost N times a single
+//! key's round trips, and each key has its own token. While a set is being
+//! taken, its keys taken so far are held: a waiter on one of them waits in the server's
+//! lock queue and is granted the key when the set releases it, or gives it back because a
+//! later key stayed busy (before `acquire_all` returns).
+//!
 //! # Capabilities
 //!
 //! | capability | value | why |

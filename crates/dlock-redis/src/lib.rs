@@ -179,6 +179,18 @@
 //! `TIME` and the script call itself (about 5 µs of server time per cycle), and the core's
 //! per-lease work (the local gate, the lease, its watchdog task: about 4 µs).
 //!
+//! # Key sets
+//!
+//! A set of keys taken as one hold ([`LockExt::acquire_all`](dlock_core::LockExt::acquire_all))
+//! is taken key by key, in ascending byte order, each key with the protocol above: one
+//! acquire script per key, so N free keys cost N round trips, and each key has its own token
+//! and fence counter. Not one script for the whole set: a script cannot wait, and taking the
+//! keys in one order while holding the earlier ones is what keeps overlapping sets from
+//! deadlocking. While a set is being taken, its keys taken so far are held like any key: a
+//! waiter on one of them queues in that key's waiter queue and is called when the set
+//! releases the key, or gives it back because a later key stayed busy (before `acquire_all`
+//! returns).
+//!
 //! # Capabilities
 //!
 //! | capability | value | why |

@@ -168,6 +168,16 @@
 //! Run the nodes with persistence (`appendfsync always`), or keep a crashed node down for
 //! longer than the largest ttl before restarting it empty.
 //!
+//! # Key sets
+//!
+//! A set of keys taken as one hold ([`LockExt::acquire_all`](dlock_core::LockExt::acquire_all))
+//! is taken key by key, in ascending byte order, each key with the protocol above: a
+//! quorum round per key on every node, so N free keys cost N rounds of parallel requests,
+//! and each key has its own token. While a set is being taken, its keys taken so far are
+//! held like any key: a waiter on one of them queues on that key's node queues and is called
+//! when the set releases the key, or gives it back because a later key stayed busy (before
+//! `acquire_all` returns).
+//!
 //! # Capabilities
 //!
 //! | capability | value | why |

@@ -228,6 +228,18 @@
 //! 0.84 ms (1.9× to 3.3× and 1.4 to 3.4 ms before the key directory's create and delete
 //! were cut).
 //!
+//! # Key sets
+//!
+//! A set of keys taken as one hold ([`LockExt::acquire_all`](dlock_core::LockExt::acquire_all))
+//! is taken key by key, in ascending byte order, each key with the protocol above: one
+//! lock node per key, created in that order on the client's one session, so N free keys cost
+//! N times a single key's round trips, each key's token is its own node's czxid, and a lost
+//! session loses every key of the set at once. Not one `multi` for the whole set: a `multi`
+//! cannot wait in a key's queue. While a set is being taken, its keys taken so far are held
+//! by the set's nodes: a waiter on one of them watches its predecessor as usual and is woken
+//! when the set deletes its node on release, or when it gives the key back because a later
+//! key stayed busy (before `acquire_all` returns).
+//!
 //! # Capabilities
 //!
 //! | capability | value | why |

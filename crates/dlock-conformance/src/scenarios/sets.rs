@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{ErrorKind, LockExt as _, LostReason, Wait};
+use dlock_core::{DistributedLock, ErrorKind, LockExt as _, LockOptions, LostReason, Wait};
 use futures::future::join_all;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -98,6 +98,21 @@ pub async fn key_sets_never_deadlock_or_overlap(cx: Ctx) {
     cx.finish().await;
 }
 
+/// Each of `keys` is free: `client` takes it at once (and gives it back).
+async fn free(
+    client: &dyn DistributedLock,
+    keys: impl IntoIterator<Item = &String>,
+    opts: &LockOptions,
+) {
+    for key in keys {
+        must_take(client, key, opts)
+            .await
+            .release()
+            .await
+            .expect("release");
+    }
+}
+
 fn set_of_len(c: usize, round: usize) -> usize {
     let mut picks = picks(c, round);
     picks.sort_unstable();
@@ -130,25 +145,13 @@ pub async fn key_set_with_a_busy_key_leaves_the_others_free(cx: Ctx) {
         took >= wait && took <= wait + SLACK,
         "timed out after {took:?} (wait {wait:?})"
     );
-    for key in [&keys[0], &keys[1]] {
-        must_take(&*c, key, &opts(&cx))
-            .await
-            .release()
-            .await
-            .expect("release");
-    }
+    free(&*c, [&keys[0], &keys[1]], &opts(&cx)).await;
     let none = b
         .try_acquire_all(&keys, &opts(&cx))
         .await
         .expect("try_acquire_all");
     assert!(none.is_none(), "try_acquire_all took a set with a busy key");
-    for key in [&keys[0], &keys[1]] {
-        must_take(&*c, key, &opts(&cx))
-            .await
-            .release()
-            .await
-            .expect("release");
-    }
+    free(&*c, [&keys[0], &keys[1]], &opts(&cx)).await;
     busy.release().await.expect("release");
     let set = b
         .try_acquire_all(&keys, &opts(&cx))
@@ -197,11 +200,7 @@ pub async fn cancelled_key_set_leaves_nothing(cx: Ctx) {
         dlock_core::settle(Duration::from_secs(10)).await,
         "the cancelled set's keys were not given back within 10 s"
     );
-    must_take(&*c, &keys[0], &opts(&cx))
-        .await
-        .release()
-        .await
-        .expect("release");
+    free(&*c, [&keys[0]], &opts(&cx)).await;
     busy.release().await.expect("release");
     let set = c
         .acquire_all(&keys, &waiting(&cx, cx.harness().handoff_bound() + SLACK))
@@ -230,11 +229,7 @@ pub async fn bad_key_in_a_set_is_refused_before_any_key_is_taken(cx: Ctx) {
             .await
             .expect_err("a set with a bad key");
         assert_eq!(err.kind(), ErrorKind::InvalidKey, "{err}");
-        must_take(&*b, &good, &opts(&cx))
-            .await
-            .release()
-            .await
-            .expect("release");
+        free(&*b, [&good], &opts(&cx)).await;
     }
     let none: [&str; 0] = [];
     let err = a
@@ -279,12 +274,6 @@ pub async fn key_set_lost_fires_when_any_key_is_lost(cx: Ctx) {
         matches!(err.kind(), ErrorKind::NotHeld | ErrorKind::LeaseLost),
         "{err}"
     );
-    for key in [&keys[0], &keys[2]] {
-        must_take(&*b, key, &opts(&cx))
-            .await
-            .release()
-            .await
-            .expect("release");
-    }
+    free(&*b, [&keys[0], &keys[2]], &opts(&cx)).await;
     cx.finish().await;
 }
