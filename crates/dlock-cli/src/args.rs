@@ -19,7 +19,8 @@ Examples:
   dlock run --url redis://127.0.0.1:6379 --key nightly-backup --no-wait -- /usr/local/bin/backup
   DLOCK_URL=zk://10.0.0.5:2181 dlock hold --key maintenance --for 10m
   dlock run --url-file /etc/dlock/url --key reports --wait 5m -- /usr/local/bin/reports
-  dlock run --url etcd://127.0.0.1:2379 --key exports --permits 4 --wait 10m -- /usr/local/bin/export";
+  dlock run --url etcd://127.0.0.1:2379 --key exports --permits 4 --wait 10m -- /usr/local/bin/export
+  dlock run --url redis://127.0.0.1:6379 --key accounts/7 --key accounts/3 --wait 30s -- ./transfer";
 
 /// Run a command under a distributed lock, or hold one.
 #[derive(Debug, Parser)]
@@ -34,7 +35,12 @@ pub(crate) enum Cmd {
     /// Acquire KEY, run CMD while keeping the lease renewed, release when it exits.
     ///
     /// The command sees DLOCK_KEY and DLOCK_FENCING_TOKEN in its environment, and not
-    /// DLOCK_URL or DLOCK_URL_FILE (the URL may hold a password). Unless dlock
+    /// DLOCK_URL or DLOCK_URL_FILE (the URL may hold a password). With --key given more
+    /// than once, all the keys are taken or none, and the command also sees DLOCK_KEYS and
+    /// DLOCK_FENCING_TOKENS: the keys in ascending order and their tokens, one per line
+    /// each (a key with a newline cannot be told apart there); DLOCK_KEY and
+    /// DLOCK_FENCING_TOKEN are then the first of them. Losing any of the keys is losing
+    /// the lease (--on-lost). Unless dlock
     /// is an interactive terminal's foreground job or --foreground is given, it runs in a
     /// process group of its own: SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to dlock, and the
     /// signals of --on-lost, reach every process it started, and background jobs it leaves
@@ -48,18 +54,25 @@ pub(crate) enum Cmd {
     /// under a supervisor that stops every process of the job when dlock ends (systemd's
     /// default KillMode=control-group).
     #[command(
-        after_help = "Example (cron: run the backup on one host only, skip if another runs it):\n  \
-        dlock run --url redis://127.0.0.1:6379 --key nightly-backup --no-wait -- /usr/local/bin/backup"
+        after_help = "Examples (cron: run the backup on one host only, skip if another runs it; \
+        a transfer under both accounts' keys, taken together or not at all):\n  \
+        dlock run --url redis://127.0.0.1:6379 --key nightly-backup --no-wait -- /usr/local/bin/backup\n  \
+        dlock run --url redis://127.0.0.1:6379 --key accounts/7 --key accounts/3 --wait 30s -- ./transfer"
     )]
     Run(RunArgs),
     /// Acquire KEY and hold it until --for elapses or SIGINT/SIGTERM, then release.
     ///
-    /// Prints exactly one line `acquired key=<key> token=<n>` once held, then `released`;
-    /// `lost: <reason>` (exit 70) if the lease is lost. A key with blanks, quotes,
-    /// backslashes or characters that do not print is shown quoted and escaped as a Rust
-    /// string ("a\nb"); a plain key is shown as it is.
-    #[command(after_help = "Example (block a deploy for ten minutes):\n  \
-        dlock hold --url etcd://127.0.0.1:2379 --key deploy/prod --for 10m")]
+    /// Prints one line `acquired key=<key> token=<n>` per key once all are held (one key:
+    /// exactly one line; several: in ascending key order), then `released`; `lost:
+    /// <reason>` (exit 70) if the lease is lost, or with --key given more than once `lost:
+    /// key=<key>: <reason>` naming the key lost. A key with blanks, quotes, backslashes or
+    /// characters that do not print is shown quoted and escaped as a Rust string ("a\nb");
+    /// a plain key is shown as it is.
+    #[command(
+        after_help = "Examples (block a deploy for ten minutes; hold two keys, both or neither):\n  \
+        dlock hold --url etcd://127.0.0.1:2379 --key deploy/prod --for 10m\n  \
+        dlock hold --url etcd://127.0.0.1:2379 --key deploy/prod --key deploy/staging --for 10m"
+    )]
     Hold(HoldArgs),
     /// Internal: started by `dlock run`; stops the command if that dlock ends without
     /// telling it to stand down (dlock was killed).
@@ -105,17 +118,20 @@ pub(crate) struct LockArgs {
         value_name = "PATH"
     )]
     url_file: Option<PathBuf>,
-    /// The lock's name.
-    #[arg(long)]
-    pub(crate) key: String,
+    /// The lock's name. Give --key more than once to take several keys as one hold: all
+    /// of them or none, taken one by one in ascending order (so holders of overlapping
+    /// sets never deadlock); the other options apply to each key.
+    #[arg(long, required = true)]
+    pub(crate) key: Vec<String>,
     /// Lease time on the server without a renewal (renewed every ttl/3 while held); 100ms
     /// to 1day.
     #[arg(long, default_value = "15s", value_parser = parse_ttl)]
     ttl: Duration,
-    /// How long to wait for a busy lock (default: forever); at most 1year.
+    /// How long to wait for a busy lock (default: forever), one budget for all the keys; at
+    /// most 1year.
     #[arg(long, value_parser = parse_span, conflicts_with = "no_wait")]
     wait: Option<Duration>,
-    /// Do not wait: exit 75 at once if the lock is busy.
+    /// Do not wait: exit 75 at once if the lock (any of the keys) is busy, holding none.
     #[arg(long)]
     no_wait: bool,
     /// Take a shared (read) hold: any number of --read holders together, none while a
@@ -149,6 +165,12 @@ impl LockArgs {
                 "no lock service URL: give --url-file (or DLOCK_URL_FILE), DLOCK_URL or --url",
             )),
         }
+    }
+
+    /// Whether --key was given more than once: a set of keys, whose output and command
+    /// environment name each key (even if the same key was given twice).
+    pub(crate) fn several_keys(&self) -> bool {
+        self.key.len() > 1
     }
 
     pub(crate) fn options(&self) -> LockOptions {

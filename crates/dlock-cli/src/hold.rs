@@ -1,5 +1,5 @@
-//! `dlock hold`: acquire the lock and hold it until --for elapses or a signal comes,
-//! printing what happens on stdout.
+//! `dlock hold`: acquire the lock (its keys, all or none) and hold it until --for elapses
+//! or a signal comes, printing what happens on stdout.
 
 use dlock::LockError;
 
@@ -11,15 +11,17 @@ use crate::take::{Signals, take};
 pub(crate) async fn hold(args: HoldArgs) -> Result<u8, LockError> {
     let url = args.lock.url()?;
     let mut signals = Signals::install();
-    let lease = match take(&args.lock, &url, &mut signals).await? {
-        Ok(lease) => lease,
+    let set = match take(&args.lock, &url, &mut signals).await? {
+        Ok(set) => set,
         Err(code) => return Ok(code),
     };
-    out!(
-        "acquired key={} token={}",
-        shown_key(lease.key()),
-        lease.fencing_token()
-    );
+    for lease in set.leases() {
+        out!(
+            "acquired key={} token={}",
+            shown_key(lease.key()),
+            lease.fencing_token()
+        );
+    }
     let elapsed = async {
         match args.hold_for {
             Some(d) => tokio::time::sleep(d).await,
@@ -27,15 +29,18 @@ pub(crate) async fn hold(args: HoldArgs) -> Result<u8, LockError> {
         }
     };
     tokio::select! {
-        reason = lease.lost() => {
-            out!("lost: {reason}");
-            let _ = lease.release().await;
+        (key, reason) = set.lost() => {
+            match args.lock.several_keys() {
+                true => out!("lost: key={}: {reason}", shown_key(key)),
+                false => out!("lost: {reason}"),
+            }
+            let _ = set.release().await;
             return Ok(exit::SOFTWARE);
         }
         _ = elapsed => {}
         _ = signals.next() => {}
     }
-    lease.release().await?;
+    set.release().await?;
     out!("released");
     Ok(0)
 }

@@ -1,10 +1,11 @@
-//! `dlock run`: acquire the lock, run the command under it (in a process group of its own
-//! unless it is a terminal's foreground job), pass signals on, stop it if the lease is
-//! lost, and release once it and what it started are done.
+//! `dlock run`: acquire the lock (its keys, all or none), run the command under it (in a
+//! process group of its own unless it is a terminal's foreground job), pass signals on,
+//! stop it if the lease (any key) is lost, and release once it and what it started are
+//! done.
 
 use std::time::Duration;
 
-use dlock::{ErrorKind, LockError};
+use dlock::{ErrorKind, Lease, LockError};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::Command;
@@ -20,8 +21,8 @@ use crate::take::{Signals, take};
 pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
     let url = args.lock.url()?;
     let mut signals = Signals::install();
-    let lease = match take(&args.lock, &url, &mut signals).await? {
-        Ok(lease) => lease,
+    let set = match take(&args.lock, &url, &mut signals).await? {
+        Ok(set) => set,
         Err(code) => return Ok(code),
     };
     let (program, rest) = args.command.split_first().expect("clap requires a command");
@@ -34,8 +35,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
         // The lock service URL may carry a password: the command does not need it.
         .env_remove("DLOCK_URL")
         .env_remove("DLOCK_URL_FILE")
-        .env("DLOCK_KEY", lease.key())
-        .env("DLOCK_FENCING_TOKEN", lease.fencing_token().to_string());
+        .envs(environment(set.leases(), args.lock.several_keys()));
     if group {
         command.process_group(0);
     }
@@ -51,7 +51,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
             if let Some(guard) = guard {
                 guard.stand_down().await;
             }
-            let _ = lease.release().await;
+            let _ = set.release().await;
             return Ok(127);
         }
     };
@@ -70,9 +70,9 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
         tokio::select! {
             // Loss first: a loss that comes with the child's exit must not be missed.
             biased;
-            reason = lease.lost(), if !lost_reported => {
+            (key, reason) = set.lost(), if !lost_reported => {
                 lost_reported = true;
-                say!("dlock: lease on {:?} lost: {reason}", lease.key());
+                say!("dlock: lease on {key:?} lost: {reason}");
                 match args.on_lost {
                     OnLost::Ignore => say!("dlock: --on-lost ignore: the command keeps running without the lock"),
                     OnLost::Kill => signal_command(target, Signal::SIGKILL),
@@ -118,11 +118,11 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
     if let Some(guard) = guard {
         guard.stand_down().await;
     }
-    if !lost_reported && lease.is_lost() {
+    if !lost_reported && let Some(lost) = set.leases().iter().find(|l| l.is_lost()) {
         lost_reported = true;
         say!(
             "dlock: lease on {:?} was lost while the command ran",
-            lease.key()
+            lost.key()
         );
     }
     let code = match status {
@@ -138,7 +138,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
             exit::SOFTWARE
         }
     };
-    let released = lease.release().await;
+    let released = set.release().await;
     let lost = lost_reported
         || matches!(
             released.as_ref().map_err(LockError::kind),
@@ -151,6 +151,26 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
         say!("dlock: release: {}", message(&e));
     }
     Ok(code)
+}
+
+/// What the command learns of its hold: DLOCK_KEY and DLOCK_FENCING_TOKEN (the first key
+/// of the set), and for several keys DLOCK_KEYS and DLOCK_FENCING_TOKENS, one line per key
+/// in the set's (ascending) order.
+fn environment(leases: &[Lease], several: bool) -> Vec<(&'static str, String)> {
+    let first = leases.first().expect("a set holds at least one key");
+    let mut env = vec![
+        ("DLOCK_KEY", first.key().to_owned()),
+        ("DLOCK_FENCING_TOKEN", first.fencing_token().to_string()),
+    ];
+    if several {
+        let lines = |each: fn(&Lease) -> String| leases.iter().map(each).collect::<Vec<_>>();
+        env.push(("DLOCK_KEYS", lines(|l| l.key().to_owned()).join("\n")));
+        env.push((
+            "DLOCK_FENCING_TOKENS",
+            lines(|l| l.fencing_token().to_string()).join("\n"),
+        ));
+    }
+    env
 }
 
 /// Whether dlock runs as the foreground job of a terminal (an interactive shell): it has a

@@ -1,33 +1,47 @@
-//! Taking the lock: acquire it unless one of the signals dlock catches comes first, and
-//! those signals, caught from before the acquire to the end.
+//! Taking the lock: acquire its keys unless one of the signals dlock catches comes first,
+//! and those signals, caught from before the acquire to the end.
 
-use dlock::{Lease, LockError};
+use dlock::{LeaseSet, LockError, LockExt as _};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::args::LockArgs;
 use crate::output::say;
 
-/// Acquire the lock, unless SIGINT, SIGTERM, SIGHUP or SIGQUIT comes first: then give the
-/// wait up and answer `Err(exit code)` (128 + the signal's number).
+/// Connect to `url` and take the keys of `args`, all or none
+/// ([`acquire_all`](dlock::LockExt::acquire_all)), unless SIGINT, SIGTERM, SIGHUP or
+/// SIGQUIT comes first: then give the wait up and answer `Err(exit code)` (128 + the
+/// signal's number).
 pub(crate) async fn take(
     args: &LockArgs,
     url: &str,
     signals: &mut Signals,
-) -> Result<Result<Lease, u8>, LockError> {
+) -> Result<Result<LeaseSet, u8>, LockError> {
     let acquire = async {
         let lock = dlock::connect(url).await?;
-        lock.acquire(&args.key, &args.options()).await
+        lock.acquire_all(&args.key, &args.options()).await
     };
     let sig = tokio::select! {
-        lease = acquire => return Ok(Ok(lease?)),
+        taken = acquire => return Ok(Ok(taken?)),
         sig = signals.next() => sig,
     };
     say!(
-        "dlock: {sig} while waiting for {:?}: gave up the wait",
-        args.key
+        "dlock: {sig} while waiting for {}: gave up the wait",
+        waited_for(&args.key)
     );
     Ok(Err(128 + sig as u8))
+}
+
+/// The keys a wait was for, as messages name them: `"k"`, or the set in the order it is
+/// taken (ascending, each key once), `"a", "b"`.
+fn waited_for(keys: &[String]) -> String {
+    let mut keys: Vec<&String> = keys.iter().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys.iter()
+        .map(|key| format!("{key:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The signals dlock catches from before the acquire to the end: SIGINT, SIGTERM, SIGHUP
@@ -64,5 +78,17 @@ impl Signals {
             sig = recv(hup) => sig,
             sig = recv(quit) => sig,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_names_its_keys_in_the_order_they_are_taken() {
+        let keys = |ks: &[&str]| ks.iter().map(|k| (*k).to_owned()).collect::<Vec<_>>();
+        assert_eq!(waited_for(&keys(&["k"])), r#""k""#);
+        assert_eq!(waited_for(&keys(&["b", "a\nx", "b"])), r#""a\nx", "b""#);
     }
 }

@@ -640,3 +640,102 @@ fn the_guard_lives_as_long_as_the_run() {
         }
     }
 }
+
+/// `hold` with several keys prints one `acquired` line per key, in ascending key order
+/// whatever the order given (a key given twice is held once), then `released` once.
+#[test]
+fn hold_prints_each_key_of_a_set_in_ascending_order() {
+    let out = dlock(&[
+        "hold",
+        "--url",
+        "memory://",
+        "--key",
+        "b",
+        "--key",
+        "a",
+        "--key",
+        "b",
+        "--for",
+        "100ms",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "acquired key=a token=1\nacquired key=b token=2\nreleased\n"
+    );
+}
+
+/// `run` with several keys gives the command DLOCK_KEYS and DLOCK_FENCING_TOKENS (one line
+/// per key, ascending), and DLOCK_KEY / DLOCK_FENCING_TOKEN for the first key; with one
+/// key, only the latter two, as always.
+#[test]
+fn run_passes_every_key_and_token_of_a_set() {
+    let script = r#"echo "$DLOCK_KEY $DLOCK_FENCING_TOKEN"; echo "${DLOCK_KEYS-none}"; echo "${DLOCK_FENCING_TOKENS-none}""#;
+    let out = dlock(&[
+        "run",
+        "--url",
+        "memory://",
+        "--key",
+        "jobs/b",
+        "--key",
+        "jobs/a",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "jobs/a 1\njobs/a\njobs/b\n1\n2\n"
+    );
+    let out = dlock(&[
+        "run",
+        "--url",
+        "memory://",
+        "--key",
+        "jobs/a",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "jobs/a 1\nnone\nnone\n"
+    );
+}
+
+/// A bad key anywhere in a set is a usage error (64), and nothing runs.
+#[test]
+fn a_bad_key_in_a_set_exits_64() {
+    let out = dlock(&[
+        "run",
+        "--url",
+        "memory://",
+        "--key",
+        "a",
+        "--key",
+        "",
+        "--",
+        "sh",
+        "-c",
+        "echo ran",
+    ]);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+}
+
+/// The help shows a set of keys taken together.
+#[test]
+fn help_shows_several_keys() {
+    for args in [&["--help"][..], &["run", "--help"], &["hold", "--help"]] {
+        let out = dlock(args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let example = text
+            .lines()
+            .any(|l| l.trim_start().starts_with("dlock ") && l.matches("--key ").count() == 2);
+        assert!(example, "{args:?}: no example with two keys: {text}");
+    }
+}

@@ -24,24 +24,40 @@ fn run_true(url: &str, key: &str, flags: &[&str]) -> Output {
 
 /// Start `dlock hold` and wait for its `acquired` line; returns the child and the token.
 fn hold(url: &str, key: &str, extra: &[&str]) -> (Child, u64) {
+    let (child, tokens) = hold_set(url, &[key], extra);
+    (child, tokens[0])
+}
+
+/// Start `dlock hold` with a `--key` for each of `keys` and wait for its `acquired` lines,
+/// one per key in ascending order; returns the child and the tokens in that order.
+fn hold_set(url: &str, keys: &[&str], extra: &[&str]) -> (Child, Vec<u64>) {
     let mut child = Command::new(DLOCK)
-        .args(["hold", "--url", url, "--key", key])
+        .args(["hold", "--url", url])
+        .args(keys.iter().flat_map(|key| ["--key", key]))
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn dlock hold");
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .expect("read acquired line");
-    let token = line
-        .trim()
-        .strip_prefix(&format!("acquired key={} token=", shown(key)))
-        .unwrap_or_else(|| panic!("unexpected first line from dlock hold: {line:?}"))
-        .parse()
-        .expect("token is a number");
-    (child, token)
+    let mut ascending = keys.to_vec();
+    ascending.sort_unstable();
+    ascending.dedup();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let tokens = ascending
+        .iter()
+        .map(|key| {
+            let mut line = String::new();
+            stdout.read_line(&mut line).expect("read acquired line");
+            line.trim()
+                .strip_prefix(&format!("acquired key={} token=", shown(key)))
+                .unwrap_or_else(|| panic!("unexpected line from dlock hold for {key:?}: {line:?}"))
+                .parse()
+                .expect("token is a number")
+        })
+        .collect();
+    // The pipe stays open as long as the child is kept, as before the lines were read.
+    child.stdout = Some(stdout.into_inner());
+    (child, tokens)
 }
 
 /// How `dlock hold` prints an ASCII key: as it is if plain, else quoted and escaped.
@@ -235,6 +251,98 @@ fn permits_let_n_holders_in_and_no_more(url: &str) {
     assert!(second.wait().unwrap().success());
 }
 
+/// `dlock run --url URL --key K… FLAGS… -- true`, to completion.
+fn run_true_set(url: &str, keys: &[&str], flags: &[&str]) -> Output {
+    Command::new(DLOCK)
+        .args(["run", "--url", url])
+        .args(keys.iter().flat_map(|key| ["--key", key]))
+        .args(flags)
+        .args(["--", "true"])
+        .output()
+        .expect("run dlock")
+}
+
+/// `hold --key b --key a` holds both (printed in ascending key order): another process is
+/// kept out of either key, and of a set that shares one, until the holder releases.
+fn a_set_is_held_whole_then_released_whole(url: &str) {
+    let (a, b, c) = (unique("set-a"), unique("set-b"), unique("set-c"));
+    let (a, b, c) = (a.as_str(), b.as_str(), c.as_str());
+    let (mut holder, tokens) = hold_set(url, &[b, a], &[]);
+    assert_eq!(tokens.len(), 2, "{tokens:?}");
+    for keys in [&[b][..], &[a], &[c, b]] {
+        let out = run_true_set(url, keys, &["--no-wait"]);
+        assert_eq!(out.status.code(), Some(75), "{keys:?} while held: {out:?}");
+    }
+    common::sigterm(&holder);
+    assert!(holder.wait().unwrap().success());
+    for keys in [&[c, b][..], &[a]] {
+        let out = run_true_set(url, keys, &["--no-wait"]);
+        assert!(out.status.success(), "{keys:?} after the release: {out:?}");
+    }
+}
+
+/// `run --key b --key a` gives the command both keys in ascending order, one per line in
+/// DLOCK_KEYS, and each key's own token, in the same order, in DLOCK_FENCING_TOKENS; DLOCK_KEY
+/// and DLOCK_FENCING_TOKEN are the first key's.
+fn run_sees_every_key_and_token_of_a_set(url: &str) {
+    let (a, b) = (unique("env-a"), unique("env-b"));
+    let (mut holder, before) = hold_set(url, &[&a, &b], &[]);
+    common::sigterm(&holder);
+    assert!(holder.wait().unwrap().success());
+    let out = dlock(&[
+        "run",
+        "--url",
+        url,
+        "--key",
+        &b,
+        "--key",
+        &a,
+        "--",
+        "sh",
+        "-c",
+        r#"echo "$DLOCK_KEYS"; echo "$DLOCK_FENCING_TOKENS"; echo "$DLOCK_KEY $DLOCK_FENCING_TOKEN""#,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 5, "{stdout}");
+    assert_eq!(lines[..2], [a.as_str(), b.as_str()], "{stdout}");
+    let tokens: Vec<u64> = lines[2..4].iter().map(|t| t.parse().unwrap()).collect();
+    for (key, (token, earlier)) in [&a, &b].iter().zip(tokens.iter().zip(&before)) {
+        assert!(
+            token > earlier,
+            "{key}: token {token} is not above the earlier holder's {earlier}"
+        );
+    }
+    assert_eq!(lines[4], format!("{a} {}", tokens[0]), "{stdout}");
+}
+
+/// A set with one busy key, with `--no-wait` or a short `--wait`, exits 75 naming the busy
+/// key, and leaves the free key (taken first: it sorts first) free again at once.
+fn a_set_with_a_busy_key_takes_none(url: &str) {
+    let (free, busy) = (unique("none-a"), unique("none-b"));
+    let (mut holder, _) = hold(url, &busy, &[]);
+    for flags in [&["--no-wait"][..], &["--wait", "300ms"]] {
+        let started = Instant::now();
+        let out = run_true_set(url, &[&busy, &free], flags);
+        assert_eq!(out.status.code(), Some(75), "{flags:?}: {out:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{flags:?}: took {:?}",
+            started.elapsed()
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&format!("{busy:?}")), "{flags:?}: {stderr}");
+        let after = run_true(url, &free, &["--no-wait"]);
+        assert!(
+            after.status.success(),
+            "{flags:?}: the free key of the set is still held: {after:?}"
+        );
+    }
+    common::sigterm(&holder);
+    assert!(holder.wait().unwrap().success());
+}
+
 /// Stamp the cross-process tests for one backend.
 macro_rules! backend {
     ($name:ident, $var:literal, $default:literal, $crash_bound:expr) => {
@@ -265,6 +373,18 @@ macro_rules! backend {
             #[test]
             fn permits_let_n_holders_in_and_no_more() {
                 super::permits_let_n_holders_in_and_no_more(&url());
+            }
+            #[test]
+            fn a_set_is_held_whole_then_released_whole() {
+                super::a_set_is_held_whole_then_released_whole(&url());
+            }
+            #[test]
+            fn run_sees_every_key_and_token_of_a_set() {
+                super::run_sees_every_key_and_token_of_a_set(&url());
+            }
+            #[test]
+            fn a_set_with_a_busy_key_takes_none() {
+                super::a_set_with_a_busy_key_takes_none(&url());
             }
         }
     };
@@ -430,4 +550,57 @@ fn messages_about_a_key_stay_on_one_line() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(!stderr.contains('\x1b'), "{stderr:?}");
+}
+
+/// Losing one key of a set is losing the hold: `dlock hold` names the key it lost and exits
+/// 70 (here the key is deleted behind the holder's back on the Redis server).
+#[test]
+fn losing_one_key_of_a_set_names_it() {
+    let url = std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = url.split('?').next().unwrap_or_default().to_owned();
+    let (a, b) = (unique("lost-a"), unique("lost-b"));
+    let (holder, _) = hold_set(&url, &[&a, &b], &["--ttl", "1s"]);
+    let deleted = Command::new("redis-cli")
+        .args(["-u", &url, "DEL", &format!("dlock:{b}")])
+        .output()
+        .expect("run redis-cli");
+    assert_eq!(
+        String::from_utf8_lossy(&deleted.stdout).trim(),
+        "1",
+        "{deleted:?}"
+    );
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(70), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with(&format!("lost: key={b}: ")),
+        "{stdout:?}"
+    );
+    assert!(run_true(&url, &a, &["--no-wait"]).status.success());
+}
+
+/// A signal while a set waits gives the wait up and names the keys, in the order they are
+/// taken.
+#[test]
+fn a_signal_while_a_set_waits_names_its_keys() {
+    let url = std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let (a, b) = (unique("signal-a"), unique("signal-b"));
+    let (mut holder, _) = hold(&url, &b, &[]);
+    let waiter = Command::new(DLOCK)
+        .args(["run", "--url", &url, "--key", &b, "--key", &a, "--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dlock run");
+    std::thread::sleep(Duration::from_secs(1));
+    common::sigterm(&waiter);
+    let out = waiter.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(143), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("while waiting for {a:?}, {b:?}: gave up the wait")),
+        "{stderr}"
+    );
+    common::sigterm(&holder);
+    assert!(holder.wait().unwrap().success());
+    assert!(run_true(&url, &a, &["--no-wait"]).status.success());
 }
