@@ -29,6 +29,7 @@
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
+pub mod figures;
 pub mod history;
 pub mod holder;
 pub mod proxy;
@@ -363,6 +364,7 @@ where
     Fut: Future<Output = ()>,
 {
     init_tracing();
+    figures::Figures::installed();
     let harness: Arc<dyn Harness> = Arc::new(harness);
     if holder::serve_if_child(&*harness).await {
         return;
@@ -432,6 +434,11 @@ macro_rules! conformance {
                 cancelled_key_set_leaves_nothing,
                 bad_key_in_a_set_is_refused_before_any_key_is_taken,
                 key_set_lost_fires_when_any_key_is_lost,
+                inspect_shows_the_holder_and_the_queue,
+                inspect_shows_every_shared_holder_and_permit,
+                list_shows_held_keys_under_a_prefix,
+                inspect_refuses_bad_keys_before_io,
+                figures_are_recorded,
             );
         }
     };

@@ -16,7 +16,9 @@ struct Counted;
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        if PENDING.fetch_sub(1, Ordering::SeqCst) == 1 {
+        let left = PENDING.fetch_sub(1, Ordering::SeqCst) - 1;
+        crate::telemetry::cleanups_pending(left);
+        if left == 0 {
             SETTLED.notify_waiters();
         }
     }
@@ -31,7 +33,8 @@ pub fn spawn_cleanup(cleanup: impl Future<Output = ()> + Send + 'static) -> bool
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return false;
     };
-    PENDING.fetch_add(1, Ordering::SeqCst);
+    let pending = PENDING.fetch_add(1, Ordering::SeqCst) + 1;
+    crate::telemetry::cleanups_pending(pending);
     let counted = Counted;
     runtime.spawn(async move {
         let _counted = counted;

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::Inspection;
+
 /// The promises a backend makes.
 ///
 /// A backend states them in one literal ending in `..Default::default()`; the default
@@ -54,6 +56,9 @@ pub struct Capabilities {
     /// let in when a permit frees. Without it a permit acquire fails with
     /// [`Unsupported`](crate::LockError::Unsupported) before any network I/O.
     pub permits: bool,
+    /// What [`inspect`](crate::DistributedLock::inspect) shows (every backend shows the
+    /// holders of a key) and whether [`list`](crate::DistributedLock::list) works.
+    pub inspect: Inspection,
 }
 
 impl Capabilities {
@@ -86,6 +91,7 @@ impl Default for Capabilities {
             max_held: None,
             shared: false,
             permits: false,
+            inspect: Inspection::default(),
         }
     }
 }

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::raw::backend::{Grant, Held};
 use crate::raw::gate::GatePermit;
 use crate::raw::watchdog;
+use crate::telemetry::Labels;
 use crate::{ErrorKind, Expiry, LockError, LockOptions, Mode, Result};
 
 /// Why a lease was lost.
@@ -63,6 +64,9 @@ pub(crate) struct LeaseState {
     status: watch::Sender<Status>,
     /// Changes wake the watchdog, so a manual extend re-plans renewal and expiry at once.
     pub(crate) timing: watch::Sender<Timing>,
+    /// What the lease's figures are labelled with, and when it was granted.
+    labels: Labels,
+    granted_at: Instant,
 }
 
 /// The current ttl and the last instant the server may still consider the lease alive.
@@ -132,21 +136,30 @@ impl LeaseState {
             None => held.extend(ttl).await,
         };
         match &outcome {
-            Ok(()) => self.renewed(ttl, sent_at),
-            Err(e) if e.kind() == ErrorKind::NotHeld => self.lose(LostReason::NotHeld),
-            Err(_) => {}
+            Ok(()) => {
+                self.labels.renewal("ok");
+                self.renewed(ttl, sent_at);
+            }
+            Err(e) if e.kind() == ErrorKind::NotHeld => {
+                self.labels.renewal("not_held");
+                self.lose(LostReason::NotHeld);
+            }
+            Err(_) => self.labels.renewal("failed"),
         }
         outcome
     }
 
     fn mark_released(&self) {
-        self.status.send_if_modified(|s| {
+        let ended = self.status.send_if_modified(|s| {
             let was_held = *s == Status::Held;
             if was_held {
                 *s = Status::Released;
             }
             was_held
         });
+        if ended {
+            self.labels.lease_ended(self.granted_at.elapsed());
+        }
     }
 
     /// Mark the lease lost (once; later reasons are ignored).
@@ -161,6 +174,8 @@ impl LeaseState {
         });
         if changed {
             tracing::warn!(backend = self.backend, key = %self.key, %reason, "lease lost");
+            self.labels.lost(&reason);
+            self.labels.lease_ended(self.granted_at.elapsed());
         }
     }
 
@@ -177,6 +192,16 @@ impl LeaseState {
 
     fn not_held(&self, reason: LostReason) -> LockError {
         LockError::not_held(self.backend, &self.key, reason)
+    }
+}
+
+impl Drop for LeaseState {
+    /// A lease whose state goes while still held (dropped outside a runtime, its release
+    /// left to the server's ttl) ends here for the figures.
+    fn drop(&mut self) {
+        if *self.status.borrow() == Status::Held {
+            self.labels.lease_ended(self.granted_at.elapsed());
+        }
     }
 }
 
@@ -212,7 +237,9 @@ impl Lease {
         opts: &LockOptions,
         expiry: Expiry,
         permit: GatePermit,
+        labels: Labels,
     ) -> Self {
+        labels.lease_started();
         let state = Arc::new(LeaseState {
             backend,
             key: Arc::from(key),
@@ -224,6 +251,8 @@ impl Lease {
                 ttl: opts.ttl,
                 valid_until: grant.sent_at + opts.ttl,
             }),
+            labels,
+            granted_at: Instant::now(),
         });
         let renews = opts.auto_renew && !grant.kept_alive;
         let watchdog = tokio::spawn(watchdog::run(state.clone(), renews, grant.lost));

@@ -36,10 +36,12 @@
 mod background;
 mod capabilities;
 mod error;
+mod inspect;
 mod lease;
 mod lease_set;
 mod options;
 pub mod raw;
+pub mod telemetry;
 
 use std::future::Future;
 
@@ -48,6 +50,10 @@ use async_trait::async_trait;
 pub use background::settle;
 pub use capabilities::{Capabilities, Expiry, FaultSafety, Faults, Fencing, Wakeup};
 pub use error::{BoxError, ErrorKind, LockError, Result};
+pub use inspect::{
+    HolderStatus, Inspection, KeyStatus, MAX_HOLDER_NAME, WaiterStatus, WaiterView,
+    holder_description, set_holder_name,
+};
 pub use lease::{Lease, LostReason, LostSignal};
 pub use lease_set::LeaseSet;
 pub use options::{LockOptions, Mode, Wait};
@@ -130,6 +136,26 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
     /// Dropping the future while it waits removes whatever the wait had placed on the server
     /// (a queued node, a waiting query) and delays nobody.
     async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<Lease>;
+
+    /// Who holds `key` and who waits for it, read from the server without taking,
+    /// queueing or changing anything. [`Capabilities::inspect`] says what a backend shows
+    /// beyond the holders.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] before any network I/O; [`LockError::Unavailable`] when
+    /// the server cannot be reached; [`LockError::Backend`] when it refuses (for example a
+    /// user not allowed to read what shows the holders).
+    async fn inspect(&self, key: &str) -> Result<KeyStatus>;
+
+    /// The keys starting with `prefix` that are held now, sorted; an empty prefix lists
+    /// every held key of this client's namespace. Read-only, as
+    /// [`inspect`](Self::inspect).
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`], before any network I/O, where the backend cannot
+    /// enumerate its keys ([`Inspection::list`]); [`LockError::InvalidKey`] for a prefix
+    /// with a NUL byte or longer than a key; otherwise as [`inspect`](Self::inspect).
+    async fn list(&self, prefix: &str) -> Result<Vec<String>>;
 }
 
 /// Counters a client keeps, for metrics and the conformance suite's herd check.

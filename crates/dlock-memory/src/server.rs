@@ -3,12 +3,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant, Held};
 use dlock_core::{
-    Capabilities, Fencing, LockError, LockOptions, LockStats, LostReason, Mode, Result, Wakeup,
+    Capabilities, Fencing, HolderStatus, Inspection, KeyStatus, LockError, LockOptions, LockStats,
+    LostReason, Mode, Result, WaiterStatus, WaiterView, Wakeup, holder_description,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -67,6 +68,7 @@ impl Slot {
 struct Holder {
     id: u64,
     mode: Mode,
+    granted_at: Instant,
     expires_at: Instant,
     lost: oneshot::Sender<LostReason>,
 }
@@ -129,6 +131,50 @@ impl MemoryServer {
             .collect()
     }
 
+    /// Who holds `key` and who waits for it, first in line first. Every client of this
+    /// server is in this process, so each is named by [`holder_description`].
+    pub fn status(&self, key: &str) -> KeyStatus {
+        let state = self.lock();
+        let mut status = KeyStatus::new(key, true);
+        let Some(slot) = state.keys.get(key) else {
+            return status;
+        };
+        let (now, wall) = (Instant::now(), SystemTime::now());
+        for holder in slot.live() {
+            let mut shown = HolderStatus::new(holder.mode);
+            shown.fencing_token = Some(holder.id);
+            shown.since = wall.checked_sub(now - holder.granted_at);
+            shown.ttl_left = Some(holder.expires_at - now);
+            shown.who = Some(holder_description().to_owned());
+            status.holders.push(shown);
+        }
+        let waiters = slot.waiters.iter().filter(|w| !w.grant.is_closed());
+        status.waiters = Some(
+            waiters
+                .map(|w| {
+                    let mut shown = WaiterStatus::new();
+                    shown.mode = Some(w.mode);
+                    shown.who = Some(holder_description().to_owned());
+                    shown
+                })
+                .collect(),
+        );
+        status
+    }
+
+    /// The held keys starting with `prefix`, sorted.
+    pub fn held_keys(&self, prefix: &str) -> Vec<String> {
+        let state = self.lock();
+        let mut keys: Vec<String> = state
+            .keys
+            .iter()
+            .filter(|(k, s)| k.starts_with(prefix) && s.live().next().is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -151,6 +197,7 @@ impl State {
         slot.holders.push(Holder {
             id,
             mode,
+            granted_at: at,
             expires_at: at + ttl,
             lost: lost_tx,
         });
@@ -316,8 +363,23 @@ impl Backend for MemoryBackend {
             },
             shared: true,
             permits: true,
+            inspect: Inspection {
+                who: true,
+                waiters: WaiterView::Queue,
+                list: true,
+            },
             ..Default::default()
         }
+    }
+
+    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
+        self.reachable("inspect")?;
+        Ok(self.server.status(key))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        self.reachable("list")?;
+        Ok(self.server.held_keys(prefix))
     }
 
     fn stats(&self) -> LockStats {
@@ -379,7 +441,7 @@ impl Backend for MemoryBackend {
                 granted = &mut waiter.grant => {
                     self.wakeups.fetch_add(1, Ordering::Relaxed);
                     let granted = granted.map_err(|_| LockError::backend(NAME, "acquire", "server dropped the waiter"))?;
-                    let grant = self.held(key, granted);
+                    let grant = self.held(key, granted).after_wait();
                     // The grant is ours now; the guard must not give it back.
                     waiter.grant = oneshot::channel().1;
                     return Ok(Some(grant));

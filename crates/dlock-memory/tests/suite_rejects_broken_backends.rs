@@ -468,6 +468,12 @@ impl DistributedLock for AsksFirstClient {
     fn validate(&self, key: &str, opts: &LockOptions) -> Result<()> {
         self.0.validate(key, opts)
     }
+    async fn inspect(&self, key: &str) -> Result<dlock_core::KeyStatus> {
+        self.0.inspect(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        self.0.list(prefix).await
+    }
     async fn try_acquire(&self, key: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         self.ask(key, opts).await;
         self.0.try_acquire(key, opts).await

@@ -167,6 +167,7 @@ impl Backend for PostgresBackend {
             shared: true,
             // N slot locks per key; a permit is the first free one (see the crate docs).
             permits: true,
+            ..Default::default()
         }
     }
 

@@ -5,12 +5,14 @@
 //! The scenarios are grouped by concern: one holder at a time (`exclusion`), waiting for a
 //! key (`waiters`), leases over time (`leases`), one client holding many keys at once
 //! (`many`), shared holds beside exclusive ones (`shared`), counted holds of a semaphore
-//! (`permits`), several keys taken as one (`sets`), and what must be refused or
+//! (`permits`), several keys taken as one (`sets`), looking at keys and figures without
+//! touching them (`inspect`), and what must be refused or
 //! reported (`errors`). All of them are re-exported
 //! here, at `scenarios::<name>`.
 
 mod errors;
 mod exclusion;
+mod inspect;
 mod leases;
 mod many;
 mod permits;
@@ -20,6 +22,7 @@ mod waiters;
 
 pub use errors::*;
 pub use exclusion::*;
+pub use inspect::*;
 pub use leases::*;
 pub use many::*;
 pub use permits::*;

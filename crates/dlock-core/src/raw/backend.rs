@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use crate::{Capabilities, Deadline, LockOptions, LockStats, LostReason, Result};
+use crate::{Capabilities, Deadline, KeyStatus, LockOptions, LockStats, LostReason, Result};
 
 /// One lock service: the server protocol, nothing else.
 ///
@@ -56,6 +56,27 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Who holds `key` (already validated) and who waits, read without changing anything
+    /// on the server. See [`DistributedLock::inspect`](crate::DistributedLock::inspect).
+    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
+        let _ = key;
+        Err(crate::LockError::Unsupported {
+            backend: Self::NAME,
+            what: "inspecting a key",
+        })
+    }
+
+    /// The held keys starting with `prefix` (already checked), sorted. Called only where
+    /// [`Capabilities::inspect`]`.list` is declared. See
+    /// [`DistributedLock::list`](crate::DistributedLock::list).
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        let _ = prefix;
+        Err(crate::LockError::Unsupported {
+            backend: Self::NAME,
+            what: "listing held keys",
+        })
+    }
+
     /// Counters for observability and for the conformance suite's herd check.
     fn stats(&self) -> LockStats {
         LockStats::default()
@@ -82,6 +103,10 @@ pub struct Grant {
     /// expiry timer of its own, so holding many keys costs nothing per key. See
     /// [`Grant::kept_alive`].
     pub kept_alive: bool,
+    /// The key was busy when the acquire first tried it, and this grant came after
+    /// waiting for its holder to let go (a hand-off, counted in
+    /// [`telemetry`](crate::telemetry)). See [`Grant::after_wait`].
+    pub waited: bool,
 }
 
 impl Grant {
@@ -93,7 +118,14 @@ impl Grant {
             sent_at,
             lost: None,
             kept_alive: false,
+            waited: false,
         }
+    }
+
+    /// Mark the grant as given after waiting: the key was busy at the first try.
+    pub fn after_wait(mut self) -> Self {
+        self.waited = true;
+        self
     }
 
     /// Attach the backend's own loss signal.
@@ -124,6 +156,7 @@ impl fmt::Debug for Grant {
             .field("held", &self.held)
             .field("sent_at", &self.sent_at)
             .field("kept_alive", &self.kept_alive)
+            .field("waited", &self.waited)
             .finish_non_exhaustive()
     }
 }

@@ -10,9 +10,10 @@ use tokio::time::Instant;
 use crate::raw::backend::{Backend, Grant};
 use crate::raw::gate::{Gate, GatePermit};
 use crate::raw::{key, watchdog};
+use crate::telemetry::Labels;
 use crate::{
-    Capabilities, Deadline, DistributedLock, ErrorKind, Expiry, Lease, LockError, LockOptions,
-    LockStats, LostReason, Mode, Result,
+    Capabilities, Deadline, DistributedLock, ErrorKind, Expiry, KeyStatus, Lease, LockError,
+    LockOptions, LockStats, LostReason, Mode, Result,
 };
 
 /// A [`DistributedLock`] made from a [`Backend`].
@@ -118,6 +119,10 @@ impl<B: Backend> LockClient<B> {
                 token = grant.fencing_token,
                 "acquired"
             );
+            let labels = Labels::new(B::NAME, opts.mode, key);
+            if grant.waited || permit.waited {
+                labels.handoff();
+            }
             return Ok(Some(Lease::start(
                 B::NAME,
                 key,
@@ -125,6 +130,7 @@ impl<B: Backend> LockClient<B> {
                 opts,
                 caps.expiry,
                 permit,
+                labels,
             )));
         }
     }
@@ -263,13 +269,51 @@ impl<B: Backend> DistributedLock for LockClient<B> {
     }
 
     async fn try_acquire(&self, key: &str, opts: &LockOptions) -> Result<Option<Lease>> {
-        self.take(key, opts, Deadline::TryOnce).await
+        let started = Instant::now();
+        let taken = self.take(key, opts, Deadline::TryOnce).await;
+        let outcome = match &taken {
+            Ok(Some(_)) => "acquired",
+            Ok(None) => "busy",
+            Err(_) => "error",
+        };
+        Labels::new(B::NAME, opts.mode, key).acquired(outcome, started.elapsed());
+        taken
+    }
+
+    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
+        key::validate(key, self.backend.capabilities().max_key_len)?;
+        self.backend.check_key(key)?;
+        self.backend.inspect(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        let caps = self.backend.capabilities();
+        if prefix.len() > caps.max_key_len || prefix.contains('\0') {
+            return Err(LockError::invalid_key(
+                prefix,
+                "a prefix is at most a key's length and holds no NUL byte",
+            ));
+        }
+        if !caps.inspect.list {
+            return Err(LockError::Unsupported {
+                backend: B::NAME,
+                what: "listing held keys",
+            });
+        }
+        self.backend.list(prefix).await
     }
 
     async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<Lease> {
         let started = Instant::now();
         let deadline = Deadline::after(opts.wait);
-        match self.take(key, opts, deadline).await? {
+        let taken = self.take(key, opts, deadline).await;
+        let outcome = match &taken {
+            Ok(Some(_)) => "acquired",
+            Ok(None) => "timeout",
+            Err(_) => "error",
+        };
+        Labels::new(B::NAME, opts.mode, key).acquired(outcome, started.elapsed());
+        match taken? {
             Some(lease) => Ok(lease),
             None => Err(LockError::Timeout {
                 backend: B::NAME,

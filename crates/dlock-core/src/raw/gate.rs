@@ -29,13 +29,19 @@ impl Gate {
     ) -> Option<GatePermit> {
         let queue = self.queue(key);
         let handle = queue.handle();
-        let guard = match (mode, deadline) {
-            (Mode::Exclusive, Deadline::TryOnce) => handle.try_write_owned().ok().map(Turn::Alone),
-            (_, Deadline::TryOnce) => handle.try_read_owned().ok().map(Turn::Shared),
-            (Mode::Exclusive, _) => deadline.run(handle.write_owned()).await.map(Turn::Alone),
-            (_, _) => deadline.run(handle.read_owned()).await.map(Turn::Shared),
+        let at_once = match mode {
+            Mode::Exclusive => handle.clone().try_write_owned().ok().map(Turn::Alone),
+            _ => handle.clone().try_read_owned().ok().map(Turn::Shared),
+        };
+        let waited = at_once.is_none();
+        let guard = match (at_once, mode, deadline) {
+            (Some(turn), _, _) => Some(turn),
+            (None, _, Deadline::TryOnce) => None,
+            (None, Mode::Exclusive, _) => deadline.run(handle.write_owned()).await.map(Turn::Alone),
+            (None, _, _) => deadline.run(handle.read_owned()).await.map(Turn::Shared),
         }?;
         Some(GatePermit {
+            waited,
             _guard: guard,
             _queue: queue,
         })
@@ -95,6 +101,8 @@ enum Turn {
 /// This task's turn on a key; the next local waiter goes when it is dropped.
 #[derive(Debug)]
 pub(crate) struct GatePermit {
+    /// This task waited for another task of the client to let the key go.
+    pub(crate) waited: bool,
     // Field order matters: the guard is released before the queue reference tidies up.
     _guard: Turn,
     _queue: QueueRef,

@@ -65,6 +65,16 @@ impl<B: FromMemory> Backend for Wired<B> {
         self.inner.stats()
     }
 
+    async fn inspect(&self, key: &str) -> Result<dlock_core::KeyStatus> {
+        self.link.send();
+        self.inner.inspect(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        self.link.send();
+        self.inner.list(prefix).await
+    }
+
     async fn acquire(
         &self,
         key: &str,
