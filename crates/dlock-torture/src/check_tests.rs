@@ -14,6 +14,7 @@ fn hold(id: u64, process: u32, token: u64, start: u64, end: u64) -> HoldRec {
         token,
         shared: false,
         permits: None,
+        set: None,
         requested: start.saturating_sub(10),
         start,
         end: Some(end),

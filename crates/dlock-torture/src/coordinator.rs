@@ -22,6 +22,7 @@ use rand::rngs::StdRng;
 use crate::check::{self, Violation};
 use crate::clock::{now_ns, ns};
 use crate::faults::FaultSet;
+use crate::key_sets;
 use crate::report::Report;
 use crate::servers::{self, ServerCtl, Target, UnitLocks};
 use crate::store::{self, Recorder};
@@ -52,6 +53,8 @@ pub(crate) struct Config {
     pub(crate) read_share: f64,
     /// Every hold one of this many permits (the semaphore workload).
     pub(crate) permits: Option<u32>,
+    /// Every hold a set of 2 to this many distinct keys (the key-set workload).
+    pub(crate) key_sets: Option<usize>,
 }
 
 /// Timings derived from the backend's expiry and the ttl.
@@ -160,6 +163,7 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
         ]
         .into_iter()
         .chain(cfg.permits.map(|n| format!("--permits={n}")))
+        .chain(cfg.key_sets.map(|k| format!("--key-sets={k}")))
         .collect(),
     };
     for _ in 0..cfg.workers.max(1) {
@@ -226,6 +230,7 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
     }
 
     // Calm down: every worker finishes its hold, releases, and exits.
+    let calm_end = now_ns();
     let stop_limit = timings.wait + Duration::from_secs(30);
     violations.extend(fleet.stop_all(stop_limit).await);
     let run_end = now_ns();
@@ -260,7 +265,7 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
     }
     let state = recorder.state();
     let holds: Vec<_> = state.holds.values().cloned().collect();
-    let analysis = check::analyse(&check::Input {
+    let input = check::Input {
         holds: &holds,
         log: &state.log,
         faults: &faults,
@@ -268,6 +273,16 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
         grace: ns(timings.grace),
         run_end,
         t0,
+    };
+    let analysis = check::analyse(&input);
+    // Sets must keep being granted until the workers are told to stop: a stall longer than
+    // a fault and the recovery after it is a deadlock (or a wait that never ends).
+    let sets = cfg.key_sets.map(|_| {
+        let sweep = key_sets::sweep(&holds, t0, calm_end);
+        let longest_fault = faults.iter().map(|f| f.end - f.start).max().unwrap_or(0);
+        let limit = ns(timings.recovery_limit) + longest_fault;
+        violations.extend(key_sets::progress(&input, &sweep, limit));
+        sweep
     });
     if analysis.holds == 0 {
         violations.push(Violation::new("no holds", "not a single lock was acquired"));
@@ -283,6 +298,7 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
         holds: &holds,
         faults: &faults,
         analysis: &analysis,
+        sets: sets.as_ref(),
         not_injected: &not_injected,
         final_check,
         violations,

@@ -13,6 +13,7 @@ mod check;
 mod clock;
 mod coordinator;
 mod faults;
+mod key_sets;
 mod permits;
 mod report;
 mod residue;
@@ -25,7 +26,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::faults::FaultSet;
 
@@ -36,6 +37,7 @@ run could not be carried out (bad arguments, server unreachable).
 Examples:
   torture --backend redis://127.0.0.1:6380 --duration 60s
   torture --backend redis://127.0.0.1:6380 --duration 60s --permits 3
+  torture --backend redis://127.0.0.1:6380 --duration 60s --keys 4 --key-sets 3
   torture --backend zk://127.0.0.1:2182,127.0.0.1:2183,127.0.0.1:2184?session_timeout=3s --faults kill,member
   torture --backend etcd://127.0.0.1:23791,127.0.0.1:23792,127.0.0.1:23793 --duration 10m --report etcd.json";
 
@@ -97,6 +99,12 @@ struct Cli {
     /// declare permits (`Capabilities::permits`).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(dlock_core::Mode::MAX_PERMITS)))]
     permits: Option<u32>,
+    /// A key-set workload: every hold takes a random set of 2 to K distinct keys of the
+    /// run's (K at most --keys), named in a random order, as one hold with `acquire_all`,
+    /// writes to the fenced store under each key with that key's token, and releases the
+    /// set. Shared sets follow --read-share; not with --permits.
+    #[arg(long, value_name = "K", conflicts_with = "permits", value_parser = clap::value_parser!(u64).range(2..=64))]
+    key_sets: Option<u64>,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -141,6 +149,21 @@ fn main() -> ExitCode {
         eprintln!("torture: --read-share must be between 0 and 1");
         return ExitCode::from(2);
     }
+    let key_sets = cli
+        .key_sets
+        .map(|k| usize::try_from(k).unwrap_or(usize::MAX));
+    if key_sets.is_some_and(|k| k > cli.keys) {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::ValueValidation,
+                format!(
+                    "--key-sets {} takes sets of up to that many distinct keys, but the run has --keys {}",
+                    key_sets.unwrap_or_default(),
+                    cli.keys
+                ),
+            )
+            .exit();
+    }
     let seed = cli.seed.unwrap_or_else(rand::random);
     let cfg = coordinator::Config {
         url: cli.backend.expect("clap requires --backend"),
@@ -158,6 +181,7 @@ fn main() -> ExitCode {
         allow_memory: cli.allow_memory,
         read_share: cli.read_share,
         permits: cli.permits,
+        key_sets,
     };
     let report = match runtime.block_on(coordinator::run(cfg)) {
         Ok(report) => report,

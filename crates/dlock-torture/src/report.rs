@@ -10,6 +10,7 @@ use crate::check::{Analysis, Violation};
 use crate::clock::ms;
 use crate::coordinator::{Config, Timings};
 use crate::faults::{FaultKind, FaultRec, safety_name};
+use crate::key_sets::SetSweep;
 use crate::store::{HoldRec, State};
 
 /// The final check: keys free for a fresh client once every worker is gone.
@@ -81,6 +82,8 @@ pub(crate) struct Report {
     pub(crate) ttl_ms: f64,
     pub(crate) pause_and_partition_ms: f64,
     pub(crate) declared: Declared,
+    /// What each hold took: `locks`, `semaphore of N permits`, or `key sets of up to K`.
+    pub(crate) workload: String,
     pub(crate) holds: usize,
     /// Of `holds`, the shared (read) ones (0 where the backend declares no shared holds).
     pub(crate) shared_holds: usize,
@@ -91,6 +94,17 @@ pub(crate) struct Report {
     /// Per key, the most permit holders at once (not counting holders a declared fault may
     /// have left stale): equal to `permits` when the run really overlapped.
     pub(crate) most_permit_holders: BTreeMap<String, usize>,
+    /// The key-set workload's largest set (`--key-sets`), if it ran.
+    pub(crate) key_sets: Option<usize>,
+    /// Sets granted by `acquire_all` (each set counts once; each of its keys is one of
+    /// `holds`).
+    pub(crate) sets_taken: usize,
+    /// Of `sets_taken`, the shared ones.
+    pub(crate) shared_sets: usize,
+    /// Sets granted, by how many keys they held.
+    pub(crate) sets_by_size: BTreeMap<usize, usize>,
+    /// The longest stretch without a set granted, until the workers were told to stop.
+    pub(crate) longest_set_stall_ms: Option<f64>,
     pub(crate) holds_per_key: BTreeMap<String, usize>,
     pub(crate) leases_lost: usize,
     pub(crate) writes_accepted: usize,
@@ -116,6 +130,8 @@ pub(crate) struct Inputs<'a> {
     pub(crate) holds: &'a [HoldRec],
     pub(crate) faults: &'a [FaultRec],
     pub(crate) analysis: &'a Analysis,
+    /// The key-set workload's summary, if it ran.
+    pub(crate) sets: Option<&'a SetSweep>,
     pub(crate) not_injected: &'a [(FaultKind, String)],
     pub(crate) final_check: FinalCheck,
     pub(crate) violations: Vec<Violation>,
@@ -214,11 +230,21 @@ impl Report {
                 server_restart: safety_name(caps.faults.server_restart),
                 member_down: safety_name(caps.faults.member_down),
             },
+            workload: match (i.cfg.permits, i.cfg.key_sets) {
+                (Some(n), _) => format!("semaphore of {n} permits"),
+                (None, Some(k)) => format!("key sets of up to {k}"),
+                (None, None) => "locks".to_owned(),
+            },
             holds: i.analysis.holds,
             shared_holds: i.holds.iter().filter(|h| h.shared).count(),
             permits: i.cfg.permits,
             permit_holds: i.holds.iter().filter(|h| h.permits.is_some()).count(),
             most_permit_holders: i.analysis.most_permit_holders.clone(),
+            key_sets: i.cfg.key_sets,
+            sets_taken: i.sets.map_or(0, |s| s.sets),
+            shared_sets: i.sets.map_or(0, |s| s.shared_sets),
+            sets_by_size: i.sets.map(|s| s.by_size.clone()).unwrap_or_default(),
+            longest_set_stall_ms: i.sets.map(|s| ms(s.longest_stall)),
             holds_per_key,
             leases_lost: i.holds.iter().filter(|h| h.lost_at.is_some()).count(),
             writes_accepted: accepted,
@@ -240,12 +266,13 @@ impl Report {
         let _ = writeln!(md, "## torture: {} at `{}`\n", self.backend, self.url);
         let _ = writeln!(
             md,
-            "{} · seed {} · {:.1} s · {} workers × {} tasks ({} clients each) · {} keys · ttl {:.0} ms · pauses and partitions {:.1} s\n",
+            "{} · {} · seed {} · {:.1} s · {} workers × {} tasks ({} clients each) · {} keys · ttl {:.0} ms · pauses and partitions {:.1} s\n",
             if self.passed {
                 "**passed**"
             } else {
                 "**FAILED**"
             },
+            self.workload,
             self.seed,
             self.duration_s,
             self.workers,
@@ -294,6 +321,22 @@ impl Report {
                 "Semaphore: every hold one of {n} permits ({} permit holds); most holders at once per key: {}.\n",
                 self.permit_holds,
                 if most.is_empty() { "none" } else { &most }
+            );
+        }
+        if let Some(k) = self.key_sets {
+            let sizes = self
+                .sets_by_size
+                .iter()
+                .map(|(size, n)| format!("{n} of {size} keys"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let _ = writeln!(
+                md,
+                "Key sets: every hold a set of 2 to {k} keys taken with `acquire_all` ({} sets, {} of them shared: {}); longest stretch without a set granted: {}.\n",
+                self.sets_taken,
+                self.shared_sets,
+                if sizes.is_empty() { "none" } else { &sizes },
+                fmt_ms(self.longest_set_stall_ms)
             );
         }
         if !self.by_kind.is_empty() {

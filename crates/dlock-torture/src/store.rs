@@ -24,9 +24,11 @@ pub(crate) struct HoldRec {
     pub(crate) shared: bool,
     /// One of this many permits: it may overlap fewer than that many other permit holds.
     pub(crate) permits: Option<u32>,
-    /// When `acquire` was called.
+    /// Taken as one key of a set (`acquire_all`, `--key-sets`): the set's id.
+    pub(crate) set: Option<u64>,
+    /// When `acquire` (or `acquire_all`) was called.
     pub(crate) requested: u64,
-    /// When `acquire` returned.
+    /// When `acquire` (or `acquire_all`) returned.
     pub(crate) start: u64,
     /// When the holder stopped relying on the lease: it called `release`, or its process
     /// died (then: when the coordinator reaped it).
@@ -115,6 +117,7 @@ impl State {
                 at,
                 shared,
                 permits,
+                set,
             } => {
                 // A message that was on its way when the process died ends at its death.
                 let exit = self.exits.get(&process).copied();
@@ -127,6 +130,7 @@ impl State {
                         token,
                         shared,
                         permits,
+                        set,
                         requested,
                         start: at,
                         end: exit.map(|(t, _)| t),
@@ -319,6 +323,7 @@ mod tests {
             at,
             shared: false,
             permits: None,
+            set: None,
         };
         r.apply(1, acquired(10, 100));
         assert_eq!(r.held_by(1), ["k"]);

@@ -21,6 +21,10 @@ pub(crate) enum Msg {
         /// One of this many permits (a semaphore hold); it writes nothing to the store.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         permits: Option<u32>,
+        /// Taken as one key of a set (`acquire_all`): the set's id, the hold id of its first
+        /// key; every key of the set is reported as a hold of its own.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        set: Option<u64>,
     },
     /// A write to the fenced store, carrying the hold's token (answered).
     Write { hold: u64, key: String, token: u64 },
@@ -54,6 +58,7 @@ mod tests {
             at: 2,
             shared: true,
             permits: Some(3),
+            set: Some(7),
         };
         let line = serde_json::to_string(&msg).unwrap();
         assert!(!line.contains('\n'));

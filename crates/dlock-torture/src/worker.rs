@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Args;
-use dlock::{DistributedLock, LockOptions, Mode, Wait};
+use dlock::{DistributedLock, LeaseSet, LockExt as _, LockOptions, LostSignal, Mode, Wait};
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::TcpStream;
@@ -53,6 +54,9 @@ pub(crate) struct WorkerArgs {
     /// Every hold one of this many permits (then no reads and no writes).
     #[arg(long)]
     pub(crate) permits: Option<u32>,
+    /// Every hold a set of 2 to this many distinct keys, taken with `acquire_all`.
+    #[arg(long)]
+    pub(crate) key_sets: Option<usize>,
 }
 
 /// How long a worker keeps trying to connect (the server may be down when it is spawned).
@@ -169,7 +173,8 @@ impl Store {
     }
 }
 
-/// Acquire a random key, write under it, release; until told to stop.
+/// Acquire a random key (or, with `--key-sets`, a random set of keys), write under it,
+/// release; until told to stop.
 async fn contend(
     args: Arc<WorkerArgs>,
     client: Arc<dyn DistributedLock>,
@@ -184,8 +189,18 @@ async fn contend(
     } else {
         0.0
     };
+    let new_hold = || (u64::from(args.process) << 32) | ids.fetch_add(1, Ordering::Relaxed);
     while !*stop.borrow() {
-        let key = &args.keys[rng.random_range(0..args.keys.len())];
+        // The draws in the order the single-key workload has always made them.
+        let keys: Vec<String> = if let Some(most) = args.key_sets {
+            // 2..=most distinct keys, named in a random order (`acquire_all` sorts them).
+            let mut keys = args.keys.clone();
+            keys.shuffle(&mut rng);
+            keys.truncate(rng.random_range(2..=most.clamp(2, args.keys.len())));
+            keys
+        } else {
+            vec![args.keys[rng.random_range(0..args.keys.len())].clone()]
+        };
         let shared = args.permits.is_none() && rng.random_bool(read_share);
         let mode = match (args.permits, shared) {
             (Some(n), _) => Mode::Permits(n),
@@ -193,8 +208,40 @@ async fn contend(
             (None, false) => Mode::Exclusive,
         };
         let requested = now_ns();
-        let lease = match client.acquire(key, &opts.mode(mode)).await {
-            Ok(lease) => lease,
+        let taken = if args.key_sets.is_some() {
+            client
+                .acquire_all(&keys, &opts.mode(mode))
+                .await
+                .map(Taken::Set)
+        } else {
+            client
+                .acquire(&keys[0], &opts.mode(mode))
+                .await
+                .map(Taken::One)
+        };
+        let taken = match taken {
+            Ok(Taken::Set(set)) if set.is_lost() => {
+                // A key was lost while the set's later keys were still being waited for:
+                // the set was never whole, so the holder gives it back without relying on
+                // it (and without reporting holds that another client may have taken over
+                // before `acquire_all` returned).
+                let lost: Vec<&str> = set
+                    .leases()
+                    .iter()
+                    .filter(|l| l.is_lost())
+                    .map(|l| l.key())
+                    .collect();
+                let error = format!("acquire_all returned a set with {lost:?} already lost");
+                let _ = set.release().await;
+                store
+                    .send(&Msg::AcquireFailed {
+                        kind: "SetLostOnArrival".to_owned(),
+                        error,
+                    })
+                    .await?;
+                continue;
+            }
+            Ok(taken) => taken,
             Err(e) => {
                 store
                     .send(&Msg::AcquireFailed {
@@ -207,58 +254,136 @@ async fn contend(
             }
         };
         let at = now_ns();
-        let hold = (u64::from(args.process) << 32) | ids.fetch_add(1, Ordering::Relaxed);
-        let token = lease.fencing_token();
-        store
-            .send(&Msg::Acquired {
-                hold,
-                key: key.clone(),
-                token,
-                requested,
-                at,
-                shared,
-                permits: args.permits,
-            })
-            .await?;
-        let watcher = tokio::spawn({
-            let mut signal = lease.lost_signal();
-            let store = store.clone();
-            async move {
-                if let Some(reason) = signal.lost().await {
-                    let at = now_ns();
-                    let _ = store
-                        .send(&Msg::Lost {
-                            hold,
-                            at,
-                            reason: reason.to_string(),
-                        })
-                        .await;
+        let plan = Plan::draw(&mut rng, args.ttl);
+        // One hold per key (a set's keys in the order they were taken), each with its token.
+        let leases = match &taken {
+            Taken::One(lease) => std::slice::from_ref(lease),
+            Taken::Set(set) => set.leases(),
+        };
+        let mut holds = Vec::with_capacity(leases.len());
+        let mut set_id = None;
+        for lease in leases {
+            let hold = new_hold();
+            if matches!(taken, Taken::Set(_)) {
+                set_id.get_or_insert(hold);
+            }
+            holds.push((hold, lease.key().to_owned(), lease.fencing_token()));
+        }
+        for (hold, key, token) in &holds {
+            store
+                .send(&Msg::Acquired {
+                    hold: *hold,
+                    key: key.clone(),
+                    token: *token,
+                    requested,
+                    at,
+                    shared,
+                    permits: args.permits,
+                    set: set_id,
+                })
+                .await?;
+        }
+        // A set is watched key by key: its `lost()` is the first of its leases' signals,
+        // and each key's hold is told of its own loss.
+        let watchers: Vec<_> = leases
+            .iter()
+            .zip(&holds)
+            .map(|(lease, (hold, ..))| watch_lost(lease.lost_signal(), store.clone(), *hold))
+            .collect();
+        // The critical section: a few writes (a reader or a permit holder only waits), a
+        // little apart; each write of a set goes to every key of the set, with that key's
+        // token. The holder stops at the first loss of any key or rejected write.
+        let writer = mode == Mode::Exclusive;
+        'section: for _ in 0..plan.writes {
+            tokio::time::sleep(plan.gap.mul_f64(rng.random_range(0.0..1.0))).await;
+            for (hold, key, token) in &holds {
+                if taken.is_lost() || (writer && !store.write(*hold, key, *token).await?) {
+                    break 'section;
                 }
             }
-        });
-        // The critical section: a few writes (a reader or a permit holder only waits), a little apart; one hold
-        // in eight is long (half a ttl to two ttls), so that faults find holders that renew.
-        let (writes, gap) = if rng.random_ratio(1, 8) {
-            let span = args.ttl.mul_f64(rng.random_range(0.5..2.0));
-            (5, span / 5)
-        } else {
-            (rng.random_range(1..=3), Duration::from_millis(40))
-        };
-        for _ in 0..writes {
-            tokio::time::sleep(gap.mul_f64(rng.random_range(0.0..1.0))).await;
-            let writer = mode == Mode::Exclusive;
-            if lease.is_lost() || (writer && !store.write(hold, key, token).await?) {
-                break;
-            }
         }
-        store.send(&Msg::Releasing { hold, at: now_ns() }).await?;
-        let outcome = match lease.release().await {
+        let at = now_ns();
+        for (hold, ..) in &holds {
+            store.send(&Msg::Releasing { hold: *hold, at }).await?;
+        }
+        let outcome = match taken.release().await {
             Ok(()) => "ok".to_owned(),
             Err(e) => format!("{:?}", e.kind()),
         };
-        let _ = watcher.await;
-        store.send(&Msg::Released { hold, outcome }).await?;
+        for watcher in watchers {
+            let _ = watcher.await;
+        }
+        for (hold, ..) in &holds {
+            store
+                .send(&Msg::Released {
+                    hold: *hold,
+                    outcome: outcome.clone(),
+                })
+                .await?;
+        }
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..=20))).await;
     }
     Ok(())
+}
+
+/// What one round of a task holds: a lease, or a set of them.
+enum Taken {
+    One(dlock::Lease),
+    Set(LeaseSet),
+}
+
+impl Taken {
+    fn is_lost(&self) -> bool {
+        match self {
+            Taken::One(lease) => lease.is_lost(),
+            Taken::Set(set) => set.is_lost(),
+        }
+    }
+
+    async fn release(self) -> dlock::Result<()> {
+        match self {
+            Taken::One(lease) => lease.release().await,
+            Taken::Set(set) => set.release().await,
+        }
+    }
+}
+
+/// How long a hold lasts: a few writes a little apart; one hold in eight is long (half a
+/// ttl to two ttls), so that faults find holders that renew.
+struct Plan {
+    writes: u32,
+    gap: Duration,
+}
+
+impl Plan {
+    fn draw(rng: &mut StdRng, ttl: Duration) -> Self {
+        if rng.random_ratio(1, 8) {
+            let span = ttl.mul_f64(rng.random_range(0.5..2.0));
+            Self {
+                writes: 5,
+                gap: span / 5,
+            }
+        } else {
+            Self {
+                writes: rng.random_range(1..=3),
+                gap: Duration::from_millis(40),
+            }
+        }
+    }
+}
+
+/// Report `hold` lost when its lease's signal fires; ends when the lease is released.
+fn watch_lost(mut signal: LostSignal, store: Arc<Store>, hold: u64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Some(reason) = signal.lost().await {
+            let at = now_ns();
+            let _ = store
+                .send(&Msg::Lost {
+                    hold,
+                    at,
+                    reason: reason.to_string(),
+                })
+                .await;
+        }
+    })
 }

@@ -6,7 +6,8 @@
 //! kind that was not injected. The tests stop and start servers, so they run one at a time.
 //! Beside each, a short semaphore run (`--permits`) injects only the faults that hit
 //! holders, so it runs concurrently with the others (after its own backend's run, whose
-//! servers it waits for).
+//! servers it waits for). So does a short key-set run (`--key-sets`), whose holds take
+//! overlapping sets of keys with `acquire_all`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -149,6 +150,56 @@ fn semaphore(name: &str, case: &Case) {
     }
 }
 
+/// A short key-set run: every hold a set of 2 or 3 of the run's three keys, named in a
+/// random order and taken with `acquire_all` (half of them shared), with the faults that
+/// hit holders, beside the other backends' runs as [`semaphore`] is. It passes with no
+/// violation (each key of a set is checked as a hold of its own; sets kept being granted,
+/// so nothing deadlocked), every hold was a key of a set, and sets of both sizes and
+/// exclusive ones (which write under every key) were taken.
+fn key_sets(name: &str, case: &Case) {
+    let faults = ["kill", "pause", "partition"];
+    let json = run(
+        &format!("{name}-key-sets"),
+        case,
+        "8s",
+        &[
+            "--key-sets",
+            "3",
+            "--keys",
+            "3",
+            "--faults",
+            &faults.join(","),
+        ],
+    );
+    assert_eq!(json["workload"], "key sets of up to 3", "{json:#}");
+    let sets = json["sets_taken"].as_u64().unwrap_or(0);
+    let by_size = json["sets_by_size"].as_object().expect("sets by size");
+    let keys_in_sets: u64 = by_size
+        .iter()
+        .map(|(size, n)| size.parse::<u64>().unwrap_or(0) * n.as_u64().unwrap_or(0))
+        .sum();
+    assert!(
+        sets >= 10 && by_size.len() == 2 && by_size.values().all(|n| n.as_u64() >= Some(1)),
+        "{name}: sets of 2 and of 3 keys, and enough of them: {json:#}"
+    );
+    assert_eq!(
+        keys_in_sets,
+        json["holds"].as_u64().unwrap_or(0),
+        "{name}: every hold a key of a set: {json:#}"
+    );
+    assert!(
+        json["shared_sets"].as_u64().unwrap_or(0) < sets
+            && json["writes_accepted"].as_u64().unwrap_or(0) > 0,
+        "{name}: exclusive sets wrote under their keys: {json:#}"
+    );
+    for kind in faults {
+        assert!(
+            json["by_kind"][kind]["injected"].as_u64().unwrap_or(0) >= 1,
+            "{name}: no {kind} fault was injected: {json:#}"
+        );
+    }
+}
+
 const ONE_SERVER_FAULTS: &[&str] = &["kill", "pause", "partition", "restart"];
 const ALL_FAULTS: &[&str] = &["kill", "pause", "partition", "restart", "member"];
 
@@ -172,6 +223,11 @@ fn redis_semaphore() {
     semaphore("redis", &REDIS);
 }
 
+#[test]
+fn redis_key_sets() {
+    key_sets("redis", &REDIS);
+}
+
 const REDLOCK: Case = Case {
     env: "DLOCK_REDLOCK_URL",
     default: "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005",
@@ -190,6 +246,11 @@ fn redlock() {
 #[test]
 fn redlock_semaphore() {
     semaphore("redlock", &REDLOCK);
+}
+
+#[test]
+fn redlock_key_sets() {
+    key_sets("redlock", &REDLOCK);
 }
 
 const ZOOKEEPER: Case = Case {
@@ -212,6 +273,11 @@ fn zookeeper_semaphore() {
     semaphore("zookeeper", &ZOOKEEPER);
 }
 
+#[test]
+fn zookeeper_key_sets() {
+    key_sets("zookeeper", &ZOOKEEPER);
+}
+
 const ETCD: Case = Case {
     env: "DLOCK_ETCD_CLUSTER_URL",
     default: "etcd://127.0.0.1:23791,127.0.0.1:23792,127.0.0.1:23793",
@@ -230,6 +296,11 @@ fn etcd() {
 #[test]
 fn etcd_semaphore() {
     semaphore("etcd", &ETCD);
+}
+
+#[test]
+fn etcd_key_sets() {
+    key_sets("etcd", &ETCD);
 }
 
 const MYSQL: Case = Case {
@@ -252,6 +323,11 @@ fn mysql_semaphore() {
     semaphore("mysql", &MYSQL);
 }
 
+#[test]
+fn mysql_key_sets() {
+    key_sets("mysql", &MYSQL);
+}
+
 const POSTGRES: Case = Case {
     env: "DLOCK_TORTURE_POSTGRES_URL",
     default: "postgres://dlock:dlock@127.0.0.1:5433/dlock",
@@ -270,6 +346,11 @@ fn postgres() {
 #[test]
 fn postgres_semaphore() {
     semaphore("postgres", &POSTGRES);
+}
+
+#[test]
+fn postgres_key_sets() {
+    key_sets("postgres", &POSTGRES);
 }
 
 /// A run on memory://, where each worker process has a lock of its own: it must fail.
@@ -332,6 +413,14 @@ fn a_semaphore_that_does_not_count_across_processes_fails_the_run() {
         whats.iter().all(|w| w == "over limit"),
         "only the count is broken: {whats:?}"
     );
+}
+
+/// The checks catch key sets that do not exclude across processes: with memory://, each
+/// worker process takes its sets on a lock of its own, so the keys' holds overlap.
+#[test]
+fn key_sets_that_do_not_exclude_across_processes_fail_the_run() {
+    let whats = broken_run("memory-key-sets", &["--key-sets", "3"]);
+    assert!(whats.iter().any(|w| w == "overlap"), "{whats:?}");
 }
 
 /// The semaphore checks do not cry wolf: one worker process shares one memory:// lock, so
