@@ -142,8 +142,45 @@ where
         Wait::For(wait) => Some(Instant::now().checked_add(wait)),
         _ => None,
     };
+    loop {
+        let set = match take_each(lock, &keys, opts, once, deadline).await? {
+            Ok(set) => set,
+            Err(busy) => return Ok(Err(busy)),
+        };
+        // A key taken early may have been lost while a later one was waited for (a
+        // partition that healed meanwhile): such a set is not handed out. It is given
+        // back, and taken again while the wait allows.
+        let Some(lost) = set.leases.iter().find(|l| l.is_lost()) else {
+            return Ok(Ok(set));
+        };
+        let lost = lost.key().to_owned();
+        tracing::debug!(key = %lost, "a key of the set was lost before the set was complete");
+        give_back(set.leases).await;
+        let may_wait = match deadline {
+            _ if once => false,
+            Some(Some(at)) => Instant::now() < at,
+            _ => true,
+        };
+        if !may_wait {
+            return Ok(Err(lost));
+        }
+    }
+}
+
+/// One pass over `keys`, in order: every lease, or the key that stayed busy (with what was
+/// taken given back).
+async fn take_each<L>(
+    lock: &L,
+    keys: &[&str],
+    opts: &LockOptions,
+    once: bool,
+    deadline: Option<Option<Instant>>,
+) -> Result<std::result::Result<LeaseSet, String>>
+where
+    L: DistributedLock + ?Sized,
+{
     let mut leases = Vec::with_capacity(keys.len());
-    for key in keys {
+    for &key in keys {
         let step = match (once, deadline) {
             (true, _) => lock.try_acquire(key, opts).await.map(|l| l.ok_or(())),
             // The wait is one budget for the whole set.

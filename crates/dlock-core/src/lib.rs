@@ -214,8 +214,10 @@ pub trait LockExt: DistributedLock {
     /// The keys are taken one by one in ascending byte order, whatever the order given, so
     /// callers whose sets overlap never deadlock; while the set is being taken, its keys
     /// taken so far are held. When a key stays busy past the wait, or fails, the keys
-    /// taken before it are released before the call returns. Each key keeps its backend's
-    /// promises (fencing token, lost signal, crash bound) as a lease of its own.
+    /// taken before it are released before the call returns. A set whose earlier key was
+    /// lost while a later one was waited for is not handed out: it is given back and taken
+    /// again while the wait allows. Each key keeps its backend's promises (fencing token,
+    /// lost signal, crash bound) as a lease of its own.
     ///
     /// # Errors
     /// Every key and the options are checked first, as [`DistributedLock::validate`] does:
