@@ -76,6 +76,14 @@ struct FoldsKeys(MemoryBackend);
 #[derive(Debug)]
 struct AsksFirst(MemoryBackend);
 
+/// Shows no holder when asked who holds a key.
+#[derive(Debug)]
+struct HidesHolders(MemoryBackend);
+
+/// Never tells the core that a grant came after waiting, so hand-offs go uncounted.
+#[derive(Debug)]
+struct CountsNoHandoffs(MemoryBackend);
+
 /// Answers a release with success but leaves the key held until its ttl runs out.
 #[derive(Debug)]
 struct ForgetsReleases(MemoryBackend);
@@ -176,6 +184,12 @@ macro_rules! wrapper {
             fn stats(&self) -> LockStats {
                 self.0.stats()
             }
+            async fn inspect(&self, key: &str) -> Result<dlock_core::KeyStatus> {
+                self.0.inspect(key).await
+            }
+            async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+                self.0.list(prefix).await
+            }
             async fn acquire(
                 &self,
                 $key: &str,
@@ -204,6 +218,47 @@ wrapper!(ReleasesAnyone, |me, key, opts, deadline| {
             server: me.0.server().clone(),
             key: key.to_owned(),
         });
+        grant
+    }))
+});
+
+impl FromMemory for HidesHolders {
+    fn from_memory(inner: MemoryBackend) -> Self {
+        Self(inner)
+    }
+    fn memory(&self) -> &MemoryBackend {
+        &self.0
+    }
+}
+
+#[async_trait]
+impl Backend for HidesHolders {
+    const NAME: &'static str = "broken";
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    async fn inspect(&self, key: &str) -> Result<dlock_core::KeyStatus> {
+        let mut status = self.0.inspect(key).await?;
+        status.holders.clear();
+        Ok(status)
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        self.0.list(prefix).await
+    }
+    async fn acquire(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        self.0.acquire(key, opts, deadline).await
+    }
+}
+
+wrapper!(CountsNoHandoffs, |me, key, opts, deadline| {
+    let grant = me.0.acquire(key, opts, deadline).await?;
+    Ok(grant.map(|mut grant| {
+        grant.waited = false;
         grant
     }))
 });
@@ -703,7 +758,31 @@ async fn key_set_lost_rejects_a_backend_that_never_reports_a_loss() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_rejects_a_backend_that_hides_its_holders() {
+    rejects_for::<HidesHolders, _, _>(
+        scenarios::inspect_shows_the_holder_and_the_queue,
+        "one holder",
+    )
+    .await;
+    rejects_for::<HidesHolders, _, _>(
+        scenarios::inspect_shows_every_shared_holder_and_permit,
+        "both holders",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn figures_reject_a_backend_whose_hand_offs_go_uncounted() {
+    rejects_for::<CountsNoHandoffs, _, _>(scenarios::figures_are_recorded, "dlock_handoffs_total")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_scenarios_pass_on_the_real_memory_backend() {
+    assert!(
+        !rejects::<MemoryBackend, _, _>(scenarios::inspect_shows_the_holder_and_the_queue).await
+    );
+    assert!(!rejects::<MemoryBackend, _, _>(scenarios::figures_are_recorded).await);
     assert!(!rejects::<MemoryBackend, _, _>(scenarios::key_sets_never_deadlock_or_overlap).await);
     assert!(
         !rejects::<MemoryBackend, _, _>(scenarios::key_set_with_a_busy_key_leaves_the_others_free)
