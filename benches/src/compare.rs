@@ -38,7 +38,26 @@ const FIGURES: &[(&str, Figure)] = &[
     ("max_wait_us", Figure::Micros),
     ("wakeups_per_acquire", Figure::Lower),
     ("jain", Figure::Higher),
+    ("vs_two_singles", Figure::Lower),
+    ("wait_vs_two_singles", Figure::Lower),
+    ("wait_p50_us", Figure::Micros),
+    ("wait_p99_us", Figure::Micros),
 ];
+
+/// Figures compared only for the workloads whose table shows them: elsewhere the wait is
+/// not the headline (a contended run's is its hand-off, an uncontended one's half its cycle).
+const ONLY_FOR: &[(&str, &[&str])] = &[
+    ("wait_p50_us", &["semaphore", "sets"]),
+    ("wait_p99_us", &["semaphore", "sets"]),
+];
+
+/// Whether `field` is compared for `scenario`.
+fn compared(field: &str, scenario: &str) -> bool {
+    ONLY_FOR
+        .iter()
+        .find(|(f, _)| *f == field)
+        .is_none_or(|(_, scenarios)| scenarios.contains(&scenario))
+}
 
 impl Figure {
     fn show(self, v: f64) -> String {
@@ -111,7 +130,7 @@ pub(crate) fn markdown(report: &Report, baseline: &Value) -> String {
             unmatched.push(label(&id));
             continue;
         };
-        for &(field, figure) in FIGURES {
+        for &(field, figure) in FIGURES.iter().filter(|(f, _)| compared(f, &id.1)) {
             let (Some(then), Some(now)) = (old[field].as_f64(), r[field].as_f64()) else {
                 continue;
             };
@@ -192,6 +211,13 @@ mod tests {
         ]}]});
         let ids: Vec<String> = results(&then).iter().map(|(id, _)| label(id)).collect();
         assert_eq!(ids, ["redis raw cycle ×1", "redis contended ×8"]);
+    }
+
+    #[test]
+    fn waits_are_compared_where_their_table_shows_them() {
+        assert!(compared("wait_p99_us", "sets") && compared("wait_p50_us", "semaphore"));
+        assert!(!compared("wait_p50_us", "contended") && !compared("wait_p99_us", "spread"));
+        assert!(compared("per_sec", "contended") && compared("vs_two_singles", "sets"));
     }
 
     #[test]

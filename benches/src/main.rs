@@ -27,6 +27,7 @@ mod raw;
 mod report;
 mod run;
 mod server_load;
+mod sets;
 mod stats;
 mod tables;
 
@@ -43,7 +44,7 @@ use crate::report::{BackendReport, Failure, Report, Scenario, ScenarioResult};
 use crate::run::{Plan, RawOp, Workload};
 
 /// Compare dlock's backends: raw server round trips, uncontended, contended and spread
-/// locking, checked for mutual exclusion.
+/// locking, key sets, checked for mutual exclusion.
 #[derive(Debug, Parser)]
 #[command(name = "lockbench", version)]
 struct Args {
@@ -51,7 +52,7 @@ struct Args {
     /// postgres.
     #[arg(long, default_value = "all")]
     backends: String,
-    /// Client counts for the contended and spread workloads (and the raw baseline).
+    /// Client counts for the contended, spread and key-set workloads (and the raw baseline).
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     clients: Vec<usize>,
     /// How long each measurement counts operations, after the warm-up.
@@ -91,6 +92,8 @@ struct Args {
 enum Step {
     Raw(RawOp, usize),
     Lock(Workload, usize),
+    /// The key-set workload with this many clients (1: the uncontended set).
+    Sets(usize),
     HoldMany(usize),
 }
 
@@ -104,12 +107,14 @@ impl Step {
             Step::Lock(Workload::Spread, n) => format!("spread ×{n}"),
             Step::Lock(Workload::ReadMostly, n) => format!("read-mostly ×{n}"),
             Step::Lock(Workload::Semaphore, n) => format!("semaphore ×{n}"),
+            Step::Sets(n) => format!("sets ×{n}"),
             Step::HoldMany(n) => format!("hold-many {n}"),
         }
     }
 }
 
-/// The measurements for one backend, in order: raw first, so ratios use this run's raw.
+/// The measurements for one backend, in order: raw first, so ratios use this run's raw;
+/// the key sets last, one client first (the uncontended set, set against `uncontended`).
 fn steps(kind: Kind, clients: &[usize]) -> Vec<Step> {
     let mut raw_ns: Vec<usize> = std::iter::once(1).chain(clients.iter().copied()).collect();
     raw_ns.sort_unstable();
@@ -129,6 +134,8 @@ fn steps(kind: Kind, clients: &[usize]) -> Vec<Step> {
     out.extend(multi.iter().map(|&n| Step::Lock(Workload::Spread, n)));
     out.extend(multi.iter().map(|&n| Step::Lock(Workload::ReadMostly, n)));
     out.extend(multi.iter().map(|&n| Step::Lock(Workload::Semaphore, n)));
+    out.push(Step::Sets(1));
+    out.extend(multi.iter().map(|&n| Step::Sets(n)));
     out
 }
 
@@ -171,6 +178,23 @@ async fn measure(
                     r
                 }
                 Err(e) => r.failed(e, None),
+            }
+        }
+        Step::Sets(n) => {
+            let r = ScenarioResult::new(Scenario::Sets, n);
+            match sets::run(url, n, plan).await {
+                Ok(m) => {
+                    let mut r = r
+                        .latency(&m.cycle)
+                        .waits(&m.wait)
+                        .fairness(m.per_client.clone());
+                    r.count = m.count;
+                    r.per_sec = m.per_sec;
+                    r.holds_checked = Some(m.holds_checked);
+                    r.overlaps = Some(0);
+                    r
+                }
+                Err(f) => r.failed(f.error, Some(f.overlaps)),
             }
         }
         Step::Raw(op, n) => {
@@ -486,7 +510,10 @@ mod tests {
                 "read-mostly ×8",
                 "read-mostly ×32",
                 "semaphore ×8",
-                "semaphore ×32"
+                "semaphore ×32",
+                "sets ×1",
+                "sets ×8",
+                "sets ×32"
             ]
         );
         let memory: Vec<String> = steps(Kind::Memory, &[1])
@@ -502,7 +529,9 @@ mod tests {
                 "contended ×2",
                 "spread ×2",
                 "read-mostly ×2",
-                "semaphore ×2"
+                "semaphore ×2",
+                "sets ×1",
+                "sets ×2"
             ]
         );
     }

@@ -133,6 +133,8 @@ pub(crate) enum Scenario {
     ReadMostly,
     /// N clients on one key, every hold one of N/4 permits.
     Semaphore,
+    /// N clients on eight keys, each hold a random set of two (`acquire_all`).
+    Sets,
     /// One client holding `--hold-many` keys.
     #[serde(rename = "hold_many")]
     HoldMany,
@@ -147,6 +149,7 @@ impl Scenario {
             Scenario::Spread => "spread",
             Scenario::ReadMostly => "read-mostly",
             Scenario::Semaphore => "semaphore",
+            Scenario::Sets => "sets",
             Scenario::HoldMany => "hold-many",
         }
     }
@@ -208,6 +211,13 @@ pub(crate) struct ScenarioResult {
     /// violation the history checker reports).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) most_holders: Option<usize>,
+    /// Sets with one client: the set's cycle p50 ÷ twice the uncontended single-key cycle
+    /// p50 of the same run (about 1 when a set of two costs two single keys).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) vs_two_singles: Option<f64>,
+    /// Sets with one client: `acquire_all` p50 ÷ twice the uncontended `acquire` p50.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) wait_vs_two_singles: Option<f64>,
     /// The hold-many figures (present even when the run failed, for what it did hold).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) hold_many: Option<HoldMany>,
@@ -240,6 +250,8 @@ impl ScenarioResult {
             overlaps: None,
             permits: None,
             most_holders: None,
+            vs_two_singles: None,
+            wait_vs_two_singles: None,
             hold_many: None,
         }
     }
@@ -308,9 +320,14 @@ impl BackendReport {
             .filter(|r| r.ok())
     }
 
-    /// Fill in `ratio_to_raw` on every lock result from the raw results of this run.
+    /// Fill in `ratio_to_raw` on every lock result from the raw results of this run, and
+    /// the uncontended set's cost against two single keys from this run's uncontended one.
     pub(crate) fn compute_ratios(&mut self) {
         let raw_p50 = self.raw_cycle(1).and_then(|r| r.p50_us);
+        let single = self
+            .find(Scenario::Uncontended, 1, None)
+            .filter(|r| r.ok())
+            .map(|r| (r.p50_us, r.wait_p50_us));
         let raw_rates: Vec<(usize, f64)> = self
             .results
             .iter()
@@ -318,8 +335,20 @@ impl BackendReport {
             .map(|r| (r.clients, r.per_sec))
             .collect();
         for r in self.results.iter_mut().filter(|r| r.ok()) {
+            if r.scenario == Scenario::Sets && r.clients == 1 {
+                let two = |set: Option<f64>, one: Option<f64>| match (set, one) {
+                    (Some(set), Some(one)) if one > 0.0 => {
+                        Some((set / (2.0 * one) * 100.0).round() / 100.0)
+                    }
+                    _ => None,
+                };
+                if let Some((cycle, wait)) = single {
+                    r.vs_two_singles = two(r.p50_us, cycle);
+                    r.wait_vs_two_singles = two(r.wait_p50_us, wait);
+                }
+            }
             r.ratio_to_raw = match r.scenario {
-                Scenario::Raw | Scenario::HoldMany | Scenario::Semaphore => None,
+                Scenario::Raw | Scenario::HoldMany | Scenario::Semaphore | Scenario::Sets => None,
                 Scenario::Uncontended | Scenario::Contended => match (r.p50_us, raw_p50) {
                     (Some(lock), Some(raw)) if raw > 0.0 => Some(lock / raw),
                     _ => None,

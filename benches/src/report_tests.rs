@@ -26,8 +26,14 @@ fn ratios_come_from_raw_results_of_the_same_run() {
     };
     let mut unc = ScenarioResult::new(Scenario::Uncontended, 1);
     unc.p50_us = Some(300.0);
+    unc.wait_p50_us = Some(120.0);
     let mut spread = ScenarioResult::new(Scenario::Spread, 8);
     spread.per_sec = 2000.0;
+    let mut set = ScenarioResult::new(Scenario::Sets, 1);
+    set.p50_us = Some(540.0);
+    set.wait_p50_us = Some(264.0);
+    let mut sets8 = ScenarioResult::new(Scenario::Sets, 8);
+    sets8.p50_us = Some(5400.0);
     let mut b = BackendReport {
         backend: Kind::Redis,
         url: String::new(),
@@ -35,9 +41,23 @@ fn ratios_come_from_raw_results_of_the_same_run() {
         capabilities: Capabilities::default().into(),
         raw_ping: None,
         raw_cycle: "",
-        results: vec![raw(1, 100.0, 10_000.0), raw(8, 50.0, 30_000.0), unc, spread],
+        results: vec![
+            raw(1, 100.0, 10_000.0),
+            raw(8, 50.0, 30_000.0),
+            unc,
+            spread,
+            set,
+            sets8,
+        ],
     };
     b.compute_ratios();
     assert_eq!(b.results[2].ratio_to_raw, Some(3.0));
     assert_eq!(b.results[3].ratio_to_raw, Some(15.0));
+    // An uncontended set of two against two uncontended single keys, same run.
+    let set = &b.results[4];
+    assert_eq!(set.vs_two_singles, Some(0.9));
+    assert_eq!(set.wait_vs_two_singles, Some(1.1));
+    assert_eq!(set.ratio_to_raw, None);
+    // Only the one-client set is uncontended.
+    assert_eq!(b.results[5].vs_two_singles, None);
 }

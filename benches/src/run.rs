@@ -1,4 +1,5 @@
-//! The measurements: raw server round trips, and the four lock workloads.
+//! The measurements: raw server round trips, and the single-key lock workloads (the
+//! key-set workload is in [`crate::sets`]).
 //!
 //! Every measurement runs its loops for `warmup + duration`; only operations that complete
 //! their acquire (or raw request) inside the `duration` window after the warm-up count.
@@ -31,27 +32,27 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    fn options(&self) -> LockOptions {
+    pub(crate) fn options(&self) -> LockOptions {
         LockOptions::new()
             .ttl(self.ttl)
             .wait(Wait::For(Duration::from_secs(60).max(self.hold * 64)))
     }
 
     /// How long a measurement may take before it is declared hung.
-    fn limit(&self, clients: usize) -> Duration {
+    pub(crate) fn limit(&self, clients: usize) -> Duration {
         self.warmup + self.duration + Duration::from_secs(90) + self.hold * clients as u32 * 2
     }
 }
 
 /// The window in which operations count.
 #[derive(Debug, Clone, Copy)]
-struct Window {
-    start: Instant,
-    stop: Instant,
+pub(crate) struct Window {
+    pub(crate) start: Instant,
+    pub(crate) stop: Instant,
 }
 
 impl Window {
-    fn after_warmup(plan: &Plan) -> Self {
+    pub(crate) fn after_warmup(plan: &Plan) -> Self {
         let start = Instant::now() + plan.warmup;
         Self {
             start,
@@ -59,7 +60,7 @@ impl Window {
         }
     }
 
-    fn contains(&self, t: Instant) -> bool {
+    pub(crate) fn contains(&self, t: Instant) -> bool {
         t >= self.start && t < self.stop
     }
 }
@@ -434,4 +435,4 @@ async fn lock_with(
 
 #[cfg(test)]
 #[path = "run_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -35,9 +35,9 @@ async fn raw_measurements_count_operations_on_every_server() {
     }
 }
 
-/// A backend that grants every request, held or not.
+/// A backend that grants every request, held or not (the key-set tests use it too).
 #[derive(Debug, Default)]
-struct AlwaysGrants(std::sync::atomic::AtomicU64);
+pub(crate) struct AlwaysGrants(std::sync::atomic::AtomicU64);
 
 #[derive(Debug)]
 struct Nothing;

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use crate::report::{Report, Scenario, Status, failed_cell, fmt_rate, fmt_ratio, fmt_us};
 
 impl Report {
-    /// The uncontended, contended, spread and read-mostly tables.
+    /// The uncontended, contended, spread, read-mostly, semaphore and key-set tables.
     pub(crate) fn lock_tables(&self, s: &mut String) {
         let _ = writeln!(
             s,
@@ -143,6 +143,7 @@ impl Report {
             }
         }
         self.semaphore_table(s);
+        self.sets_table(s);
     }
 
     /// N clients on one key, every hold one of N/4 permits: how many acquisitions a second
@@ -182,6 +183,51 @@ impl Report {
                     Status::Failed => format!("{} | | | | ", failed_cell(r)),
                 };
                 let _ = writeln!(s, "| {} | {} | {permits} | {cells} |", b.backend, r.clients);
+            }
+        }
+    }
+
+    /// N clients on eight keys, each hold a random set of two taken with `acquire_all`: how
+    /// many sets a second, how long `acquire_all` waits, and what one uncontended set costs
+    /// against two single keys.
+    fn sets_table(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "\n### Key sets: N clients, {keys} keys, each hold a random set of {size} (`acquire_all`)\n\n\
+             Keys named in random order, taken one by one in ascending order; each set held \
+             `--hold`. *Wait*: `acquire_all` call → return. *Cycle*: `acquire_all` call → set \
+             released. *vs 2 × one key* (N = 1, no contention): the set's cycle p50 ÷ twice \
+             the uncontended single-key cycle p50 of this run (in brackets the same for \
+             `acquire_all` ÷ twice `acquire`); about 1 means a set costs its keys one by one. \
+             Every key of every set is checked for two holders at once.\n",
+            keys = crate::sets::KEYS,
+            size = crate::sets::SET_SIZE,
+        );
+        let _ = writeln!(
+            s,
+            "| backend | N | sets/s | cycle p50 | wait p50 | wait p99 | max wait | Jain | vs 2 × one key |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for b in &self.backends {
+            for r in b.results.iter().filter(|r| r.scenario == Scenario::Sets) {
+                let cells = if r.ok() {
+                    let vs = match (r.vs_two_singles, r.wait_vs_two_singles) {
+                        (Some(cycle), Some(wait)) => format!("{cycle:.2}× ({wait:.2}×)"),
+                        (cycle, _) => fmt_ratio(cycle),
+                    };
+                    format!(
+                        "{} | {} | {} | {} | {} | {} | {vs}",
+                        fmt_rate(r.per_sec),
+                        fmt_us(r.p50_us),
+                        fmt_us(r.wait_p50_us),
+                        fmt_us(r.wait_p99_us),
+                        fmt_us(r.max_wait_us),
+                        r.jain.map_or("—".into(), |j| format!("{j:.2}")),
+                    )
+                } else {
+                    format!("{} | | | | | | ", failed_cell(r))
+                };
+                let _ = writeln!(s, "| {} | {} | {cells} |", b.backend, r.clients);
             }
         }
     }

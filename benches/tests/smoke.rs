@@ -1,6 +1,7 @@
 //! Smoke test: run the lockbench binary for about a second per measurement on every backend
-//! it can reach, then check its JSON: every scenario for every measured backend, all of them
-//! ok, zero overlaps.
+//! it can reach, then check its JSON: every scenario for every measured backend (key sets
+//! included, with their uncontended cost against single keys), all of them ok, zero
+//! overlaps.
 //!
 //! CI starts every server, so a backend compiled into lockbench *and* into `dlock` that does
 //! not answer fails this test (naming `scripts/backends up <name>`). To run it against fewer
@@ -11,13 +12,14 @@ use std::process::Command;
 
 use serde_json::Value;
 
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 7] = [
     "raw",
     "uncontended",
     "contended",
     "spread",
     "read_mostly",
     "semaphore",
+    "sets",
 ];
 
 fn field<'a>(v: &'a Value, name: &str) -> &'a Value {
@@ -111,6 +113,13 @@ fn lockbench_measures_every_reachable_backend_without_overlaps() {
                 "{name}: no {scenario} result in {results:#?}"
             );
         }
+        // Key sets run everywhere: uncontended (one client) and with the 4 clients.
+        let set_clients: Vec<u64> = results
+            .iter()
+            .filter(|r| r["scenario"] == "sets")
+            .filter_map(|r| r["clients"].as_u64())
+            .collect();
+        assert_eq!(set_clients, [1, 4], "{name}: the key-set runs");
         let shared = b["capabilities"]["shared"] == true;
         let permits = b["capabilities"]["permits"] == true;
         for r in results {
@@ -142,12 +151,33 @@ fn lockbench_measures_every_reachable_backend_without_overlaps() {
                     field(r, "holds_checked").as_u64().unwrap_or(0) > 0,
                     "{what}: the history checker saw no holds"
                 );
-                // A semaphore's rate is bounded by its holds, not by round trips.
+                // A semaphore's rate is bounded by its holds, not by round trips; a key set
+                // is set against single keys instead.
                 assert!(
                     r["scenario"] == "semaphore"
+                        || r["scenario"] == "sets"
                         || r["ratio_to_raw"].as_f64().is_some_and(|x| x > 0.0),
                     "{what}: no ratio to raw"
                 );
+            }
+            if r["scenario"] == "sets" {
+                assert!(
+                    r["wait_p50_us"].as_f64().is_some() && r["wait_p99_us"].as_f64().is_some(),
+                    "{what}: no acquire_all wait"
+                );
+                // Every key of every set went through the checker.
+                assert!(
+                    r["holds_checked"].as_u64() >= r["count"].as_u64().map(|n| n * 2),
+                    "{what}: fewer key holds checked than two per set"
+                );
+                if r["clients"] == 1 {
+                    for ratio in ["vs_two_singles", "wait_vs_two_singles"] {
+                        assert!(
+                            r[ratio].as_f64().is_some_and(|x| x > 0.0),
+                            "{what}: no {ratio}"
+                        );
+                    }
+                }
             }
         }
         assert!(
