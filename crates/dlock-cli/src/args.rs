@@ -10,7 +10,9 @@ use dlock::{LockError, LockOptions, Mode, Wait};
 const AFTER_HELP: &str = "\
 Exit codes: 64 usage or configuration error, 69 lock server unavailable, 70 lease lost or server
 refused, 75 wait timed out (the lock is busy); 128 + N when signal N ended the wait (130, 143…);
-`run` otherwise exits with the command's code (128 + N when it was killed by signal N).
+`run` otherwise exits with the command's code (128 + N when it was killed by signal N). `status`
+exits 0 whether the key is held or free; `list` exits 64 on a backend that cannot enumerate its
+keys.
 
 A URL with a password belongs in a file only the service user can read, named by --url-file or
 DLOCK_URL_FILE, or in DLOCK_URL: every user of the host can read --url with `ps`.
@@ -20,9 +22,11 @@ Examples:
   DLOCK_URL=zk://10.0.0.5:2181 dlock hold --key maintenance --for 10m
   dlock run --url-file /etc/dlock/url --key reports --wait 5m -- /usr/local/bin/reports
   dlock run --url etcd://127.0.0.1:2379 --key exports --permits 4 --wait 10m -- /usr/local/bin/export
-  dlock run --url redis://127.0.0.1:6379 --key accounts/7 --key accounts/3 --wait 30s -- ./transfer";
+  dlock run --url redis://127.0.0.1:6379 --key accounts/7 --key accounts/3 --wait 30s -- ./transfer
+  dlock status --url zk://10.0.0.5:2181 --key maintenance
+  dlock list --url etcd://127.0.0.1:2379 --prefix deploy/";
 
-/// Run a command under a distributed lock, or hold one.
+/// Run a command under a distributed lock, or hold one; show who holds a key, or list held keys.
 #[derive(Debug, Parser)]
 #[command(name = "dlock", version, after_help = AFTER_HELP)]
 pub(crate) struct Cli {
@@ -74,6 +78,39 @@ pub(crate) enum Cmd {
         dlock hold --url etcd://127.0.0.1:2379 --key deploy/prod --key deploy/staging --for 10m"
     )]
     Hold(HoldArgs),
+    /// Show who holds KEY and who waits for it, without taking or changing anything.
+    ///
+    /// Prints `key: <key>`, then one `holder: <mode> [token=N] [since=<RFC 3339 time>]
+    /// [ttl_left=<seconds>s] [who=<holder>]` line per hold (`holder: none` for a free key),
+    /// then one `waiter <n>: <mode> [since=…] [who=…]` line per waiter, first in line
+    /// first where the backend keeps an order (`waiters: none` when nobody waits, `waiters:
+    /// not visible on this backend` where the server does not show them). A field the
+    /// backend does not know is left out; a mode it does not show is `?`. <mode> is
+    /// exclusive, shared, permits(N), or permits where N is not stored on the server. Keys
+    /// and who are shown as `dlock hold` shows keys: quoted and escaped when not plain.
+    ///
+    /// --json prints one JSON object instead: {"key", "holders": [{"mode", "permits",
+    /// "fencing_token", "since", "ttl_left_ms", "who"}], "waiters": [{"mode", "permits",
+    /// "since", "who"}] or null}, unknown fields null, times in RFC 3339 (UTC, milliseconds).
+    /// Exits 0 whether the key is held or free.
+    #[command(
+        after_help = "Examples (who holds the maintenance lock; the same as JSON, for a script):\n  \
+        dlock status --url zk://10.0.0.5:2181 --key maintenance\n  \
+        dlock status --url zk://10.0.0.5:2181 --key maintenance --json | jq -r '.holders[].who'"
+    )]
+    Status(StatusArgs),
+    /// List the held keys that start with PREFIX, sorted, one per line.
+    ///
+    /// Keys are shown as `dlock hold` shows them: quoted and escaped when not plain. --json
+    /// prints one JSON array of strings instead. Only keys held now are listed (not keys
+    /// that are only waited for). A backend that cannot enumerate its keys (see the
+    /// backend's capabilities) says so and exits 64.
+    #[command(
+        after_help = "Examples (the deploy locks held now; every held key):\n  \
+        dlock list --url etcd://127.0.0.1:2379 --prefix deploy/\n  \
+        DLOCK_URL=zk://10.0.0.5:2181 dlock list"
+    )]
+    List(ListArgs),
     /// Internal: started by `dlock run`; stops the command if that dlock ends without
     /// telling it to stand down (dlock was killed).
     #[command(hide = true)]
@@ -96,8 +133,10 @@ pub(crate) struct GuardArgs {
     pub(crate) grace: Duration,
 }
 
+/// Where the lock service is: --url or DLOCK_URL, or --url-file or DLOCK_URL_FILE. Every
+/// command that talks to a server takes these.
 #[derive(Debug, Args)]
-pub(crate) struct LockArgs {
+pub(crate) struct UrlArgs {
     /// Lock service URL, e.g. redis://127.0.0.1:6379, zk://h:2181, etcd://h:2379,
     /// mysql://user:pass@h/db, postgres://user:pass@h/db,
     /// redlock://h1:7001,h2:7002,h3:7003.
@@ -118,6 +157,12 @@ pub(crate) struct LockArgs {
         value_name = "PATH"
     )]
     url_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LockArgs {
+    #[command(flatten)]
+    pub(crate) source: UrlArgs,
     /// The lock's name. Give --key more than once to take several keys as one hold: all
     /// of them or none, taken one by one in ascending order (so holders of overlapping
     /// sets never deadlock); the other options apply to each key.
@@ -149,7 +194,7 @@ pub(crate) struct LockArgs {
     permits: Option<u32>,
 }
 
-impl LockArgs {
+impl UrlArgs {
     /// The lock service URL: --url or DLOCK_URL, or the content of --url-file or
     /// DLOCK_URL_FILE.
     pub(crate) fn url(&self) -> Result<String, LockError> {
@@ -165,6 +210,13 @@ impl LockArgs {
                 "no lock service URL: give --url-file (or DLOCK_URL_FILE), DLOCK_URL or --url",
             )),
         }
+    }
+}
+
+impl LockArgs {
+    /// The lock service URL, as [`UrlArgs::url`].
+    pub(crate) fn url(&self) -> Result<String, LockError> {
+        self.source.url()
     }
 
     /// Whether --key was given more than once: a set of keys, whose output and command
@@ -224,6 +276,30 @@ pub(crate) struct HoldArgs {
     /// Release after this long (default: hold until SIGINT or SIGTERM); at most 1year.
     #[arg(long = "for", value_parser = parse_span)]
     pub(crate) hold_for: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    pub(crate) source: UrlArgs,
+    /// The key to show.
+    #[arg(long)]
+    pub(crate) key: String,
+    /// Print one JSON object, not lines of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ListArgs {
+    #[command(flatten)]
+    pub(crate) source: UrlArgs,
+    /// List the held keys that start with this (default: every held key).
+    #[arg(long, default_value = "", hide_default_value = true)]
+    pub(crate) prefix: String,
+    /// Print one JSON array of strings, not one key per line.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 /// The longest --wait, --for and --grace: a year as humantime counts it (365.25 days), and

@@ -1,12 +1,15 @@
 //! `dlock`: run a command under a distributed lock, or hold one, from a shell — as
-//! `flock(1)`, `etcdctl lock` or `consul lock` do, on any dlock backend.
+//! `flock(1)`, `etcdctl lock` or `consul lock` do, on any dlock backend; and see who holds
+//! a key (`dlock status`) and which keys are held (`dlock list`).
 
 mod args;
 mod guard;
 mod hold;
+mod list;
 mod output;
 mod processes;
 mod run;
+mod status;
 mod take;
 
 use std::process::ExitCode;
@@ -18,8 +21,10 @@ use dlock::{ErrorKind, LockError};
 use args::{Cli, Cmd};
 use guard::guard;
 use hold::hold;
+use list::list;
 use output::say;
 use run::run;
+use status::status;
 
 /// Exit codes (sysexits.h).
 mod exit {
@@ -64,6 +69,8 @@ async fn lock_main(command: Cmd) -> ExitCode {
     let outcome = match command {
         Cmd::Run(args) => run(args).await,
         Cmd::Hold(args) => hold(args).await,
+        Cmd::Status(args) => status(args).await,
+        Cmd::List(args) => list(args).await,
         Cmd::Guard(_) => unreachable!("the guard runs without a runtime"),
     };
     // Whatever was left to background clean-up (a cancelled wait's node or lease, a lease

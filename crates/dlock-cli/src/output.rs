@@ -73,9 +73,37 @@ pub(crate) fn one_line(line: &str) -> Cow<'_, str> {
     Cow::Owned(escaped)
 }
 
+/// A JSON document as dlock prints it, on one line: serde_json escapes what JSON requires
+/// (quotes, backslashes, C0 controls); the other characters of [`is_unsafe`] (DEL, C1
+/// controls, line separators, bidirectional overrides) are escaped here as `\uXXXX`. They
+/// can only occur inside strings, where that escape reads back as the same character.
+pub(crate) fn json_line(value: &impl serde::Serialize) -> String {
+    // Serializing plain structs, strings and numbers to a string cannot fail.
+    let text = serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned());
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        match is_unsafe(c) {
+            // Every character of is_unsafe is in the Basic Multilingual Plane: one \uXXXX.
+            true => escaped.push_str(&format!("\\u{:04x}", u32::from(c))),
+            false => escaped.push(c),
+        }
+    }
+    escaped
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_lines_escape_what_would_break_them_and_read_back() {
+        let key = "a\nb\u{1b}[2K\u{7f}\u{85}\u{2028}rtl\u{202e}\"q\\";
+        let line = json_line(&serde_json::json!({ "key": key }));
+        assert!(!line.chars().any(is_unsafe), "{line}");
+        assert_eq!(one_line(&line), line);
+        let back: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back["key"], key);
+    }
 
     #[test]
     fn plain_keys_print_as_they_are() {

@@ -343,9 +343,224 @@ fn a_set_with_a_busy_key_takes_none(url: &str) {
     assert!(holder.wait().unwrap().success());
 }
 
+/// The backend's name and what it declares, read through the dlock crate.
+fn declared(url: &str) -> (&'static str, dlock::Capabilities) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let lock = dlock::connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect (is `scripts/backends up` done?): {e}"));
+        (lock.backend_name(), lock.capabilities())
+    })
+}
+
+/// Start `dlock hold --url URL --key KEY EXTRA…` without waiting for it to acquire.
+fn spawn_hold(url: &str, key: &str, extra: &[&str]) -> Child {
+    Command::new(DLOCK)
+        .args(["hold", "--url", url, "--key", key])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn dlock hold")
+}
+
+/// The token of the `acquired key=KEY token=N` line a `dlock hold` of one key prints next.
+fn acquired_token(child: &mut Child, key: &str) -> u64 {
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout piped"));
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("read acquired line");
+    child.stdout = Some(stdout.into_inner());
+    line.trim()
+        .strip_prefix(&format!("acquired key={} token=", shown(key)))
+        .unwrap_or_else(|| panic!("unexpected line from dlock hold for {key:?}: {line:?}"))
+        .parse()
+        .expect("token is a number")
+}
+
+/// `dlock status --url URL --key KEY FLAGS…`: its stdout, after checking it exited 0.
+fn status(url: &str, key: &str, flags: &[&str]) -> String {
+    let out = Command::new(DLOCK)
+        .args(["status", "--url", url, "--key", key])
+        .args(flags)
+        .output()
+        .expect("run dlock status");
+    assert!(out.status.success(), "dlock status: {out:?}");
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+/// `dlock status` lines until `done` accepts them (at most 20 s): a waiter takes a moment
+/// to connect and queue.
+fn status_until(url: &str, key: &str, done: impl Fn(&[&str]) -> bool) -> String {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = status(url, key, &[]);
+        if done(&text.lines().collect::<Vec<_>>()) || Instant::now() >= until {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `dlock list --url URL --prefix PREFIX FLAGS…`, to completion.
+fn list(url: &str, prefix: &str, flags: &[&str]) -> Output {
+    Command::new(DLOCK)
+        .args(["list", "--url", url, "--prefix", prefix])
+        .args(flags)
+        .output()
+        .expect("run dlock list")
+}
+
+/// `dlock list --prefix` shows exactly `keys` (as text and as JSON) where the backend
+/// declares listing; elsewhere it exits 64 saying the backend cannot enumerate its keys.
+fn list_shows(url: &str, prefix: &str, keys: &[&str]) {
+    let (backend, caps) = declared(url);
+    let text = list(url, prefix, &[]);
+    let json = list(url, prefix, &["--json"]);
+    if !caps.inspect.list {
+        for out in [text, json] {
+            assert_eq!(out.status.code(), Some(64), "{out:?}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains(&format!("{backend} cannot enumerate its keys")),
+                "{stderr}"
+            );
+            assert!(out.stdout.is_empty(), "{out:?}");
+        }
+        return;
+    }
+    assert!(text.status.success(), "{text:?}");
+    let expected: String = keys.iter().map(|k| format!("{k}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&text.stdout), expected);
+    assert!(json.status.success(), "{json:?}");
+    let listed: Vec<String> = serde_json::from_slice(&json.stdout).expect("a JSON array");
+    assert_eq!(listed, keys);
+}
+
+/// `dlock status` of a key held by a `dlock hold` shows that holder (its token, as the hold
+/// printed it, where the backend shows tokens; its description where the backend shows
+/// who) and, where the backend shows waiters, a second `dlock hold` queued behind it; the
+/// JSON says the same, and `dlock list` lists the key where the backend can enumerate
+/// keys. Once the first releases, the second is the holder; once both are gone, the key is
+/// free and unlisted.
+fn status_shows_the_holder_and_the_queue(url: &str, shows_tokens: bool) {
+    let (_, caps) = declared(url);
+    let waiters_visible = caps.inspect.waiters != dlock::WaiterView::Hidden;
+    let no_waiter = match waiters_visible {
+        true => "waiters: none",
+        false => "waiters: not visible on this backend",
+    };
+    let prefix = format!("{}/", unique("status"));
+    let key = format!("{prefix}job");
+    assert_eq!(
+        status(url, &key, &[]),
+        format!("key: {key}\nholder: none\n{no_waiter}\n")
+    );
+    list_shows(url, &prefix, &[]);
+
+    let (mut first, token) = hold(url, &key, &[]);
+    let mut second = spawn_hold(url, &key, &[]);
+    let text = status_until(url, &key, |lines| {
+        !waiters_visible || lines.iter().any(|l| l.starts_with("waiter 1: "))
+    });
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[0], format!("key: {key}"), "{text}");
+    let holder = lines[1];
+    assert!(holder.starts_with("holder: exclusive"), "{text}");
+    let shown_token = holder
+        .split(' ')
+        .find_map(|field| field.strip_prefix("token="));
+    match shows_tokens {
+        true => assert_eq!(shown_token, Some(token.to_string().as_str()), "{text}"),
+        false => assert!(shown_token.is_none_or(|t| t == token.to_string()), "{text}"),
+    }
+    if caps.inspect.who {
+        assert!(holder.contains(" who="), "{text}");
+    }
+    if holder.contains(" who=dlock@") {
+        assert!(holder.ends_with(&format!(":{}", first.id())), "{text}");
+    }
+    match waiters_visible {
+        true => assert!(
+            ["waiter 1: exclusive", "waiter 1: ?"]
+                .iter()
+                .any(|w| lines[2] == *w || lines[2].starts_with(&format!("{w} "))),
+            "{text}"
+        ),
+        false => assert_eq!(lines[2], no_waiter, "{text}"),
+    }
+
+    let json: serde_json::Value =
+        serde_json::from_str(&status(url, &key, &["--json"])).expect("one JSON object");
+    assert_eq!(json["key"], key.as_str(), "{json}");
+    let holders = json["holders"].as_array().expect("holders");
+    assert_eq!(holders.len(), 1, "{json}");
+    assert_eq!(holders[0]["mode"], "exclusive", "{json}");
+    if shows_tokens {
+        assert_eq!(holders[0]["fencing_token"], token, "{json}");
+    }
+    match waiters_visible {
+        true => assert_eq!(json["waiters"].as_array().map(Vec::len), Some(1), "{json}"),
+        false => assert!(json["waiters"].is_null(), "{json}"),
+    }
+    list_shows(url, &prefix, &[&key]);
+
+    common::sigterm(&first);
+    assert!(first.wait().unwrap().success());
+    let next = acquired_token(&mut second, &key);
+    let text = status_until(url, &key, |lines| {
+        lines
+            .get(1)
+            .is_some_and(|l| l.starts_with("holder: exclusive"))
+            && lines.get(2) == Some(&no_waiter)
+    });
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[2], no_waiter, "{text}");
+    if shows_tokens {
+        assert!(
+            lines[1].contains(&format!(" token={next}")),
+            "the second holder's token {next}: {text}"
+        );
+    }
+    if lines[1].contains(" who=dlock@") {
+        assert!(lines[1].ends_with(&format!(":{}", second.id())), "{text}");
+    }
+
+    common::sigterm(&second);
+    assert!(second.wait().unwrap().success());
+    assert_eq!(
+        status(url, &key, &[]),
+        format!("key: {key}\nholder: none\n{no_waiter}\n")
+    );
+    list_shows(url, &prefix, &[]);
+}
+
+/// Two `dlock hold --permits 2` of one key show as two holder lines, each a permit hold.
+fn status_shows_each_permit_holder(url: &str) {
+    let key = unique("status-permits");
+    let (mut first, _) = hold(url, &key, &["--permits", "2"]);
+    let (mut second, _) = hold(url, &key, &["--permits", "2"]);
+    let text = status(url, &key, &[]);
+    let holders: Vec<&str> = text.lines().filter(|l| l.starts_with("holder: ")).collect();
+    assert_eq!(holders.len(), 2, "{text}");
+    for holder in holders {
+        // `permits(2)`, or `permits` where the server does not store the limit.
+        assert!(holder.starts_with("holder: permits"), "{text}");
+    }
+    for child in [&mut first, &mut second] {
+        common::sigterm(child);
+        assert!(child.wait().unwrap().success());
+    }
+}
+
 /// Stamp the cross-process tests for one backend.
 macro_rules! backend {
-    ($name:ident, $var:literal, $default:literal, $crash_bound:expr) => {
+    ($name:ident, $var:literal, $default:literal, $crash_bound:expr, tokens: $tokens:literal) => {
         mod $name {
             fn url() -> String {
                 std::env::var($var).unwrap_or_else(|_| $default.to_owned())
@@ -386,47 +601,62 @@ macro_rules! backend {
             fn a_set_with_a_busy_key_takes_none() {
                 super::a_set_with_a_busy_key_takes_none(&url());
             }
+            #[test]
+            fn status_shows_the_holder_and_the_queue() {
+                super::status_shows_the_holder_and_the_queue(&url(), $tokens);
+            }
+            #[test]
+            fn status_shows_each_permit_holder() {
+                super::status_shows_each_permit_holder(&url());
+            }
         }
     };
 }
 
 // Crash bounds: the ttl `killed_hold_frees_the_key` uses (2 s) or the session timeout, plus
-// slack for a loaded machine.
+// slack for a loaded machine. `tokens`: `dlock status` shows each holder's fencing token
+// (PostgreSQL's inspect reads pg_locks, which carries no token).
 backend!(
     redis,
     "DLOCK_REDIS_URL",
     "redis://127.0.0.1:6379",
-    std::time::Duration::from_secs(2 + 5)
+    std::time::Duration::from_secs(2 + 5),
+    tokens: true
 );
 backend!(
     redlock,
     "DLOCK_REDLOCK_URL",
     "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005",
-    std::time::Duration::from_secs(2 + 5)
+    std::time::Duration::from_secs(2 + 5),
+    tokens: true
 );
 backend!(
     zookeeper,
     "DLOCK_ZK_CLI_URL",
     "zk://127.0.0.1:2181?session_timeout=2s",
-    std::time::Duration::from_secs(2 + 5)
+    std::time::Duration::from_secs(2 + 5),
+    tokens: true
 );
 backend!(
     etcd,
     "DLOCK_ETCD_URL",
     "etcd://127.0.0.1:2379",
-    std::time::Duration::from_secs(2 + 5)
+    std::time::Duration::from_secs(2 + 5),
+    tokens: true
 );
 backend!(
     mysql,
     "DLOCK_MYSQL_URL",
     "mysql://dlock:dlock@127.0.0.1:3306/dlock",
-    std::time::Duration::from_secs(5)
+    std::time::Duration::from_secs(5),
+    tokens: true
 );
 backend!(
     postgres,
     "DLOCK_POSTGRES_URL",
     "postgres://dlock:dlock@127.0.0.1:5432/dlock",
-    std::time::Duration::from_secs(5)
+    std::time::Duration::from_secs(5),
+    tokens: false
 );
 
 /// A lost lease stops the command and everything it started (its process group): here the

@@ -50,8 +50,9 @@ pub mod blocking;
 
 pub use dlock_core::{
     BoxError, Capabilities, DistributedLock, ErrorKind, Expiry, FaultSafety, Faults, Fencing,
-    Lease, LeaseSet, LockError, LockExt, LockOptions, LockStats, LostReason, LostSignal, Mode,
-    Result, Secret, Wait, Wakeup, settle,
+    HolderStatus, Inspection, KeyStatus, Lease, LeaseSet, LockError, LockExt, LockOptions,
+    LockStats, LostReason, LostSignal, Mode, Result, Secret, Wait, WaiterStatus, WaiterView,
+    Wakeup, holder_description, set_holder_name, settle, telemetry,
 };
 
 /// A backend, chosen by the URL scheme.
