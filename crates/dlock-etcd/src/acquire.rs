@@ -17,6 +17,7 @@ use etcd_client::{
 use crate::NAME;
 use crate::connection::{Conn, ranged, revision};
 use crate::error::{Error, lease_lost};
+use crate::inspect::key_value;
 use crate::lease::KeyLease;
 use crate::watch::{OWN_WATCH, OwnWatch, Seen};
 
@@ -30,11 +31,13 @@ const PREDECESSOR_WATCHES: i64 = 2;
 /// How an attempt ended.
 pub(crate) enum Outcome {
     /// We hold the key. `seen` is a revision at which our key was the oldest; `watch`
-    /// the waiter's stream, whose own-key watch becomes the lost signal.
+    /// the waiter's stream, whose own-key watch becomes the lost signal; `waited`: the key
+    /// was busy at our transaction, and we waited for the holds before ours to end.
     Held {
         rev: i64,
         seen: i64,
         watch: Option<Box<OwnWatch>>,
+        waited: bool,
     },
     /// The key is held and the deadline does not allow waiting.
     Busy,
@@ -143,6 +146,7 @@ impl Attempt<'_> {
                 rev,
                 seen: rev,
                 watch: None,
+                waited: false,
             });
         }
         if !deadline.may_wait() {
@@ -172,9 +176,10 @@ impl Attempt<'_> {
     /// lock busy) as long as the client lives, so it is deleted and the put made again.
     async fn put_and_read_owner(&self, lease: &KeyLease) -> Result<Option<TxnResponse>> {
         const OP: &str = "acquire";
+        // The value names us for `inspect` (Go's Mutex puts an empty one and never reads it).
         let mut ops = vec![TxnOp::put(
             self.my_key.as_str(),
-            "",
+            key_value(self.mode),
             Some(PutOptions::new().with_lease(lease.id())),
         )];
         for (start, end) in self.ranges() {
@@ -238,17 +243,25 @@ impl Attempt<'_> {
         let mut breaks = 0;
         let mut next = Next::Check(rev);
         loop {
+            // Called only once the transaction found the key busy: every grant here is
+            // given after waiting.
+            let held = |seen, watch| Outcome::Held {
+                rev,
+                seen,
+                watch,
+                waited: true,
+            };
             let (predecessor, seen) = match next {
                 Next::Wait(predecessor, seen) => (predecessor, seen),
                 Next::Check(floor) => match self.check(rev, floor).await? {
-                    (None, seen) => return Ok(Outcome::Held { rev, seen, watch }),
+                    (None, seen) => return Ok(held(seen, watch)),
                     (Some(predecessor), seen) => (predecessor, seen),
                 },
                 Next::Broken(..) => match self.check(rev, rev).await? {
-                    (None, seen) => return Ok(Outcome::Held { rev, seen, watch }),
+                    (None, seen) => return Ok(held(seen, watch)),
                     (Some(predecessor), seen) => (predecessor, seen),
                 },
-                Next::Held(seen) => return Ok(Outcome::Held { rev, seen, watch }),
+                Next::Held(seen) => return Ok(held(seen, watch)),
             };
             let stream = match &mut watch {
                 Some(stream) => stream,

@@ -144,10 +144,11 @@ impl EtcdHeld {
                 CompareOp::Equal,
                 self.rev,
             )])
+            // The value (who holds it, for `inspect`) stays as the acquire put it.
             .and_then([TxnOp::put(
                 self.my_key.as_str(),
                 "",
-                Some(PutOptions::new().with_lease(fresh.id())),
+                Some(PutOptions::new().with_lease(fresh.id()).with_ignore_value()),
             )]);
         if !self.conn.txn(OP, txn).await?.succeeded() {
             return Err(not_held(&self.key));

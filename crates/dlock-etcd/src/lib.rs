@@ -50,8 +50,8 @@
 //!
 //! **Acquire** (`my` = our key, `rev` = its create revision):
 //! 1. Join the shared lease (granting it if there is none), or grant a lease of our own.
-//! 2. One transaction: if `create_revision(my) == 0`, put `my` with the lease, and read the
-//!    oldest key under the prefix. `rev` is the transaction's revision. (A key of our name
+//! 2. One transaction: if `create_revision(my) == 0`, put `my` with the lease (its value
+//!    names us: see [Inspecting](#inspecting)), and read the oldest key under the prefix. `rev` is the transaction's revision. (A key of our name
 //!    that exists already is a stray of ours: an abandoned attempt's put that landed after
 //!    its background delete. It is deleted and the transaction sent again.)
 //! 3. If the oldest key is `my`, the lock is ours; the fencing token is `rev`.
@@ -201,6 +201,8 @@
 //! | release | transaction (fenced delete) (then a revoke in the background for an own lease; a shared one is revoked one ttl after its last key goes) | 1 (+1) |
 //! | contended hand-off | the holder's delete → watch event → the waiter's member-local read | 1 |
 //! | keeping N holds of one ttl | one keep-alive and one read per ttl/3, for all N | 0 |
+//! | `inspect` | range read of the lock's prefix (values included), then one `LeaseTimeToLive` per distinct holder lease, in parallel | 0 |
+//! | `list` | keys-only range read of the namespace under the prefix | 0 |
 //!
 //! Each client holds one keep-alive stream per ttl in use (plus one per own lease) and one
 //! watch stream for all its held keys, multiplexed on its connection. A waiter has its own
@@ -248,6 +250,12 @@
 //!   keep every exclusive key where the Mutex puts it.
 //! - **Permits**: Go's `concurrency` package has no semaphore; ours keep their keys in
 //!   `{name}/permit/`, which a `Mutex` on the same name waits for.
+//! - **Keys carry a value**: ours are put with `NAME@HOST:PID`
+//!   ([`holder_description`](dlock_core::holder_description); a permit's followed by
+//!   ` permits=N`), read back by `inspect` (see [Inspecting](#inspecting)). Go's `Mutex`
+//!   puts an empty value and never reads it, so `etcdctl lock` and Go services are not
+//!   disturbed (the crate's etcdctl tests check both directions); their keys show in
+//!   `inspect` named by their lease.
 //! - The server-side `Lock` RPC (v3lock) is never used: without a lease it orphans a 60 s
 //!   lease, and on 3.4 it runs the Mutex without the post-wait check.
 //!
@@ -272,6 +280,41 @@
 //! is woken when the set deletes that key on release, or gives it back because a later key
 //! stayed busy (before `acquire_all` returns).
 //!
+//! # Inspecting
+//!
+//! Each contender key is put with a value naming its holder: this process's
+//! [`holder_description`](dlock_core::holder_description) (`NAME@HOST:PID`), followed for
+//! a permit by its limit (` permits=N`, which etcd keeps nowhere else). It rides on the
+//! acquire's put (no request of its own), and an extend that moves the key to a lease of
+//! another ttl keeps it (`ignore_value`). Both reads below are linearizable (a leader
+//! round, no raft commit) and change nothing on the server.
+//!
+//! - [`inspect`](dlock_core::DistributedLock::inspect)`(key)`: one range read of every
+//!   key under `{lock name}/`, values included, oldest first. Holders are told from
+//!   waiters by the acquire's own rules: an exclusive key (a name outside `read/` and
+//!   `permit/`: ours, Go's, etcdctl's) holds when it is the oldest key; a reader when no
+//!   key outside the readers' range is older; a permit when fewer than its own limit of
+//!   permit keys are older. The others are the waiters, in create-revision order (the
+//!   queue), with the mode their names and values give. A holder's `fencing_token` is its
+//!   key's create revision (the token its acquire handed out); `who` is the key's value,
+//!   or `lease {id in hex}` for an empty one (Go's `Mutex`, `etcdctl lock`: the lease
+//!   `etcdctl lease revoke` would take); `since` is `None` (etcd keeps no timestamps);
+//!   `ttl_left` is the holder's lease's remaining ttl in whole seconds, from one
+//!   `LeaseTimeToLive` per distinct holder lease (served by the leader, no commit; sent in
+//!   parallel, 16 at a time, so one more round trip for a mutex or for readers on a few
+//!   leases; `None` where it cannot be read). A permit key without a limit (put by a dlock
+//!   before this one) shows holding, with `Permits(0)`. The key of a `try_acquire` that
+//!   found the lock busy, or of an abandoned attempt, shows as a waiter until it is deleted.
+//! - [`list`](dlock_core::DistributedLock::list)`(prefix)`: one keys-only range read of
+//!   every etcd key under `{prefix option}{escaped prefix}`, each lock name (up to its
+//!   first `/`) decoded back to its key. The escaping is reversible and keeps prefixes
+//!   (character by character), so the range holds exactly the locks of keys starting with
+//!   `prefix`; a name that does not encode back to itself is not dlock's and is skipped. A
+//!   lock with any key has a holder (its oldest key), so every lock found is listed. The
+//!   read returns every contender's name, waiters included; with `prefix=` (empty) and an
+//!   empty list prefix it covers the whole keyspace, and an unrelated key `a/b` is listed
+//!   as the held key `a` (it stands in that lock's queue).
+//!
 //! # Capabilities
 //!
 //! | capability | value | why |
@@ -285,6 +328,7 @@
 //! | shared | yes | readers' keys in `{lock name}/read/`; a reader waits only for older keys outside it, a writer for every older key (see above) |
 //! | faults: holder paused | fenced | a paused holder cannot hear `lost()`; the next holder's token is higher |
 //! | faults: server restart, member down | exclusive | keys, leases and revisions are persisted and replicated; a new leader extends every lease, so no key frees early |
+//! | inspect | who, waiters as a queue, list | each key's value names its holder (an empty one: its lease); every waiter has a key, ordered by create revision; lock names decode back to keys |
 //! | max key length | 1024 bytes | the default; encoded names are at most 3 KiB, far below etcd's 1.5 MiB request limit |
 //!
 //! # URL
@@ -343,6 +387,7 @@ mod config;
 mod connection;
 mod error;
 mod held;
+mod inspect;
 mod keywatch;
 mod lease;
 mod lock;

@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
-use dlock_core::{Capabilities, Expiry, Fencing, LockOptions, LockStats, Mode, Result, Wakeup};
+use dlock_core::{
+    Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockOptions, LockStats, Mode, Result,
+    WaiterView, Wakeup,
+};
 use etcd_client::{Client, ConnectOptions};
 
 use crate::NAME;
@@ -149,8 +152,24 @@ impl Backend for EtcdBackend {
                 server_restart: dlock_core::FaultSafety::Exclusive,
                 member_down: dlock_core::FaultSafety::Exclusive,
             },
+            // Each key's value names its holder (an empty one, Go's or etcdctl's: its
+            // lease); every contender has a key, ordered by its create revision; the lock
+            // names under the prefix decode back to their keys.
+            inspect: Inspection {
+                who: true,
+                waiters: WaiterView::Queue,
+                list: true,
+            },
             ..Default::default()
         }
+    }
+
+    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
+        crate::inspect::inspect(&self.conn, &self.config, key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        crate::inspect::list(&self.conn, &self.config, prefix).await
     }
 
     fn stats(&self) -> LockStats {
@@ -247,7 +266,12 @@ impl Backend for EtcdBackend {
                 }
                 Ok(None)
             }
-            Outcome::Held { rev, seen, watch } => {
+            Outcome::Held {
+                rev,
+                seen,
+                watch,
+                waited,
+            } => {
                 // The waiter's stream is not kept: the client's stream on held keys
                 // watches our key from where the waiter had seen it.
                 drop(watch);
@@ -258,7 +282,10 @@ impl Backend for EtcdBackend {
                     op: "acquire",
                     what: "a negative revision",
                 })?;
-                let grant = Grant::new(token, Box::new(held), sent_at).with_lost(lost);
+                let mut grant = Grant::new(token, Box::new(held), sent_at).with_lost(lost);
+                if waited {
+                    grant = grant.after_wait();
+                }
                 // The shared lease's keeper renews every hold on it and fires `lost` on
                 // each when it is gone: no renewal timer per hold.
                 Ok(Some(if shared { grant.kept_alive() } else { grant }))

@@ -64,6 +64,7 @@ impl Attempt<'_> {
                     rev,
                     seen,
                     watch: None,
+                    waited: true,
                 });
             }
             let why = loop {
@@ -94,6 +95,7 @@ impl Attempt<'_> {
                                 rev,
                                 seen: at,
                                 watch: None,
+                                waited: true,
                             });
                         }
                     }

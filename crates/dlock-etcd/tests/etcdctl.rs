@@ -1,6 +1,6 @@
 //! Interoperation with etcd's own lock: `etcdctl lock <name>` (Go's `concurrency.Mutex`) and
 //! this crate exclude each other on the same lock name, in both of our modes (our readers
-//! are writers to etcdctl).
+//! are writers to etcdctl), and `inspect` shows either side's keys in one queue.
 
 mod common;
 
@@ -346,4 +346,97 @@ async fn etcdctl_and_our_readers_exclude_each_other() {
     let _ = timeout(Duration::from_secs(10), child.wait()).await;
     lease.release().await.expect("release");
     wait_clean(&harness, &key).await;
+}
+
+/// `inspect` and `list` see etcdctl's key as any other: etcdctl's holder (its value is
+/// empty, so it is named by its lease) with our writer queued behind it, then our holder
+/// (named by the value we put) with etcdctl queued behind it. Our value does not disturb
+/// etcdctl, which ignores it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_etcdctl_and_us_in_one_queue() {
+    let harness = EtcdHarness::from_env();
+    let (key, name) = names(&harness);
+    let lock = harness.lock().await;
+    let me = dlock_core::holder_description();
+    let (mut child, mut out) = etcdctl(&harness, &["lock", &name]);
+    let line = next_line(&mut out, Duration::from_secs(10))
+        .await
+        .expect("etcdctl prints the key it holds");
+    let etcdctl_key = harness.lock_keys(&key).await.remove(0);
+    assert_eq!(etcdctl_key.key(), line.as_bytes());
+    let etcdctl_who = format!("lease {:x}", etcdctl_key.lease());
+
+    let waiter = {
+        let (lock, key) = (lock.clone(), key.clone());
+        let opts = LockOptions::new().wait(Wait::For(Duration::from_secs(30)));
+        tokio::spawn(async move { lock.acquire(&key, &opts).await.expect("acquire") })
+    };
+    let started = Instant::now();
+    let status = loop {
+        let status = lock.inspect(&key).await.expect("inspect");
+        if status.waiters.as_ref().is_some_and(|w| !w.is_empty()) {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{status:?}");
+        sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.holders.len(), 1, "{status:?}");
+    let holder = &status.holders[0];
+    assert_eq!(holder.mode, dlock_core::Mode::Exclusive);
+    assert_eq!(holder.who.as_deref(), Some(etcdctl_who.as_str()));
+    assert_eq!(
+        holder.fencing_token,
+        Some(etcdctl_key.create_revision() as u64)
+    );
+    assert!(
+        holder
+            .ttl_left
+            .is_some_and(|t| t <= Duration::from_secs(60))
+    );
+    let waiters = status.waiters.expect("waiters are shown");
+    assert_eq!(waiters.len(), 1, "{waiters:?}");
+    assert_eq!(waiters[0].who.as_deref(), Some(me));
+    assert_eq!(
+        lock.list(&key).await.expect("list"),
+        std::slice::from_ref(&key)
+    );
+
+    signal(&child, "-TERM");
+    let lease = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("we acquire once etcdctl unlocks")
+        .expect("waiter task");
+    let _ = timeout(Duration::from_secs(10), child.wait()).await;
+    let ours = harness.lock_keys(&key).await.remove(0);
+    assert_eq!(ours.value(), me.as_bytes(), "our key's value names us");
+
+    let (mut child, mut out) = etcdctl(&harness, &["lock", &name, "--", "echo", "got"]);
+    let started = Instant::now();
+    let status = loop {
+        let status = lock.inspect(&key).await.expect("inspect");
+        if status.waiters.as_ref().is_some_and(|w| !w.is_empty()) {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{status:?}");
+        sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.holders.len(), 1, "{status:?}");
+    assert_eq!(status.holders[0].who.as_deref(), Some(me));
+    assert_eq!(status.holders[0].fencing_token, Some(lease.fencing_token()));
+    let waiters = status.waiters.expect("waiters are shown");
+    assert!(
+        waiters[0]
+            .who
+            .as_deref()
+            .is_some_and(|w| w.starts_with("lease ")),
+        "{waiters:?}"
+    );
+    lease.release().await.expect("release");
+    let line = next_line(&mut out, Duration::from_secs(5))
+        .await
+        .expect("etcdctl gets the lock after our release");
+    assert_eq!(line, "got");
+    let _ = timeout(Duration::from_secs(10), child.wait()).await;
+    wait_clean(&harness, &key).await;
+    assert!(lock.list(&key).await.expect("list").is_empty());
 }

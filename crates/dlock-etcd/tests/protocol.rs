@@ -106,8 +106,8 @@ async fn lost_fires_at_once_when_our_key_is_deleted() {
 }
 
 /// etcd cannot change a lease's ttl, so extending with another ttl attaches our key to a new
-/// lease of that ttl: the key (and the fencing token) stay, the old lease is revoked once
-/// its linger (one ttl) ends.
+/// lease of that ttl: the key (its fencing token, and the value naming the holder) stays,
+/// the old lease is revoked once its linger (one ttl) ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extend_with_a_new_ttl_moves_the_key_to_a_new_lease() {
     let harness = EtcdHarness::from_env();
@@ -130,6 +130,11 @@ async fn extend_with_a_new_ttl_moves_the_key_to_a_new_lease() {
     assert_eq!(after.create_revision(), before.create_revision());
     assert_eq!(lease.fencing_token(), after.create_revision() as u64);
     assert_ne!(after.lease(), before.lease(), "a new lease");
+    assert_eq!(
+        after.value(),
+        dlock_core::holder_description().as_bytes(),
+        "the value naming the holder stays"
+    );
     let new = raw
         .lease_time_to_live(after.lease(), None)
         .await
