@@ -119,6 +119,9 @@ pub(crate) struct Attempt {
     /// When the statement that was granted the row was sent: the session was busy from
     /// then until the grant, so its idle clock cannot end the lease earlier than ttl after.
     pub(crate) sent_at: Instant,
+    /// The key was busy at the first try and the acquire waited: a grant now is a
+    /// hand-off ([`Grant::after_wait`]).
+    waited: bool,
 }
 
 impl Attempt {
@@ -139,6 +142,7 @@ impl Attempt {
             deadline,
             reply: Reply(Some(reply)),
             sent_at: Instant::now(),
+            waited: false,
         }
     }
 
@@ -192,7 +196,10 @@ impl Attempt {
                 None => self.try_take(&mut lent, create).await,
             };
             let step = match step {
-                Step::Busy if self.deadline.may_wait() => self.wait_take(&mut lent).await,
+                Step::Busy if self.deadline.may_wait() => {
+                    self.waited = true;
+                    self.wait_take(&mut lent).await
+                }
                 step => step,
             };
             match step {
@@ -242,7 +249,8 @@ impl Attempt {
         let sql = match self.mode {
             Mode::Permits(limit) => self.permit_try_sql(lent, limit, set, create),
             Mode::Exclusive | Mode::Shared => {
-                self.inner.sql.try_take(&self.name, self.mode, set, create)
+                let take = self.inner.sql.try_take(&self.name, self.mode, set, create);
+                format!("{take};{}", self.record_holder())
             }
         };
         self.sent_at = Instant::now();
@@ -284,6 +292,7 @@ impl Attempt {
         loop {
             let set = self.idle_to_set(lent);
             let sql = self.inner.sql.wait_take(&self.name, self.mode, set);
+            let sql = format!("{sql};{}", self.record_holder());
             self.sent_at = Instant::now();
             let silent = self.sent_at
                 + Duration::from_secs(LOCK_WAIT_ROUND.into())
@@ -308,6 +317,14 @@ impl Attempt {
                 Some(e) => return Step::Failed(e),
             }
         }
+    }
+
+    /// The statement a granting batch ends its locking read with: the hold's uncommitted
+    /// row in `{table}_held` (see `inspect`).
+    pub(crate) fn record_holder(&self) -> String {
+        self.inner
+            .sql
+            .record_holder(&self.name, &self.key, self.mode)
     }
 
     /// The idle timeout a lock batch must set first: `None` when the session has it.
@@ -381,14 +398,24 @@ impl Attempt {
             },
         };
         let held = MysqlHeld::new(self.inner.clone(), self.key.clone(), lent, self.idle);
-        Ok(Some(Grant::new(token, Box::new(held), sent_at)))
+        let grant = Grant::new(token, Box::new(held), sent_at);
+        Ok(Some(if self.waited {
+            grant.after_wait()
+        } else {
+            grant
+        }))
     }
 
     /// A token from the key's counter (side connection), then the keep on the holder.
     async fn fence_and_keep(&self, lent: &mut Lent) -> Result<(u64, Instant)> {
         let token = self.inner.next_fence(&self.name, lent.id()).await?;
         let sent_at = Instant::now();
-        let batch = self.inner.run(lent, &Sql::keep(self.idle), "acquire").await;
+        let sql = format!(
+            "{};{}",
+            Sql::keep(self.idle),
+            self.inner.sql.record_token(&self.name, token)
+        );
+        let batch = self.inner.run(lent, &sql, "acquire").await;
         if batch.error.is_none() {
             lent.set_lease_idle(Some(self.idle));
         }

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{
-    Capabilities, Expiry, Fencing, LockError, LockOptions, LockStats, Mode, Result, Wakeup,
+    Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockError, LockOptions, LockStats, Mode,
+    Result, WaiterView, Wakeup,
 };
 use futures::StreamExt;
 use sqlx::mysql::MySqlRow;
@@ -23,6 +24,7 @@ use crate::NAME;
 use crate::acquire::Attempt;
 use crate::config::{LockMode, MysqlConfig};
 use crate::error::Error;
+use crate::inspect::{key_of, named_names};
 use crate::named::{NamedAttempt, NamedSession};
 use crate::pool::{Lent, Pool};
 use crate::sql::{self, Server, Sql, Tokens};
@@ -166,8 +168,70 @@ impl Backend for MysqlBackend {
                 LockMode::Row => Some(self.inner.config.max_connections as usize),
                 LockMode::Named => None,
             },
+            // Row mode: each holding transaction's own uncommitted row in `{table}_held`
+            // (read `READ UNCOMMITTED`) names it with its `holder_description`; named mode:
+            // `IS_USED_LOCK` and the process list name the holding connection. Waiters in
+            // both: the sessions whose running statement waits for the key (process
+            // list), in no promised order. Held keys: the `{table}_held` rows (row mode),
+            // the fence rows whose named lock is in use (named mode).
+            inspect: Inspection {
+                who: true,
+                waiters: WaiterView::Listed,
+                list: true,
+            },
             ..Default::default()
         }
+    }
+
+    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
+        let inner = &self.inner;
+        let status = match inner.config.mode {
+            LockMode::Row => {
+                let name = sql::row_name(key);
+                let rows = inner
+                    .side("inspect", &inner.sql.inspect_rows(&name))
+                    .await?;
+                inner.sql.rows_status(key, &name, &rows)?
+            }
+            LockMode::Named => {
+                let (lock, row) = named_names(&inner.config.table, key);
+                let sql = inner.sql.inspect_named(&lock, &row);
+                let rows = inner.side("inspect", &sql).await?;
+                inner.sql.named_status(key, &lock, &rows)?
+            }
+        };
+        Ok(status)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        let inner = &self.inner;
+        let mut keys = match inner.config.mode {
+            LockMode::Row => {
+                let rows = inner.side("list", &inner.sql.list_rows(prefix)).await?;
+                rows.iter()
+                    .map(|row| {
+                        let key: Vec<u8> = row.try_get(0).map_err(Error::sql("list"))?;
+                        Ok(String::from_utf8_lossy(&key).into_owned())
+                    })
+                    .collect::<Result<Vec<_>, Error>>()?
+            }
+            LockMode::Named => {
+                let sql = inner
+                    .sql
+                    .list_named(&inner.config.table, &sql::row_name(prefix));
+                let rows = inner.side("list", &sql).await?;
+                let mut keys = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    let name: String = row.try_get(0).map_err(Error::sql("list"))?;
+                    // A shortened name cannot be turned back into its key (see the docs).
+                    keys.extend(key_of(&name).filter(|key| key.starts_with(prefix)));
+                }
+                keys
+            }
+        };
+        keys.sort_unstable();
+        keys.dedup();
+        Ok(keys)
     }
 
     async fn acquire(
@@ -328,21 +392,23 @@ impl Inner {
     /// this is.
     async fn prepare_tables(&self) -> Result<(Tokens, Server)> {
         let mut tables = self.side("connect", &self.sql.describe_tables()).await?;
-        // Tables of an older version may lack the permit slots: created here too.
-        if tables.len() < 3 {
+        // Tables of an older version may lack the permit slots or the holds: created here
+        // too.
+        if tables.len() < 4 {
             self.side("create tables", &self.sql.create_tables())
                 .await?;
             tables = self.side("connect", &self.sql.describe_tables()).await?;
         }
-        if tables.len() < 3 {
+        if tables.len() < 4 {
             return Err(LockError::backend(
                 NAME,
                 "create tables",
                 format!(
-                    "tables `{}`, `{}` and `{}` are not visible after CREATE TABLE",
+                    "tables `{}`, `{}`, `{}` and `{}` are not visible after CREATE TABLE",
                     self.config.table,
                     self.config.fence_table(),
-                    self.config.slots_table()
+                    self.config.slots_table(),
+                    self.sql.held
                 ),
             ));
         }

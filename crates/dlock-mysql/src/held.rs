@@ -118,7 +118,7 @@ impl Held for MysqlHeld {
         let Some(lent) = lent else {
             return Err(self.not_held("the holding connection was closed"));
         };
-        match self.inner.finish(lent, End::Commit).await {
+        match self.inner.finish(lent, End::Release).await {
             Finished::Ended => Ok(()),
             Finished::Failed(e) => Err(self.not_held(e)),
             Finished::Unknown(e) => Err(e.into()),
@@ -155,7 +155,7 @@ impl Inner {
     /// to the pool.
     pub(crate) async fn finish(&self, mut lent: Lent, end: End) -> Finished {
         let op = match end {
-            End::Commit => "release",
+            End::Release => "release",
             End::Rollback => "abandon",
         };
         // A released connection keeps a long idle timeout (the next acquire of that ttl

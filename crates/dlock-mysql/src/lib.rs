@@ -28,7 +28,7 @@
 //! | keys one client holds at once ([`max_held`](dlock_core::Capabilities::max_held)) | `max_connections` (≤ 10,000, and the server's `max_connections`) | memory only |
 //! | renewal cost | one ping per held key per ttl/3 | one ping per holder connection per ttl/3 |
 //! | grant order | MariaDB: queue order; MySQL 8: contention-weighted | not promised (metadata-lock queue) |
-//! | visible in SQL as | `{table}` rows and InnoDB lock waits | `IS_USED_LOCK(name)`, `performance_schema.metadata_locks` (MySQL) |
+//! | visible in SQL as | `{table}_held` rows read `READ UNCOMMITTED` (see *Inspecting*), InnoDB lock waits | `IS_USED_LOCK(name)`, `performance_schema.metadata_locks` (MySQL) |
 //! | shared holds ([`shared`](dlock_core::Capabilities::shared)) | yes: InnoDB's shared row lock (see *Shared holds*) | no: `GET_LOCK` has no shared form, so a shared acquire is refused with `Unsupported` before any I/O |
 //! | permits ([`permits`](dlock_core::Capabilities::permits)) | yes: a row lock on one of the key's N slot rows (see *Permits*) | no: `GET_LOCK` cannot wait for any one of N names, so a permit acquire is refused with `Unsupported` before any I/O |
 //!
@@ -50,9 +50,10 @@
 //!
 //! # Protocol, `mode=row`
 //!
-//! Three tables, created if missing: `{table}` (default `dlock_locks`) with one row per key
+//! Four tables, created if missing: `{table}` (default `dlock_locks`) with one row per key
 //! ever locked, kept for the key's next use, `{table}_slots` (permit slots, see
-//! *Permits*), and `{table}_fence` (per-key counters on
+//! *Permits*), `{table}_held` (each hold's own uncommitted row, see *Inspecting*), and
+//! `{table}_fence` (per-key counters on
 //! MySQL 8; on MariaDB the latest named-mode holder); and on MariaDB a sequence,
 //! `{table}_seq`, the source of every token (created starting above every counter of
 //! `{table}_fence`). Row
@@ -70,7 +71,9 @@
 //!    held or waited for).
 //! 2. One batch: `SET SESSION wait_timeout = ⌈ttl⌉` (left out when the session has it
 //!    from an earlier lease), `BEGIN; SELECT token FROM {table} WHERE name = … FOR UPDATE
-//!    NOWAIT` (a shared hold: *lock* below, see *Shared holds*). A row: granted, go to 4. A lock error: busy. No
+//!    NOWAIT` (a shared hold: *lock* below, see *Shared holds*), then *record*: `INSERT INTO
+//!    {table}_held … SELECT … WHERE FOUND_ROWS() > 0` (the hold's row, only if the read
+//!    locked one; see *Inspecting*). A row: granted, go to 4. A lock error: busy. No
 //!    row (the key's first use): one batch `ROLLBACK`, create the row with `INSERT …
 //!    SELECT … WHERE NOT EXISTS` (a consistent read and a plain insert in autocommit, so it
 //!    does not wait for a holder and never takes a locking read on a missing row, whose gap
@@ -78,7 +81,7 @@
 //!    duplicate-key error makes it start over), then `BEGIN; SELECT … FOR UPDATE NOWAIT`
 //!    again.
 //! 3. Busy: `try_acquire`, or an acquire whose deadline passed, answers "held". Otherwise
-//!    one batch `SET …; BEGIN; SELECT token … FOR UPDATE` (shared: *lock* without `NOWAIT`)
+//!    one batch `SET …; BEGIN; SELECT token … FOR UPDATE; `*record* (shared: *lock* without `NOWAIT`)
 //!    waits on the server, which wakes it by granting the row lock (one writer, or every
 //!    reader one release admits). At the deadline, or when the
 //!    caller drops the future, the waiting statement is stopped with `KILL QUERY <id>`
@@ -100,7 +103,8 @@
 //! the lock, is gone or cannot be trusted: [`NotHeld`](dlock_core::LockError::NotHeld),
 //! and `lost()` fires.
 //!
-//! **Release**: `COMMIT` (the row lock goes to the next waiter, if any), with `SET SESSION
+//! **Release**: `ROLLBACK` (the row lock goes to the next waiter, if any, and the hold's
+//! `{table}_held` row is undone; the transaction wrote nothing else), with `SET SESSION
 //! wait_timeout = DEFAULT` in the same batch when ⌈ttl⌉ is under 10 s. The row stays; the
 //! connection goes back to the pool with no transaction, and the pool drops it once it has
 //! been idle for its `wait_timeout` less 1 s (at most 120 s), before the server would.
@@ -113,8 +117,8 @@
 //! | `try_acquire`, key free | 1: the lock batch (2 on a key's first use) | — |
 //! | `try_acquire`, key held | 1 (a `ROLLBACK` follows the answer) | — |
 //! | `acquire` with a wake-up | 2 + the wait: lock batch, wait batch | — |
-//! | `acquire` + `release`, key free, one client (lockbench *uncontended*) | 2: `BEGIN; SELECT … NOWAIT`, `COMMIT`; no commit that writes | 62–67 µs (raw cycle 57 µs: 1.08–1.17×) |
-//! | contended hand-off, `release` called → waiter holds (lockbench, 8 clients) | `COMMIT` → grant | 122–131 µs |
+//! | `acquire` + `release`, key free, one client (lockbench *uncontended*) | 2: `BEGIN; SELECT … NOWAIT; `*record*, `ROLLBACK`; no commit that writes | 62–67 µs before *record* (raw cycle 57 µs: 1.08–1.17×); *record* adds about 35 µs (see *Inspecting*), not re-measured with lockbench |
+//! | contended hand-off, `release` called → waiter holds (lockbench, 8 clients) | `ROLLBACK` → grant | 122–131 µs before *record* |
 //! | `extend` | 1 | — |
 //! | `release` | 1 | — |
 //! | holder's session ends (`KILL`, crash) → waiter holds | the server's roll-back → grant | — |
@@ -141,10 +145,10 @@
 //!   row's queue, waiting ones included, so a reader that arrives while a writer waits
 //!   waits behind it, and its `NOWAIT` answers busy (checked on MariaDB 10.11: a reader
 //!   holds, a writer waits, a new reader's `NOWAIT` fails and a waiting one is granted
-//!   after the writer's `COMMIT`). MariaDB grants the queue in order; MySQL 8's CATS may
+//!   after the writer's release). MariaDB grants the queue in order; MySQL 8's CATS may
 //!   grant queued readers ahead of the queued writer when the last holder releases (not
 //!   tested here: no MySQL 8 server).
-//! - **Wake-ups**: a writer's `COMMIT` grants every reader queued before the next waiting
+//! - **Wake-ups**: a writer's release grants every reader queued before the next waiting
 //!   writer at once; each is woken once, by its own grant. No reader is woken to find the
 //!   key busy.
 //! - **Tokens**: as for a writer, drawn in the locking statement once the row lock is
@@ -195,7 +199,7 @@
 //!    MySQL 8: the key's counter on a side connection, then the keep), so every permit has
 //!    its own token, greater than every token of an earlier grant on the key.
 //!
-//! **Extend**, **release** and **crash** are the mutex's: a ping, `COMMIT`, and the
+//! **Extend**, **release** and **crash** are the mutex's: a ping, `ROLLBACK`, and the
 //! server's roll-back of a closed session (the slot is free at once). A connection whose
 //! lock wait a permit shortened gets `innodb_lock_wait_timeout = 60` back in its release
 //! batch.
@@ -300,6 +304,70 @@
 //! is granted the key when the set releases it, or gives it back because a later key stayed
 //! busy (before `acquire_all` returns).
 //!
+//! # Inspecting
+//!
+//! [`inspect`](dlock_core::DistributedLock::inspect) and
+//! [`list`](dlock_core::DistributedLock::list) read with plain reads on a side connection:
+//! no locking read, no write, nothing left behind, so no acquirer can find a key busy
+//! because someone looked. One round trip each, in both modes.
+//!
+//! **`mode=row`.** InnoDB does not show a row lock nobody waits for: MariaDB has no
+//! `performance_schema.data_locks`, and its `information_schema.INNODB_LOCKS` lists a lock
+//! only while another transaction waits for it; `INNODB_TRX` shows that a transaction locks
+//! rows, not which. The only read-only views of every granted lock are `SHOW ENGINE INNODB
+//! STATUS` with the global `innodb_status_output_locks = ON` (off by default, set with
+//! `SUPER`; its output is cut at 1 MB) and MySQL 8's `performance_schema.data_locks`. A
+//! probe (`FOR UPDATE SKIP LOCKED` or `NOWAIT`) would take a free row's lock. So each hold
+//! names itself: its granting batch ends with *record*, an `INSERT` into `{table}_held` of
+//! the row name, `CONNECTION_ID()`, the key, the mode (and a permit's `n`), the token
+//! (`LASTVAL({table}_seq)`; on MySQL 8 set by the keep batch) and the client's
+//! [`holder_description`](dlock_core::holder_description) (`NAME@HOST:PID`), never
+//! committed: the release is a `ROLLBACK`, and a session that ends (crash, kill, idle
+//! timeout) is rolled back with its lock, so the row lives exactly as long as the hold and
+//! a committed read of the table is always empty. It costs the grant one more statement in
+//! the same batch (no round trip) and an insert undone at release: about 35 µs on the
+//! uncontended cycle (loopback MariaDB 10.11, raw SQL: 50 → 85 µs p50).
+//! - `inspect(key)`: `SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED` (the next
+//!   statement only), then `SELECT … FROM {table}_held WHERE name = …` (the holders: mode,
+//!   token, grant time by the server's clock, `who` = the holder's description; no
+//!   `ttl_left`: a session's `wait_timeout` is not visible to others), and the waiters:
+//!   `information_schema.PROCESSLIST` rows whose running statement is a dlock wait for the
+//!   key's row (`… WHERE name = X'…' FOR UPDATE` / `LOCK IN SHARE MODE` / `FOR SHARE`, or a
+//!   slot of it), with their mode (a permit waiter as `Permits(0)`) and `who` =
+//!   `connection <id> (<host:port>)`. Listed, not queued: a permit waiter waits on one
+//!   slot at a time, and MySQL 8 does not grant in queue order. A waiter between two wait
+//!   rounds (every 60 s; every 1 s for permits) is missing for a moment.
+//! - `list(prefix)`: the same dirty read, `SELECT DISTINCT held_key FROM {table}_held`
+//!   whose first bytes are the prefix.
+//! - Privileges: `SELECT` on `{table}_held` (and `INSERT` for the holders, as on the other
+//!   tables); `PROCESS` to see the waiters of other database users (without it, the
+//!   process list shows only the user's own sessions, which covers clients that share a
+//!   user).
+//!
+//! **`mode=named`.** One batch: `IS_USED_LOCK(name)` (the holding connection's id, or
+//! `NULL`), joined with `information_schema.PROCESSLIST` for its user and address (`who` =
+//! `connection <id> (<user>@<host:port>)`: sqlx sends no connection attributes, so the
+//! holder's description cannot travel with the session), and with the key's
+//! `{table}_fence` row when its `holder` is that connection (written at the grant: the
+//! token and the grant time; a moment after a grant they may still be the previous
+//! holder's, and are then left out); then the waiters: process-list sessions running
+//! `SELECT GET_LOCK(X'…', n)` with the key's lock name and `n > 0` (the text names the lock,
+//! as every statement is sent as text). Listed, not queued: the metadata-lock queue
+//! promises no order. `list(prefix)`: the `{table}_fence` rows in the prefix's range whose
+//! lock name `IS_USED_LOCK` finds held, turned back into keys; **a key whose escaped name
+//! was shortened (over 255 bytes) cannot be turned back and is not listed**. Privileges: none
+//! for `IS_USED_LOCK`; `SELECT` on `{table}_fence`; `PROCESS` as above. The scan reads
+//! every fence row in the prefix's range (one per key ever locked in named mode).
+//!
+//! **MySQL 8** (not tested here): the same statements work (`FOUND_ROWS()` is deprecated
+//! from 8.0.17 but answers; the process list is `information_schema.PROCESSLIST`, also
+//! deprecated in favour of `performance_schema.processlist`). MySQL 8 could show row locks
+//! without *record*: `performance_schema.data_locks` lists granted record locks
+//! (`LOCK_DATA` = the row name, `THREAD_ID` → `performance_schema.threads.PROCESSLIST_ID`)
+//! and `data_lock_waits` the waits; named locks show in `performance_schema.metadata_locks`
+//! (`OBJECT_TYPE = 'USER LEVEL LOCK'`, `LOCK_STATUS` `GRANTED` or `PENDING`). The backend
+//! uses the portable form on both.
+//!
 //! # Capabilities
 //!
 //! Both modes, except `max_held`, `Some(max_connections)` in row mode and `None` in named
@@ -315,6 +383,7 @@
 //! | shared | row mode: yes; named mode: no | InnoDB's shared row lock; `GET_LOCK` has none |
 //! | permits | row mode: yes; named mode: no | a row lock on one of N slot rows; `GET_LOCK` cannot wait for any one of N names. The declared wake-up is the mutex's: a permit waiter is woken by the server only when the slot it waits on frees, and otherwise finds a freed slot by its re-scan within 1 s (see *Permits*) |
 //! | max key length | 1024 bytes | longer names are hashed to 255 bytes in the table |
+//! | inspect | who: yes; waiters: listed; list: yes (both modes) | row mode: each hold's uncommitted `{table}_held` row carries its `holder_description`; named mode: the holding connection's id and address. Waiters: the process list's running waits, in no promised order (not a queue: see *Inspecting*). Named mode lists no key longer than its shortened name |
 //!
 //! **ttl rounding**: `wait_timeout` counts whole seconds, so the server keeps a silent
 //! holder's lock up to ⌈ttl⌉ (at least 1 s) after its last ping, while `lost()` fires before
@@ -404,14 +473,15 @@
 //!   `Permits(n)` keeps up to `n`), unlocked. Delete a retired key's slots with its row.
 //! - `{table}_seq` (MariaDB): the token sequence. Never reset, `ALTER` or `SETVAL` it:
 //!   tokens would go back.
+//! - `{table}_held`: nothing a committed read sees; each hold's row is never committed
+//!   and ends with its transaction (see *Inspecting*).
 //! - `{table}_fence`: on MySQL 8 one counter per key ever locked (the counter must never
 //!   go back), with the latest holder's connection id and grant time; on MariaDB the same
 //!   per key locked in named mode. Delete fence rows only of keys retired for good.
 //!
-//! Who holds a key in row mode: MySQL 8 `performance_schema.data_locks` (granted record
-//! locks on `{table}`); MariaDB shows a lock only while someone waits for it
-//! (`information_schema.INNODB_LOCK_WAITS` joined with `INNODB_TRX`: the blocking
-//! `trx_mysql_thread_id`; `KILL` it to break the lock).
+//! Who holds a key in row mode, by hand: `SET TRANSACTION ISOLATION LEVEL READ
+//! UNCOMMITTED; SELECT conn, held_key, who FROM {table}_held` (`KILL <conn>` breaks the
+//! lock); MySQL 8 also lists granted record locks in `performance_schema.data_locks`.
 //!
 //! Existing tables are checked at connect: InnoDB, and a `name` column that compares bytes
 //! (binary type or `_bin` collation) at least 255 wide; anything else is refused, since a
@@ -486,6 +556,7 @@ mod backend;
 mod config;
 mod error;
 mod held;
+mod inspect;
 mod named;
 mod permits;
 mod pool;

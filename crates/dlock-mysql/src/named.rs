@@ -324,17 +324,22 @@ impl NamedAttempt {
                         lent,
                     };
                     let carriers = &self.inner.carriers;
-                    return Ok(Some(carriers.adopt(
-                        session,
-                        Granted {
-                            key: &self.key,
-                            lock: self.lock.clone(),
-                            token,
-                            ttl: self.ttl,
-                            shared: self.shared,
-                            sent_at,
-                        },
-                    )));
+                    // Granted after waiting for the holder: a hand-off.
+                    return Ok(Some(
+                        carriers
+                            .adopt(
+                                session,
+                                Granted {
+                                    key: &self.key,
+                                    lock: self.lock.clone(),
+                                    token,
+                                    ttl: self.ttl,
+                                    shared: self.shared,
+                                    sent_at,
+                                },
+                            )
+                            .after_wait(),
+                    ));
                 }
                 // The round ran out.
                 Some(0) if self.deadline.may_wait() => {}

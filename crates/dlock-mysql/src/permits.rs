@@ -69,14 +69,16 @@ impl Sql {
     /// Take a permit of `name` without waiting. Statements: set the idle timeout; with
     /// `create`, end the transaction a miss left open, shorten the lock wait and create the
     /// missing slots; begin; lock the lowest free slot below `limit`, skipping locked ones,
-    /// selecting [`Self::locked_value`]; count the slots below `limit` (a consistent read).
-    /// Two rows: granted; one: the count, which tells busy from missing slots.
+    /// selecting [`Self::locked_value`]; `record` the hold if one was locked; count the
+    /// slots below `limit` (a consistent read). Two rows: granted; one: the count, which
+    /// tells busy from missing slots.
     pub(crate) fn permit_try(
         &self,
         name: &str,
         limit: u32,
         idle: Option<u32>,
         create: bool,
+        record: &str,
     ) -> String {
         let create = if create {
             format!(
@@ -94,7 +96,7 @@ impl Sql {
         format!(
             "{set}{create}BEGIN;\
              SELECT {v} FROM `{s}` WHERE name = {n} AND slot < {limit} \
-               ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED;\
+               ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED;{record};\
              SELECT CAST(COUNT(*) AS UNSIGNED) FROM `{s}` WHERE name = {n} AND slot < {limit}",
             set = set_idle(idle),
             v = self.locked_value(),
@@ -167,7 +169,10 @@ impl Attempt {
         if create {
             lent.set_lock_wait(None);
         }
-        self.inner.sql.permit_try(&self.name, limit, idle, create)
+        let record = self.record_holder();
+        self.inner
+            .sql
+            .permit_try(&self.name, limit, idle, create, &record)
     }
 
     /// Wait for a permit, woken by the server's grant of the slot row waited on, looking
@@ -185,6 +190,7 @@ impl Attempt {
             let lock_wait =
                 (lent.lock_wait() != Some(PERMIT_WAIT_ROUND)).then_some(PERMIT_WAIT_ROUND);
             let sql = self.inner.sql.permit_wait(&self.name, slot, set, lock_wait);
+            let sql = format!("{sql};{}", self.record_holder());
             self.sent_at = Instant::now();
             let silent = self.sent_at
                 + Duration::from_secs(PERMIT_WAIT_ROUND.into())
@@ -242,11 +248,11 @@ mod tests {
     #[test]
     fn permit_statements_lock_one_free_slot_below_the_limit() {
         let mariadb = Sql::new("t", Tokens::Sequence, Server::MariaDb);
-        let try_once = mariadb.permit_try("k", 3, None, false);
+        let try_once = mariadb.permit_try("k", 3, None, false, "");
         assert!(try_once.starts_with("BEGIN;"));
         assert!(try_once.contains("slot < 3 ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED"));
         assert!(try_once.contains("NEXTVAL(`t_seq`)"));
-        let create = mariadb.permit_try("k", 3, Some(5), true);
+        let create = mariadb.permit_try("k", 3, Some(5), true, "");
         assert!(create.starts_with(
             "SET SESSION wait_timeout = 5;ROLLBACK;SET SESSION innodb_lock_wait_timeout = 1;"
         ));
@@ -257,9 +263,13 @@ mod tests {
         let mysql = Sql::new("t", Tokens::Counter, Server::MySql);
         assert!(
             mysql
-                .permit_try("k", 3, None, true)
+                .permit_try("k", 3, None, true, "")
                 .contains("SET SESSION innodb_lock_wait_timeout = 1;")
         );
-        assert!(!mysql.permit_try("k", 3, None, false).contains("NEXTVAL"));
+        assert!(
+            !mysql
+                .permit_try("k", 3, None, false, "")
+                .contains("NEXTVAL")
+        );
     }
 }

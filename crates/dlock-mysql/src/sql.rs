@@ -14,6 +14,10 @@ use dlock_core::raw::key;
 /// Width of the `name` column, in bytes.
 pub(crate) const NAME_WIDTH: usize = 255;
 
+/// The longest key, in bytes (the core's default `max_key_len`): the width of
+/// `{table}_held.held_key`.
+pub(crate) const MAX_KEY: usize = 1024;
+
 /// The session's `innodb_lock_wait_timeout` on lock connections, in seconds: a waiting
 /// statement returns at least this often, so a silent connection is noticed (the client
 /// gives it `response_timeout` more) and a waiter whose client vanished does not wait on the
@@ -89,11 +93,14 @@ pub(crate) fn set_idle(idle: Option<u32>) -> String {
 /// The statements for one lock table, its fence table and its token sequence.
 #[derive(Debug, Clone)]
 pub(crate) struct Sql {
-    table: String,
-    fence: String,
+    pub(crate) table: String,
+    pub(crate) fence: String,
     seq: String,
     /// `{table}_slots`: a semaphore key's permit slots (see `permits`).
     pub(crate) slots: String,
+    /// `{table}_held`: who holds what, written uncommitted by each holding transaction
+    /// (see [`Self::record_holder`]).
+    pub(crate) held: String,
     pub(crate) tokens: Tokens,
     server: Server,
 }
@@ -107,6 +114,7 @@ impl Sql {
             fence: format!("{table}_fence"),
             seq: format!("{table}_seq"),
             slots: format!("{table}_slots"),
+            held: format!("{table}_held"),
             tokens,
             server,
         }
@@ -185,10 +193,22 @@ impl Sql {
                name VARBINARY({NAME_WIDTH}) NOT NULL,\
                slot SMALLINT UNSIGNED NOT NULL,\
                PRIMARY KEY (name, slot)\
-             ) ENGINE=InnoDB COMMENT='dlock: permit slots, one row per slot ever used, kept for reuse'",
+             ) ENGINE=InnoDB COMMENT='dlock: permit slots, one row per slot ever used, kept for reuse';\
+             CREATE TABLE IF NOT EXISTS `{h}` (\
+               name VARBINARY({NAME_WIDTH}) NOT NULL,\
+               conn BIGINT UNSIGNED NOT NULL COMMENT 'CONNECTION_ID() of the holding session',\
+               held_key VARBINARY({MAX_KEY}) NOT NULL,\
+               mode VARBINARY(16) NOT NULL,\
+               permits INT UNSIGNED NOT NULL,\
+               token BIGINT UNSIGNED NULL,\
+               since TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\
+               who VARBINARY(400) NOT NULL,\
+               PRIMARY KEY (name, conn)\
+             ) ENGINE=InnoDB COMMENT='dlock: each hold, inserted by its transaction and rolled back at release: read it READ UNCOMMITTED'",
             t = self.table,
             f = self.fence,
             s = self.slots,
+            h = self.held,
         )
     }
 
@@ -203,8 +223,8 @@ impl Sql {
              JOIN information_schema.COLUMNS c \
                ON c.TABLE_SCHEMA = t.TABLE_SCHEMA AND c.TABLE_NAME = t.TABLE_NAME \
               AND c.COLUMN_NAME = 'name' \
-             WHERE t.TABLE_SCHEMA = DATABASE() AND t.TABLE_NAME IN ('{}', '{}', '{}')",
-            self.table, self.fence, self.slots
+             WHERE t.TABLE_SCHEMA = DATABASE() AND t.TABLE_NAME IN ('{}', '{}', '{}', '{}')",
+            self.table, self.fence, self.slots, self.held
         )
     }
 
@@ -299,8 +319,8 @@ impl Sql {
         format!("SET SESSION wait_timeout = {idle}")
     }
 
-    /// End the transaction (`COMMIT` or `ROLLBACK`), which hands the row to the next
-    /// waiter, and with `restore` restore the default idle timeout. The row stays for the
+    /// End the transaction (a `ROLLBACK`, see [`End`]), which hands the row to the next
+    /// waiter and removes the hold's `{table}_held` row, and with `restore` restore the default idle timeout. The row stays for the
     /// key's next use.
     pub(crate) fn finish(end: End, restore: bool) -> String {
         let restore = if restore {
@@ -317,19 +337,20 @@ impl Sql {
     }
 }
 
-/// How a transaction ends.
+/// How a transaction ends. Both roll back: a hold's transaction wrote nothing but its
+/// row in `{table}_held`, which must not outlive it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum End {
-    Commit,
+    /// The holder lets go (`release`).
+    Release,
+    /// A transaction that may hold the lock is given up (a wait stopped, a grant nobody
+    /// took, a lease dropped).
     Rollback,
 }
 
 impl End {
     fn sql(self) -> &'static str {
-        match self {
-            End::Commit => "COMMIT",
-            End::Rollback => "ROLLBACK",
-        }
+        "ROLLBACK"
     }
 }
 
@@ -404,8 +425,8 @@ mod tests {
         let counter = Sql::new("my_locks", Tokens::Counter, Server::MySql);
         assert!(!counter.try_take("k", X, Some(2), false).contains("NEXTVAL"));
         assert!(counter.next_fence("k", 9).contains("fence + 1"));
-        assert_eq!(Sql::finish(End::Commit, false), "COMMIT");
-        assert_eq!(Sql::finish(End::Commit, true).matches(';').count(), 1);
+        assert_eq!(Sql::finish(End::Release, false), "ROLLBACK");
+        assert_eq!(Sql::finish(End::Release, true).matches(';').count(), 1);
     }
 
     const X: Mode = Mode::Exclusive;
