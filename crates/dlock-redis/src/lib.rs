@@ -26,9 +26,9 @@
 //!
 //! | what | name | value |
 //! |---|---|---|
-//! | lock | `<prefix><key>` | the holder's token: 128 random bits, hex; ttl = the lease's |
-//! | lock, held shared | `<prefix><key>` | sorted set: reader token (`r` + 128 bits, hex) by when its entry expires (server clock, µs); the key's ttl = the longest entry's |
-//! | lock, held by permits | `<prefix><key>` | the same sorted set of permit tokens (`p` + the limit + `.` + 128 bits, hex) |
+//! | lock | `<prefix><key>` | the holder's token: 128 random bits, hex, a space and the holder's `NAME@HOST:PID` (see *Inspecting*); ttl = the lease's |
+//! | lock, held shared | `<prefix><key>` | sorted set: reader token (`r` + a writer's token) by when its entry expires (server clock, µs); the key's ttl = the longest entry's |
+//! | lock, held by permits | `<prefix><key>` | the same sorted set of permit tokens (`p` + the limit + `.` + a writer's token) |
 //! | fence counter | `{<prefix><key>}:fence` | the last fencing token; expires 1 h after the last grant's ttl |
 //! | waiters' queue | `{<prefix><key>}:queue` | sorted set: waiter token by enqueue ticket (server clock, µs) |
 //! | waiters' expiries | `{<prefix><key>}:waiters` | sorted set: waiter token by when its entry expires (server clock, µs) |
@@ -109,7 +109,7 @@
 //!   at the key's PTTL, as for a crashed writer.
 //!
 //! **Permits** (a counting semaphore, [`LockOptions::permits`](dlock_core::LockOptions::permits)).
-//! A permit's token is `p`, its limit `N` in decimal, `.` and 128 random bits (hex), so
+//! A permit's token is `p`, its limit `N` in decimal, `.` and a writer's token, so
 //! every script reads each holder's and waiter's limit from its token. Permit holders are
 //! members of the sorted set at the lock key, as readers are (token by when its entry
 //! expires; the key lives as long as its longest entry), and share the one queue.
@@ -168,6 +168,8 @@
 //! | `extend` (each renewal) | 1, shared with the renewals queued with it: N held keys cost about N / batch size requests (one server command each) per renewal round |
 //! | `release` | 1 (the call of the next waiter is inside the script) |
 //! | contended hand-off | the release (1), the server pushes the call to one waiter, which re-tries (1): about 1.5 RTT from the release call to the next holder |
+//! | `inspect` | 1 (one read-only script) |
+//! | `list` | 1 per `SCAN` page (1000 names), then 1 pipelined `TYPE` |
 //! | first use of a client | connect, then 1 pipelined `SCRIPT LOAD` of all scripts |
 //!
 //! Measured (lockbench, one client, ttl 30 s with auto-renew, Redis 7.0.15 on loopback, 2
@@ -191,6 +193,39 @@
 //! releases the key, or gives it back because a later key stayed busy (before `acquire_all`
 //! returns).
 //!
+//! # Inspecting
+//!
+//! [`inspect`](dlock_core::DistributedLock::inspect) runs one read-only script (one round
+//! trip, `EVALSHA`) that changes nothing: it drops no expired entry and calls no waiter.
+//! It reads the lock key's `TYPE`, then for a writer its value, its `PTTL` and the fence
+//! counter, for readers and permits the sorted set's entries whose expiry is still ahead
+//! (`ZRANGEBYSCORE`), and the queue in ticket order (`ZRANGE`), keeping the waiters whose
+//! entry in the expiries set is still live (`ZSCORE` each; the first 1000, as every
+//! script reads). It shows:
+//!
+//! - **holders**: a writer (or another library's lock, as an exclusive holder), or every
+//!   live reader or permit (`Permits(N)` with the limit its token carries), each with its
+//!   remaining ttl (`PTTL`; an entry's expiry less the server's `TIME`). The fencing token
+//!   is shown for a writer only: it is the fence counter, which no grant changes while a
+//!   writer holds the key. Readers and permits show none (the counter keeps only the last
+//!   of their tokens), nor does another library's lock. `since` is not stored: `None`.
+//! - **who**: every token carries its holder's
+//!   [`holder_description`](dlock_core::holder_description) (`NAME@HOST:PID`) after its 128
+//!   random bits and a space. The description rides in the value the scripts store anyway,
+//!   so it costs no request, and every owner check still compares the whole token.
+//! - **waiters** (`WaiterView::Queue`): the live waiters first in line first, each with the
+//!   mode and `who` its token carries and `since`, its ticket (the server clock when it
+//!   joined).
+//!
+//! [`list`](dlock_core::DistributedLock::list) `SCAN`s (1000 a page, so the server is not
+//! blocked) the names matching `<prefix><list prefix>*` (the URL's `prefix`, glob
+//! characters escaped), drops the names no lock key can have (another lock's fence counter
+//! or queue, which only an empty prefix or one starting with `{` can match), and sends one
+//! pipelined `TYPE` of the rest, keeping strings and sorted sets: round trips, one per
+//! `SCAN` page and one. Keys are stored verbatim after the prefix, so each name decodes to
+//! its key. With an empty prefix the namespace is the whole database, and a string or
+//! sorted set that is not a lock (another program's data) is listed too.
+//!
 //! # Capabilities
 //!
 //! | capability | value | why |
@@ -202,6 +237,9 @@
 //! | wake-up | notification, one per release | a release calls the first live waiter by its token; the others ignore the message. A release that admits several readers calls each of them (one wake-up each) |
 //! | shared | yes | readers are a sorted set at the lock key; one queue orders readers and writers, so a waiting writer is not starved by later readers |
 //! | permits | yes | permit holders are members of that sorted set, admitted while the live entries and the waiters before the caller are fewer than its limit; a release calls the one waiter whose turn it makes (FIFO); a crashed holder's permit comes back `ttl` after its last renewal |
+//! | inspect: who | yes | each token carries its holder's `NAME@HOST:PID` |
+//! | inspect: waiters | queue | one sorted set per key by ticket, each waiter's mode in its token |
+//! | inspect: list | yes | a `SCAN` over the key prefix; lock keys are the key verbatim after it |
 //! | max key length | 1024 bytes | the core's default |
 //!
 //! # URL
@@ -283,6 +321,7 @@
 mod config;
 mod error;
 mod gather;
+mod inspect;
 mod lock;
 mod node;
 mod renew;

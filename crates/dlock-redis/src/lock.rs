@@ -8,7 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant, Held};
 use dlock_core::{
-    Capabilities, Expiry, Fencing, LockError, LockOptions, LockStats, LostReason, Result, Wakeup,
+    Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockError, LockOptions, LockStats,
+    LostReason, Result, WaiterView, Wakeup,
 };
 use tokio::time::Instant;
 
@@ -80,6 +81,13 @@ impl Backend for RedisBackend {
                 server_restart: dlock_core::FaultSafety::Fenced,
                 member_down: dlock_core::FaultSafety::Fenced,
             },
+            // Holders' tokens carry their description; the queue is one sorted set by
+            // ticket; SCAN enumerates the lock keys under the key prefix.
+            inspect: Inspection {
+                who: true,
+                waiters: WaiterView::Queue,
+                list: true,
+            },
             ..Default::default()
         }
     }
@@ -101,6 +109,8 @@ impl Backend for RedisBackend {
         let mut waiter: Option<Waiter> = None;
         let mut first_attempt = true;
         let mut retried = false;
+        // The key was found busy: a grant after that is a hand-off.
+        let mut found_busy = false;
         loop {
             let queueing = match &mut waiter {
                 Some(w) => {
@@ -160,9 +170,16 @@ impl Backend for RedisBackend {
                         names,
                         token,
                     };
-                    return Ok(Some(Grant::new(fence, Box::new(held), sent_at)));
+                    let grant = Grant::new(fence, Box::new(held), sent_at);
+                    return Ok(Some(match found_busy {
+                        true => grant.after_wait(),
+                        false => grant,
+                    }));
                 }
-                busy => View::of(&busy),
+                busy => {
+                    found_busy = true;
+                    View::of(&busy)
+                }
             };
             let Some(waiter) = waiter.as_mut().filter(|_| deadline.may_wait()) else {
                 return Ok(None);
@@ -185,6 +202,15 @@ impl Backend for RedisBackend {
 
     fn check_key(&self, key: &str) -> Result<()> {
         Names::check(&self.prefix, key)
+    }
+
+    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
+        let status = self.node.inspect(&Names::new(&self.prefix, key)).await?;
+        Ok(status.key_status(key))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        Ok(self.node.held_keys(&self.prefix, prefix).await?)
     }
 
     fn stats(&self) -> LockStats {

@@ -87,23 +87,33 @@ impl Names {
 }
 
 /// A fresh holder token: 128 random bits from a cryptographically secure generator, as 32
-/// hex digits.
+/// hex digits, then a space and this process's
+/// [`holder_description`](dlock_core::holder_description) (`NAME@HOST:PID`), which
+/// [`inspect`](dlock_core::DistributedLock::inspect) shows as the holder's `who`. The
+/// description rides in the token the scripts store anyway, so it costs no request, and
+/// every owner check still compares the whole token, random bits included.
 pub fn new_token() -> String {
-    format!("{:032x}", rand::random::<u128>())
+    format!(
+        "{:032x} {}",
+        rand::random::<u128>(),
+        dlock_core::holder_description()
+    )
 }
 
-/// A fresh reader token: `r` and 128 random bits as 32 hex digits. The scripts tell a
-/// reader from a writer by that first letter (a writer's token is all hex digits).
+/// A fresh reader token: `r`, 128 random bits as 32 hex digits, and the description, as
+/// [`new_token`]. The scripts tell a reader from a writer by that first letter (a
+/// writer's token starts with a hex digit).
 pub fn new_reader_token() -> String {
-    format!("r{:032x}", rand::random::<u128>())
+    format!("r{}", new_token())
 }
 
 /// A fresh permit token for a limit of `limit` permits: `p`, the limit in decimal, `.`,
-/// and 128 random bits as 32 hex digits. The scripts tell a permit from the other holds by
-/// that first letter and read each holder's and waiter's limit from the token, so no
-/// script needs the limit as an argument, and the queue knows every waiter's limit.
+/// 128 random bits as 32 hex digits, and the description, as [`new_token`]. The scripts
+/// tell a permit from the other holds by that first letter and read each holder's and
+/// waiter's limit from the token, so no script needs the limit as an argument, and the
+/// queue knows every waiter's limit.
 pub fn new_permit_token(limit: u32) -> String {
-    format!("p{limit}.{:032x}", rand::random::<u128>())
+    format!("p{limit}.{}", new_token())
 }
 
 /// A fresh token for a hold in `mode`: [`new_token`], [`new_reader_token`] or
@@ -114,6 +124,32 @@ pub fn token_for(mode: dlock_core::Mode) -> String {
         dlock_core::Mode::Permits(limit) => new_permit_token(limit),
         dlock_core::Mode::Exclusive => new_token(),
     }
+}
+
+/// The mode a token was made for, where it is one of ours ([`token_for`]): `None` for
+/// another library's value.
+pub fn token_mode(token: &str) -> Option<dlock_core::Mode> {
+    let random = token.split_once(' ').map_or(token, |(random, _)| random);
+    let (mode, hex) = if let Some(rest) = random.strip_prefix('r') {
+        (dlock_core::Mode::Shared, rest)
+    } else if let Some(rest) = random.strip_prefix('p') {
+        let (limit, hex) = rest.split_once('.')?;
+        (dlock_core::Mode::Permits(limit.parse().ok()?), hex)
+    } else {
+        (dlock_core::Mode::Exclusive, random)
+    };
+    let ours = hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit());
+    ours.then_some(mode)
+}
+
+/// Who made a token of ours: the [`holder_description`](dlock_core::holder_description)
+/// after its first space (`None` for another library's value, or a token without one).
+pub fn token_holder(token: &str) -> Option<&str> {
+    token_mode(token)?;
+    token
+        .split_once(' ')
+        .map(|(_, who)| who)
+        .filter(|who| !who.is_empty())
 }
 
 /// Whether `token` is a permit's (made by [`new_permit_token`]).
@@ -532,8 +568,45 @@ return 1
 "
 );
 
+/// Read who holds the lock and who waits, changing nothing (no expired entry is dropped,
+/// no waiter called): the snapshot behind
+/// [`inspect`](dlock_core::DistributedLock::inspect).
+///
+/// `KEYS`: lock, fence, queue, waiter expiries. Returns `{kind, now, value, pttl, fence,
+/// members, queue}`: `kind` the lock key's `TYPE`; `now` the server clock in µs; for a
+/// string (a writer, or another library's lock) its value, its `PTTL` and the fence
+/// counter (`''` when there is none); for a sorted set (readers, permits) `members`, the
+/// live entries and their expiries (µs) flat, soonest first; `queue` the live waiters
+/// (their entry's expiry still ahead) and their tickets flat, first in line first (at
+/// most the first 1000, as the other scripts read).
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
+const INSPECT_LUA: &str = concat!(
+    base_lua!(),
+    r"
+local now = now_us()
+local kind = redis.call('TYPE', KEYS[1])['ok']
+local value, pttl, fence, members, queue = '', -2, '', {}, {}
+if kind == 'string' then
+  value = redis.call('GET', KEYS[1])
+  pttl = redis.call('PTTL', KEYS[1])
+  fence = redis.call('GET', KEYS[2]) or ''
+elseif kind == 'zset' then
+  members = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%.0f', now), '+inf', 'WITHSCORES')
+end
+local waiting = redis.call('ZRANGE', KEYS[3], 0, 999, 'WITHSCORES')
+for i = 1, #waiting, 2 do
+  local expires = redis.call('ZSCORE', KEYS[4], waiting[i])
+  if expires and tonumber(expires) > now then
+    queue[#queue + 1] = waiting[i]
+    queue[#queue + 1] = waiting[i + 1]
+  end
+end
+return {kind, string.format('%.0f', now), value, pttl, fence, members, queue}
+"
+);
+
 /// The source of every script, for loading them when a connection opens.
-pub(crate) const SOURCES: [&str; 8] = [
+pub(crate) const SOURCES: [&str; 9] = [
     ACQUIRE_LUA,
     shared::ACQUIRE_SHARED_LUA,
     permits::ACQUIRE_PERMIT_LUA,
@@ -542,6 +615,7 @@ pub(crate) const SOURCES: [&str; 8] = [
     EXTEND_LUA,
     EXTEND_MANY_LUA,
     CLAIM_LUA,
+    INSPECT_LUA,
 ];
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 //!   the same way: a [`TaskQueue`] into a task started on first use, which [`gather`]s
 //!   what queued in one moment (one timer tick's renewals) into one batch.
 //! - [`Names`] (a lock key, its fence counter and its release channel, in one hash slot)
-//!   and [`new_token`] (a holder's random token, 128 bits), [`new_reader_token`] for a
+//!   and [`new_token`] (a holder's random token, 128 bits, and the holder's description), [`new_reader_token`] for a
 //!   shared hold (`r` and 128 bits: every script tells the mode by the token), and
 //!   [`new_permit_token`] for a permit (`p`, the limit, `.`, 128 bits: the scripts read
 //!   each holder's and waiter's limit from its token).
@@ -24,6 +24,10 @@
 //!   every server *before* it re-tries (so a release in between is not missed), then
 //!   sleeps until enough holders announced their release ([`Wake`]) or the shortest
 //!   remaining ttl of the [`View`]s it holds runs out.
+//! - [`Node::inspect`] reads one server's [`NodeStatus`] of a key (its [`NodeHolder`]s
+//!   and [`NodeWaiter`]s) without changing anything; [`Node::held_keys`] lists the keys
+//!   held under a prefix. [`token_mode`] and [`token_holder`] read a token's mode and the
+//!   holder description it carries.
 //! - [`InFlight`]: a guard around an acquire request; if the caller drops the future
 //!   before the answers arrive, the key may be ours on some servers, so it is released
 //!   there in the background.
@@ -39,11 +43,12 @@
 
 pub use crate::error::Error as NodeError;
 pub use crate::gather::{TaskQueue, gather};
+pub use crate::inspect::{NodeHolder, NodeStatus, NodeWaiter};
 pub use crate::lock::InFlight;
 pub use crate::node::{Attempt, Node, Queueing};
 pub use crate::renew::HeldKey;
 pub use crate::scripts::{
     Names, TOUCH_EVERY, WAITER_LEASE, is_permit_token, is_reader_token, new_permit_token,
-    new_reader_token, new_token, token_for,
+    new_reader_token, new_token, token_for, token_holder, token_mode,
 };
 pub use crate::wait::{Subscribed, View, Waiter, Wake};

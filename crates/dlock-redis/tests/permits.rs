@@ -72,9 +72,10 @@ async fn permit_holders_are_a_sorted_set_that_plain_set_nx_clients_see_busy() {
     let members: Vec<String> = admin.zrange(&key, 0, -1).await.expect("ZRANGE");
     assert_eq!(members.len(), 2);
     assert!(
-        members
-            .iter()
-            .all(|m| m.starts_with("p3.") && m.len() == 35),
+        members.iter().all(|m| m.starts_with("p3.")
+            && m.split_once(' ').is_some_and(
+                |(random, who)| random.len() == 35 && who == dlock_core::holder_description()
+            )),
         "{members:?}"
     );
     assert!(

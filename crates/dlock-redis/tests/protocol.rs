@@ -26,8 +26,14 @@ async fn keys_tokens_and_the_fence_counter_are_as_documented() {
         .expect("try_acquire")
         .expect("a fresh key is free");
     let token: String = admin.get(&names.key).await.expect("GET lock");
-    assert_eq!(token.len(), 32, "{token}");
-    assert!(token.chars().all(|c| c.is_ascii_hexdigit()), "{token}");
+    // 128 random bits in hex, a space, and the holder's NAME@HOST:PID.
+    let (random, who) = token.split_once(' ').expect("random bits, then the holder");
+    assert_eq!(random.len(), 32, "{token}");
+    assert!(random.chars().all(|c| c.is_ascii_hexdigit()), "{token}");
+    assert_eq!(who, dlock_core::holder_description(), "{token}");
+    let status = lock.inspect(&key).await.expect("inspect");
+    assert_eq!(status.holders[0].who.as_deref(), Some(who), "{status:?}");
+    assert_eq!(status.holders[0].fencing_token, Some(lease.fencing_token()));
     let pttl: i64 = admin.pttl(&names.key).await.expect("PTTL lock");
     assert!((1..=5000).contains(&pttl), "lock pttl {pttl}");
     let fence: u64 = admin.get(&names.fence).await.expect("GET fence");

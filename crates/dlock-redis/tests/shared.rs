@@ -44,7 +44,10 @@ async fn readers_are_a_sorted_set_that_plain_set_nx_clients_see_busy() {
     let readers: Vec<String> = admin.zrange(&key, 0, -1).await.expect("ZRANGE");
     assert_eq!(readers.len(), 2);
     assert!(
-        readers.iter().all(|r| r.starts_with('r') && r.len() == 33),
+        readers.iter().all(|r| r.starts_with('r')
+            && r.split_once(' ').is_some_and(
+                |(random, who)| random.len() == 33 && who == dlock_core::holder_description()
+            )),
         "{readers:?}"
     );
     let pttl: i64 = admin.pttl(&key).await.expect("PTTL");

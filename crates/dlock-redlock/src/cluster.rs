@@ -32,6 +32,12 @@ impl Cluster {
         (ttl / 20).clamp(MIN_NODE_TIMEOUT, max)
     }
 
+    /// Each node's answer to a read that no ttl bounds (`inspect`): the response timeout
+    /// (at least 50 ms).
+    pub(crate) fn read_timeout(&self) -> Duration {
+        self.response_timeout.max(MIN_NODE_TIMEOUT)
+    }
+
     pub(crate) fn all(&self) -> Vec<usize> {
         (0..self.nodes.len()).collect()
     }

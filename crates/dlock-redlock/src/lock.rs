@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
-use dlock_core::{Capabilities, Expiry, Fencing, LockOptions, LockStats, Mode, Result, Wakeup};
+use dlock_core::{
+    Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockOptions, LockStats, Mode, Result,
+    WaiterView, Wakeup,
+};
 use dlock_redis::server::{
     Attempt, InFlight, Names, Node, NodeError, Queueing, View, Waiter, token_for,
 };
@@ -20,6 +23,7 @@ use crate::NAME;
 use crate::cluster::Cluster;
 use crate::config::RedlockConfig;
 use crate::held::RedlockHeld;
+use crate::inspect::{agreed_keys, agreed_status};
 use crate::permits::permit_quorum;
 use crate::renew::Renewals;
 
@@ -218,6 +222,19 @@ fn now_micros() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
+/// The nodes' answers, and the errors of those that failed.
+fn split<T>(answers: Vec<(usize, Result<T, NodeError>)>) -> (Vec<T>, Vec<NodeError>) {
+    let mut ok = Vec::new();
+    let mut failures = Vec::new();
+    for (_, answer) in answers {
+        match answer {
+            Ok(value) => ok.push(value),
+            Err(e) => failures.push(e),
+        }
+    }
+    (ok, failures)
+}
+
 /// Whether one holder has a majority of the nodes (a lease, not a split vote).
 fn majority_holder(views: &[View], quorum: usize) -> bool {
     views.iter().any(|v| match v {
@@ -276,6 +293,13 @@ impl Backend for RedlockBackend {
                 server_restart: dlock_core::FaultSafety::Fenced,
                 member_down: dlock_core::FaultSafety::Exclusive,
             },
+            // What a quorum of nodes agrees on: holders (their tokens carry who), waiters in
+            // ticket order (one ticket on every node), keys held on a quorum.
+            inspect: Inspection {
+                who: true,
+                waiters: WaiterView::Queue,
+                list: true,
+            },
             ..Default::default()
         }
     }
@@ -306,6 +330,8 @@ impl Backend for RedlockBackend {
         let mut first_round = true;
         let mut retried = false;
         let mut backoffs = 0;
+        // A round was lost (the key busy somewhere): a grant after that is a hand-off.
+        let mut found_busy = false;
         loop {
             let queueing = match &mut waiter {
                 Some(w) => {
@@ -356,7 +382,11 @@ impl Backend for RedlockBackend {
                         ttl,
                         quorum,
                     };
-                    return Ok(Some(Grant::new(fence, Box::new(held), sent_at)));
+                    let grant = Grant::new(fence, Box::new(held), sent_at);
+                    return Ok(Some(match found_busy {
+                        true => grant.after_wait(),
+                        false => grant,
+                    }));
                 }
                 Round::Lost {
                     views,
@@ -365,6 +395,7 @@ impl Backend for RedlockBackend {
                     took,
                 } => (views, failures, granted, took),
             };
+            found_busy |= views.iter().any(|v| matches!(v, View::Held { .. }));
             if c.nodes.len() - failures.len() < quorum {
                 // Too few nodes answered: once more (broken connections reopen), then give up.
                 if retried || !deadline.may_wait() {
@@ -415,6 +446,31 @@ impl Backend for RedlockBackend {
 
     fn check_key(&self, key: &str) -> Result<()> {
         Names::check(&self.prefix, key)
+    }
+
+    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
+        let c = &*self.cluster;
+        let names = Names::new(&self.prefix, key);
+        let answers = c
+            .on(&c.all(), c.read_timeout(), "inspect", |n| n.inspect(&names))
+            .await;
+        let (views, failures) = split(answers);
+        if views.len() < c.quorum {
+            return Err(c.no_quorum("inspect", failures));
+        }
+        Ok(agreed_status(key, c.nodes.len(), c.quorum, &views))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        let c = &*self.cluster;
+        // A SCAN takes a request per page, each bounded by the response timeout: no
+        // overall limit per node.
+        let answers = join_all(c.nodes.iter().map(|n| n.held_keys(&self.prefix, prefix))).await;
+        let (lists, failures) = split(answers.into_iter().enumerate().collect());
+        if lists.len() < c.quorum {
+            return Err(c.no_quorum("list", failures));
+        }
+        Ok(agreed_keys(c.quorum, lists))
     }
 
     fn stats(&self) -> LockStats {

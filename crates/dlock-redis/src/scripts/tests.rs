@@ -48,9 +48,39 @@ fn names_are_distinct_and_share_the_hash_tag() {
 #[test]
 fn tokens_are_128_bits_and_differ() {
     let (a, b) = (new_token(), new_token());
-    assert_eq!(a.len(), 32);
-    assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+    let (random, who) = a.split_once(' ').expect("random bits, then the holder");
+    assert_eq!(random.len(), 32);
+    assert!(random.chars().all(|c| c.is_ascii_hexdigit()));
+    assert_eq!(who, dlock_core::holder_description());
     assert_ne!(a, b);
+}
+
+#[test]
+fn tokens_tell_their_mode_and_holder() {
+    use dlock_core::Mode;
+    let me = Some(dlock_core::holder_description());
+    for (token, mode) in [
+        (new_token(), Mode::Exclusive),
+        (new_reader_token(), Mode::Shared),
+        (new_permit_token(7), Mode::Permits(7)),
+    ] {
+        assert_eq!(token_mode(&token), Some(mode), "{token}");
+        assert_eq!(token_holder(&token), me, "{token}");
+    }
+    // Tokens of older clients carry no holder; another library's value is not ours.
+    assert_eq!(token_mode(&"a".repeat(32)), Some(Mode::Exclusive));
+    assert_eq!(token_holder(&"a".repeat(32)), None);
+    for foreign in [
+        "",
+        "x",
+        "hello world",
+        "p.0123",
+        "rabc",
+        "pX.0123456789abcdef0123456789abcdef",
+    ] {
+        assert_eq!(token_mode(foreign), None, "{foreign}");
+        assert_eq!(token_holder(foreign), None, "{foreign}");
+    }
 }
 
 #[test]
