@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
-use dlock_core::{Capabilities, Expiry, Fencing, LockStats, Mode, Result, Wakeup};
+use dlock_core::{
+    Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockStats, Mode, Result, WaiterView,
+    Wakeup,
+};
 use tokio::time::Instant;
 use zookeeper_client::{self as zk, EventType};
 
@@ -48,12 +51,28 @@ impl Backend for ZookeeperBackend {
             },
             // Curator's `InterProcessSemaphoreV2` (see the crate docs' Permits).
             permits: true,
+            // Lock and lease nodes carry their holder's description; contenders queue by
+            // sequence number; the base path's children are the keys (see the crate docs'
+            // Inspecting).
+            inspect: Inspection {
+                who: true,
+                waiters: WaiterView::Queue,
+                list: true,
+            },
             ..Default::default()
         }
     }
 
     fn stats(&self) -> LockStats {
         LockStats::with_wakeups(self.wakeups.load(Ordering::Relaxed))
+    }
+
+    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
+        self.status(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        self.held_keys(prefix).await
     }
 
     async fn acquire(
@@ -125,7 +144,7 @@ impl ZookeeperBackend {
         budget: Budget,
     ) -> Result<Option<Grant>, zk::Error> {
         let sent_at = Instant::now();
-        let contender = Contender::new(client, self.acl(), dir, mode, self.config.curator);
+        let contender = Contender::new(client, self.acl(), key, dir, mode, self.config.curator);
         match self.queue(client, contender, budget).await? {
             Some(held) => held.into_grant(key, sent_at).map(Some),
             None => Ok(None),
@@ -176,6 +195,7 @@ impl ZookeeperBackend {
                 me.withdraw().await;
                 return Ok(None);
             }
+            me.note_wait();
             let blocker = format!("{dir}/{}", order[blocker].name);
             let watcher = match retry(client, budget.until(), || {
                 client.get_and_watch_data(&blocker)

@@ -460,6 +460,55 @@ pub(crate) fn key_segment(key: &str) -> String {
     key::shorten(&escaped, MAX_SEGMENT)
 }
 
+/// What a child name of the base path says of its key: the key itself when the name is
+/// [`key_segment`]'s for it ([`Segment::Key`]); for a name shortened with a digest, only
+/// the key's first bytes, decoded from its readable prefix ([`Segment::Shortened`]; dlock
+/// writes the whole key as the data of a key directory it creates); `None` for any other
+/// name.
+pub(crate) fn parse_segment(name: &str) -> Option<Segment> {
+    if let Some((readable, digest)) = name.split_once("%%") {
+        let hex = digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit());
+        return (hex && name.len() <= MAX_SEGMENT)
+            .then(|| unescape(readable).map(Segment::Shortened))
+            .flatten();
+    }
+    let key = String::from_utf8(unescape(name)?).ok()?;
+    (key_segment(&key) == name).then_some(Segment::Key(key))
+}
+
+/// A child name of the base path, decoded ([`parse_segment`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Segment {
+    /// The key, whole.
+    Key(String),
+    /// The first bytes of a long key (perhaps ending inside a character).
+    Shortened(Vec<u8>),
+}
+
+/// The bytes [`key::escape`] encoded: `%XX` (upper-case hex) decoded, anything else as it
+/// is; `None` for a `%` not followed by two upper-case hex digits.
+fn unescape(escaped: &str) -> Option<Vec<u8>> {
+    let bytes = escaped.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] == b'%' {
+            let hex = bytes.get(at + 1..at + 3)?;
+            let digit = |b: u8| match b {
+                b'0'..=b'9' => Some(b - b'0'),
+                b'A'..=b'F' => Some(b - b'A' + 10),
+                _ => None,
+            };
+            out.push(digit(hex[0])? << 4 | digit(hex[1])?);
+            at += 3;
+        } else {
+            out.push(bytes[at]);
+            at += 1;
+        }
+    }
+    Some(out)
+}
+
 /// A ZooKeeper path: absolute, not `/`, no empty, `.` or `..` segment, no trailing `/`, and
 /// no character ZooKeeper refuses.
 fn check_path(path: &str, what: &str) -> Result<()> {

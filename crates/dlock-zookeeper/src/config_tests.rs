@@ -318,6 +318,53 @@ fn different_keys_never_share_a_segment() {
 }
 
 #[test]
+fn segments_decode_back_to_their_keys() {
+    let long = "k".repeat(1000);
+    let long_accents = "\u{e9}".repeat(200);
+    for key in [
+        "orders/42",
+        "..",
+        ".",
+        "%2E%2E",
+        "a%b",
+        "a%25b",
+        "\u{e9}t\u{e9} 2026",
+        "_c_x-lock-",
+        "%%",
+        "\u{1F512}",
+    ] {
+        let segment = key_segment(key);
+        assert_eq!(
+            parse_segment(&segment),
+            Some(Segment::Key(key.to_owned())),
+            "{key:?} -> {segment}"
+        );
+    }
+    for key in [long.as_str(), long_accents.as_str()] {
+        let segment = key_segment(key);
+        let Some(Segment::Shortened(head)) = parse_segment(&segment) else {
+            panic!("{key:?} -> {segment}: a shortened segment");
+        };
+        assert!(head.len() >= 50, "a readable head: {segment}");
+        assert!(key.as_bytes().starts_with(&head), "{key:?} -> {segment}");
+    }
+    // Names dlock never makes: not keys.
+    for name in [
+        "a/b",
+        "%2e",
+        "%2",
+        "%ZZ",
+        "...",
+        "%C3",
+        "a b",
+        "abc%%0123",
+        "locks%%nothex",
+    ] {
+        assert_eq!(parse_segment(name), None, "{name:?}");
+    }
+}
+
+#[test]
 fn the_shared_url_table_passes() {
     dlock_conformance::urls::check_parser(
         |password, host| format!("zk://app:{password}@{host}:2181/chroot"),

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::Mode;
 use dlock_core::raw::Grant;
+use dlock_core::{Mode, holder_description};
 use tokio::time::Instant;
 use zookeeper_client::{self as zk, Acls, CreateMode};
 
@@ -30,6 +30,9 @@ pub(crate) struct Contender {
     client: zk::Client,
     /// The ACL of every node we create (see [Security](crate#security)).
     acl: Arc<[zk::Acl]>,
+    /// The key: the data of its key directory when we create that (see
+    /// [Inspecting](crate#inspecting)).
+    key: Arc<str>,
     dir: String,
     uuid: uuid::Uuid,
     /// Exclusive or shared: which name our node gets.
@@ -41,6 +44,8 @@ pub(crate) struct Contender {
     node: Option<Node>,
     /// A create went out whose outcome is unknown.
     unsure: bool,
+    /// The key was busy when we first looked, and we waited (the grant is a hand-off).
+    waited: bool,
 }
 
 /// What the directory a contender's node goes in hangs from.
@@ -64,6 +69,7 @@ impl Contender {
     pub(crate) fn new(
         client: &zk::Client,
         acl: Arc<[zk::Acl]>,
+        key: &str,
         dir: &str,
         mode: Mode,
         curator: CuratorRecipe,
@@ -71,6 +77,7 @@ impl Contender {
         Self {
             client: client.clone(),
             acl,
+            key: key.into(),
             dir: dir.to_owned(),
             uuid: uuid::Uuid::new_v4(),
             mode,
@@ -78,6 +85,7 @@ impl Contender {
             parent: Parent::Base,
             node: None,
             unsure: false,
+            waited: false,
         }
     }
 
@@ -92,6 +100,17 @@ impl Contender {
         &self.dir
     }
 
+    /// The key was busy: we wait, and the grant will be a hand-off
+    /// ([`Grant::after_wait`]).
+    pub(crate) fn note_wait(&mut self) {
+        self.waited = true;
+    }
+
+    /// Whether [`note_wait`](Self::note_wait) was called.
+    pub(crate) fn waited(&self) -> bool {
+        self.waited
+    }
+
     /// A contender like this one, with a new uuid and no node yet, to queue again after
     /// our node vanished (the old one has nothing left to clean up).
     pub(crate) fn renewed(mut self) -> Self {
@@ -99,6 +118,7 @@ impl Contender {
         Self {
             client: self.client.clone(),
             acl: Arc::clone(&self.acl),
+            key: Arc::clone(&self.key),
             dir: self.dir.clone(),
             uuid: uuid::Uuid::new_v4(),
             mode: self.mode,
@@ -106,6 +126,7 @@ impl Contender {
             parent: self.parent,
             node: None,
             unsure: false,
+            waited: self.waited,
         }
     }
 
@@ -119,8 +140,11 @@ impl Contender {
     /// lock node until the server's container reaper removes it, so it is usually there;
     /// when it is not (`NoNode`: first use of the key, or reaped), create it, our node and
     /// the listing in the next round trip, and the base path first if that is missing
-    /// (persistent nodes). Every node gets our ACL. After a lost connection, finds the node
-    /// the lost create may have made before creating again (Curator's protected mode).
+    /// (persistent nodes). Every node gets our ACL. Our node's data is this process's
+    /// [`holder_description`], a key directory's the key (a semaphore's `locks` and
+    /// `leases` get none); see [Inspecting](crate#inspecting). After a lost connection,
+    /// finds the node the lost create may have made before creating again (Curator's
+    /// protected mode).
     pub(crate) async fn create(&mut self, budget: Budget) -> Result<Vec<String>, zk::Error> {
         let name_prefix = nodes::node_prefix(&self.uuid, self.mode, self.curator);
         let prefix = format!("{}/{name_prefix}", self.dir);
@@ -132,10 +156,15 @@ impl Contender {
         // Whether to send the directory's create too: only once it was found missing, since
         // a create that fails with `NodeExists` still costs the ensemble a logged write.
         let mut make_dir = false;
+        let dir_data: &[u8] = match self.parent {
+            Parent::Base => self.key.as_bytes(),
+            Parent::Semaphore => &[],
+        };
+        let who = holder_description().as_bytes();
         for _ in 0..MAX_RETRIES {
             self.unsure = true;
-            let dir = make_dir.then(|| self.client.create(&self.dir, &[], &container));
-            let create = self.client.create(&prefix, &[], &ephemeral_sequential);
+            let dir = make_dir.then(|| self.client.create(&self.dir, dir_data, &container));
+            let create = self.client.create(&prefix, who, &ephemeral_sequential);
             let list = self.client.list_children(&self.dir);
             let dir = async {
                 match dir {
@@ -209,7 +238,8 @@ impl Contender {
     }
 
     /// Make the directory `dir` hangs from: the base path (persistent nodes), or a
-    /// semaphore's key directory (a container node, in a base path made if missing).
+    /// semaphore's key directory (a container node with the key as its data, in a base
+    /// path made if missing).
     async fn make_parent(
         &self,
         budget: Budget,
@@ -224,7 +254,7 @@ impl Contender {
         let base = parent.rsplit_once('/').map_or("", |(base, _)| base);
         for _ in 0..2 {
             match retry(client, budget.until(), || {
-                client.create(parent, &[], container)
+                client.create(parent, self.key.as_bytes(), container)
             })
             .await
             {
@@ -335,9 +365,13 @@ impl Contender {
         };
         // The session keeps every node of the client alive; `watch_lease` reports the end
         // of the session and the deletion of our node.
-        Ok(Grant::new(fencing_token, Box::new(held), sent_at)
+        let grant = Grant::new(fencing_token, Box::new(held), sent_at)
             .with_lost(Box::pin(lost))
-            .kept_alive())
+            .kept_alive();
+        Ok(match self.waited {
+            true => grant.after_wait(),
+            false => grant,
+        })
     }
 }
 

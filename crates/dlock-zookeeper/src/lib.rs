@@ -30,7 +30,11 @@
 //! segment (everything outside `[A-Za-z0-9._:@-]`, and names made only of dots; keys whose
 //! encoding is longer than 240 bytes keep a readable prefix and a SHA-256 digest). No key
 //! reaches outside `{base}` and two keys never share a directory. Every node the lock
-//! creates gets the ACL that [Security](#security) describes.
+//! creates gets the ACL that [Security](#security) describes. A lock (or lease) node's
+//! data is the creating process's
+//! [`holder_description`](dlock_core::holder_description) (`NAME@HOST:PID`), a key
+//! directory's the key itself (both written by the create that makes the node, no request
+//! of their own; see [Inspecting](#inspecting)).
 //!
 //! **Acquire**
 //! 1. Send, in one round trip (one session's requests are answered in order): `create
@@ -77,7 +81,7 @@
 //! **What stays on the server**: only the empty key directories of keys used recently
 //! (for a semaphore, `{dir}` and its empty `locks` and `leases`), each until the
 //! reaper's next pass (at most about two check intervals, three for a semaphore's; they hold no
-//! lock, no data and no session). No lock node outlives its lock: released, withdrawn and
+//! lock and no session, and no data but their key). No lock node outlives its lock: released, withdrawn and
 //! abandoned nodes are deleted, and a dead session's go with it.
 //!
 //! **Extend / renewal**: the session keeps the node, so nothing is extended on the server,
@@ -185,7 +189,8 @@
 //!
 //! **Curator interop** (`tests/permits.rs`, with the nodes made as Curator makes them):
 //! `new InterProcessSemaphoreV2(client, ZookeeperConfig::key_dir(key), n)` on the same
-//! ensemble and N. Curator writes its host address into its lease nodes; ours are empty.
+//! ensemble and N. Curator writes its host address into its lease nodes, ours carry our
+//! holder description; neither side reads them.
 //! Curator's `SharedCountReader` limit is not read: give dlock the same number.
 //!
 //! # Round trips
@@ -240,6 +245,57 @@
 //! when the set deletes its node on release, or when it gives the key back because a later
 //! key stayed busy (before `acquire_all` returns).
 //!
+//! # Inspecting
+//!
+//! [`DistributedLock::inspect`](dlock_core::DistributedLock::inspect) and
+//! [`list`](dlock_core::DistributedLock::list) only read (`getChildren`, `getData`): they
+//! create, change and delete nothing, not even a missing key directory or base path, and
+//! set no watch.
+//!
+//! **`inspect(key)`**, two round trips (one when the key has no node):
+//! 1. `getChildren` of `{dir}`, `{dir}/locks` and `{dir}/leases`, pipelined (`NoNode`:
+//!    none).
+//! 2. `getData` of every lock, `locks` and lease node listed, pipelined (a node gone
+//!    meanwhile is left out).
+//!
+//! - **Lock** (`{dir}`'s contenders, every name of step 2 of the protocol, ours or another
+//!   client's): the nodes that hold in their mode (the lowest exclusive one, or every
+//!   shared one with no exclusive node ahead) are the holders; the others are the waiters,
+//!   first in line first ([`WaiterView::Queue`](dlock_core::WaiterView)), each with its
+//!   mode (`Exclusive`, `Shared`).
+//! - **Permits**: each node in `leases` is a holder (`Mode::Permits(0)`: N is not stored on
+//!   the server), as Curator counts them, except the lease the acquirer at the front of
+//!   the `locks` queue made and still counts with (the last lease its session created after
+//!   its mutex node: its acquire has not returned); the `locks` queue, in order, are the
+//!   waiters. A key used both ways shows both.
+//! - For each: `fencing_token` is the node's `czxid` (the token its holder got), `since`
+//!   the node's `ctime` (the server's clock), `ttl_left` `None` (the session keeps the
+//!   node), `who` the node's data: `NAME@HOST:PID` for a dlock client, Curator's IP
+//!   address, nothing for kazoo's default (`None`).
+//!
+//! **`list(prefix)`**, two round trips (three when a semaphore is among the keys):
+//! `getChildren` of the base path; each child name is decoded back into its key
+//! (percent-decoding; names the key encoding cannot produce are skipped) and kept if the
+//! key starts with `prefix`. Then for each kept directory, pipelined (at most 256 at
+//! once): `getChildren`; a directory with a contender is held, one with no contender but a
+//! `leases` child is held if `getChildren` of its `leases` shows a lease node; an empty
+//! directory (a used key's, left for the reaper) is not. The keys come back sorted.
+//! Names shortened with a digest (keys whose encoding is longer than 240 bytes) keep only
+//! the key's first bytes: when those cannot rule the prefix out, the directory's data is
+//! read too (`getData`, in the same round trip) and is the key if its encoding is that
+//! name. Directories dlock made carry their key; a shortened directory that another
+//! client or an older dlock made (empty data) cannot be read back and is not listed.
+//! `inspect` of such a key works (the key gives the name).
+//!
+//! Measured through the delaying proxy (`tests/round_trips.rs`):
+//!
+//! | operation | round trips | requests |
+//! |---|---|---|
+//! | `inspect`, key unused | 1 | `getChildren` × 3, pipelined |
+//! | `inspect`, held (a holder and a waiter, or permits) | 2 | `getChildren` × 3, then `getData` per node, pipelined |
+//! | `list`, lock keys | 2 | `getChildren` of the base, then one per key directory, pipelined |
+//! | `list`, a semaphore among the keys | 3 | the same, then `getChildren` of its `leases` |
+//!
 //! # Capabilities
 //!
 //! | capability | value | why |
@@ -252,6 +308,9 @@
 //! | releases on disconnect | no | a closed connection is not a closed session: the session (and the lock) survives until it times out, so a client can move to another member |
 //! | wake-up | notification, one per release | only the next contender watches the holder's node; a writer's release that admits readers wakes those readers; a permit's release wakes the one acquirer counting leases, whose admission wakes the next in the mutex queue |
 //! | max key length | 1024 bytes | the default; long keys are shortened with a digest |
+//! | inspect: who | yes | every lock and lease node dlock creates carries its holder's `NAME@HOST:PID` (other clients' nodes: what they wrote, Curator's IP address; kazoo's none) |
+//! | inspect: waiters | queue | contenders wait in sequence order behind the holders; a semaphore's waiters are its `locks` queue |
+//! | inspect: list | yes | the base path's children are the key directories, named by the key's reversible encoding (a shortened name: the key is the directory's data) |
 //!
 //! # URL
 //!
@@ -424,6 +483,15 @@
 //! Another client excludes dlock on a key when it locks the same directory,
 //! [`ZookeeperConfig::key_dir`] of the key (`/dlock/orders%2F42` for the key `orders/42`).
 //!
+//! **Node data.** dlock's lock and lease nodes carry the holder's `NAME@HOST:PID`
+//! ([`holder_description`](dlock_core::holder_description)), and a key directory dlock
+//! creates carries the key (before, both were empty). Curator writes the client's IP
+//! address into its nodes and kazoo its `identifier`; none of these recipes reads a lock
+//! node's data to decide anything (only Curator's revocation writes to a holder's node,
+//! which dlock ignores), so mixed clients order and exclude each other as before. kazoo's
+//! `contenders()` returns each node's data, so it now names dlock's holders, and
+//! [Inspecting](#inspecting) shows each node's data as its `who`.
+//!
 //! - **Curator** `InterProcessMutex` on the same directory (`{base}/{segment}`): its nodes
 //!   are `_c_{uuid}-lock-{seq}` like ours and it orders every child by the text after the
 //!   last `lock-`, so both sides see the same order. Do not put other children in a lock
@@ -492,6 +560,7 @@ mod config;
 mod contender;
 mod error;
 mod held;
+mod inspect;
 mod nodes;
 mod request;
 mod semaphore;

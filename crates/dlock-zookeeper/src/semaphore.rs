@@ -53,6 +53,7 @@ impl ZookeeperBackend {
         let mutex = Contender::new(
             client,
             self.acl(),
+            key,
             &locks,
             Mode::Exclusive,
             CuratorRecipe::Mutex,
@@ -64,6 +65,7 @@ impl ZookeeperBackend {
         let mut lease = Contender::new(
             client,
             self.acl(),
+            key,
             &leases,
             Mode::Permits(limit),
             CuratorRecipe::Mutex,
@@ -91,6 +93,9 @@ impl ZookeeperBackend {
                 drop(watcher);
                 // Only acquirers need the mutex: let the next one count.
                 mutex.withdraw().await;
+                if mutex.waited() {
+                    lease.note_wait();
+                }
                 return lease.into_grant(key, sent_at).map(Some);
             }
             if !budget.deadline().may_wait() {
@@ -98,6 +103,7 @@ impl ZookeeperBackend {
                 tokio::join!(lease.withdraw(), mutex.withdraw());
                 return Ok(None);
             }
+            lease.note_wait();
             if let Some(watcher) = watcher.take() {
                 let event = tokio::select! {
                     event = watcher.changed() => event,

@@ -186,6 +186,78 @@ async fn permit_round_trips() {
     eprintln!("permit round trips:\n  {}", measured.join("\n  "));
 }
 
+/// `inspect` and `list`: listings first (pipelined), then the nodes' data (pipelined); see
+/// the crate docs' Inspecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_round_trips() {
+    let harness = ZookeeperHarness::from_env();
+    let proxy = delaying_proxy(harness.server_addrs()[0], RTT / 2).await;
+    let url = harness.url_with_addrs(&[proxy]);
+    let d = harness
+        .connect(&url)
+        .await
+        .expect("client through the proxy");
+    let direct = harness.client().await.expect("direct client");
+    let waiter = harness.client().await.expect("direct client");
+    let prefix = format!("rtt-{}/", uuid::Uuid::new_v4().simple());
+    let (lock, sem, unused) = (
+        format!("{prefix}lock"),
+        format!("{prefix}permits"),
+        format!("{prefix}unused"),
+    );
+    let mut measured = Vec::new();
+    let mut check = |what: &'static str, took: Duration, expected: u32| {
+        let rounds = (took.as_secs_f64() / RTT.as_secs_f64()).round() as u32;
+        measured.push(format!("{what}: {rounds} ({took:?})"));
+        assert_eq!(rounds, expected, "{what} took {took:?}");
+    };
+    let (status, took) = timed(d.inspect(&unused)).await;
+    assert!(!status.expect("inspect").is_held());
+    check("inspect, key unused", took, 1);
+    let opts = LockOptions::new();
+    let held = direct.try_acquire(&lock, &opts).await.expect("try");
+    let held = held.expect("free");
+    let queued = {
+        let (waiter, lock) = (waiter.clone(), lock.clone());
+        tokio::spawn(async move {
+            let wait = opts.wait(Wait::For(Duration::from_secs(30)));
+            waiter
+                .acquire(&lock, &wait)
+                .await
+                .expect("the waiter acquires")
+        })
+    };
+    wait_for_contenders(&harness, &lock, 2).await;
+    let (status, took) = timed(d.inspect(&lock)).await;
+    let status = status.expect("inspect");
+    assert_eq!(
+        (status.holders.len(), status.waiters.map(|w| w.len())),
+        (1, Some(1))
+    );
+    check("inspect, a holder and a waiter", took, 2);
+    let (listed, took) = timed(d.list(&prefix)).await;
+    assert_eq!(listed.expect("list"), [lock.as_str()]);
+    check("list, one lock held", took, 2);
+    let permit = direct.try_acquire(&sem, &opts.permits(2)).await;
+    let permit = permit.expect("try").expect("free");
+    let (status, took) = timed(d.inspect(&sem)).await;
+    assert_eq!(status.expect("inspect").holders.len(), 1);
+    check("inspect, a permit held", took, 2);
+    let (listed, took) = timed(d.list(&prefix)).await;
+    assert_eq!(listed.expect("list"), [lock.clone(), sem.clone()]);
+    // The semaphore's directory has no lock node: its `leases` are listed too.
+    check("list, a lock and a semaphore held", took, 3);
+    held.release().await.expect("release");
+    queued
+        .await
+        .expect("waiter")
+        .release()
+        .await
+        .expect("release");
+    permit.release().await.expect("release");
+    eprintln!("inspect round trips:\n  {}", measured.join("\n  "));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loopback_latency() {
     const ROUNDS: usize = 100;
