@@ -176,10 +176,14 @@
 //! same renewal, release, idle timeout and crash release.
 //!
 //! **Acquire** (the same tasks, kills and roll-backs as the mutex):
-//! 1. One batch: (`SET SESSION wait_timeout`), `BEGIN; SELECT token FROM {table}_slots WHERE
-//!    name = … AND slot < n ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED` (the lowest free
-//!    slot; the scan stops at it, so no other slot is locked), `SELECT COUNT(*) … slot < n`
-//!    (a consistent read). A row: granted. No row and `n` slots: busy. No row and fewer
+//! 1. One batch: (`SET SESSION wait_timeout`), `BEGIN; SELECT COUNT(*) FROM {table}_slots
+//!    WHERE name = … AND slot < n` (a consistent read: the committed slots), `SELECT token …
+//!    slot < n ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED` (the lowest free slot; the
+//!    scan stops at it, so no other slot is locked), then *record*. A row: granted. No row
+//!    and `n` slots: busy. The count comes first because `SKIP LOCKED` also skips a slot
+//!    whose creating insert has not committed yet: counted after it, slots another client
+//!    was creating at that moment would count as held, and a try among clients racing to
+//!    create a key's slots would answer busy with every slot free. No row and fewer
 //!    slots: one batch `ROLLBACK; SET SESSION innodb_lock_wait_timeout = 1; INSERT … SELECT`
 //!    the missing slot numbers `WHERE NOT EXISTS` (autocommit, a consistent read, no gap
 //!    locks; a duplicate-key error, or the 1 s wait of a duplicate check that meets a slot

@@ -68,10 +68,17 @@ impl Sql {
 
     /// Take a permit of `name` without waiting. Statements: set the idle timeout; with
     /// `create`, end the transaction a miss left open, shorten the lock wait and create the
-    /// missing slots; begin; lock the lowest free slot below `limit`, skipping locked ones,
-    /// selecting [`Self::locked_value`]; `record` the hold if one was locked; count the
-    /// slots below `limit` (a consistent read). Two rows: granted; one: the count, which
-    /// tells busy from missing slots.
+    /// missing slots; begin; count the slots below `limit` (a consistent read); lock the
+    /// lowest free slot below `limit`, skipping locked ones, selecting
+    /// [`Self::locked_value`]; `record` the hold if one was locked. Two rows: the count and
+    /// the grant; one: the count, which tells busy from missing slots.
+    ///
+    /// The count comes first: `SKIP LOCKED` also skips slots another client's insert has
+    /// not committed yet, so a count taken after it could include slots the locking read
+    /// skipped only because they were not yet committed, and answer "every slot held"
+    /// while none was. Counted first, every counted slot was committed before the locking
+    /// read began, so it skipped them because they were locked (by holders; for an instant
+    /// also by a racing creator's duplicate-key check, which takes a shared lock).
     pub(crate) fn permit_try(
         &self,
         name: &str,
@@ -95,9 +102,9 @@ impl Sql {
         };
         format!(
             "{set}{create}BEGIN;\
+             SELECT CAST(COUNT(*) AS UNSIGNED) FROM `{s}` WHERE name = {n} AND slot < {limit};\
              SELECT {v} FROM `{s}` WHERE name = {n} AND slot < {limit} \
-               ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED;{record};\
-             SELECT CAST(COUNT(*) AS UNSIGNED) FROM `{s}` WHERE name = {n} AND slot < {limit}",
+               ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED;{record}",
             set = set_idle(idle),
             v = self.locked_value(),
             s = self.slots,
@@ -131,11 +138,12 @@ pub(crate) fn tried(batch: Batch, limit: u32, create: bool, reused: bool) -> Ste
     let done = batch.done;
     match batch.error {
         None => match batch.rows.as_slice() {
-            [grant, _count] => match grant.try_get::<u64, _>(0) {
+            [_count, grant] => match grant.try_get::<u64, _>(0) {
                 Ok(token) => Step::Granted(token),
                 Err(e) => Step::Failed(Error::sql("acquire")(e)),
             },
             [count] => match count.try_get::<u64, _>(0) {
+                // Every slot was committed before the locking read, which found each locked.
                 Ok(count) if count >= u64::from(limit) => Step::Busy,
                 // The slots were just created, yet some are missing (deleted meanwhile).
                 Ok(_) if create => Step::Restart,
@@ -252,6 +260,8 @@ mod tests {
         assert!(try_once.starts_with("BEGIN;"));
         assert!(try_once.contains("slot < 3 ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED"));
         assert!(try_once.contains("NEXTVAL(`t_seq`)"));
+        // The count precedes the locking read (which skips uncommitted slots too).
+        assert!(try_once.find("COUNT(*)") < try_once.find("SKIP LOCKED"));
         let create = mariadb.permit_try("k", 3, Some(5), true, "");
         assert!(create.starts_with(
             "SET SESSION wait_timeout = 5;ROLLBACK;SET SESSION innodb_lock_wait_timeout = 1;"
