@@ -64,6 +64,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("try_acquire, free               {}", percentiles(take));
     println!("release, no waiter              {}", percentiles(release));
 
+    // Inspecting a held key, and listing the held keys under the prefix, from another
+    // client: one statement each, reading pg_locks (and pg_stat_activity).
+    let lease = a.try_acquire(&key, &opts).await?.expect("free");
+    let (mut looked, mut listed) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let t = Instant::now();
+        b.inspect(&key).await?;
+        looked.push(t.elapsed());
+        let t = Instant::now();
+        b.list(&prefix).await?;
+        listed.push(t.elapsed());
+    }
+    lease.release().await?;
+    println!("inspect, key held               {}", percentiles(looked));
+    println!("list, one key held              {}", percentiles(listed));
+
     // Shared holds: a first reader, and a second one on the same holder connection (its
     // re-entry first checks pg_locks for a waiting writer).
     let read = opts.shared();

@@ -263,20 +263,21 @@ impl Attempt {
         }
     }
 
+    /// The wait was granted: the connection becomes a holder connection carrying the hold,
+    /// a hand-off ([`Grant::after_wait`]).
     fn granted(&self, lent: Lent, lock: Advisory, token: u64, sent_at: Instant) -> Answer {
         let session = PgSession::holding(self.inner.clone(), lent, lock);
         let carriers = &self.inner.carriers;
-        Ok(Some(carriers.adopt(
-            session,
-            Granted {
-                key: &self.key,
-                lock,
-                token,
-                ttl: self.ttl,
-                shared: self.shares_carrier,
-                sent_at,
-            },
-        )))
+        let granted = Granted {
+            key: &self.key,
+            lock,
+            token,
+            ttl: self.ttl,
+            shared: self.shares_carrier,
+            sent_at,
+        };
+        // Granted by the server's queue after the first try found the key busy.
+        Ok(Some(carriers.adopt(session, granted).after_wait()))
     }
 }
 

@@ -12,7 +12,10 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
-use dlock_core::{Capabilities, Expiry, Fencing, LockError, LockStats, Mode, Result, Wakeup};
+use dlock_core::{
+    Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockError, LockStats, Mode, Result,
+    WaiterView, Wakeup,
+};
 use futures::TryStreamExt;
 use sqlx::postgres::PgRow;
 use sqlx::{Either, Executor, Row};
@@ -161,12 +164,24 @@ impl Backend for PostgresBackend {
                 server_restart: dlock_core::FaultSafety::Fenced,
                 ..Default::default()
             },
-            max_held: None,
             // pg_advisory_lock_shared on the same lock: the lock manager keeps readers and
             // writers apart and queues a reader behind a waiting writer.
             shared: true,
             // N slot locks per key; a permit is the first free one (see the crate docs).
             permits: true,
+            inspect: Inspection {
+                // Every session's application_name (dlock's: the holder's NAME@HOST:PID),
+                // which pg_stat_activity shows every role.
+                who: true,
+                // Waits in the server's lock queue show in pg_locks, with when each began
+                // (waitstart); a semaphore's waiters wait in their clients and are not
+                // shown (waiters: None).
+                waiters: WaiterView::Queue,
+                // Key names are in the key table: pg_locks' ids joined with it.
+                list: true,
+            },
+            // max_held: none (the default): as many keys as memory allows, many per
+            // holder connection; the server's lock table bounds all sessions together.
             ..Default::default()
         }
     }
@@ -200,6 +215,14 @@ impl Backend for PostgresBackend {
                 "the acquire task ended without an answer",
             ))
         })
+    }
+
+    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
+        self.inner.inspect(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        self.inner.list(prefix).await
     }
 
     fn stats(&self) -> LockStats {

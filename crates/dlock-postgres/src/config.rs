@@ -49,8 +49,12 @@ pub struct PostgresConfig {
     /// Most connections open at once for holding and waiting: every held key and every
     /// waiting acquire pins one. Default 100.
     pub max_connections: u32,
-    /// `application_name` the sessions show in `pg_stat_activity`. Default `dlock`.
-    pub application_name: String,
+    /// `application_name` the sessions show in `pg_stat_activity`, and
+    /// [`inspect`](dlock_core::DistributedLock::inspect) as each holder's and waiter's
+    /// `who`. `None` (the default): this process's
+    /// [`holder_description`](dlock_core::holder_description), `NAME@HOST:PID`, read when
+    /// connecting (cut to PostgreSQL's 63 bytes by shortening the host name).
+    pub application_name: Option<String>,
     tls: Tls,
 }
 
@@ -212,7 +216,7 @@ impl PostgresConfig {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             max_connections: Self::DEFAULT_MAX_CONNECTIONS,
-            application_name: "dlock".to_owned(),
+            application_name: None,
             tls: Tls::default(),
         }
     }
@@ -301,7 +305,7 @@ impl PostgresConfig {
                 if value.len() > 63 || !value.chars().all(|c| c.is_ascii_graphic() || c == ' ') {
                     return Err(bad("printable ASCII, at most 63 characters"));
                 }
-                value.clone_into(&mut self.application_name);
+                self.application_name = Some(value.to_owned());
             }
             ConfigKey::SslMode => {
                 self.tls.mode = Some(value.parse().map_err(|()| {
@@ -389,6 +393,15 @@ impl PostgresConfig {
         Ok(())
     }
 
+    /// The `application_name` connections carry: the configured one, else this process's
+    /// holder description, cut to [`MAX_APPLICATION_NAME`] bytes.
+    pub(crate) fn application_name(&self) -> String {
+        match &self.application_name {
+            Some(name) => name.clone(),
+            None => fit_application_name(dlock_core::holder_description()),
+        }
+    }
+
     /// sqlx's connect options for this server.
     pub(crate) fn connect_options(&self) -> Result<PgConnectOptions> {
         let mut opts = PgConnectOptions::new_without_pgpass()
@@ -396,7 +409,7 @@ impl PostgresConfig {
             .port(self.port)
             .username(&self.user)
             .database(&self.database)
-            .application_name(&self.application_name)
+            .application_name(&self.application_name())
             .statement_cache_capacity(0)
             .ssl_mode(self.tls.mode()?.to_sqlx());
         if let Some(password) = &self.password {
@@ -413,6 +426,27 @@ impl PostgresConfig {
         }
         Ok(opts)
     }
+}
+
+/// The longest `application_name` PostgreSQL keeps (`NAMEDATALEN - 1`).
+const MAX_APPLICATION_NAME: usize = 63;
+
+/// `NAME@HOST:PID` cut to [`MAX_APPLICATION_NAME`] bytes: the end (`:PID`) is kept and
+/// what comes before it is shortened, so the host name goes first.
+fn fit_application_name(description: &str) -> String {
+    if description.len() <= MAX_APPLICATION_NAME {
+        return description.to_owned();
+    }
+    let tail = description
+        .rfind(':')
+        .map(|at| &description[at..])
+        .filter(|tail| tail.len() <= MAX_APPLICATION_NAME)
+        .unwrap_or_default();
+    let mut head = MAX_APPLICATION_NAME - tail.len();
+    while !description.is_char_boundary(head) {
+        head -= 1;
+    }
+    format!("{}{tail}", &description[..head])
 }
 
 /// Whether `host` names this machine: `localhost` or a loopback address (not resolved).

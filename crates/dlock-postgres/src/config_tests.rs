@@ -18,6 +18,7 @@ fn good_urls() {
                 && c.namespace == PostgresConfig::DEFAULT_NAMESPACE
                 && c.connect_timeout == Duration::from_secs(5)
                 && c.max_connections == 100
+                && c.application_name.is_none()
                 && c.ssl_mode().ok() == Some(SslMode::Prefer)
         }),
         ("postgresql://u@db.example/app", |c| {
@@ -44,7 +45,8 @@ fn good_urls() {
             },
         ),
         ("postgres://u@h/d?application_name=billing%20worker", |c| {
-            c.application_name == "billing worker"
+            c.application_name.as_deref() == Some("billing worker")
+                && c.application_name() == "billing worker"
         }),
         ("postgres://u@h/d?sslmode=require", |c| {
             c.ssl_mode().ok() == Some(SslMode::Require)
@@ -176,5 +178,37 @@ fn the_shared_url_table_passes() {
     dlock_conformance::urls::check_parser(
         |password, host| format!("postgres://app:{password}@{host}:5432/dlock?table=t"),
         |url| PostgresConfig::from_url(url).map(|c| format!("{c:?}")),
+    );
+}
+
+#[test]
+fn sessions_are_named_for_their_holder_by_default() {
+    let config = PostgresConfig::from_url("postgres://u@h/d").unwrap();
+    let name = config.application_name();
+    assert!(name.len() <= MAX_APPLICATION_NAME, "{name}");
+    assert!(
+        name.ends_with(&format!(":{}", std::process::id())),
+        "{name}"
+    );
+    let options = config.connect_options().unwrap();
+    assert_eq!(options.get_application_name(), Some(name.as_str()));
+}
+
+#[test]
+fn long_descriptions_keep_their_pid() {
+    let short = "app@host:42";
+    assert_eq!(fit_application_name(short), short);
+    let long = format!("{}@{}:4194304", "n".repeat(40), "h".repeat(40));
+    let fit = fit_application_name(&long);
+    assert_eq!(fit.len(), MAX_APPLICATION_NAME);
+    assert!(
+        fit.starts_with(&"n".repeat(40)) && fit.ends_with("h:4194304"),
+        "{fit}"
+    );
+    let wide = format!("{}@{}:7", "n".repeat(40), "é".repeat(40));
+    let fit = fit_application_name(&wide);
+    assert!(
+        fit.len() <= MAX_APPLICATION_NAME && fit.ends_with(":7"),
+        "{fit}"
     );
 }

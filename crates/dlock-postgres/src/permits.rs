@@ -169,7 +169,8 @@ pub(crate) async fn wait(attempt: &Attempt, lock: Advisory) -> Result<Option<Gra
             None => return Ok(None),
             Some(Ok(Some(grant))) => {
                 inner.wakeups.fetch_add(1, Ordering::Relaxed);
-                return Ok(Some(grant));
+                // The first try found every slot busy: this grant is a hand-off.
+                return Ok(Some(grant.after_wait()));
             }
             Some(Ok(None)) if !deadline.may_wait() => return Ok(None),
             Some(Ok(None)) => {}

@@ -252,6 +252,62 @@ impl Sql {
         )
     }
 
+    /// This key table's advisory locks in `pg_locks` (alias `l`): locks of two `int4`s
+    /// (`objsubid = 2`) in the current database whose first number is one of the
+    /// namespace's [`Mode::MAX_PERMITS`] slots.
+    fn own_locks(&self) -> String {
+        format!(
+            "l.locktype = 'advisory' AND l.objsubid = 2 \
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND {} < {}",
+            self.slot_of_lock(),
+            Mode::MAX_PERMITS
+        )
+    }
+
+    /// The slot of `pg_locks` row `l`: its first number less the namespace, as unsigned
+    /// 32-bit numbers (0 for the key's own lock).
+    fn slot_of_lock(&self) -> String {
+        let ns = i64::from(self.namespace as u32);
+        format!("((l.classid::int8 - {ns} + 4294967296) % 4294967296)")
+    }
+
+    /// `$1` = key: every hold of and wait for the key's locks (its own and its permit
+    /// slots), read from `pg_locks` and `pg_stat_activity`, changing nothing. One row per
+    /// lock and session: the slot, whether shared, whether granted, the backend pid, when
+    /// it began to wait (microseconds since 1970), the session's application name and
+    /// client address. Holders first, then waiters in the order they began to wait. No
+    /// rows when the key has no row in the table (it was never locked) or nobody holds or
+    /// waits for it.
+    pub(crate) fn inspect(&self) -> String {
+        format!(
+            "SELECT {slot} AS slot, l.mode = 'ShareLock', l.granted, l.pid, \
+               (extract(epoch FROM l.waitstart) * 1000000)::int8, \
+               a.application_name, host(a.client_addr) \
+             FROM {table} k \
+             JOIN pg_locks l ON l.objid = k.id::oid AND {own} \
+             LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE k.name = $1 \
+             ORDER BY l.granted DESC, l.waitstart NULLS LAST, slot, l.pid",
+            slot = self.slot_of_lock(),
+            table = self.table,
+            own = self.own_locks(),
+        )
+    }
+
+    /// `$1` = prefix: the names of the held keys (any slot, any mode) that start with it,
+    /// in byte order. `pg_locks` is read once; the names come from the key table by id.
+    pub(crate) fn list(&self) -> String {
+        format!(
+            "SELECT k.name FROM {table} k \
+             WHERE k.id IN (SELECT l.objid::int8 FROM pg_locks l WHERE l.granted AND {own}) \
+             AND starts_with(k.name, $1) \
+             ORDER BY k.name COLLATE \"C\"",
+            table = self.table,
+            own = self.own_locks(),
+        )
+    }
+
     /// After a stopped wait: drop whatever the session may have been granted.
     pub(crate) fn unlock_all() -> &'static str {
         "SELECT pg_advisory_unlock_all(), set_config('idle_session_timeout', '0', false)"
