@@ -62,6 +62,15 @@ impl dlock_core::raw::Backend for AlwaysGrants {
             ..Default::default()
         }
     }
+    async fn inspect(&self, key: &str) -> dlock::Result<dlock::KeyStatus> {
+        Ok(dlock::KeyStatus::new(key, false))
+    }
+    async fn list(&self, _prefix: &str) -> dlock::Result<Vec<String>> {
+        Err(dlock::LockError::Unsupported {
+            backend: Self::NAME,
+            what: "listing held keys",
+        })
+    }
     async fn acquire(
         &self,
         _key: &str,

@@ -325,6 +325,12 @@ impl Backend for PerClientTokens {
     fn capabilities(&self) -> Capabilities {
         self.0.capabilities()
     }
+    async fn inspect(&self, key: &str) -> Result<dlock_core::KeyStatus> {
+        self.0.inspect(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        self.0.list(prefix).await
+    }
     fn stats(&self) -> LockStats {
         self.0.stats()
     }
@@ -439,6 +445,12 @@ macro_rules! herd {
                 let caps: fn(Capabilities) -> Capabilities = $caps;
                 caps(self.0.capabilities())
             }
+            async fn inspect(&self, key: &str) -> Result<dlock_core::KeyStatus> {
+                self.0.inspect(key).await
+            }
+            async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+                self.0.list(prefix).await
+            }
             fn stats(&self) -> LockStats {
                 LockStats::with_wakeups(self.1.load(Ordering::SeqCst))
             }
@@ -482,6 +494,12 @@ impl Backend for AsksFirst {
     const NAME: &'static str = "broken";
     fn capabilities(&self) -> Capabilities {
         self.0.capabilities()
+    }
+    async fn inspect(&self, key: &str) -> Result<dlock_core::KeyStatus> {
+        self.0.inspect(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        self.0.list(prefix).await
     }
     fn stats(&self) -> LockStats {
         self.0.stats()

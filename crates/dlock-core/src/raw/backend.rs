@@ -58,24 +58,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Who holds `key` (already validated) and who waits, read without changing anything
     /// on the server. See [`DistributedLock::inspect`](crate::DistributedLock::inspect).
-    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
-        let _ = key;
-        Err(crate::LockError::Unsupported {
-            backend: Self::NAME,
-            what: "inspecting a key",
-        })
-    }
+    async fn inspect(&self, key: &str) -> Result<KeyStatus>;
 
     /// The held keys starting with `prefix` (already checked), sorted. Called only where
-    /// [`Capabilities::inspect`]`.list` is declared. See
+    /// [`Capabilities::inspect`]`.list` is declared; a backend that cannot enumerate its
+    /// keys answers [`LockError::Unsupported`](crate::LockError::Unsupported). See
     /// [`DistributedLock::list`](crate::DistributedLock::list).
-    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
-        let _ = prefix;
-        Err(crate::LockError::Unsupported {
-            backend: Self::NAME,
-            what: "listing held keys",
-        })
-    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>>;
 
     /// Counters for observability and for the conformance suite's herd check.
     fn stats(&self) -> LockStats {

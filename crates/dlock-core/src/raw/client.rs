@@ -374,6 +374,17 @@ mod tests {
             Capabilities::default()
         }
 
+        async fn inspect(&self, key: &str) -> Result<crate::KeyStatus> {
+            Ok(crate::KeyStatus::new(key, false))
+        }
+
+        async fn list(&self, _prefix: &str) -> Result<Vec<String>> {
+            Err(LockError::Unsupported {
+                backend: Self::NAME,
+                what: "listing held keys",
+            })
+        }
+
         async fn acquire(
             &self,
             _key: &str,

@@ -38,6 +38,12 @@ impl Backend for DropsRenewalsUnderLoad {
     fn capabilities(&self) -> Capabilities {
         self.0.capabilities()
     }
+    async fn inspect(&self, key: &str) -> Result<dlock_core::KeyStatus> {
+        self.0.inspect(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        self.0.list(prefix).await
+    }
     fn stats(&self) -> LockStats {
         self.0.stats()
     }
