@@ -437,7 +437,6 @@ macro_rules! conformance {
                 inspect_shows_the_holder_and_the_queue,
                 inspect_shows_every_shared_holder_and_permit,
                 list_shows_held_keys_under_a_prefix,
-                inspect_refuses_bad_keys_before_io,
                 figures_are_recorded,
             );
         }

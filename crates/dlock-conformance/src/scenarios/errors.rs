@@ -10,7 +10,8 @@ use super::{must_take, opts, waiting};
 use crate::Ctx;
 
 /// Promise 13a: Empty, over-long and NUL-bearing keys are rejected with `InvalidKey` before any
-/// network I/O, leaving nothing on the server.
+/// network I/O, leaving nothing on the server, by `try_acquire`, `acquire` and `inspect` (and
+/// by `list` as a prefix, where one is too long or holds a NUL).
 ///
 /// "Before any I/O" is checked on every backend: a client connected through a network the
 /// test then cuts must still refuse the bad keys at once, and must not even try to send
@@ -106,6 +107,17 @@ async fn refused_at_once(client: &dyn DistributedLock, key: &str, opts: &LockOpt
     );
     let started = Instant::now();
     let limit = Duration::from_secs(5);
+    // `list` takes any prefix but one with a NUL byte or longer than a key.
+    let bad_prefix = key.contains('\0') || key.len() > client.capabilities().max_key_len;
+    let listed = match bad_prefix {
+        true => timeout(limit, client.list(key))
+            .await
+            .map(|r| r.map(|_| ())),
+        false => Ok(Err(dlock_core::LockError::invalid_key(
+            key,
+            "not a bad prefix",
+        ))),
+    };
     let answers = [
         timeout(limit, client.try_acquire(key, opts))
             .await
@@ -113,8 +125,13 @@ async fn refused_at_once(client: &dyn DistributedLock, key: &str, opts: &LockOpt
         timeout(limit, client.acquire(key, opts))
             .await
             .map(|r| r.map(|_| ())),
+        timeout(limit, client.inspect(key))
+            .await
+            .map(|r| r.map(|_| ())),
+        listed,
     ];
-    for (call, answer) in ["try_acquire", "acquire"].into_iter().zip(answers) {
+    let calls = ["try_acquire", "acquire", "inspect", "list"];
+    for (call, answer) in calls.into_iter().zip(answers) {
         match answer {
             Err(_) => {
                 panic!("{call}({shown}) did not answer within {limit:?}: it waits on the network")

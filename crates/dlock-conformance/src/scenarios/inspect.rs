@@ -255,42 +255,6 @@ pub async fn list_shows_held_keys_under_a_prefix(cx: Ctx) {
     cx.finish().await;
 }
 
-/// A bad key (or prefix) is refused by `inspect` and `list` before any I/O: a client cut
-/// off from its server answers at once, without trying the network.
-pub async fn inspect_refuses_bad_keys_before_io(cx: Ctx) {
-    let (client, cut) = cx
-        .harness()
-        .partitioned_client()
-        .await
-        .unwrap_or_else(|e| panic!("{}", cx.unreachable_message(&e)));
-    let too_long = "k".repeat(client.capabilities().max_key_len + 1);
-    cut.cut();
-    let before = cut.traffic_while_cut();
-    for bad in ["", "nul\0key", too_long.as_str()] {
-        let answer = timeout(Duration::from_secs(1), client.inspect(bad))
-            .await
-            .expect("a bad key is refused at once");
-        let err = answer.expect_err("a bad key");
-        assert_eq!(err.kind(), ErrorKind::InvalidKey, "{err}");
-    }
-    for bad in ["nul\0prefix", too_long.as_str()] {
-        let answer = timeout(Duration::from_secs(1), client.list(bad))
-            .await
-            .expect("a bad prefix is refused at once");
-        let err = answer.expect_err("a bad prefix");
-        assert_eq!(err.kind(), ErrorKind::InvalidKey, "{err}");
-    }
-    // A fixed pause, not a poll (silence is what is checked).
-    sleep(Duration::from_millis(100)).await;
-    assert_eq!(
-        cut.traffic_while_cut() - before,
-        0,
-        "the client tried the server for a bad key"
-    );
-    cut.heal();
-    cx.finish().await;
-}
-
 /// The figures of [`dlock_core::telemetry`] are recorded for this backend: each acquire's
 /// outcome (acquired, busy, timeout), a hand-off, a renewal, a loss, the leases held, the
 /// holds' durations and the background clean-ups.
