@@ -24,7 +24,6 @@ use crate::NAME;
 use crate::acquire::Attempt;
 use crate::config::{LockMode, MysqlConfig};
 use crate::error::Error;
-use crate::inspect::{key_of, named_names};
 use crate::named::{NamedAttempt, NamedSession};
 use crate::pool::{Lent, Pool};
 use crate::sql::{self, Server, Sql, Tokens};
@@ -184,54 +183,11 @@ impl Backend for MysqlBackend {
     }
 
     async fn inspect(&self, key: &str) -> Result<KeyStatus> {
-        let inner = &self.inner;
-        let status = match inner.config.mode {
-            LockMode::Row => {
-                let name = sql::row_name(key);
-                let rows = inner
-                    .side("inspect", &inner.sql.inspect_rows(&name))
-                    .await?;
-                inner.sql.rows_status(key, &name, &rows)?
-            }
-            LockMode::Named => {
-                let (lock, row) = named_names(&inner.config.table, key);
-                let sql = inner.sql.inspect_named(&lock, &row);
-                let rows = inner.side("inspect", &sql).await?;
-                inner.sql.named_status(key, &lock, &rows)?
-            }
-        };
-        Ok(status)
+        Ok(self.inner.inspect(key).await?)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>> {
-        let inner = &self.inner;
-        let mut keys = match inner.config.mode {
-            LockMode::Row => {
-                let rows = inner.side("list", &inner.sql.list_rows(prefix)).await?;
-                rows.iter()
-                    .map(|row| {
-                        let key: Vec<u8> = row.try_get(0).map_err(Error::sql("list"))?;
-                        Ok(String::from_utf8_lossy(&key).into_owned())
-                    })
-                    .collect::<Result<Vec<_>, Error>>()?
-            }
-            LockMode::Named => {
-                let sql = inner
-                    .sql
-                    .list_named(&inner.config.table, &sql::row_name(prefix));
-                let rows = inner.side("list", &sql).await?;
-                let mut keys = Vec::with_capacity(rows.len());
-                for row in &rows {
-                    let name: String = row.try_get(0).map_err(Error::sql("list"))?;
-                    // A shortened name cannot be turned back into its key (see the docs).
-                    keys.extend(key_of(&name).filter(|key| key.starts_with(prefix)));
-                }
-                keys
-            }
-        };
-        keys.sort_unstable();
-        keys.dedup();
-        Ok(keys)
+        Ok(self.inner.list(prefix).await?)
     }
 
     async fn acquire(

@@ -18,9 +18,11 @@ use dlock_core::{HolderStatus, KeyStatus, Mode, WaiterStatus};
 use sqlx::Row;
 use sqlx::mysql::MySqlRow;
 
+use crate::LockMode;
+use crate::backend::Inner;
 use crate::error::Error;
 use crate::named::lock_name;
-use crate::sql::{Sql, Tokens, literal, row_name};
+use crate::sql::{self, Sql, Tokens, literal, row_name};
 
 /// `0x…` bytes never end an escaped row name, so the least name after every name that
 /// starts with `prefix` is `prefix` with its last byte raised by one (ASCII names).
@@ -302,6 +304,61 @@ impl Sql {
 pub(crate) fn named_names(table: &str, key: &str) -> (String, String) {
     let row = row_name(key);
     (lock_name(table, &row), row)
+}
+
+impl Inner {
+    /// What `inspect` shows of `key` (see the crate docs, *Inspecting*).
+    pub(crate) async fn inspect(&self, key: &str) -> Result<KeyStatus, Error> {
+        let inner = self;
+        let status = match inner.config.mode {
+            LockMode::Row => {
+                let name = sql::row_name(key);
+                let rows = inner
+                    .side("inspect", &inner.sql.inspect_rows(&name))
+                    .await?;
+                inner.sql.rows_status(key, &name, &rows)?
+            }
+            LockMode::Named => {
+                let (lock, row) = named_names(&inner.config.table, key);
+                let sql = inner.sql.inspect_named(&lock, &row);
+                let rows = inner.side("inspect", &sql).await?;
+                inner.sql.named_status(key, &lock, &rows)?
+            }
+        };
+        Ok(status)
+    }
+
+    /// The held keys starting with `prefix`, sorted (see the crate docs, *Inspecting*).
+    pub(crate) async fn list(&self, prefix: &str) -> Result<Vec<String>, Error> {
+        let inner = self;
+        let mut keys = match inner.config.mode {
+            LockMode::Row => {
+                let rows = inner.side("list", &inner.sql.list_rows(prefix)).await?;
+                rows.iter()
+                    .map(|row| {
+                        let key: Vec<u8> = row.try_get(0).map_err(Error::sql("list"))?;
+                        Ok(String::from_utf8_lossy(&key).into_owned())
+                    })
+                    .collect::<Result<Vec<_>, Error>>()?
+            }
+            LockMode::Named => {
+                let sql = inner
+                    .sql
+                    .list_named(&inner.config.table, &sql::row_name(prefix));
+                let rows = inner.side("list", &sql).await?;
+                let mut keys = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    let name: String = row.try_get(0).map_err(Error::sql("list"))?;
+                    // A shortened name cannot be turned back into its key (see the docs).
+                    keys.extend(key_of(&name).filter(|key| key.starts_with(prefix)));
+                }
+                keys
+            }
+        };
+        keys.sort_unstable();
+        keys.dedup();
+        Ok(keys)
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,10 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use dlock_core::{HolderStatus, KeyStatus, Mode, WaiterStatus};
 
-use crate::scripts::{token_holder, token_mode};
+use crate::error::Error;
+use crate::node::{Node, queue_keys};
+use crate::scripts::{self, token_holder, token_mode};
+use crate::server::Names;
 
 /// The inspect script's reply, as it comes: kind, now (µs), value, PTTL, fence counter,
 /// the live members and their expiries flat, the live waiters and their tickets flat.
@@ -141,6 +144,65 @@ fn micros(score: &str) -> Option<u64> {
         // Scores are µs since the epoch: well inside f64's exact integers.
         (float.is_finite() && float >= 0.0).then_some(float as u64)
     })
+}
+
+impl Node {
+    /// Who holds the lock `names` and who waits for it, read in one script call that
+    /// changes nothing on the server.
+    ///
+    /// # Errors
+    /// The server could not be reached, timed out, refused the script, or answered
+    /// something else than the script's reply.
+    pub async fn inspect(&self, names: &Names) -> Result<NodeStatus, Error> {
+        let mut call = scripts::INSPECT.prepare_invoke();
+        queue_keys(&mut call, names);
+        let reply: redis::Value = self.invoke("inspect", &call).await?;
+        let raw: RawStatus =
+            redis::from_redis_value(reply.clone()).map_err(|_| self.reply("inspect", &reply))?;
+        NodeStatus::parse(raw).ok_or_else(|| self.reply("inspect", reply))
+    }
+
+    /// The keys held on this server under the key prefix `namespace` whose key (the name
+    /// without `namespace`) starts with `prefix`, sorted: a `SCAN` of the names matching
+    /// `<namespace><prefix>*` (glob characters escaped), without the names no lock key can
+    /// have (another lock's fence counter or queue, see [`Names::check`]), then one
+    /// pipelined `TYPE` of what is left, keeping the strings (a writer's value, or
+    /// another library's lock) and sorted sets (readers, permits).
+    ///
+    /// # Errors
+    /// The server could not be reached or refused.
+    pub async fn held_keys(&self, namespace: &str, prefix: &str) -> Result<Vec<String>, Error> {
+        let found = self
+            .keys_with_prefix(&format!("{namespace}{prefix}"))
+            .await?;
+        let mut candidates: Vec<String> = found
+            .into_iter()
+            .filter(|name| {
+                name.strip_prefix(namespace)
+                    .is_some_and(|key| !key.is_empty() && Names::check(namespace, key).is_ok())
+            })
+            .collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        if candidates.is_empty() {
+            return Ok(candidates);
+        }
+        let mut types = redis::pipe();
+        for name in &candidates {
+            types.cmd("TYPE").arg(name);
+        }
+        let (id, mut conn) = self.connection().await?;
+        let kinds: Vec<String> = types
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.failure("list", id, e))?;
+        Ok(candidates
+            .into_iter()
+            .zip(kinds)
+            .filter(|(_, kind)| kind == "string" || kind == "zset")
+            .map(|(name, _)| name[namespace.len()..].to_owned())
+            .collect())
+    }
 }
 
 #[cfg(test)]

@@ -329,6 +329,7 @@ mod scripts;
 mod subscriber;
 #[cfg(feature = "tls")]
 mod tls;
+mod token;
 mod wait;
 
 pub mod server;

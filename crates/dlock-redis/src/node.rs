@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::config::{RedisConfig, named};
 use crate::error::Error;
-use crate::inspect::{NodeStatus, RawStatus};
+
 use crate::renew::{HeldKey, Renewals};
 use crate::scripts::{self, Names};
 use crate::subscriber::{Notice, Subscriber, Subscription};
@@ -295,63 +295,6 @@ impl Node {
         self.flag("claim", &call).await
     }
 
-    /// Who holds the lock `names` and who waits for it, read in one script call that
-    /// changes nothing on the server.
-    ///
-    /// # Errors
-    /// The server could not be reached, timed out, refused the script, or answered
-    /// something else than the script's reply.
-    pub async fn inspect(&self, names: &Names) -> Result<NodeStatus, Error> {
-        let mut call = scripts::INSPECT.prepare_invoke();
-        queue_keys(&mut call, names);
-        let reply: redis::Value = self.invoke("inspect", &call).await?;
-        let raw: RawStatus =
-            redis::from_redis_value(reply.clone()).map_err(|_| self.reply("inspect", &reply))?;
-        NodeStatus::parse(raw).ok_or_else(|| self.reply("inspect", reply))
-    }
-
-    /// The keys held on this server under the key prefix `namespace` whose key (the name
-    /// without `namespace`) starts with `prefix`, sorted: a `SCAN` of the names matching
-    /// `<namespace><prefix>*` (glob characters escaped), without the names no lock key can
-    /// have (another lock's fence counter or queue, see [`Names::check`]), then one
-    /// pipelined `TYPE` of what is left, keeping the strings (a writer's value, or
-    /// another library's lock) and sorted sets (readers, permits).
-    ///
-    /// # Errors
-    /// The server could not be reached or refused.
-    pub async fn held_keys(&self, namespace: &str, prefix: &str) -> Result<Vec<String>, Error> {
-        let found = self
-            .keys_with_prefix(&format!("{namespace}{prefix}"))
-            .await?;
-        let mut candidates: Vec<String> = found
-            .into_iter()
-            .filter(|name| {
-                name.strip_prefix(namespace)
-                    .is_some_and(|key| !key.is_empty() && Names::check(namespace, key).is_ok())
-            })
-            .collect();
-        candidates.sort_unstable();
-        candidates.dedup();
-        if candidates.is_empty() {
-            return Ok(candidates);
-        }
-        let mut types = redis::pipe();
-        for name in &candidates {
-            types.cmd("TYPE").arg(name);
-        }
-        let (id, mut conn) = self.connection().await?;
-        let kinds: Vec<String> = types
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.failure("list", id, e))?;
-        Ok(candidates
-            .into_iter()
-            .zip(kinds)
-            .filter(|(_, kind)| kind == "string" || kind == "zset")
-            .map(|(name, _)| name[namespace.len()..].to_owned())
-            .collect())
-    }
-
     /// Subscribe to a release channel; returns once the server confirmed the subscription,
     /// so no release announced afterwards is missed. Announcements go to `notices`, tagged
     /// with `tag` (the node's index among the caller's nodes).
@@ -375,7 +318,7 @@ impl Node {
         }
     }
 
-    async fn invoke<T: FromRedisValue>(
+    pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         op: &'static str,
         call: &ScriptInvocation<'_>,
@@ -528,7 +471,7 @@ impl Node {
 
 /// The keys of the scripts that read the queue, in their order: lock, fence, queue,
 /// waiters' expiries.
-fn queue_keys<'a, 'b>(
+pub(crate) fn queue_keys<'a, 'b>(
     call: &'b mut ScriptInvocation<'a>,
     names: &Names,
 ) -> &'b mut ScriptInvocation<'a> {

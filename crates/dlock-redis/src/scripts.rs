@@ -4,6 +4,10 @@
 //! not know it (restarted, `SCRIPT FLUSH`) answers `NOSCRIPT`, and the call loads it and
 //! runs it again (`redis::Script` does this). New connections load all scripts up front.
 
+pub use crate::token::{
+    is_permit_token, is_reader_token, new_permit_token, new_reader_token, new_token, token_for,
+    token_holder, token_mode,
+};
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -84,82 +88,6 @@ impl Names {
             key: lock,
         }
     }
-}
-
-/// A fresh holder token: 128 random bits from a cryptographically secure generator, as 32
-/// hex digits, then a space and this process's
-/// [`holder_description`](dlock_core::holder_description) (`NAME@HOST:PID`), which
-/// [`inspect`](dlock_core::DistributedLock::inspect) shows as the holder's `who`. The
-/// description rides in the token the scripts store anyway, so it costs no request, and
-/// every owner check still compares the whole token, random bits included.
-pub fn new_token() -> String {
-    format!(
-        "{:032x} {}",
-        rand::random::<u128>(),
-        dlock_core::holder_description()
-    )
-}
-
-/// A fresh reader token: `r`, 128 random bits as 32 hex digits, and the description, as
-/// [`new_token`]. The scripts tell a reader from a writer by that first letter (a
-/// writer's token starts with a hex digit).
-pub fn new_reader_token() -> String {
-    format!("r{}", new_token())
-}
-
-/// A fresh permit token for a limit of `limit` permits: `p`, the limit in decimal, `.`,
-/// 128 random bits as 32 hex digits, and the description, as [`new_token`]. The scripts
-/// tell a permit from the other holds by that first letter and read each holder's and
-/// waiter's limit from the token, so no script needs the limit as an argument, and the
-/// queue knows every waiter's limit.
-pub fn new_permit_token(limit: u32) -> String {
-    format!("p{limit}.{}", new_token())
-}
-
-/// A fresh token for a hold in `mode`: [`new_token`], [`new_reader_token`] or
-/// [`new_permit_token`].
-pub fn token_for(mode: dlock_core::Mode) -> String {
-    match mode {
-        dlock_core::Mode::Shared => new_reader_token(),
-        dlock_core::Mode::Permits(limit) => new_permit_token(limit),
-        dlock_core::Mode::Exclusive => new_token(),
-    }
-}
-
-/// The mode a token was made for, where it is one of ours ([`token_for`]): `None` for
-/// another library's value.
-pub fn token_mode(token: &str) -> Option<dlock_core::Mode> {
-    let random = token.split_once(' ').map_or(token, |(random, _)| random);
-    let (mode, hex) = if let Some(rest) = random.strip_prefix('r') {
-        (dlock_core::Mode::Shared, rest)
-    } else if let Some(rest) = random.strip_prefix('p') {
-        let (limit, hex) = rest.split_once('.')?;
-        (dlock_core::Mode::Permits(limit.parse().ok()?), hex)
-    } else {
-        (dlock_core::Mode::Exclusive, random)
-    };
-    let ours = hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit());
-    ours.then_some(mode)
-}
-
-/// Who made a token of ours: the [`holder_description`](dlock_core::holder_description)
-/// after its first space (`None` for another library's value, or a token without one).
-pub fn token_holder(token: &str) -> Option<&str> {
-    token_mode(token)?;
-    token
-        .split_once(' ')
-        .map(|(_, who)| who)
-        .filter(|who| !who.is_empty())
-}
-
-/// Whether `token` is a permit's (made by [`new_permit_token`]).
-pub fn is_permit_token(token: &str) -> bool {
-    token.starts_with('p')
-}
-
-/// Whether `token` is a reader's (made by [`new_reader_token`]).
-pub fn is_reader_token(token: &str) -> bool {
-    token.starts_with('r')
 }
 
 /// How long a fence counter outlives the grant that last set it. Tokens are floored by the
