@@ -16,9 +16,8 @@ struct Counted;
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        let left = PENDING.fetch_sub(1, Ordering::SeqCst) - 1;
-        crate::telemetry::cleanups_pending(left);
-        if left == 0 {
+        crate::telemetry::cleanup_ended();
+        if PENDING.fetch_sub(1, Ordering::SeqCst) == 1 {
             SETTLED.notify_waiters();
         }
     }
@@ -33,8 +32,8 @@ pub fn spawn_cleanup(cleanup: impl Future<Output = ()> + Send + 'static) -> bool
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return false;
     };
-    let pending = PENDING.fetch_add(1, Ordering::SeqCst) + 1;
-    crate::telemetry::cleanups_pending(pending);
+    PENDING.fetch_add(1, Ordering::SeqCst);
+    crate::telemetry::cleanup_started();
     let counted = Counted;
     runtime.spawn(async move {
         let _counted = counted;

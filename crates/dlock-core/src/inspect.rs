@@ -131,8 +131,9 @@ pub const MAX_HOLDER_NAME: usize = 64;
 
 static NAME: OnceLock<String> = OnceLock::new();
 
-/// Name this process in its [`holder_description`] (before its first lock; the first name
-/// set stays): up to [`MAX_HOLDER_NAME`] bytes of ASCII letters, digits, `.`, `_` and `-`.
+/// Name this process in its [`holder_description`] (before the first client is connected:
+/// some backends hand the description to the server when they connect; the first name set
+/// stays): up to [`MAX_HOLDER_NAME`] bytes of ASCII letters, digits, `.`, `_` and `-`.
 /// Without it the name is the program's file name.
 ///
 /// # Errors
@@ -195,8 +196,8 @@ fn program_name() -> String {
     }
 }
 
-/// This machine's host name (Linux's, else `$HOSTNAME`, else `localhost`), without `@`,
-/// `:` or blanks.
+/// This machine's host name (Linux's, else `$HOSTNAME`, else `localhost`), in printable
+/// ASCII without `@`, `:` or blanks, so that every server shows it alike.
 fn host_name() -> String {
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
@@ -205,7 +206,7 @@ fn host_name() -> String {
     let name: String = name
         .trim()
         .chars()
-        .filter(|c| !c.is_whitespace() && !"@:".contains(*c) && !c.is_control())
+        .filter(|c| c.is_ascii_graphic() && !"@:".contains(*c))
         .take(253)
         .collect();
     match name.is_empty() {

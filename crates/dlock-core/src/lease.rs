@@ -221,7 +221,7 @@ impl Drop for LeaseState {
 /// check it, pass [`fencing_token`](Lease::fencing_token) along with every write.
 #[must_use = "a Lease dropped at once releases the key at once: bind it (`let lease = …`) for as long as the work needs the key"]
 pub struct Lease {
-    state: Arc<LeaseState>,
+    pub(crate) state: Arc<LeaseState>,
     token: u64,
     mode: Mode,
     watchdog: AbortHandle,

@@ -142,7 +142,9 @@ where
         Wait::For(wait) => Some(Instant::now().checked_add(wait)),
         _ => None,
     };
+    let mut pass = 0u32;
     loop {
+        pass = pass.saturating_add(1);
         let set = match take_each(lock, &keys, opts, once, deadline).await? {
             Ok(set) => set,
             Err(busy) => return Ok(Err(busy)),
@@ -153,17 +155,32 @@ where
         let Some(lost) = set.leases.iter().find(|l| l.is_lost()) else {
             return Ok(Ok(set));
         };
-        let lost = lost.key().to_owned();
-        tracing::debug!(key = %lost, "a key of the set was lost before the set was complete");
+        let (key, reason) = (lost.key().to_owned(), lost.state.lost_reason());
+        tracing::debug!(%key, "a key of the set was lost before the set was complete");
         give_back(set.leases).await;
-        let may_wait = match deadline {
+        // Without renewal a key that expired while a later one was waited for would
+        // expire again on every pass: that is an answer, not a passing fault.
+        if !opts.auto_renew {
+            return Err(LockError::LeaseLost {
+                backend: lock.backend_name(),
+                key,
+                reason: reason.unwrap_or(LostReason::Expired),
+            });
+        }
+        // A pause that grows with each pass, so a fault that keeps costing a key does not
+        // make the set hammer the server.
+        let pause = (opts.ttl / 10).min(Duration::from_millis(100)) * pass.min(10);
+        let resume = Instant::now() + pause;
+        let may_wait = match (opts.wait, deadline) {
             _ if once => false,
-            Some(Some(at)) => Instant::now() < at,
+            (Wait::No, _) => false,
+            (_, Some(Some(at))) => resume < at,
             _ => true,
         };
         if !may_wait {
-            return Ok(Err(lost));
+            return Ok(Err(key));
         }
+        tokio::time::sleep_until(resume).await;
     }
 }
 

@@ -216,14 +216,15 @@ pub trait LockExt: DistributedLock {
     /// taken so far are held. When a key stays busy past the wait, or fails, the keys
     /// taken before it are released before the call returns. A set whose earlier key was
     /// lost while a later one was waited for is not handed out: it is given back and taken
-    /// again while the wait allows. Each key keeps its backend's promises (fencing token,
+    /// again, after a short pause, while the wait allows (not with [`Wait::No`]; and not
+    /// without auto-renew, where the key ran out its ttl: [`LockError::LeaseLost`]). Each key keeps its backend's promises (fencing token,
     /// lost signal, crash bound) as a lease of its own.
     ///
     /// # Errors
     /// Every key and the options are checked first, as [`DistributedLock::validate`] does:
     /// a bad key anywhere, or an empty set ([`LockError::InvalidKey`]), is refused before
-    /// any key is taken. [`LockError::Timeout`] names the key that stayed busy and counts
-    /// the whole wait. Otherwise the first error of [`DistributedLock::acquire`].
+    /// any key is taken. [`LockError::Timeout`] names the key that stayed busy (or was lost
+    /// before the set was complete) and counts the whole wait. Otherwise the first error of [`DistributedLock::acquire`].
     ///
     /// # Cancel safety
     /// Dropping the future releases the keys taken so far in the background (as dropped

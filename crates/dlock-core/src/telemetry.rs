@@ -113,7 +113,13 @@ impl Labels {
     }
 }
 
-/// The number of background clean-ups not finished yet.
-pub(crate) fn cleanups_pending(n: usize) {
-    metrics::gauge!(CLEANUPS_PENDING).set(n as f64);
+/// A background clean-up started. Counted up and down (never set from a count read
+/// earlier), so concurrent clean-ups cannot publish their counts out of order.
+pub(crate) fn cleanup_started() {
+    metrics::gauge!(CLEANUPS_PENDING).increment(1.0);
+}
+
+/// A background clean-up ended.
+pub(crate) fn cleanup_ended() {
+    metrics::gauge!(CLEANUPS_PENDING).decrement(1.0);
 }
