@@ -237,8 +237,12 @@ impl Lease {
         opts: &LockOptions,
         expiry: Expiry,
         permit: GatePermit,
-        labels: Labels,
     ) -> Self {
+        let labels = Labels::new(backend, opts.mode, key);
+        // Granted after waiting for a holder to let go, on the server or in this client.
+        if grant.waited || permit.waited {
+            labels.handoff();
+        }
         labels.lease_started();
         let state = Arc::new(LeaseState {
             backend,

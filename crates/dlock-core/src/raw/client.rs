@@ -119,10 +119,6 @@ impl<B: Backend> LockClient<B> {
                 token = grant.fencing_token,
                 "acquired"
             );
-            let labels = Labels::new(B::NAME, opts.mode, key);
-            if grant.waited || permit.waited {
-                labels.handoff();
-            }
             return Ok(Some(Lease::start(
                 B::NAME,
                 key,
@@ -130,7 +126,6 @@ impl<B: Backend> LockClient<B> {
                 opts,
                 caps.expiry,
                 permit,
-                labels,
             )));
         }
     }

@@ -217,15 +217,7 @@ mod tests {
         let expiry = crate::Expiry::Session {
             timeout: Duration::from_secs(1),
         };
-        let lease = crate::Lease::start(
-            "test",
-            "k",
-            grant,
-            &opts,
-            expiry,
-            permit,
-            crate::telemetry::Labels::new("test", opts.mode, "k"),
-        );
+        let lease = crate::Lease::start("test", "k", grant, &opts, expiry, permit);
         let reason = tokio::time::timeout(Duration::from_secs(1), lease.lost())
             .await
             .expect("the backend's loss signal is heard during a hung renewal");
@@ -268,15 +260,7 @@ mod tests {
             .with_lost(Box::pin(lost))
             .kept_alive();
         let opts = LockOptions::new().ttl(Duration::from_millis(300));
-        let lease = crate::Lease::start(
-            "test",
-            "k",
-            grant,
-            &opts,
-            crate::Expiry::Ttl,
-            permit,
-            crate::telemetry::Labels::new("test", opts.mode, "k"),
-        );
+        let lease = crate::Lease::start("test", "k", grant, &opts, crate::Expiry::Ttl, permit);
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(
             !lease.is_lost(),
@@ -334,15 +318,7 @@ mod tests {
             .unwrap();
         let grant = Grant::new(1, Box::new(held), Instant::now());
         let opts = LockOptions::new().ttl(ttl).auto_renew(auto_renew);
-        crate::Lease::start(
-            "test",
-            "k",
-            grant,
-            &opts,
-            crate::Expiry::Ttl,
-            permit,
-            crate::telemetry::Labels::new("test", opts.mode, "k"),
-        )
+        crate::Lease::start("test", "k", grant, &opts, crate::Expiry::Ttl, permit)
     }
 
     #[tokio::test(start_paused = true)]
@@ -409,15 +385,7 @@ mod tests {
         let expiry = crate::Expiry::Session {
             timeout: Duration::from_secs(10),
         };
-        let lease = crate::Lease::start(
-            "test",
-            "k",
-            grant,
-            &opts,
-            expiry,
-            permit,
-            crate::telemetry::Labels::new("test", opts.mode, "k"),
-        );
+        let lease = crate::Lease::start("test", "k", grant, &opts, expiry, permit);
         lease
             .extend(Duration::from_secs(10))
             .await
