@@ -292,7 +292,6 @@ impl Attempt {
         loop {
             let set = self.idle_to_set(lent);
             let sql = self.inner.sql.wait_take(&self.name, self.mode, set);
-            let sql = format!("{sql};{}", self.record_holder());
             self.sent_at = Instant::now();
             let silent = self.sent_at
                 + Duration::from_secs(LOCK_WAIT_ROUND.into())
@@ -307,7 +306,7 @@ impl Attempt {
                 self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
             }
             match batch.error {
-                None if batch.granted() => return locked_token(&batch),
+                None if batch.granted() => return self.record_after_wait(lent, &batch).await,
                 // An operator deleted the row while we waited on it.
                 None => return Step::Restart,
                 // A lock wait round ran out: wait again, if the deadline allows.
@@ -317,6 +316,22 @@ impl Attempt {
                 Some(e) => return Step::Failed(e),
             }
         }
+    }
+
+    /// The grant of a waiting batch, recorded in `{table}_held` by a statement of its own.
+    /// A waiting batch ends with its locking read: a kill sent as the caller gives up may
+    /// land just after the grant, and must find the session idle, not between two
+    /// statements of a batch (MariaDB then leaves the batch unanswered, and only `KILL`
+    /// of the whole session, a second later, frees the key). One more round trip, paid
+    /// only after a wait.
+    pub(crate) async fn record_after_wait(&self, lent: &mut Lent, batch: &Batch) -> Step {
+        let step = locked_token(batch);
+        if !matches!(step, Step::Granted(_)) {
+            return step;
+        }
+        // Alone, the statement still sees the locking read's row count and token.
+        let recorded = self.inner.run(lent, &self.record_holder(), "acquire").await;
+        recorded.error.map_or(step, Step::Failed)
     }
 
     /// The statement a granting batch ends its locking read with: the hold's uncommitted

@@ -81,9 +81,13 @@
 //!    duplicate-key error makes it start over), then `BEGIN; SELECT … FOR UPDATE NOWAIT`
 //!    again.
 //! 3. Busy: `try_acquire`, or an acquire whose deadline passed, answers "held". Otherwise
-//!    one batch `SET …; BEGIN; SELECT token … FOR UPDATE; `*record* (shared: *lock* without `NOWAIT`)
+//!    one batch `SET …; BEGIN; SELECT token … FOR UPDATE` (shared: *lock* without `NOWAIT`)
 //!    waits on the server, which wakes it by granting the row lock (one writer, or every
-//!    reader one release admits). At the deadline, or when the
+//!    reader one release admits); *record* follows on its own (one more round trip after a
+//!    wait), because the batch must end with the wait: a kill that lands just after the
+//!    grant then finds the session idle, whereas one landing between two statements of a
+//!    batch leaves MariaDB's answer to the batch missing until the session is ended, a
+//!    second later (seen as a flaky cancelled-reader scenario). At the deadline, or when the
 //!    caller drops the future, the waiting statement is stopped with `KILL QUERY <id>`
 //!    from a side connection (then `KILL <id>`, ending the session, if it does not stop
 //!    within 1 s), so a waiter that gave up never takes the key later; its transaction is
@@ -116,9 +120,9 @@
 //! |---|---|---|
 //! | `try_acquire`, key free | 1: the lock batch (2 on a key's first use) | — |
 //! | `try_acquire`, key held | 1 (a `ROLLBACK` follows the answer) | — |
-//! | `acquire` with a wake-up | 2 + the wait: lock batch, wait batch | — |
+//! | `acquire` with a wake-up | 3 + the wait: lock batch, wait batch, *record* | — |
 //! | `acquire` + `release`, key free, one client (lockbench *uncontended*) | 2: `BEGIN; SELECT … NOWAIT; `*record*, `ROLLBACK`; no commit that writes | 62–67 µs before *record* (raw cycle 57 µs: 1.08–1.17×); *record* adds about 35 µs (see *Inspecting*), not re-measured with lockbench |
-//! | contended hand-off, `release` called → waiter holds (lockbench, 8 clients) | `ROLLBACK` → grant | 122–131 µs before *record* |
+//! | contended hand-off, `release` called → waiter holds (lockbench, 8 clients) | `ROLLBACK` → grant → *record* | 122–131 µs before *record* |
 //! | `extend` | 1 | — |
 //! | `release` | 1 | — |
 //! | holder's session ends (`KILL`, crash) → waiter holds | the server's roll-back → grant | — |
@@ -328,8 +332,9 @@
 //! [`holder_description`](dlock_core::holder_description) (`NAME@HOST:PID`), never
 //! committed: the release is a `ROLLBACK`, and a session that ends (crash, kill, idle
 //! timeout) is rolled back with its lock, so the row lives exactly as long as the hold and
-//! a committed read of the table is always empty. It costs the grant one more statement in
-//! the same batch (no round trip) and an insert undone at release: about 35 µs on the
+//! a committed read of the table is always empty. It costs a grant without a wait one more
+//! statement in the same batch (no round trip), a grant after a wait one round trip (see
+//! step 3 of *Acquire*), and an insert undone at release: about 35 µs on the
 //! uncontended cycle (loopback MariaDB 10.11, raw SQL: 50 → 85 µs p50).
 //! - `inspect(key)`: `SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED` (the next
 //!   statement only), then `SELECT … FROM {table}_held WHERE name = …` (the holders: mode,

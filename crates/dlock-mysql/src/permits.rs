@@ -16,7 +16,7 @@ use dlock_core::raw::Deadline;
 use sqlx::Row;
 use tokio::time::Instant;
 
-use crate::acquire::{Attempt, Guarded, Step, locked_token};
+use crate::acquire::{Attempt, Guarded, Step};
 use crate::backend::Batch;
 use crate::error::Error;
 use crate::pool::Lent;
@@ -198,7 +198,6 @@ impl Attempt {
             let lock_wait =
                 (lent.lock_wait() != Some(PERMIT_WAIT_ROUND)).then_some(PERMIT_WAIT_ROUND);
             let sql = self.inner.sql.permit_wait(&self.name, slot, set, lock_wait);
-            let sql = format!("{sql};{}", self.record_holder());
             self.sent_at = Instant::now();
             let silent = self.sent_at
                 + Duration::from_secs(PERMIT_WAIT_ROUND.into())
@@ -215,7 +214,7 @@ impl Attempt {
             match batch.error {
                 None if batch.granted() => {
                     self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
-                    return locked_token(&batch);
+                    return self.record_after_wait(lent, &batch).await;
                 }
                 // An operator deleted the slot while we waited on it.
                 None => return Step::Restart,
