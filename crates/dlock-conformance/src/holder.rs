@@ -12,13 +12,16 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{LockExt as _, LockOptions, Mode, Result};
+use dlock_core::{Election, LockExt as _, LockOptions, Mode, Result};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::Harness;
 
 const HOLD_VAR: &str = "DLOCK_CONFORMANCE_HOLD";
+/// Set beside [`HOLD_VAR`]: the child campaigns in the key's election with this value
+/// instead of acquiring, and reports its term as the token.
+const CAMPAIGN_VAR: &str = "DLOCK_CONFORMANCE_CAMPAIGN";
 
 /// A holder the suite can make vanish without releasing.
 #[async_trait]
@@ -41,9 +44,33 @@ impl ChildHolder {
     /// Run test `test` of the current test binary as a holder of `key` taken with
     /// `opts`' ttl and mode, and wait (up to 60 s) until it reports that it holds the key.
     pub async fn spawn(test: &str, key: &str, opts: &LockOptions) -> std::io::Result<Self> {
+        Self::spawn_as(test, key, opts, None).await
+    }
+
+    /// As [`spawn`](Self::spawn), a candidate that campaigns in `key`'s election with
+    /// `value` and waits, leading, to be killed; its token is its term.
+    pub async fn spawn_leader(
+        test: &str,
+        key: &str,
+        value: &str,
+        opts: &LockOptions,
+    ) -> std::io::Result<Self> {
+        Self::spawn_as(test, key, opts, Some(value)).await
+    }
+
+    async fn spawn_as(
+        test: &str,
+        key: &str,
+        opts: &LockOptions,
+        campaign: Option<&str>,
+    ) -> std::io::Result<Self> {
         let exe = std::env::current_exe()?;
         let spec = format!("{} {} {key}", opts.ttl.as_millis(), opts.mode);
-        let mut child = Command::new(exe)
+        let mut command = Command::new(exe);
+        if let Some(value) = campaign {
+            command.env(CAMPAIGN_VAR, value);
+        }
+        let mut child = command
             .args(["--exact", test, "--nocapture", "--test-threads=1"])
             .env(HOLD_VAR, spec)
             // The child exits when this pipe closes: a killed test run leaves no holder.
@@ -121,6 +148,13 @@ pub(crate) async fn serve_if_child(harness: &dyn Harness) -> bool {
     let mode: Mode = mode.parse().expect("a mode as Mode displays it");
     let result: Result<()> = async {
         let client = harness.client().await?;
+        if let Ok(value) = std::env::var(CAMPAIGN_VAR) {
+            let election = Election::new(client, key).options(LockOptions::new().ttl(ttl));
+            let leading = election.campaign(&value).await?;
+            println!("acquired key={key} token={}", leading.term());
+            let reason = leading.lost().await;
+            panic!("leader lost its leadership of {key} before it was killed: {reason}");
+        }
         let keys: Vec<&str> = key.lines().collect();
         let set = client
             .acquire_all(&keys, &LockOptions::new().ttl(ttl).mode(mode))

@@ -184,6 +184,21 @@ pub trait Harness: Send + Sync + 'static {
         Ok(Box::new(ChildHolder::spawn(test, key, opts).await?))
     }
 
+    /// Start a leader of `key`'s election publishing `value` (with `opts`' ttl) that the
+    /// suite can kill; it reports its term as its token. By default a child process, as
+    /// [`spawn_holder`](Self::spawn_holder).
+    async fn spawn_leader(
+        &self,
+        test: &str,
+        key: &str,
+        value: &str,
+        opts: &LockOptions,
+    ) -> Result<Box<dyn Holder>, BoxError> {
+        Ok(Box::new(
+            ChildHolder::spawn_leader(test, key, value, opts).await?,
+        ))
+    }
+
     /// The ttl timing scenarios use. Default 2 s.
     fn ttl(&self) -> Duration {
         Duration::from_secs(2)
@@ -438,6 +453,14 @@ macro_rules! conformance {
                 inspect_shows_every_shared_holder_and_permit,
                 list_shows_held_keys_under_a_prefix,
                 figures_are_recorded,
+                election_is_declared,
+                leader_shows_the_campaign_value_and_term,
+                one_leader_at_a_time_and_terms_increase,
+                resign_hands_over_promptly,
+                observers_see_every_leader_in_order,
+                proclaim_is_refused_after_loss,
+                crashed_leader_is_replaced_within_the_crash_bound,
+                bad_election_values_are_refused_before_io,
             );
         }
     };

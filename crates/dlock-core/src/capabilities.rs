@@ -59,6 +59,9 @@ pub struct Capabilities {
     /// What [`inspect`](crate::DistributedLock::inspect) shows (every backend shows the
     /// holders of a key) and whether [`list`](crate::DistributedLock::list) works.
     pub inspect: Inspection,
+    /// Whether the backend runs [elections](crate::Election), and how observers learn of
+    /// a new leader.
+    pub election: Observe,
 }
 
 impl Capabilities {
@@ -92,8 +95,32 @@ impl Default for Capabilities {
             shared: false,
             permits: false,
             inspect: Inspection::default(),
+            election: Observe::Unsupported,
         }
     }
+}
+
+/// Whether a backend runs [elections](crate::Election), and how an observer
+/// ([`Election::observe`](crate::Election::observe)) learns that the leader changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Observe {
+    /// No elections: a campaign fails [`Unsupported`](crate::LockError::Unsupported)
+    /// before any I/O.
+    #[default]
+    Unsupported,
+    /// The server wakes observers on each change it makes (a new leader, a proclaim, a
+    /// resignation); a leader whose hold ended without one (an expiry, a crash the server
+    /// noticed late) is seen within `recheck`, when observers read the leader again.
+    Woken {
+        /// How long an observer goes without reading the leader.
+        recheck: Duration,
+    },
+    /// The server cannot wake observers: they read the leader every `every`, so a change
+    /// is seen within `every` and a leader that leads for less may be missed.
+    Polled {
+        /// How often an observer reads the leader.
+        every: Duration,
+    },
 }
 
 /// How far a backend's fencing tokens can be trusted.

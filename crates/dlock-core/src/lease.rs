@@ -347,6 +347,19 @@ impl Lease {
         self.state.extend_held(held, ttl).await
     }
 
+    /// Publish `value` on the server as this hold's value ([`crate::Leadership::proclaim`]).
+    pub(crate) async fn proclaim(&self, value: &str) -> Result<()> {
+        crate::election::check_value(self.state.backend, value)?;
+        let mut slot = self.state.held.lock().await;
+        if let Some(reason) = self.state.lost_reason() {
+            return Err(self.state.not_held(reason));
+        }
+        let Some(held) = slot.as_mut() else {
+            return Err(self.state.not_held(LostReason::NotHeld));
+        };
+        held.proclaim(value).await
+    }
+
     /// Give the key back.
     ///
     /// Renewal stops before the release request goes out, so a renewal can never outlive a

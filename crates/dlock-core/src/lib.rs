@@ -35,6 +35,7 @@
 
 mod background;
 mod capabilities;
+pub mod election;
 mod error;
 mod inspect;
 mod lease;
@@ -48,7 +49,8 @@ use std::future::Future;
 use async_trait::async_trait;
 
 pub use background::settle;
-pub use capabilities::{Capabilities, Expiry, FaultSafety, Faults, Fencing, Wakeup};
+pub use capabilities::{Capabilities, Expiry, FaultSafety, Faults, Fencing, Observe, Wakeup};
+pub use election::{Election, Leader, Leadership};
 pub use error::{BoxError, ErrorKind, LockError, Result};
 pub use inspect::{
     HolderStatus, Inspection, KeyStatus, MAX_HOLDER_NAME, WaiterStatus, WaiterView,
@@ -156,6 +158,30 @@ pub trait DistributedLock: Send + Sync + std::fmt::Debug {
     /// enumerate its keys ([`Inspection::list`]); [`LockError::InvalidKey`] for a prefix
     /// with a NUL byte or longer than a key; otherwise as [`inspect`](Self::inspect).
     async fn list(&self, prefix: &str) -> Result<Vec<String>>;
+
+    /// Take `key` as an election candidate publishing `value`: the building block of
+    /// [`Election::campaign`], which applications use instead.
+    ///
+    /// # Errors
+    /// As [`Election::campaign`].
+    async fn campaign(&self, key: &str, value: &str, opts: &LockOptions) -> Result<Lease>;
+
+    /// The leader of the election on `key`: the building block of [`Election::leader`].
+    ///
+    /// # Errors
+    /// As [`Election::leader`].
+    async fn leader(&self, key: &str) -> Result<Option<Leader>>;
+
+    /// A stream that yields whenever the leader of `key` may have changed, woken by the
+    /// server, or `None` where observers poll: the building block of
+    /// [`Election::observe`].
+    ///
+    /// # Errors
+    /// A bad key before any I/O; the subscription's failure.
+    async fn leader_changes(
+        &self,
+        key: &str,
+    ) -> Result<Option<futures::stream::BoxStream<'static, Result<()>>>>;
 }
 
 /// Counters a client keeps, for metrics and the conformance suite's herd check.

@@ -9,12 +9,16 @@ use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant, Held};
 use dlock_core::{
     Capabilities, Fencing, HolderStatus, Inspection, KeyStatus, LockError, LockOptions, LockStats,
-    LostReason, Mode, Result, WaiterStatus, WaiterView, Wakeup, holder_description,
+    LostReason, Mode, Observe, Result, WaiterStatus, WaiterView, Wakeup, holder_description,
 };
-use tokio::sync::oneshot;
+use futures::stream::{self, BoxStream, StreamExt};
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 const NAME: &str = "memory";
+/// How long an election observer goes without reading the leader: a holder whose ttl ran
+/// out (a crashed client) changes nothing that wakes it.
+const ELECTION_RECHECK: Duration = Duration::from_millis(250);
 
 /// A lock server living in this process. Cheap to clone; clones are the same server.
 #[derive(Debug, Clone, Default)]
@@ -22,7 +26,7 @@ pub struct MemoryServer {
     state: Arc<Mutex<State>>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     keys: HashMap<String, Slot>,
     /// The last grant's id, which is also its fencing token: one counter for every key (as
@@ -31,6 +35,9 @@ struct State {
     /// `keys.len()` after the last sweep of expired slots; the next sweep comes when the
     /// map has doubled, so sweeping costs O(1) per grant, amortized.
     swept_at: usize,
+    /// Bumped on every grant, release and proclaim, for election observers (who read the
+    /// leader of their key again).
+    changes: watch::Sender<u64>,
 }
 
 /// A key's holders (one exclusive, any number of shared ones, or up to N permits; expired
@@ -71,6 +78,8 @@ struct Holder {
     granted_at: Instant,
     expires_at: Instant,
     lost: oneshot::Sender<LostReason>,
+    /// What an election candidate publishes; `None` for a plain hold.
+    value: Option<String>,
 }
 
 #[derive(Debug)]
@@ -78,6 +87,7 @@ struct Waiter {
     id: u64,
     mode: Mode,
     ttl: Duration,
+    value: Option<String>,
     grant: oneshot::Sender<Granted>,
 }
 
@@ -118,6 +128,7 @@ impl MemoryServer {
                 let _ = holder.lost.send(LostReason::NotHeld);
             }
         }
+        state.changed();
         state.hand_off(key);
     }
 
@@ -145,7 +156,8 @@ impl MemoryServer {
             shown.fencing_token = Some(holder.id);
             shown.since = wall.checked_sub(now - holder.granted_at);
             shown.ttl_left = Some(holder.expires_at - now);
-            shown.who = Some(holder_description().to_owned());
+            let who = holder.value.as_deref().unwrap_or(holder_description());
+            shown.who = Some(who.to_owned());
             status.holders.push(shown);
         }
         let waiters = slot.waiters.iter().filter(|w| !w.grant.is_closed());
@@ -180,12 +192,27 @@ impl MemoryServer {
     }
 }
 
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            keys: HashMap::new(),
+            next_id: 0,
+            swept_at: 0,
+            changes: watch::Sender::new(0),
+        }
+    }
+}
+
 impl State {
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
     fn admits(&self, key: &str, mode: Mode) -> bool {
         self.keys.get(key).is_none_or(|s| s.admits(mode))
     }
 
-    fn grant(&mut self, key: &str, mode: Mode, ttl: Duration) -> Granted {
+    fn grant(&mut self, key: &str, mode: Mode, ttl: Duration, value: Option<String>) -> Granted {
         self.sweep_if_due();
         self.next_id += 1;
         let id = self.next_id;
@@ -200,7 +227,9 @@ impl State {
             granted_at: at,
             expires_at: at + ttl,
             lost: lost_tx,
+            value,
         });
+        self.changed();
         Granted {
             id,
             token,
@@ -223,7 +252,7 @@ impl State {
                 break;
             }
             let waiter = slot.waiters.pop_front().expect("a front waiter");
-            let granted = self.grant(key, mode, waiter.ttl);
+            let granted = self.grant(key, mode, waiter.ttl, waiter.value);
             if let Err(granted) = waiter.grant.send(granted) {
                 // The waiter went away between the check and the send.
                 self.release(key, granted.id);
@@ -250,6 +279,7 @@ impl State {
             if let Some(slot) = self.keys.get_mut(key) {
                 slot.holders.retain(|h| h.id != id);
             }
+            self.changed();
             self.hand_off(key);
         }
         ours
@@ -368,6 +398,9 @@ impl Backend for MemoryBackend {
                 waiters: WaiterView::Queue,
                 list: true,
             },
+            election: Observe::Woken {
+                recheck: ELECTION_RECHECK,
+            },
             ..Default::default()
         }
     }
@@ -392,6 +425,53 @@ impl Backend for MemoryBackend {
         opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
+        self.take(key, opts, deadline, None).await
+    }
+
+    async fn campaign(
+        &self,
+        key: &str,
+        value: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        self.take(key, opts, deadline, Some(value.to_owned())).await
+    }
+
+    async fn leader_changes(&self, _key: &str) -> Result<Option<BoxStream<'static, Result<()>>>> {
+        self.reachable("observe")?;
+        let mut changes = self.server.lock().changes.subscribe();
+        changes.mark_unchanged();
+        let partitioned = self.partitioned.clone();
+        Ok(Some(
+            stream::unfold(changes, move |mut changes| {
+                let partitioned = partitioned.clone();
+                async move {
+                    changes.changed().await.ok()?;
+                    let item = match partitioned.load(Ordering::SeqCst) {
+                        true => Err(LockError::unavailable(
+                            NAME,
+                            "observe",
+                            "client is partitioned from the memory server",
+                        )),
+                        false => Ok(()),
+                    };
+                    Some((item, changes))
+                }
+            })
+            .boxed(),
+        ))
+    }
+}
+
+impl MemoryBackend {
+    async fn take(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+        value: Option<String>,
+    ) -> Result<Option<Grant>> {
         let (ttl, mode) = (opts.ttl, opts.mode);
         self.reachable("acquire")?;
         let mut waiter = {
@@ -399,7 +479,7 @@ impl Backend for MemoryBackend {
             state.hand_off(key);
             let queued = state.keys.get(key).is_some_and(|s| !s.waiters.is_empty());
             if state.admits(key, mode) && !queued {
-                let granted = state.grant(key, mode, ttl);
+                let granted = state.grant(key, mode, ttl, value);
                 return Ok(Some(self.held(key, granted)));
             }
             if !deadline.may_wait() {
@@ -417,6 +497,7 @@ impl Backend for MemoryBackend {
                     id,
                     mode,
                     ttl,
+                    value,
                     grant: tx,
                 });
             QueuedWaiter {
@@ -495,6 +576,17 @@ impl Held for MemoryHeld {
         Ok(())
     }
 
+    async fn proclaim(&mut self, value: &str) -> Result<()> {
+        self.reachable("proclaim")?;
+        let mut state = self.server.lock();
+        let holder = state
+            .holder_mut(&self.key, self.id)
+            .ok_or_else(|| self.not_held())?;
+        holder.value = Some(value.to_owned());
+        state.changed();
+        Ok(())
+    }
+
     async fn release(&mut self) -> Result<()> {
         self.reachable("release")?;
         if self.server.lock().release(&self.key, self.id) {
@@ -514,12 +606,12 @@ mod tests {
         let mut state = State::default();
         for i in 0..10_000 {
             // Held for no time and never released, as by a crashed holder.
-            state.grant(&format!("k{i}"), Mode::Exclusive, Duration::ZERO);
+            state.grant(&format!("k{i}"), Mode::Exclusive, Duration::ZERO, None);
         }
         assert!(state.keys.len() <= 128, "{} slots kept", state.keys.len());
-        let live = state.grant("live", Mode::Exclusive, Duration::from_secs(60));
+        let live = state.grant("live", Mode::Exclusive, Duration::from_secs(60), None);
         for i in 0..1_000 {
-            state.grant(&format!("j{i}"), Mode::Shared, Duration::ZERO);
+            state.grant(&format!("j{i}"), Mode::Shared, Duration::ZERO, None);
         }
         assert!(state.holds("live", live.id), "a live holder is never swept");
     }

@@ -555,6 +555,18 @@ impl DistributedLock for AsksFirstClient {
         self.ask(key, opts).await;
         self.0.acquire(key, opts).await
     }
+    async fn campaign(&self, key: &str, value: &str, opts: &LockOptions) -> Result<Lease> {
+        self.0.campaign(key, value, opts).await
+    }
+    async fn leader(&self, key: &str) -> Result<Option<dlock_core::Leader>> {
+        self.0.leader(key).await
+    }
+    async fn leader_changes(
+        &self,
+        key: &str,
+    ) -> Result<Option<futures::stream::BoxStream<'static, Result<()>>>> {
+        self.0.leader_changes(key).await
+    }
 }
 
 /// Run `scenario` on `harness`; its failure message, if it failed.

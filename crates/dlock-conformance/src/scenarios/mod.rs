@@ -6,10 +6,11 @@
 //! key (`waiters`), leases over time (`leases`), one client holding many keys at once
 //! (`many`), shared holds beside exclusive ones (`shared`), counted holds of a semaphore
 //! (`permits`), several keys taken as one (`sets`), looking at keys and figures without
-//! touching them (`inspect`), and what must be refused or
+//! touching them (`inspect`), leader elections (`election`), and what must be refused or
 //! reported (`errors`). All of them are re-exported
 //! here, at `scenarios::<name>`.
 
+mod election;
 mod errors;
 mod exclusion;
 mod inspect;
@@ -20,6 +21,7 @@ mod sets;
 mod shared;
 mod waiters;
 
+pub use election::*;
 pub use errors::*;
 pub use exclusion::*;
 pub use inspect::*;

@@ -9,7 +9,12 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use crate::{Capabilities, Deadline, KeyStatus, LockOptions, LockStats, LostReason, Result};
+use futures::stream::BoxStream;
+
+use crate::{
+    Capabilities, Deadline, KeyStatus, Leader, LockError, LockOptions, LockStats, LostReason,
+    Result,
+};
 
 /// One lock service: the server protocol, nothing else.
 ///
@@ -44,6 +49,43 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>>;
+
+    /// Take `key` as [`acquire`](Self::acquire) does, as an election candidate: the hold
+    /// carries `value` (already checked by [`check_value`](crate::election::check_value))
+    /// where others read it, in place of the [`holder_description`](crate::holder_description)
+    /// a plain hold carries, so [`leader`](Self::leader) and `inspect` show it as the
+    /// holder's `who`. `opts.mode` is exclusive. Called only where
+    /// [`Capabilities::election`] is declared; the default refuses.
+    async fn campaign(
+        &self,
+        key: &str,
+        value: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        let _ = (key, value, opts, deadline);
+        Err(LockError::Unsupported {
+            backend: Self::NAME,
+            what: "leader elections",
+        })
+    }
+
+    /// The leader of the election on `key` (already validated): its value and term, or
+    /// `None`. The default reads [`inspect`](Self::inspect)'s exclusive holder (`who`
+    /// and fencing token), which fits a backend whose election is its mutex.
+    async fn leader(&self, key: &str) -> Result<Option<Leader>> {
+        let status = self.inspect(key).await?;
+        crate::election::leader_of(Self::NAME, &status)
+    }
+
+    /// A stream that yields each time the leader of `key` (already validated) may have
+    /// changed, woken by the server ([`Observe::Woken`](crate::Observe::Woken)); an item
+    /// `Err` ends it. Subscribed before it returns, so no change made after is missed.
+    /// `None` (the default): the server cannot wake observers, who poll.
+    async fn leader_changes(&self, key: &str) -> Result<Option<BoxStream<'static, Result<()>>>> {
+        let _ = key;
+        Ok(None)
+    }
 
     /// Refuse, before any I/O, a key this backend cannot hold safely beyond the checks
     /// every key gets (non-empty, [`Capabilities::max_key_len`], no NUL): for example a key
@@ -162,4 +204,16 @@ pub trait Held: Send + Sync + fmt::Debug {
     /// Give the key back, only if it is still ours.
     /// [`LockError::NotHeld`](crate::LockError::NotHeld) when it was not.
     async fn release(&mut self) -> Result<()>;
+
+    /// Publish `value` (already checked) as this hold's value, in place of the one it was
+    /// granted with ([`Backend::campaign`]), owner-checked on the server. Errors as
+    /// [`extend`](Self::extend): [`NotHeld`](crate::LockError::NotHeld) once the hold is
+    /// gone. The default refuses: a backend with elections overrides it.
+    async fn proclaim(&mut self, value: &str) -> Result<()> {
+        let _ = value;
+        Err(LockError::Unsupported {
+            backend: "dlock",
+            what: "proclaiming a value on this hold",
+        })
+    }
 }

@@ -11,9 +11,11 @@ use crate::raw::backend::{Backend, Grant};
 use crate::raw::gate::{Gate, GatePermit};
 use crate::raw::{key, watchdog};
 use crate::telemetry::Labels;
+use futures::stream::BoxStream;
+
 use crate::{
-    Capabilities, Deadline, DistributedLock, ErrorKind, Expiry, KeyStatus, Lease, LockError,
-    LockOptions, LockStats, LostReason, Mode, Result,
+    Capabilities, Deadline, DistributedLock, ErrorKind, Expiry, KeyStatus, Leader, Lease,
+    LockError, LockOptions, LockStats, LostReason, Mode, Observe, Result,
 };
 
 /// A [`DistributedLock`] made from a [`Backend`].
@@ -70,19 +72,46 @@ impl<B: Backend> LockClient<B> {
         }
     }
 
+    /// Take `key` (as a candidate publishing `value`, for a campaign).
+    /// The checks a campaign makes beyond an acquire's, before any I/O.
+    fn check_campaign(caps: &Capabilities, opts: &LockOptions, value: &str) -> Result<()> {
+        if caps.election == Observe::Unsupported {
+            return Err(LockError::Unsupported {
+                backend: B::NAME,
+                what: "leader elections",
+            });
+        }
+        if opts.mode != Mode::Exclusive {
+            return Err(LockError::invalid_config(
+                B::NAME,
+                "a candidate campaigns for an exclusive hold: a leader leads alone",
+            ));
+        }
+        crate::election::check_value(B::NAME, value)
+    }
+
+    /// Take `key` (as a candidate publishing `value`, for a campaign).
     async fn take(
         &self,
         key: &str,
         opts: &LockOptions,
         deadline: Deadline,
+        value: Option<&str>,
     ) -> Result<Option<Lease>> {
         let caps = self.backend.capabilities();
         self.check(&caps, key, opts)?;
+        if let Some(value) = value {
+            Self::check_campaign(&caps, opts, value)?;
+        }
         let Some(mut permit) = self.gate.enter(key, opts.mode, deadline).await else {
             return Ok(None);
         };
         loop {
-            let Some(grant) = self.backend.acquire(key, opts, deadline).await? else {
+            let granted = match value {
+                Some(value) => self.backend.campaign(key, value, opts, deadline).await?,
+                None => self.backend.acquire(key, opts, deadline).await?,
+            };
+            let Some(grant) = granted else {
                 return Ok(None);
             };
             let mut grant = Unclaimed {
@@ -265,7 +294,7 @@ impl<B: Backend> DistributedLock for LockClient<B> {
 
     async fn try_acquire(&self, key: &str, opts: &LockOptions) -> Result<Option<Lease>> {
         let started = Instant::now();
-        let taken = self.take(key, opts, Deadline::TryOnce).await;
+        let taken = self.take(key, opts, Deadline::TryOnce, None).await;
         let outcome = match &taken {
             Ok(Some(_)) => "acquired",
             Ok(None) => "busy",
@@ -299,9 +328,37 @@ impl<B: Backend> DistributedLock for LockClient<B> {
     }
 
     async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<Lease> {
+        self.take_within(key, opts, None).await
+    }
+
+    async fn campaign(&self, key: &str, value: &str, opts: &LockOptions) -> Result<Lease> {
+        self.take_within(key, opts, Some(value)).await
+    }
+
+    async fn leader(&self, key: &str) -> Result<Option<Leader>> {
+        key::validate(key, self.backend.capabilities().max_key_len)?;
+        self.backend.check_key(key)?;
+        self.backend.leader(key).await
+    }
+
+    async fn leader_changes(&self, key: &str) -> Result<Option<BoxStream<'static, Result<()>>>> {
+        key::validate(key, self.backend.capabilities().max_key_len)?;
+        self.backend.check_key(key)?;
+        self.backend.leader_changes(key).await
+    }
+}
+
+impl<B: Backend> LockClient<B> {
+    /// Acquire (or campaign for) `key` within `opts.wait`.
+    async fn take_within(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        value: Option<&str>,
+    ) -> Result<Lease> {
         let started = Instant::now();
         let deadline = Deadline::after(opts.wait);
-        let taken = self.take(key, opts, deadline).await;
+        let taken = self.take(key, opts, deadline, value).await;
         let outcome = match &taken {
             Ok(Some(_)) => "acquired",
             Ok(None) => "timeout",

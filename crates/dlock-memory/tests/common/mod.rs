@@ -82,18 +82,45 @@ impl<B: FromMemory> Backend for Wired<B> {
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
         self.link.send();
-        Ok(self
-            .inner
-            .acquire(key, opts, deadline)
-            .await?
-            .map(|mut grant| {
-                let inner = std::mem::replace(&mut grant.held, Box::new(Gone));
-                grant.held = Box::new(WiredHeld {
-                    inner,
-                    link: self.link.clone(),
-                });
-                grant
-            }))
+        let granted = self.inner.acquire(key, opts, deadline).await?;
+        Ok(granted.map(|grant| self.wired(grant)))
+    }
+
+    async fn campaign(
+        &self,
+        key: &str,
+        value: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        self.link.send();
+        let granted = self.inner.campaign(key, value, opts, deadline).await?;
+        Ok(granted.map(|grant| self.wired(grant)))
+    }
+
+    async fn leader(&self, key: &str) -> Result<Option<dlock_core::Leader>> {
+        self.link.send();
+        self.inner.leader(key).await
+    }
+
+    async fn leader_changes(
+        &self,
+        key: &str,
+    ) -> Result<Option<futures::stream::BoxStream<'static, Result<()>>>> {
+        self.link.send();
+        self.inner.leader_changes(key).await
+    }
+}
+
+impl<B> Wired<B> {
+    /// `grant` with its handle behind this link.
+    fn wired(&self, mut grant: Grant) -> Grant {
+        let inner = std::mem::replace(&mut grant.held, Box::new(Gone));
+        grant.held = Box::new(WiredHeld {
+            inner,
+            link: self.link.clone(),
+        });
+        grant
     }
 }
 
@@ -112,6 +139,10 @@ impl Held for WiredHeld {
     async fn release(&mut self) -> Result<()> {
         self.link.send();
         self.inner.release().await
+    }
+    async fn proclaim(&mut self, value: &str) -> Result<()> {
+        self.link.send();
+        self.inner.proclaim(value).await
     }
 }
 
@@ -194,7 +225,7 @@ impl<B: FromMemory> Partition for Cut<B> {
 struct InProcessHolder<B: FromMemory> {
     lock: LockClient<Wired<B>>,
     token: u64,
-    _set: dlock_core::LeaseSet,
+    _held: Box<dyn std::any::Any + Send>,
 }
 
 #[async_trait]
@@ -286,7 +317,24 @@ impl<B: FromMemory> Harness for InProcess<B> {
         Ok(Box::new(InProcessHolder {
             lock,
             token: set.leases()[0].fencing_token(),
-            _set: set,
+            _held: Box::new(set),
+        }))
+    }
+
+    async fn spawn_leader(
+        &self,
+        _test: &str,
+        key: &str,
+        value: &str,
+        opts: &LockOptions,
+    ) -> Result<Box<dyn Holder>, BoxError> {
+        let lock = self.lock();
+        let election = dlock_core::Election::new(Arc::new(lock.clone()), key).options(*opts);
+        let leading = election.campaign(value).await?;
+        Ok(Box::new(InProcessHolder {
+            lock,
+            token: leading.term(),
+            _held: Box::new(leading),
         }))
     }
 
