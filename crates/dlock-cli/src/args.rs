@@ -24,9 +24,12 @@ Examples:
   dlock run --url etcd://127.0.0.1:2379 --key exports --permits 4 --wait 10m -- /usr/local/bin/export
   dlock run --url redis://127.0.0.1:6379 --key accounts/7 --key accounts/3 --wait 30s -- ./transfer
   dlock status --url zk://10.0.0.5:2181 --key maintenance
-  dlock list --url etcd://127.0.0.1:2379 --prefix deploy/";
+  dlock list --url etcd://127.0.0.1:2379 --prefix deploy/
+  dlock elect --url etcd://127.0.0.1:2379 --key billing/leader --value \"$(hostname):8080\" -- ./billing
+  dlock leader --url etcd://127.0.0.1:2379 --key billing/leader --watch";
 
-/// Run a command under a distributed lock, or hold one; show who holds a key, or list held keys.
+/// Run a command under a distributed lock, or hold one; run one while leading an election;
+/// show who holds a key or leads, or list held keys.
 #[derive(Debug, Parser)]
 #[command(name = "dlock", version, after_help = AFTER_HELP)]
 pub(crate) struct Cli {
@@ -111,6 +114,33 @@ pub(crate) enum Cmd {
         DLOCK_URL=zk://10.0.0.5:2181 dlock list"
     )]
     List(ListArgs),
+    /// Campaign in KEY's election publishing VALUE; once leading, run CMD, and resign when it
+    /// exits.
+    ///
+    /// Waits (up to --wait, default forever) until this candidate leads: one leader at a
+    /// time per key. The command sees DLOCK_KEY, DLOCK_FENCING_TOKEN and DLOCK_TERM (the
+    /// leader's term, its fencing token, larger for every new leader) and DLOCK_VALUE, and
+    /// is stopped as `dlock run` stops it if the leadership is lost (--on-lost). Exit codes
+    /// as `dlock run`. VALUE (1 to 256 bytes, no control character) is what `dlock leader`
+    /// and every observer see, e.g. the leader's address.
+    #[command(
+        after_help = "Examples (run the billing service on one host at a time, the others standing by):\n  \
+        dlock elect --url etcd://127.0.0.1:2379 --key billing/leader --value \"$(hostname):8080\" -- ./billing"
+    )]
+    Elect(ElectArgs),
+    /// Show who leads KEY's election: `leader: <value> term=<n>`, or `leader: none`.
+    ///
+    /// With --watch, print the leader now and then one such line at each change (a new
+    /// leader, a new value, nobody leading), until SIGINT or SIGTERM; a backend that cannot
+    /// wake observers is read again at the interval its capabilities state. The value is
+    /// shown as `dlock hold` shows keys: quoted and escaped when not plain. --json prints
+    /// one JSON object per line instead: {"key", "leader": {"value", "term"} or null}.
+    #[command(
+        after_help = "Examples (who leads billing; follow the leadership as JSON lines):\n  \
+        dlock leader --url etcd://127.0.0.1:2379 --key billing/leader\n  \
+        dlock leader --url etcd://127.0.0.1:2379 --key billing/leader --watch --json"
+    )]
+    Leader(LeaderArgs),
     /// Internal: started by `dlock run`; stops the command if that dlock ends without
     /// telling it to stand down (dlock was killed).
     #[command(hide = true)]
@@ -168,17 +198,8 @@ pub(crate) struct LockArgs {
     /// sets never deadlock); the other options apply to each key.
     #[arg(long, required = true)]
     pub(crate) key: Vec<String>,
-    /// Lease time on the server without a renewal (renewed every ttl/3 while held); 100ms
-    /// to 1day.
-    #[arg(long, default_value = "15s", value_parser = parse_ttl)]
-    ttl: Duration,
-    /// How long to wait for a busy lock (default: forever), one budget for all the keys; at
-    /// most 1year.
-    #[arg(long, value_parser = parse_span, conflicts_with = "no_wait")]
-    wait: Option<Duration>,
-    /// Do not wait: exit 75 at once if the lock (any of the keys) is busy, holding none.
-    #[arg(long)]
-    no_wait: bool,
+    #[command(flatten)]
+    timing: Timing,
     /// Take a shared (read) hold: any number of --read holders together, none while a
     /// --write holder has it. Backends without shared holds refuse it (exit 64).
     #[arg(long, conflicts_with_all = ["write", "permits"])]
@@ -192,6 +213,34 @@ pub(crate) struct LockArgs {
     /// semaphores refuse it (exit 64).
     #[arg(long, value_name = "N", value_parser = parse_permits)]
     permits: Option<u32>,
+}
+
+/// The lease and the wait, for `run`, `hold` and `elect`.
+#[derive(Debug, Args)]
+pub(crate) struct Timing {
+    /// Lease time on the server without a renewal (renewed every ttl/3 while held); 100ms
+    /// to 1day.
+    #[arg(long, default_value = "15s", value_parser = parse_ttl)]
+    ttl: Duration,
+    /// How long to wait for a busy lock (default: forever), one budget for all the keys; at
+    /// most 1year.
+    #[arg(long, value_parser = parse_span, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Do not wait: exit 75 at once if the lock (any of the keys) is busy, holding none.
+    #[arg(long)]
+    no_wait: bool,
+}
+
+impl Timing {
+    /// Exclusive options with this ttl and wait.
+    pub(crate) fn options(&self) -> LockOptions {
+        let wait = match (self.no_wait, self.wait) {
+            (true, _) => Wait::No,
+            (false, Some(d)) => Wait::For(d),
+            (false, None) => Wait::Forever,
+        };
+        LockOptions::new().ttl(self.ttl).wait(wait)
+    }
 }
 
 impl UrlArgs {
@@ -226,12 +275,7 @@ impl LockArgs {
     }
 
     pub(crate) fn options(&self) -> LockOptions {
-        let wait = match (self.no_wait, self.wait) {
-            (true, _) => Wait::No,
-            (false, Some(d)) => Wait::For(d),
-            (false, None) => Wait::Forever,
-        };
-        let opts = LockOptions::new().ttl(self.ttl).wait(wait);
+        let opts = self.timing.options();
         match (self.read, self.permits) {
             (true, _) => opts.shared(),
             (false, Some(n)) => opts.permits(n),
@@ -244,6 +288,45 @@ impl LockArgs {
 pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) lock: LockArgs,
+    #[command(flatten)]
+    pub(crate) command: CommandArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ElectArgs {
+    #[command(flatten)]
+    pub(crate) source: UrlArgs,
+    /// The election's name.
+    #[arg(long)]
+    pub(crate) key: String,
+    /// What this candidate publishes while it leads (1 to 256 bytes, no control
+    /// character), e.g. its address.
+    #[arg(long)]
+    pub(crate) value: String,
+    #[command(flatten)]
+    pub(crate) timing: Timing,
+    #[command(flatten)]
+    pub(crate) command: CommandArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LeaderArgs {
+    #[command(flatten)]
+    pub(crate) source: UrlArgs,
+    /// The election's name.
+    #[arg(long)]
+    pub(crate) key: String,
+    /// Print each change of leadership as it happens, until SIGINT or SIGTERM.
+    #[arg(long)]
+    pub(crate) watch: bool,
+    /// Print one JSON object per line, not text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// The command `run` and `elect` run under the hold, and how it is stopped.
+#[derive(Debug, Args)]
+pub(crate) struct CommandArgs {
     /// What to do to the command if the lease is lost: `term` sends SIGTERM, then SIGKILL
     /// after --grace; `kill` sends SIGKILL; `ignore` lets it run (and warns).
     #[arg(long, value_enum, default_value = "term")]
@@ -259,7 +342,7 @@ pub(crate) struct RunArgs {
     pub(crate) foreground: bool,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
-    pub(crate) command: Vec<String>,
+    pub(crate) argv: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

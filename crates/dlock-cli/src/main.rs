@@ -1,10 +1,12 @@
 //! `dlock`: run a command under a distributed lock, or hold one, from a shell — as
 //! `flock(1)`, `etcdctl lock` or `consul lock` do, on any dlock backend; and see who holds
-//! a key (`dlock status`) and which keys are held (`dlock list`).
+//! a key (`dlock status`) and which keys are held (`dlock list`); run a command while leading
+//! an election (`dlock elect`) and see who leads (`dlock leader`).
 
 mod args;
 mod guard;
 mod hold;
+mod leader;
 mod list;
 mod output;
 mod processes;
@@ -21,9 +23,10 @@ use dlock::{ErrorKind, LockError};
 use args::{Cli, Cmd};
 use guard::guard;
 use hold::hold;
+use leader::leader;
 use list::list;
 use output::say;
-use run::run;
+use run::{elect, run};
 use status::status;
 
 /// Exit codes (sysexits.h).
@@ -71,6 +74,8 @@ async fn lock_main(command: Cmd) -> ExitCode {
         Cmd::Hold(args) => hold(args).await,
         Cmd::Status(args) => status(args).await,
         Cmd::List(args) => list(args).await,
+        Cmd::Elect(args) => elect(args).await,
+        Cmd::Leader(args) => leader(args).await,
         Cmd::Guard(_) => unreachable!("the guard runs without a runtime"),
     };
     // Whatever was left to background clean-up (a cancelled wait's node or lease, a lease

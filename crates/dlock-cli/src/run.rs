@@ -1,16 +1,16 @@
 //! `dlock run`: acquire the lock (its keys, all or none), run the command under it (in a
 //! process group of its own unless it is a terminal's foreground job), pass signals on,
 //! stop it if the lease (any key) is lost, and release once it and what it started are
-//! done.
+//! done. `dlock elect` does the same while leading an election.
 
 use std::time::Duration;
 
-use dlock::{ErrorKind, Lease, LockError};
+use dlock::{Election, ErrorKind, Leadership, Lease, LeaseSet, LockError, LostReason};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::Command;
 
-use crate::args::{OnLost, RunArgs, after};
+use crate::args::{CommandArgs, ElectArgs, OnLost, RunArgs, after};
 use crate::exit;
 use crate::guard::Guard;
 use crate::message;
@@ -25,7 +25,89 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
         Ok(set) => set,
         Err(code) => return Ok(code),
     };
-    let (program, rest) = args.command.split_first().expect("clap requires a command");
+    let held = Held::Keys {
+        set,
+        several: args.lock.several_keys(),
+    };
+    run_under(held, &args.command, signals).await
+}
+
+pub(crate) async fn elect(args: ElectArgs) -> Result<u8, LockError> {
+    let url = args.source.url()?;
+    let mut signals = Signals::install();
+    let campaign = async {
+        let lock = dlock::connect(&url).await?;
+        let election = Election::new(lock, args.key.clone()).options(args.timing.options());
+        election.campaign(&args.value).await
+    };
+    let leading = tokio::select! {
+        leading = campaign => leading?,
+        sig = signals.next() => {
+            say!("dlock: {sig} while campaigning for {:?}: gave up the campaign", args.key);
+            return Ok(128 + sig as u8);
+        }
+    };
+    let held = Held::Leader {
+        key: args.key,
+        leading,
+    };
+    run_under(held, &args.command, signals).await
+}
+
+/// What the command runs under: the keys of `dlock run`, or the leadership of `dlock
+/// elect`.
+enum Held {
+    Keys { set: LeaseSet, several: bool },
+    Leader { key: String, leading: Leadership },
+}
+
+impl Held {
+    /// Resolves with the key and the reason once any hold is lost.
+    async fn lost(&self) -> (&str, LostReason) {
+        match self {
+            Self::Keys { set, .. } => set.lost().await,
+            Self::Leader { key, leading } => (key, leading.lost().await),
+        }
+    }
+
+    /// A key whose hold is known to be lost.
+    fn lost_key(&self) -> Option<&str> {
+        match self {
+            Self::Keys { set, .. } => set.leases().iter().find(|l| l.is_lost()).map(Lease::key),
+            Self::Leader { key, leading } => leading.is_lost().then_some(key),
+        }
+    }
+
+    async fn release(self) -> Result<(), LockError> {
+        match self {
+            Self::Keys { set, .. } => set.release().await,
+            Self::Leader { leading, .. } => leading.resign().await,
+        }
+    }
+
+    /// What the command learns of its hold (see [`environment`]); a leader also sees
+    /// DLOCK_TERM and DLOCK_VALUE.
+    fn environment(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Self::Keys { set, several } => environment(set.leases(), *several),
+            Self::Leader { key, leading } => vec![
+                ("DLOCK_KEY", key.clone()),
+                ("DLOCK_FENCING_TOKEN", leading.term().to_string()),
+                ("DLOCK_TERM", leading.term().to_string()),
+                ("DLOCK_VALUE", leading.value().to_owned()),
+            ],
+        }
+    }
+}
+
+/// Run the command of `args` under `held`, and let go of it once the command and what it
+/// started are done.
+async fn run_under(
+    held: Held,
+    args: &CommandArgs,
+    mut signals: crate::take::Signals,
+) -> Result<u8, LockError> {
+    let (program, rest) = args.argv.split_first().expect("clap requires a command");
     // An interactive foreground job keeps the command in the terminal's foreground group,
     // where it may prompt and gets the terminal's signals itself.
     let group = !args.foreground && !in_terminal_foreground();
@@ -35,7 +117,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
         // The lock service URL may carry a password: the command does not need it.
         .env_remove("DLOCK_URL")
         .env_remove("DLOCK_URL_FILE")
-        .envs(environment(set.leases(), args.lock.several_keys()));
+        .envs(held.environment());
     if group {
         command.process_group(0);
     }
@@ -51,7 +133,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
             if let Some(guard) = guard {
                 guard.stand_down().await;
             }
-            let _ = set.release().await;
+            let _ = held.release().await;
             return Ok(127);
         }
     };
@@ -70,7 +152,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
         tokio::select! {
             // Loss first: a loss that comes with the child's exit must not be missed.
             biased;
-            (key, reason) = set.lost(), if !lost_reported => {
+            (key, reason) = held.lost(), if !lost_reported => {
                 lost_reported = true;
                 say!("dlock: lease on {key:?} lost: {reason}");
                 match args.on_lost {
@@ -118,12 +200,9 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
     if let Some(guard) = guard {
         guard.stand_down().await;
     }
-    if !lost_reported && let Some(lost) = set.leases().iter().find(|l| l.is_lost()) {
+    if !lost_reported && let Some(key) = held.lost_key() {
         lost_reported = true;
-        say!(
-            "dlock: lease on {:?} was lost while the command ran",
-            lost.key()
-        );
+        say!("dlock: lease on {key:?} was lost while the command ran");
     }
     let code = match status {
         Ok(status) => status
@@ -138,7 +217,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
             exit::SOFTWARE
         }
     };
-    let released = set.release().await;
+    let released = held.release().await;
     let lost = lost_reported
         || matches!(
             released.as_ref().map_err(LockError::kind),

@@ -850,3 +850,47 @@ fn list_with_a_bad_prefix_exits_64() {
     ]);
     assert_eq!(out.status.code(), Some(64), "{out:?}");
 }
+
+/// `dlock elect` runs the command as the leader, with the key, the term and the value in
+/// its environment; a bad value is a usage error; `dlock leader` shows nobody leading a
+/// fresh election (the in-process server is this process's own).
+#[test]
+fn elect_passes_the_term_and_value_and_leader_shows_none() {
+    let out = dlock(&[
+        "elect",
+        "--url",
+        "memory://",
+        "--key",
+        "k",
+        "--value",
+        "me:1",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$DLOCK_KEY $DLOCK_VALUE $DLOCK_TERM $DLOCK_FENCING_TOKEN\"",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "k me:1 1 1");
+    let bad = dlock(&[
+        "elect",
+        "--url",
+        "memory://",
+        "--key",
+        "k",
+        "--value",
+        "",
+        "--",
+        "true",
+    ]);
+    assert_eq!(bad.status.code(), Some(64), "{bad:?}");
+    let shown = dlock(&["leader", "--url", "memory://", "--key", "k"]);
+    assert_eq!(
+        String::from_utf8_lossy(&shown.stdout).trim(),
+        "leader: none"
+    );
+    let json = dlock(&["leader", "--url", "memory://", "--key", "k", "--json"]);
+    assert_eq!(
+        String::from_utf8_lossy(&json.stdout).trim(),
+        r#"{"key":"k","leader":null}"#
+    );
+}

@@ -332,3 +332,50 @@ pub(crate) fn leader_of(
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ErrorKind, HolderStatus, KeyStatus};
+
+    #[test]
+    fn values_are_one_printable_line_of_at_most_256_bytes() {
+        for good in [
+            "a",
+            "10.0.0.7:8080",
+            "host a, ünïcode",
+            &"v".repeat(MAX_VALUE_LEN),
+        ] {
+            assert!(check_value("t", good).is_ok(), "{good:?}");
+        }
+        for bad in ["", "a\nb", "nul\0", "tab\t", &"v".repeat(MAX_VALUE_LEN + 1)] {
+            let err = check_value("t", bad).expect_err(bad);
+            assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+        }
+    }
+
+    #[test]
+    fn the_leader_is_the_exclusive_holder_with_its_value_and_token() {
+        let mut status = KeyStatus::new("k", false);
+        assert_eq!(leader_of("t", &status).unwrap(), None);
+        let mut reader = HolderStatus::new(Mode::Shared);
+        reader.who = Some("r".into());
+        reader.fencing_token = Some(1);
+        status.holders.push(reader);
+        assert_eq!(
+            leader_of("t", &status).unwrap(),
+            None,
+            "a reader does not lead"
+        );
+        let mut leader = HolderStatus::new(Mode::Exclusive);
+        leader.who = Some("me".into());
+        status.holders.push(leader.clone());
+        assert!(
+            leader_of("t", &status).is_err(),
+            "a leader without its term"
+        );
+        leader.fencing_token = Some(7);
+        status.holders[1] = leader;
+        assert_eq!(leader_of("t", &status).unwrap(), Some(Leader::new("me", 7)));
+    }
+}

@@ -237,8 +237,9 @@ impl Lease {
         opts: &LockOptions,
         expiry: Expiry,
         permit: GatePermit,
+        primitive: &'static str,
     ) -> Self {
-        let labels = Labels::new(backend, opts.mode, key);
+        let labels = Labels::new(backend, primitive, key);
         // Granted after waiting for a holder to let go, on the server or in this client.
         if grant.waited || permit.waited {
             labels.handoff();

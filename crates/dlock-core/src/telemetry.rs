@@ -4,7 +4,8 @@
 //! Nothing is exported until the application installs a recorder (a Prometheus, StatsD or
 //! OpenTelemetry exporter for the `metrics` crate); without one, recording costs next to
 //! nothing. Every figure carries the labels `backend` (`redis`, `zookeeper`, …) and
-//! `primitive` (the [`Mode`]: `exclusive`, `shared`, `permits`); the key is left out unless
+//! `primitive` (the [`Mode`]: `exclusive`, `shared`, `permits`; or `election` for a
+//! [campaign](crate::Election::campaign)); the key is left out unless
 //! [`label_keys`] turns it on, since one series per key can overwhelm a metrics store.
 //!
 //! | name | kind | extra labels | what it counts |
@@ -28,7 +29,9 @@ use std::time::Duration;
 
 use metrics::Label;
 
-use crate::{LostReason, Mode};
+use crate::LostReason;
+#[cfg(doc)]
+use crate::Mode;
 
 /// `dlock_acquire_seconds`: see the [module docs](self).
 pub const ACQUIRE_SECONDS: &str = "dlock_acquire_seconds";
@@ -58,10 +61,10 @@ pub fn label_keys(on: bool) {
 pub(crate) struct Labels(Vec<Label>);
 
 impl Labels {
-    pub(crate) fn new(backend: &'static str, mode: Mode, key: &str) -> Self {
+    pub(crate) fn new(backend: &'static str, primitive: &'static str, key: &str) -> Self {
         let mut labels = vec![
             Label::from_static_parts("backend", backend),
-            Label::from_static_parts("primitive", mode.as_str()),
+            Label::from_static_parts("primitive", primitive),
         ];
         if KEY_LABEL.load(Ordering::Relaxed) {
             labels.push(Label::new("key", key.to_owned()));

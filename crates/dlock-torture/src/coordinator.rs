@@ -55,6 +55,8 @@ pub(crate) struct Config {
     pub(crate) permits: Option<u32>,
     /// Every hold a set of 2 to this many distinct keys (the key-set workload).
     pub(crate) key_sets: Option<usize>,
+    /// Every hold a campaign in the key's election (the election workload).
+    pub(crate) election: bool,
 }
 
 /// Timings derived from the backend's expiry and the ttl.
@@ -164,6 +166,7 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
         .into_iter()
         .chain(cfg.permits.map(|n| format!("--permits={n}")))
         .chain(cfg.key_sets.map(|k| format!("--key-sets={k}")))
+        .chain(cfg.election.then(|| "--election".to_owned()))
         .collect(),
     };
     for _ in 0..cfg.workers.max(1) {

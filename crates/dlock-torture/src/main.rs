@@ -105,6 +105,13 @@ struct Cli {
     /// set. Shared sets follow --read-share; not with --permits.
     #[arg(long, value_name = "K", conflicts_with = "permits", value_parser = clap::value_parser!(u64).range(2..=64))]
     key_sets: Option<u64>,
+    /// An election workload: every hold is a campaign in the key's election (`Election`,
+    /// each candidate publishing its own name), the term its fencing token; the checks are
+    /// the lock's (never two leaders of a key at once outside a declared fenced fault). The
+    /// backend must declare elections (`Capabilities::election`); not with --permits or
+    /// --key-sets, and no shared holds.
+    #[arg(long, conflicts_with_all = ["permits", "key_sets"])]
+    election: bool,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -182,6 +189,7 @@ fn main() -> ExitCode {
         read_share: cli.read_share,
         permits: cli.permits,
         key_sets,
+        election: cli.election,
     };
     let report = match runtime.block_on(coordinator::run(cfg)) {
         Ok(report) => report,

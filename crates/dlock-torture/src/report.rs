@@ -233,6 +233,7 @@ impl Report {
             workload: match (i.cfg.permits, i.cfg.key_sets) {
                 (Some(n), _) => format!("semaphore of {n} permits"),
                 (None, Some(k)) => format!("key sets of up to {k}"),
+                (None, None) if i.cfg.election => "elections".to_owned(),
                 (None, None) => "locks".to_owned(),
             },
             holds: i.analysis.holds,

@@ -57,6 +57,9 @@ pub(crate) struct WorkerArgs {
     /// Every hold a set of 2 to this many distinct keys, taken with `acquire_all`.
     #[arg(long)]
     pub(crate) key_sets: Option<usize>,
+    /// Every hold a campaign in the key's election, publishing this task's name.
+    #[arg(long)]
+    pub(crate) election: bool,
 }
 
 /// How long a worker keeps trying to connect (the server may be down when it is spawned).
@@ -184,7 +187,7 @@ async fn contend(
 ) -> Result<(), String> {
     let store = Store::connect(args.store, args.process).await?;
     let opts = LockOptions::new().ttl(args.ttl).wait(Wait::For(args.wait));
-    let read_share = if client.capabilities().shared {
+    let read_share = if client.capabilities().shared && !args.election {
         args.read_share.clamp(0.0, 1.0)
     } else {
         0.0
@@ -213,6 +216,13 @@ async fn contend(
                 .acquire_all(&keys, &opts.mode(mode))
                 .await
                 .map(Taken::Set)
+        } else if args.election {
+            // A candidate's value names it, as a service would publish its address.
+            let value = format!("worker-{}-{}", args.process, new_hold());
+            client
+                .campaign(&keys[0], &value, &opts)
+                .await
+                .map(Taken::One)
         } else {
             client
                 .acquire(&keys[0], &opts.mode(mode))

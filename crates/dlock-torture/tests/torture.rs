@@ -7,7 +7,8 @@
 //! Beside each, a short semaphore run (`--permits`) injects only the faults that hit
 //! holders, so it runs concurrently with the others (after its own backend's run, whose
 //! servers it waits for). So does a short key-set run (`--key-sets`), whose holds take
-//! overlapping sets of keys with `acquire_all`.
+//! overlapping sets of keys with `acquire_all`, and a short election run (`--election`),
+//! whose holds are campaigns.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -200,6 +201,33 @@ fn key_sets(name: &str, case: &Case) {
     }
 }
 
+/// A short election run: every hold a campaign in one of two keys' elections, with the
+/// faults that hit holders, beside the other backends' runs as [`semaphore`] is. It passes
+/// with no violation (never two leaders of a key at once outside a declared fenced fault,
+/// terms increasing), and leaders wrote under their terms.
+fn elections(name: &str, case: &Case) {
+    let faults = ["kill", "pause", "partition"];
+    let json = run(
+        &format!("{name}-elections"),
+        case,
+        "8s",
+        &["--election", "--keys", "2", "--faults", &faults.join(",")],
+    );
+    assert_eq!(json["workload"], "elections", "{json:#}");
+    assert!(
+        json["holds"].as_u64().unwrap_or(0) > 20
+            && json["shared_holds"].as_u64() == Some(0)
+            && json["writes_accepted"].as_u64().unwrap_or(0) > 0,
+        "{name}: enough terms, none shared, leaders wrote under their terms: {json:#}"
+    );
+    for kind in faults {
+        assert!(
+            json["by_kind"][kind]["injected"].as_u64().unwrap_or(0) >= 1,
+            "{name}: no {kind} fault was injected: {json:#}"
+        );
+    }
+}
+
 const ONE_SERVER_FAULTS: &[&str] = &["kill", "pause", "partition", "restart"];
 const ALL_FAULTS: &[&str] = &["kill", "pause", "partition", "restart", "member"];
 
@@ -221,6 +249,11 @@ fn redis() {
 #[test]
 fn redis_semaphore() {
     semaphore("redis", &REDIS);
+}
+
+#[test]
+fn redis_elections() {
+    elections("redis", &REDIS);
 }
 
 #[test]
@@ -249,6 +282,11 @@ fn redlock_semaphore() {
 }
 
 #[test]
+fn redlock_elections() {
+    elections("redlock", &REDLOCK);
+}
+
+#[test]
 fn redlock_key_sets() {
     key_sets("redlock", &REDLOCK);
 }
@@ -271,6 +309,11 @@ fn zookeeper() {
 #[test]
 fn zookeeper_semaphore() {
     semaphore("zookeeper", &ZOOKEEPER);
+}
+
+#[test]
+fn zookeeper_elections() {
+    elections("zookeeper", &ZOOKEEPER);
 }
 
 #[test]
@@ -299,6 +342,11 @@ fn etcd_semaphore() {
 }
 
 #[test]
+fn etcd_elections() {
+    elections("etcd", &ETCD);
+}
+
+#[test]
 fn etcd_key_sets() {
     key_sets("etcd", &ETCD);
 }
@@ -324,6 +372,11 @@ fn mysql_semaphore() {
 }
 
 #[test]
+fn mysql_elections() {
+    elections("mysql", &MYSQL);
+}
+
+#[test]
 fn mysql_key_sets() {
     key_sets("mysql", &MYSQL);
 }
@@ -346,6 +399,11 @@ fn postgres() {
 #[test]
 fn postgres_semaphore() {
     semaphore("postgres", &POSTGRES);
+}
+
+#[test]
+fn postgres_elections() {
+    elections("postgres", &POSTGRES);
 }
 
 #[test]
@@ -420,6 +478,14 @@ fn a_semaphore_that_does_not_count_across_processes_fails_the_run() {
 #[test]
 fn key_sets_that_do_not_exclude_across_processes_fail_the_run() {
     let whats = broken_run("memory-key-sets", &["--key-sets", "3"]);
+    assert!(whats.iter().any(|w| w == "overlap"), "{whats:?}");
+}
+
+/// The checks catch an election with two leaders: with memory://, each worker process
+/// runs its own election, so leaderships overlap across processes.
+#[test]
+fn elections_that_do_not_exclude_across_processes_fail_the_run() {
+    let whats = broken_run("memory-elections", &["--election"]);
     assert!(whats.iter().any(|w| w == "overlap"), "{whats:?}");
 }
 

@@ -49,10 +49,11 @@ use dlock_core::raw::url as raw_url;
 pub mod blocking;
 
 pub use dlock_core::{
-    BoxError, Capabilities, DistributedLock, ErrorKind, Expiry, FaultSafety, Faults, Fencing,
-    HolderStatus, Inspection, KeyStatus, Lease, LeaseSet, LockError, LockExt, LockOptions,
-    LockStats, LostReason, LostSignal, Mode, Result, Secret, Wait, WaiterStatus, WaiterView,
-    Wakeup, holder_description, set_holder_name, settle, telemetry,
+    BoxError, Capabilities, DistributedLock, Election, ErrorKind, Expiry, FaultSafety, Faults,
+    Fencing, HolderStatus, Inspection, KeyStatus, Leader, Leadership, Lease, LeaseSet, LockError,
+    LockExt, LockOptions, LockStats, LostReason, LostSignal, Mode, Observe, Result, Secret, Wait,
+    WaiterStatus, WaiterView, Wakeup, election, holder_description, set_holder_name, settle,
+    telemetry,
 };
 
 /// A backend, chosen by the URL scheme.

@@ -155,8 +155,17 @@ impl<B: Backend> LockClient<B> {
                 opts,
                 caps.expiry,
                 permit,
+                primitive(opts, value),
             )));
         }
+    }
+}
+
+/// The `primitive` label of a hold's figures: the mode, or `election` for a campaign.
+fn primitive(opts: &LockOptions, value: Option<&str>) -> &'static str {
+    match value {
+        Some(_) => "election",
+        None => opts.mode.as_str(),
     }
 }
 
@@ -300,7 +309,7 @@ impl<B: Backend> DistributedLock for LockClient<B> {
             Ok(None) => "busy",
             Err(_) => "error",
         };
-        Labels::new(B::NAME, opts.mode, key).acquired(outcome, started.elapsed());
+        Labels::new(B::NAME, opts.mode.as_str(), key).acquired(outcome, started.elapsed());
         taken
     }
 
@@ -364,7 +373,7 @@ impl<B: Backend> LockClient<B> {
             Ok(None) => "timeout",
             Err(_) => "error",
         };
-        Labels::new(B::NAME, opts.mode, key).acquired(outcome, started.elapsed());
+        Labels::new(B::NAME, primitive(opts, value), key).acquired(outcome, started.elapsed());
         match taken? {
             Some(lease) => Ok(lease),
             None => Err(LockError::Timeout {

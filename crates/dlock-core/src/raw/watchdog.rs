@@ -217,7 +217,7 @@ mod tests {
         let expiry = crate::Expiry::Session {
             timeout: Duration::from_secs(1),
         };
-        let lease = crate::Lease::start("test", "k", grant, &opts, expiry, permit);
+        let lease = crate::Lease::start("test", "k", grant, &opts, expiry, permit, "exclusive");
         let reason = tokio::time::timeout(Duration::from_secs(1), lease.lost())
             .await
             .expect("the backend's loss signal is heard during a hung renewal");
@@ -260,7 +260,15 @@ mod tests {
             .with_lost(Box::pin(lost))
             .kept_alive();
         let opts = LockOptions::new().ttl(Duration::from_millis(300));
-        let lease = crate::Lease::start("test", "k", grant, &opts, crate::Expiry::Ttl, permit);
+        let lease = crate::Lease::start(
+            "test",
+            "k",
+            grant,
+            &opts,
+            crate::Expiry::Ttl,
+            permit,
+            "exclusive",
+        );
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(
             !lease.is_lost(),
@@ -318,7 +326,15 @@ mod tests {
             .unwrap();
         let grant = Grant::new(1, Box::new(held), Instant::now());
         let opts = LockOptions::new().ttl(ttl).auto_renew(auto_renew);
-        crate::Lease::start("test", "k", grant, &opts, crate::Expiry::Ttl, permit)
+        crate::Lease::start(
+            "test",
+            "k",
+            grant,
+            &opts,
+            crate::Expiry::Ttl,
+            permit,
+            "exclusive",
+        )
     }
 
     #[tokio::test(start_paused = true)]
@@ -385,7 +401,7 @@ mod tests {
         let expiry = crate::Expiry::Session {
             timeout: Duration::from_secs(10),
         };
-        let lease = crate::Lease::start("test", "k", grant, &opts, expiry, permit);
+        let lease = crate::Lease::start("test", "k", grant, &opts, expiry, permit, "exclusive");
         lease
             .extend(Duration::from_secs(10))
             .await
