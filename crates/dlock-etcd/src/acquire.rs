@@ -119,6 +119,8 @@ pub(crate) struct Attempt<'a> {
     pub(crate) prefix: String,
     pub(crate) my_key: String,
     pub(crate) mode: Mode,
+    /// An election candidate's value, put on our key in place of the holder's description.
+    pub(crate) value: Option<&'a str>,
 }
 
 impl Attempt<'_> {
@@ -176,10 +178,14 @@ impl Attempt<'_> {
     /// lock busy) as long as the client lives, so it is deleted and the put made again.
     async fn put_and_read_owner(&self, lease: &KeyLease) -> Result<Option<TxnResponse>> {
         const OP: &str = "acquire";
-        // The value names us for `inspect` (Go's Mutex puts an empty one and never reads it).
+        // The value names us for `inspect` (Go's Mutex puts an empty one and never reads
+        // it); a candidate's is its published value, as Go's `Election::Campaign` puts it.
+        let value = self
+            .value
+            .map_or_else(|| key_value(self.mode), str::to_owned);
         let mut ops = vec![TxnOp::put(
             self.my_key.as_str(),
-            key_value(self.mode),
+            value,
             Some(PutOptions::new().with_lease(lease.id())),
         )];
         for (start, end) in self.ranges() {

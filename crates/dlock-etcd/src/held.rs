@@ -1,6 +1,7 @@
 //! A held key ([`EtcdHeld`]): the fenced release; extend (on the shared lease, its state;
 //! on an own lease, a keep-alive and a read of our key; with a new ttl, a move to another
-//! lease); and the lost signal (our key deleted, or the shared lease lost).
+//! lease); the owner-checked proclaim of an election's value; and the lost signal (our key
+//! deleted, or the shared lease lost).
 
 use std::fmt;
 use std::sync::Arc;
@@ -203,6 +204,23 @@ impl Held for EtcdHeld {
             true => Ok(()),
             false => Err(not_held(&self.key)),
         }
+    }
+
+    /// Go's `Election::Proclaim`: put `value` on our key, with the lease it is on, if its
+    /// create revision is still `rev` (one transaction); the term stays.
+    async fn proclaim(&mut self, value: &str) -> Result<()> {
+        let Some(lease) = &self.lease else {
+            return Err(not_held(&self.key));
+        };
+        crate::election::proclaim(
+            &self.conn,
+            &self.key,
+            &self.my_key,
+            self.rev,
+            lease.id(),
+            value,
+        )
+        .await
     }
 
     async fn extend(&mut self, ttl: Duration) -> Result<()> {

@@ -30,7 +30,7 @@ const TTL_READS: usize = 16;
 /// The value a contender key is put with: this process's
 /// [`holder_description`] (`NAME@HOST:PID`), followed for a permit by its limit
 /// (` permits=N`). Go's `Mutex` puts an empty value and never reads it, so `etcdctl lock`
-/// is not disturbed.
+/// is not disturbed. An election candidate's key carries its value instead.
 pub(crate) fn key_value(mode: Mode) -> String {
     match mode {
         Mode::Permits(limit) => format!("{}{LIMIT_TAG}{limit}", holder_description()),
@@ -39,8 +39,9 @@ pub(crate) fn key_value(mode: Mode) -> String {
 }
 
 /// A contender key's value read back: who put it (`None` for an empty value, as Go's
-/// `Mutex` and `etcdctl lock` put), and a permit's limit where it is written.
-fn read_value(value: &[u8], permit: bool) -> (Option<String>, Option<u32>) {
+/// `Mutex` and `etcdctl lock` put), and a permit's limit where it is written. Not trimmed:
+/// an election's value is shown exactly as the candidate published it.
+pub(crate) fn read_value(value: &[u8], permit: bool) -> (Option<String>, Option<u32>) {
     let text = String::from_utf8_lossy(value);
     let (who, limit) = match text.rsplit_once(LIMIT_TAG) {
         Some((who, limit)) if permit => match limit.parse::<u32>() {
@@ -49,7 +50,6 @@ fn read_value(value: &[u8], permit: bool) -> (Option<String>, Option<u32>) {
         },
         _ => (text.as_ref(), None),
     };
-    let who = who.trim();
     let who = (!who.is_empty()).then(|| who.chars().take(MAX_WHO).collect());
     (who, limit)
 }
@@ -292,6 +292,8 @@ mod tests {
         );
         assert_eq!(read_value(me.as_bytes(), false), (Some(me.into()), None));
         assert_eq!(read_value(b"", false), (None, None));
+        // An election's value is shown as it was published, spaces included.
+        assert_eq!(read_value(b" v ", false), (Some(" v ".into()), None));
         assert_eq!(read_value(b"", true), (None, None));
         // Only a permit's value carries a limit.
         assert_eq!(

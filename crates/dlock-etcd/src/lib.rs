@@ -1,4 +1,4 @@
-//! A distributed lock on etcd v3 that excludes, and is excluded by, etcd's own `concurrency.Mutex` and `etcdctl lock`, with shared (read) holds beside exclusive ones, and counting semaphores (permits).
+//! A distributed lock on etcd v3 that excludes, and is excluded by, etcd's own `concurrency.Mutex` and `etcdctl lock`, with shared (read) holds beside exclusive ones, counting semaphores (permits), and leader elections that interoperate with `concurrency.Election` and `etcdctl elect`.
 //!
 //! ```no_run
 //! # async fn demo() -> dlock_core::Result<()> {
@@ -203,6 +203,10 @@
 //! | keeping N holds of one ttl | one keep-alive and one read per ttl/3, for all N | 0 |
 //! | `inspect` | range read of the lock's prefix (values included), then one `LeaseTimeToLive` per distinct holder lease, in parallel | 0 |
 //! | `list` | keys-only range read of the namespace under the prefix | 0 |
+//! | campaign, resign | as `acquire`, release | as `acquire`, release |
+//! | proclaim | transaction (put-if-ours) | 1 |
+//! | `leader()` | range read of the oldest key under the prefix (limit 1) | 0 |
+//! | observe | one watch on the prefix (one round trip), then a `leader()` per change and per second | 0 |
 //!
 //! Each client holds one keep-alive stream per ttl in use (plus one per own lease) and one
 //! watch stream for all its held keys, multiplexed on its connection. A waiter has its own
@@ -252,7 +256,8 @@
 //!   `{name}/permit/`, which a `Mutex` on the same name waits for.
 //! - **Keys carry a value**: ours are put with `NAME@HOST:PID`
 //!   ([`holder_description`](dlock_core::holder_description); a permit's followed by
-//!   ` permits=N`), read back by `inspect` (see [Inspecting](#inspecting)). Go's `Mutex`
+//!   ` permits=N`; an election candidate's: its value, as Go's `Election` puts it), read
+//!   back by `inspect` (see [Inspecting](#inspecting)). Go's `Mutex`
 //!   puts an empty value and never reads it, so `etcdctl lock` and Go services are not
 //!   disturbed (the crate's etcdctl tests check both directions); their keys show in
 //!   `inspect` named by their lease.
@@ -283,10 +288,11 @@
 //! # Inspecting
 //!
 //! Each contender key is put with a value naming its holder: this process's
-//! [`holder_description`](dlock_core::holder_description) (`NAME@HOST:PID`), followed for
-//! a permit by its limit (` permits=N`, which etcd keeps nowhere else). It rides on the
-//! acquire's put (no request of its own), and an extend that moves the key to a lease of
-//! another ttl keeps it (`ignore_value`). Both reads below are linearizable (a leader
+//! [`holder_description`](dlock_core::holder_description) (`NAME@HOST:PID`; an election
+//! candidate's: its value, see [Elections](#elections)), followed for a permit by its
+//! limit (` permits=N`, which etcd keeps nowhere else). It rides on the acquire's put (no
+//! request of its own), and an extend that moves the key to a lease of another ttl keeps
+//! it (`ignore_value`). Both reads below are linearizable (a leader
 //! round, no raft commit) and change nothing on the server.
 //!
 //! - [`inspect`](dlock_core::DistributedLock::inspect)`(key)`: one range read of every
@@ -315,6 +321,55 @@
 //!   empty list prefix it covers the whole keyspace, and an unrelated key `a/b` is listed
 //!   as the held key `a` (it stands in that lock's queue).
 //!
+//! # Elections
+//!
+//! An election ([`dlock_core::Election`]) is the mutex above, laid out as Go's
+//! `concurrency.Election` lays it out (etcd 3.4 to 3.7), which is Go's `Mutex` with the
+//! candidate's value as its key's value: a candidate's key is `{lock name}/{lease id}`
+//! (suffixed on the shared lease as above), put with the **value** in place of the
+//! holder's description; the oldest key under `{lock name}/` leads, and its create
+//! revision, the lock's fencing token, is the **term** (Go's `Election::Rev`).
+//!
+//! - **Campaign**: the exclusive acquire, with its round trips, waiting, deadline and
+//!   cancellation (Go: `Txn(If(CreateRevision(k) == 0)).Then(Put(k, value, lease))`, then
+//!   wait for the deletion of every older key). A campaign's key is on the shared lease
+//!   unless auto-renew is off, as a hold's.
+//! - **Proclaim**: one transaction, `if create_revision(my) == rev then put(my, value,
+//!   lease)` with the lease our key is on now (one raft commit; Go's `Proclaim`). Refused
+//!   with [`NotHeld`] once the key is gone or not ours: it never touches another
+//!   candidate's key. An extend with another ttl moves the key with its value
+//!   (`ignore_value`), so a proclaimed value stays.
+//! - **Resign**: the fenced release (Go's `Resign` is the same transaction).
+//! - **Leader**: one linearizable range read of the oldest key under the prefix (sorted by
+//!   create revision, limit 1: Go's `Get(prefix, WithFirstCreate())`; no raft commit):
+//!   its value and create revision, or `None` without keys. A reader's or a permit's key
+//!   is no leader (`None`: the key is held shared); an empty value (Go's `Mutex`,
+//!   `etcdctl lock`) shows as `lease {id}`, as in `inspect`, which shows the same leader
+//!   (its `who` is the value, byte for byte).
+//! - **Observe**: [`leader_changes`](dlock_core::raw::Backend::leader_changes) is one watch
+//!   on the whole prefix (every put and delete), on a stream of its own, created (the
+//!   server's answer read) before it returns; each response with events wakes the
+//!   observer, who reads the leader (one read). Every change of leader is an event: a
+//!   grant *is* the deletion of the key before it (the next key is then the oldest), a
+//!   proclaim is a put, and a crashed leader's lease expiry deletes its key, an event too.
+//!   So the observer's recheck ([`Observe::Woken`](dlock_core::Observe), 1 s) only bounds
+//!   a watch that stalls without failing; a broken or canceled watch (the client connects
+//!   with `require_leader`, so a member cut off from its leader cancels it) ends the
+//!   stream with an error. Every candidate's queueing put wakes observers too (a read
+//!   each, which finds no change).
+//!
+//! **Compatibility:** `etcdctl elect <lock name> PROPOSAL` and Go's
+//! `concurrency.NewElection(session, "<lock name>")` stand in the same line as our
+//! candidates (with the default prefix: the dlock key `svc` is `etcdctl elect dlock/svc`),
+//! read our leader and value (`etcdctl elect -l` prints them, proclaims included), and we
+//! read theirs; the crate's etcdctl tests check both directions. Go's `Campaign` on a
+//! session that already has a key under the prefix takes that key over; ours never share
+//! one (a second candidate of one client on the shared lease gets a suffixed name).
+//!
+//! Measured (release build, single member, 2 shared cores, 200 each): a free campaign p50
+//! 0.88 ms (p99 2.1 ms), resign 0.78 ms (1.5 ms), proclaim 0.61 ms (4.7 ms), `leader()`
+//! 0.34 ms (2.7 ms); an observer sees a proclaim 1.0 ms (5.3 ms) after it was sent.
+//!
 //! # Capabilities
 //!
 //! | capability | value | why |
@@ -329,6 +384,7 @@
 //! | faults: holder paused | fenced | a paused holder cannot hear `lost()`; the next holder's token is higher |
 //! | faults: server restart, member down | exclusive | keys, leases and revisions are persisted and replicated; a new leader extends every lease, so no key frees early |
 //! | inspect | who, waiters as a queue, list | each key's value names its holder (an empty one: its lease); every waiter has a key, ordered by create revision; lock names decode back to keys |
+//! | election | woken, recheck 1 s | a watch on the lock prefix sees every grant (the deletion before it), proclaim, resignation and expiry; the recheck only bounds a stalled watch |
 //! | max key length | 1024 bytes | the default; encoded names are at most 3 KiB, far below etcd's 1.5 MiB request limit |
 //!
 //! # URL
@@ -385,6 +441,7 @@
 mod acquire;
 mod config;
 mod connection;
+mod election;
 mod error;
 mod held;
 mod inspect;

@@ -11,10 +11,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{
-    Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockOptions, LockStats, Mode, Result,
-    WaiterView, Wakeup,
+    Capabilities, Expiry, Fencing, Inspection, KeyStatus, Leader, LockOptions, LockStats, Mode,
+    Observe, Result, WaiterView, Wakeup,
 };
 use etcd_client::{Client, ConnectOptions};
+use futures::stream::BoxStream;
 
 use crate::NAME;
 use crate::acquire::{Attempt, Outcome, PERMITS, READERS};
@@ -160,6 +161,11 @@ impl Backend for EtcdBackend {
                 waiters: WaiterView::Queue,
                 list: true,
             },
+            // A campaign is the mutex with the candidate's value on its key; a watch on
+            // the lock prefix wakes observers (see `crate::election`).
+            election: Observe::Woken {
+                recheck: crate::election::RECHECK,
+            },
             ..Default::default()
         }
     }
@@ -182,6 +188,44 @@ impl Backend for EtcdBackend {
         opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
+        self.take(key, opts, deadline, None).await
+    }
+
+    /// Go's `Election::Campaign`: the exclusive acquire, whose key carries `value`.
+    async fn campaign(
+        &self,
+        key: &str,
+        value: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        self.take(key, opts, deadline, Some(value)).await
+    }
+
+    async fn leader(&self, key: &str) -> Result<Option<Leader>> {
+        crate::election::leader(&self.conn, &self.prefix(key)).await
+    }
+
+    async fn leader_changes(&self, key: &str) -> Result<Option<BoxStream<'static, Result<()>>>> {
+        let changes = crate::election::changes(&self.conn, &self.prefix(key)).await?;
+        Ok(Some(changes))
+    }
+}
+
+impl EtcdBackend {
+    /// The prefix of `key`'s lock, `{lock name}/`, under which every contender's key is.
+    fn prefix(&self, key: &str) -> String {
+        format!("{}/", self.config.lock_name(key))
+    }
+
+    /// Acquire `key` (as an election candidate publishing `value`, for a campaign).
+    async fn take(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+        value: Option<&str>,
+    ) -> Result<Option<Grant>> {
         // A shared lease found gone is replaced once by a fresh one.
         let mut rounds = 0;
         let (my_key, lease, outcome) = loop {
@@ -193,7 +237,7 @@ impl Backend for EtcdBackend {
                     None => return Ok(None),
                 },
             };
-            let prefix = format!("{}/", self.config.lock_name(key));
+            let prefix = self.prefix(key);
             // A reader's key sits in the readers' range, which other readers pass over; a
             // permit's in the permits' range, the only one it counts.
             let name = match opts.mode {
@@ -219,6 +263,7 @@ impl Backend for EtcdBackend {
                 my_key: my_key.clone(),
                 prefix,
                 mode: opts.mode,
+                value,
             };
             let outcome = {
                 let lease = pending.lease.as_mut().expect("taken only below");

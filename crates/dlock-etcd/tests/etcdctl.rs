@@ -1,6 +1,8 @@
 //! Interoperation with etcd's own lock: `etcdctl lock <name>` (Go's `concurrency.Mutex`) and
 //! this crate exclude each other on the same lock name, in both of our modes (our readers
-//! are writers to etcdctl), and `inspect` shows either side's keys in one queue.
+//! are writers to etcdctl), and `inspect` shows either side's keys in one queue. And with
+//! etcd's own election: `etcdctl elect <name>` (Go's `concurrency.Election`) and our
+//! candidates stand in one line, and each side reads the other's leader and value.
 
 mod common;
 
@@ -8,7 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::EtcdHarness;
-use dlock_core::{DistributedLock, LockOptions, Wait};
+use dlock_core::{DistributedLock, Election, Leader, LockOptions, Wait};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::time::{Instant, sleep, timeout};
@@ -439,4 +441,140 @@ async fn inspect_shows_etcdctl_and_us_in_one_queue() {
     let _ = timeout(Duration::from_secs(10), child.wait()).await;
     wait_clean(&harness, &key).await;
     assert!(lock.list(&key).await.expect("list").is_empty());
+}
+
+/// `etcdctl elect NAME PROPOSAL` leads: our candidate waits behind it and `leader()` shows
+/// its proposal, with its key's create revision as the term; interrupted, etcdctl resigns
+/// and our candidate leads at once, in a later term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn we_campaign_behind_etcdctl_elect() {
+    let harness = EtcdHarness::from_env();
+    let (key, name) = names(&harness);
+    let lock: std::sync::Arc<dyn DistributedLock> = std::sync::Arc::new(harness.lock().await);
+    let (mut child, mut out) = etcdctl(&harness, &["elect", &name, "etcdctl proposal"]);
+    let line = next_line(&mut out, Duration::from_secs(10))
+        .await
+        .expect("etcdctl prints its key once elected");
+    assert!(line.starts_with(&format!("{name}/")), "{line:?}");
+    assert_eq!(
+        next_line(&mut out, Duration::from_secs(5)).await.as_deref(),
+        Some("etcdctl proposal")
+    );
+    let theirs = harness.lock_keys(&key).await.remove(0);
+    assert_eq!(theirs.key(), line.as_bytes());
+    let their_term = theirs.create_revision() as u64;
+
+    let election = Election::new(lock.clone(), key.clone())
+        .options(LockOptions::new().wait(Wait::For(Duration::from_secs(30))));
+    assert_eq!(
+        election.leader().await.expect("leader()"),
+        Some(Leader::new("etcdctl proposal", their_term))
+    );
+    let waiting = {
+        let election = election.clone();
+        tokio::spawn(async move {
+            let leading = election
+                .campaign("dlock candidate")
+                .await
+                .expect("campaign");
+            (Instant::now(), leading)
+        })
+    };
+    sleep(Duration::from_millis(1500)).await;
+    assert!(!waiting.is_finished(), "we led beside etcdctl");
+    assert_eq!(harness.lock_keys(&key).await.len(), 2, "we queue behind it");
+    assert_eq!(
+        election.leader().await.expect("leader()"),
+        Some(Leader::new("etcdctl proposal", their_term)),
+        "etcdctl still leads"
+    );
+
+    let interrupted = Instant::now();
+    signal(&child, "-TERM");
+    let (led, leading) = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("we lead once etcdctl resigns")
+        .expect("candidate task");
+    assert!(
+        led - interrupted < Duration::from_secs(2),
+        "hand-over from etcdctl took {:?}",
+        led - interrupted
+    );
+    assert!(leading.term() > their_term, "{}", leading.term());
+    assert_eq!(
+        election.leader().await.expect("leader()"),
+        Some(Leader::new("dlock candidate", leading.term()))
+    );
+    let _ = timeout(Duration::from_secs(10), child.wait()).await;
+    leading.resign().await.expect("resign");
+    wait_clean(&harness, &key).await;
+}
+
+/// While we lead, `etcdctl elect -l NAME` prints our key and value (and our proclaimed
+/// value after), and `etcdctl elect NAME PROPOSAL` waits; once we resign it leads, and
+/// both our `leader()` and the listener show its proposal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_elect_sees_and_follows_our_leader() {
+    let harness = EtcdHarness::from_env();
+    let (key, name) = names(&harness);
+    let lock: std::sync::Arc<dyn DistributedLock> = std::sync::Arc::new(harness.lock().await);
+    let election = Election::new(lock, key.clone())
+        .options(LockOptions::new().wait(Wait::For(Duration::from_secs(5))));
+    let mut leading = election.campaign("dlock leader").await.expect("campaign");
+    let ours = harness.lock_keys(&key).await.remove(0);
+    let our_key = String::from_utf8_lossy(ours.key()).into_owned();
+    assert_eq!(ours.create_revision() as u64, leading.term());
+
+    let (mut listener, mut heard) = etcdctl(&harness, &["elect", "-l", &name]);
+    let mut next_leader = async || {
+        let key = next_line(&mut heard, Duration::from_secs(5)).await;
+        let value = next_line(&mut heard, Duration::from_secs(5)).await;
+        (key.expect("a leader's key"), value.expect("its value"))
+    };
+    assert_eq!(
+        next_leader().await,
+        (our_key.clone(), "dlock leader".to_owned())
+    );
+    leading.proclaim("dlock, again").await.expect("proclaim");
+    assert_eq!(
+        next_leader().await,
+        (our_key.clone(), "dlock, again".to_owned())
+    );
+
+    let (mut candidate, mut out) = etcdctl(&harness, &["elect", &name, "etcdctl next"]);
+    assert_eq!(
+        next_line(&mut out, Duration::from_millis(2000)).await,
+        None,
+        "etcdctl led while we did"
+    );
+    assert_eq!(harness.lock_keys(&key).await.len(), 2, "etcdctl queues");
+    let resigned = Instant::now();
+    let our_term = leading.term();
+    leading.resign().await.expect("resign");
+    let their_key = next_line(&mut out, Duration::from_secs(5))
+        .await
+        .expect("etcdctl leads after our resignation");
+    assert!(
+        resigned.elapsed() < Duration::from_secs(2),
+        "etcdctl led {:?} after our resignation",
+        resigned.elapsed()
+    );
+    assert_eq!(
+        next_line(&mut out, Duration::from_secs(5)).await.as_deref(),
+        Some("etcdctl next")
+    );
+    assert_eq!(next_leader().await, (their_key, "etcdctl next".to_owned()));
+    let leader = election
+        .leader()
+        .await
+        .expect("leader()")
+        .expect("etcdctl leads");
+    assert_eq!(leader.value, "etcdctl next");
+    assert!(leader.term > our_term, "{leader:?} after term {our_term}");
+
+    signal(&candidate, "-TERM");
+    signal(&listener, "-TERM");
+    let _ = timeout(Duration::from_secs(10), candidate.wait()).await;
+    let _ = timeout(Duration::from_secs(10), listener.wait()).await;
+    wait_clean(&harness, &key).await;
 }

@@ -1,6 +1,7 @@
 //! Where this backend goes beyond Go's `concurrency.Mutex`, checked on the single member:
 //! a waiter whose own key vanishes stops with `LeaseLost`, our key is watched while held,
-//! extend with a new ttl moves the key to a new lease, and nested names stay independent.
+//! extend with a new ttl moves the key to a new lease, nested names stay independent, and
+//! an election's value is its key's value on the lease the key is on.
 
 mod common;
 
@@ -255,4 +256,54 @@ async fn unrelated_keys_under_the_lock_name_do_not_block_it() {
     raw.delete(foreign.as_str(), None)
         .await
         .expect("delete the foreign key");
+}
+
+/// An election's value is its key's value, byte for byte (Go's `Election` layout), on the
+/// lease the key is on: a proclaim after the key moved to a lease of another ttl puts it on
+/// the new lease, and the move keeps a proclaimed value; only an exclusive key leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_value_is_the_key_value_on_its_current_lease() {
+    use dlock_core::{Election, Leader};
+    let harness = EtcdHarness::from_env();
+    let key = fresh_key("k");
+    let lock: std::sync::Arc<dyn DistributedLock> = std::sync::Arc::new(harness.lock().await);
+    let election = Election::new(lock.clone(), key.clone())
+        .options(LockOptions::new().ttl(Duration::from_secs(2)));
+    let mut leading = election.campaign(" spaced value ").await.expect("campaign");
+    let term = leading.term();
+    let before = wait_for_keys(&harness, &key, 1).await.remove(0);
+    assert_eq!(before.value(), b" spaced value ");
+    assert_eq!(
+        election.leader().await.expect("leader()"),
+        Some(Leader::new(" spaced value ", term))
+    );
+    leading.proclaim("proclaimed").await.expect("proclaim");
+    leading
+        .lease()
+        .extend(Duration::from_secs(3))
+        .await
+        .expect("extend with another ttl");
+    let moved = wait_for_keys(&harness, &key, 1).await.remove(0);
+    assert_ne!(moved.lease(), before.lease(), "a new lease");
+    assert_eq!(moved.value(), b"proclaimed", "the move keeps the value");
+    leading.proclaim("again").await.expect("proclaim");
+    let after = wait_for_keys(&harness, &key, 1).await.remove(0);
+    assert_eq!(after.value(), b"again");
+    assert_eq!(
+        after.lease(),
+        moved.lease(),
+        "put on the lease the key is on"
+    );
+    assert_eq!(after.create_revision() as u64, term, "the term stays");
+    leading.resign().await.expect("resign");
+
+    // A reader that holds the key is no leader.
+    let reader = lock
+        .try_acquire(&key, &LockOptions::new().shared())
+        .await
+        .expect("try_acquire")
+        .expect("free");
+    assert_eq!(election.leader().await.expect("leader()"), None);
+    reader.release().await.expect("release");
+    harness.assert_clean(&key).await;
 }
