@@ -16,8 +16,8 @@
 //! [`RedisLock`] is a [`dlock_core::raw::LockClient`]: it adds key checks, the per-process FIFO
 //! gate, the deadline and the renewal watchdog to the protocol below. A client keeps two
 //! connections to the server: one multiplexed connection for every request of every task,
-//! and one subscriber connection (opened when an acquire first has to wait) on which its
-//! waiters are called. Holding keeps no subscription and no task per key in this crate:
+//! and one subscriber connection (opened when an acquire first has to wait, or an election
+//! is first observed) on which its waiters are called and its election observers woken. Holding keeps no subscription and no task per key in this crate:
 //! one renewal task per server serves every held key.
 //!
 //! # Protocol
@@ -32,7 +32,7 @@
 //! | fence counter | `{<prefix><key>}:fence` | the last fencing token; expires 1 h after the last grant's ttl |
 //! | waiters' queue | `{<prefix><key>}:queue` | sorted set: waiter token by enqueue ticket (server clock, µs) |
 //! | waiters' expiries | `{<prefix><key>}:waiters` | sorted set: waiter token by when its entry expires (server clock, µs) |
-//! | call channel | `{<prefix><key>}:released` | (pub/sub) each message is the token of the waiter whose turn it is |
+//! | call channel | `{<prefix><key>}:released` | (pub/sub) each message is the token of the waiter whose turn it is, or `!leader` for election observers (see *Elections*) |
 //!
 //! Every step that reads and writes is one Lua script, run atomically by the server as
 //! `EVALSHA` (the scripts are loaded when a connection opens; after a server restart or
@@ -193,6 +193,50 @@
 //! releases the key, or gives it back because a later key stayed busy (before `acquire_all`
 //! returns).
 //!
+//! # Elections
+//!
+//! An [`Election`](dlock_core::Election) is the exclusive lock above, with the candidate's
+//! value where a plain hold keeps its holder description: the token of a campaign is 128
+//! random bits in hex, a space and the value, so `inspect` shows the value as the holder's
+//! `who` and [`leader`](dlock_core::Election::leader) reads it with the term (the fence
+//! counter, as for any writer). No escaping is needed: the core admits only values without
+//! control characters (1 to 256 bytes), the value is everything after the token's *first*
+//! space (so spaces, colons and any Unicode come back as they went), and the scripts
+//! store and compare tokens as bytes. Any client can read the leader with a `GET` of the
+//! lock key. There is no standard Redis election recipe to be compatible with; with an
+//! empty prefix, another library's lock of the same name excludes candidates as it
+//! excludes holders.
+//!
+//! - **Campaign**: the acquire script with one more argument, which makes a grant
+//!   `PUBLISH` `!leader` on the key's channel (no token starts with `!`, so waiters
+//!   ignore it). Round trips as an acquire: 1 when the key is free; a waiting candidate
+//!   queues, is called and re-tries as any waiter. Plain acquires pass no such argument
+//!   and publish nothing.
+//! - **Proclaim**: one script (1 round trip): if the key holds the leader's token, `SET`
+//!   it to the same random bits with the new value, `KEEPTTL` (Redis 6.0 or later), and
+//!   `PUBLISH !leader`; otherwise `NotHeld` and nothing changes. The owner identity (the
+//!   random bits) stays, and the handle checks with the new token from then on. If the
+//!   answer is lost, the next renewal or release that finds the old token gone tries the
+//!   new one before it gives the hold up.
+//! - **Renewal** of a leader: 1 round trip of its own (not in the batch), which also
+//!   re-sets the fence counter's lifetime (ttl + 1 h), so the term `leader()` reads does
+//!   not expire under a leader that leads for more than an hour.
+//! - **Resign** (or a dropped leadership): the release script, which `PUBLISH`es
+//!   `!leader` even when nobody waits (1 round trip), then calls the next candidate.
+//! - **Leader**: the inspect script, 1 round trip.
+//! - **Observe**: one `SUBSCRIBE` to the key's channel on the client's subscriber
+//!   connection (shared with its waiters and other observers, opened once per client),
+//!   confirmed before the first read; then one read of the leader per message (the
+//!   messages queued meanwhile are answered by the same read), and one every 500 ms when
+//!   nothing came ([`Observe::Woken`](dlock_core::Observe::Woken), `recheck` 500 ms).
+//!   Every change this crate makes publishes: a campaign's grant (a waiting candidate's
+//!   included, so an observer never has to catch the moment between a release and the
+//!   next grant), a proclaim, a leader's release. What publishes nothing, and what the
+//!   recheck bounds, is a leader's key *expiring* (a crashed or cut-off leader with no
+//!   candidate waiting; a waiting one takes the key at its PTTL and its grant publishes)
+//!   or another client's `DEL`. A broken subscriber connection (messages may be lost)
+//!   ends the stream with `Unavailable`.
+//!
 //! # Inspecting
 //!
 //! [`inspect`](dlock_core::DistributedLock::inspect) runs one read-only script (one round
@@ -240,6 +284,7 @@
 //! | inspect: who | yes | each token carries its holder's `NAME@HOST:PID` |
 //! | inspect: waiters | queue | one sorted set per key by ticket, each waiter's mode in its token |
 //! | inspect: list | yes | a `SCAN` over the key prefix; lock keys are the key verbatim after it |
+//! | elections | woken, recheck 500 ms | a campaign's grant, a proclaim and a leader's release publish on the key's channel; an expired leader is seen at the next recheck |
 //! | max key length | 1024 bytes | the core's default |
 //!
 //! # URL

@@ -9,8 +9,10 @@ use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant, Held};
 use dlock_core::{
     Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockError, LockOptions, LockStats,
-    LostReason, Result, WaiterView, Wakeup,
+    LostReason, Observe, Result, WaiterView, Wakeup,
 };
+use futures::stream::{self, BoxStream, StreamExt};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::NAME;
@@ -18,7 +20,20 @@ use crate::config::RedisConfig;
 use crate::node::{Attempt, Node, Queueing};
 use crate::renew::HeldKey;
 use crate::scripts::{self, Names};
+use crate::subscriber::{Event, Notice, Subscription};
 use crate::wait::{View, Waiter};
+
+/// How long an election observer goes without reading the leader. Every change this
+/// crate makes publishes on the key's channel (a campaign's grant, a proclaim, a leader's
+/// release); what publishes nothing is a leader's key expiring (a crashed or cut-off
+/// leader with no candidate waiting: a waiting one is granted the key and publishes) or
+/// another client's plain `DEL`. Half a second bounds how stale an observer can be then,
+/// at two one-round-trip reads a second per observer.
+pub(crate) const ELECTION_RECHECK: Duration = Duration::from_millis(500);
+
+/// Notices one observer keeps unread: one pending is enough to make it read the leader
+/// again, so what comes beyond this is dropped without loss.
+const OBSERVER_BACKLOG: usize = 16;
 
 /// The Redis protocol for [`LockClient`](dlock_core::raw::LockClient): see the crate docs.
 #[derive(Debug)]
@@ -88,6 +103,11 @@ impl Backend for RedisBackend {
                 waiters: WaiterView::Queue,
                 list: true,
             },
+            // A campaign's grant, a proclaim and a leader's release publish on the key's
+            // channel; a leader whose key expired is seen at the next recheck.
+            election: Observe::Woken {
+                recheck: ELECTION_RECHECK,
+            },
             ..Default::default()
         }
     }
@@ -98,9 +118,101 @@ impl Backend for RedisBackend {
         opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
-        let ttl = opts.ttl;
+        self.take(key, opts, deadline, None).await
+    }
+
+    async fn campaign(
+        &self,
+        key: &str,
+        value: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        self.take(key, opts, deadline, Some(value)).await
+    }
+
+    async fn leader_changes(&self, key: &str) -> Result<Option<BoxStream<'static, Result<()>>>> {
         let names = Names::new(&self.prefix, key);
-        let token = scripts::token_for(opts.mode);
+        // On the client's one subscriber connection, beside its waiters; confirmed by the
+        // server before this returns, so no change published afterwards is missed.
+        let (notices, heard) = mpsc::channel(OBSERVER_BACKLOG);
+        let subscription = self.node.subscribe(&names.channel, 0, notices).await?;
+        Ok(Some(
+            stream::unfold(
+                (heard, subscription),
+                |(mut heard, subscription)| async move {
+                    let item = next_change(&mut heard, &subscription).await?;
+                    Some((item, (heard, subscription)))
+                },
+            )
+            .boxed(),
+        ))
+    }
+
+    fn check_key(&self, key: &str) -> Result<()> {
+        Names::check(&self.prefix, key)
+    }
+
+    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
+        let status = self.node.inspect(&Names::new(&self.prefix, key)).await?;
+        Ok(status.key_status(key))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        Ok(self.node.held_keys(&self.prefix, prefix).await?)
+    }
+
+    fn stats(&self) -> LockStats {
+        LockStats::with_wakeups(self.wakeups.load(Ordering::Relaxed))
+    }
+}
+
+/// The next item of an election observer's stream: `Ok` once any message came on the
+/// key's channel (a leader's change, or a waiter called: the key changed hands), the ones
+/// queued behind it read too (one read of the leader answers them all); an error once the
+/// subscriber connection broke (messages may have been lost); `None` if the subscriber is
+/// gone.
+async fn next_change(
+    heard: &mut mpsc::Receiver<Notice>,
+    subscription: &Subscription,
+) -> Option<Result<()>> {
+    let broken = || {
+        Err(LockError::unavailable(
+            NAME,
+            "observe",
+            "the subscriber connection broke; changes may have been missed",
+        ))
+    };
+    let mut notice = heard.recv().await?;
+    loop {
+        if notice.event == Event::Broken || !subscription.is_alive() {
+            return Some(broken());
+        }
+        match heard.try_recv() {
+            Ok(next) => notice = next,
+            Err(_) => return Some(Ok(())),
+        }
+    }
+}
+
+impl RedisBackend {
+    /// Take `key` as `acquire` does; with a `value`, as an election candidate: the value
+    /// rides in the token in place of the holder description, and the grant and the
+    /// hold's release and proclaims wake the election's observers.
+    async fn take(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+        value: Option<&str>,
+    ) -> Result<Option<Grant>> {
+        let ttl = opts.ttl;
+        let leader = value.is_some();
+        let names = Names::new(&self.prefix, key);
+        let token = match value {
+            Some(value) => scripts::new_campaign_token(value),
+            None => scripts::token_for(opts.mode),
+        };
         let nodes = std::slice::from_ref(&self.node);
         // A caller that may wait joins the key's queue from its first attempt on; its
         // waiter (a channel for calls, its place in line) is made only once it has to wait,
@@ -124,7 +236,8 @@ impl Backend for RedisBackend {
             };
             let sent_at = Instant::now();
             let request = InFlight::new(nodes, &names, &token)
-                .run(self.node.acquire(&names, &token, ttl, &queueing));
+                .leader(leader)
+                .run(self.node.acquire_as(&names, &token, ttl, &queueing, leader));
             // The first attempt may run its timeouts out (a dead server is `Unavailable`);
             // later ones, made while waiting, end at the deadline.
             let answer = if std::mem::take(&mut first_attempt) {
@@ -169,6 +282,8 @@ impl Backend for RedisBackend {
                         renewal: None,
                         names,
                         token,
+                        leader,
+                        proclaimed: None,
                     };
                     let grant = Grant::new(fence, Box::new(held), sent_at);
                     return Ok(Some(match found_busy {
@@ -199,23 +314,6 @@ impl Backend for RedisBackend {
             }
         }
     }
-
-    fn check_key(&self, key: &str) -> Result<()> {
-        Names::check(&self.prefix, key)
-    }
-
-    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
-        let status = self.node.inspect(&Names::new(&self.prefix, key)).await?;
-        Ok(status.key_status(key))
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
-        Ok(self.node.held_keys(&self.prefix, prefix).await?)
-    }
-
-    fn stats(&self) -> LockStats {
-        LockStats::with_wakeups(self.wakeups.load(Ordering::Relaxed))
-    }
 }
 
 /// An acquire request on its way: if the caller drops the acquire future before the
@@ -227,6 +325,7 @@ pub struct InFlight<'a> {
     names: &'a Names,
     token: &'a str,
     armed: bool,
+    leader: bool,
 }
 
 impl<'a> InFlight<'a> {
@@ -237,7 +336,16 @@ impl<'a> InFlight<'a> {
             names,
             token,
             armed: true,
+            leader: false,
         }
+    }
+
+    /// Mark the request as an election candidate's, whose release in the background
+    /// also wakes the election's observers.
+    #[must_use]
+    pub(crate) fn leader(mut self, leader: bool) -> Self {
+        self.leader = leader;
+        self
     }
 
     /// Run `request` under the guard.
@@ -255,8 +363,9 @@ impl Drop for InFlight<'_> {
         }
         for node in self.nodes {
             let (node, names, token) = (node.clone(), self.names.clone(), self.token.to_owned());
+            let leader = self.leader;
             dlock_core::raw::spawn_cleanup(async move {
-                let result = node.release(&names, &token, true).await;
+                let result = node.release_as(&names, &token, true, leader).await;
                 tracing::debug!(key = %names.key, ?result, "released after a cancelled acquire");
             });
         }
@@ -272,30 +381,98 @@ pub(crate) struct RedisHeld {
     token: String,
     /// Made on the first renewal: most holds end before one is due.
     renewal: Option<HeldKey>,
+    /// An election's leader: its renewals keep the fence counter (its term) alive, and its
+    /// release and proclaims wake the election's observers.
+    leader: bool,
+    /// The token of a proclaim whose answer was lost: the server may hold it instead of
+    /// `token`. An owner check that `token` fails is tried with it before the hold is
+    /// given up for lost.
+    proclaimed: Option<String>,
 }
 
 impl RedisHeld {
     fn not_held(&self) -> LockError {
         LockError::not_held(NAME, &self.key, LostReason::NotHeld)
     }
+
+    /// After an owner check with `token` failed: whether a proclaim whose answer was lost
+    /// did replace it, in which case this handle holds that token from now on (and the
+    /// check should be made again with it).
+    fn adopt_proclaimed(&mut self) -> bool {
+        let Some(token) = self.proclaimed.take() else {
+            return false;
+        };
+        self.token = token;
+        self.renewal = None;
+        true
+    }
+
+    async fn extend_once(&mut self, ttl: Duration) -> Result<bool> {
+        if self.leader {
+            // One leader per election per process: not worth the batch, and the batch
+            // script does not touch the fence counter.
+            return Ok(self
+                .node
+                .extend_leader(&self.names, &self.token, ttl)
+                .await?);
+        }
+        let renewal = self
+            .renewal
+            .get_or_insert_with(|| HeldKey::new(&self.names, &self.token));
+        Ok(self.node.renew(renewal, ttl).await?)
+    }
+
+    async fn release_once(&mut self) -> Result<bool> {
+        Ok(self
+            .node
+            .release_as(&self.names, &self.token, true, self.leader)
+            .await?)
+    }
 }
 
 #[async_trait]
 impl Held for RedisHeld {
     async fn extend(&mut self, ttl: Duration) -> Result<()> {
-        let renewal = self
-            .renewal
-            .get_or_insert_with(|| HeldKey::new(&self.names, &self.token));
-        match self.node.renew(renewal, ttl).await? {
-            true => Ok(()),
-            false => Err(self.not_held()),
+        if self.extend_once(ttl).await?
+            || (self.adopt_proclaimed() && self.extend_once(ttl).await?)
+        {
+            return Ok(());
         }
+        Err(self.not_held())
     }
 
     async fn release(&mut self) -> Result<()> {
-        match self.node.release(&self.names, &self.token, true).await? {
-            true => Ok(()),
-            false => Err(self.not_held()),
+        if self.release_once().await? || (self.adopt_proclaimed() && self.release_once().await?) {
+            return Ok(());
+        }
+        Err(self.not_held())
+    }
+
+    async fn proclaim(&mut self, value: &str) -> Result<()> {
+        self.leader = true;
+        loop {
+            // Same random bits, new value: the owner identity does not change, and the
+            // token the server holds is replaced atomically with the one this handle uses
+            // next.
+            let token = scripts::with_value(&self.token, value);
+            match self.node.proclaim(&self.names, &self.token, &token).await {
+                Ok(true) => {
+                    self.proclaimed = None;
+                    self.token = token;
+                    // The renewal's key and token were made for the old token.
+                    self.renewal = None;
+                    return Ok(());
+                }
+                // An earlier proclaim whose answer was lost did replace the token, maybe:
+                // try again from its token (once: adopting it clears it).
+                Ok(false) if self.adopt_proclaimed() => {}
+                Ok(false) => return Err(self.not_held()),
+                Err(e) => {
+                    // The script may have run: the next owner check tries this token too.
+                    self.proclaimed = Some(token);
+                    return Err(e.into());
+                }
+            }
         }
     }
 }

@@ -182,6 +182,19 @@ impl Node {
         ttl: Duration,
         queueing: &Queueing,
     ) -> Result<Attempt, Error> {
+        self.acquire_as(names, token, ttl, queueing, false).await
+    }
+
+    /// [`acquire`](Self::acquire), for an election candidate when `leader`: a grant then
+    /// publishes on the key's channel, so observers see the new leader at once.
+    pub(crate) async fn acquire_as(
+        &self,
+        names: &Names,
+        token: &str,
+        ttl: Duration,
+        queueing: &Queueing,
+        leader: bool,
+    ) -> Result<Attempt, Error> {
         // The token says the mode: a reader's joins the readers, a permit's takes one of
         // its limit's permits, a writer's takes the key.
         let script = if scripts::is_reader_token(token) {
@@ -201,6 +214,9 @@ impl Node {
             .arg(queueing.fence_floor.unwrap_or(0))
             .arg(&names.channel)
             .arg(scripts::millis(scripts::WAITER_LEASE));
+        if leader {
+            call.arg("1");
+        }
         // Taken: the fencing token, an integer; busy: `[PTTL, holder, first]`.
         let reply: redis::Value = self.invoke("acquire", &call).await?;
         if let redis::Value::Int(fence) = reply {
@@ -245,12 +261,64 @@ impl Node {
     /// # Errors
     /// The server could not be reached, timed out, or refused the script.
     pub async fn release(&self, names: &Names, token: &str, announce: bool) -> Result<bool, Error> {
+        self.release_as(names, token, announce, false).await
+    }
+
+    /// [`release`](Self::release), for a leader's hold when `leader`: a release then
+    /// publishes on the key's channel even when nobody waits, for election observers.
+    pub(crate) async fn release_as(
+        &self,
+        names: &Names,
+        token: &str,
+        announce: bool,
+        leader: bool,
+    ) -> Result<bool, Error> {
         let mut call = scripts::RELEASE.prepare_invoke();
         queue_keys(&mut call, names)
             .arg(token)
             .arg(&names.channel)
             .arg(if announce { "1" } else { "0" });
+        if leader {
+            call.arg("1");
+        }
         self.flag("release", &call).await
+    }
+
+    /// Replace our token `held` by `new` (the same random bits, another value) if the key
+    /// still holds it, keeping its ttl, and wake the election's observers. `false`: the key
+    /// is not ours (nothing changed).
+    ///
+    /// # Errors
+    /// The server could not be reached, timed out, or refused the script.
+    pub(crate) async fn proclaim(
+        &self,
+        names: &Names,
+        held: &str,
+        new: &str,
+    ) -> Result<bool, Error> {
+        let mut call = scripts::PROCLAIM.prepare_invoke();
+        call.key(&names.key).arg(held).arg(new).arg(&names.channel);
+        self.flag("proclaim", &call).await
+    }
+
+    /// Reset a leader's ttl and its fence counter's lifetime if the key is still ours, in
+    /// a request of its own. `false`: it was not ours.
+    ///
+    /// # Errors
+    /// The server could not be reached, timed out, or refused the script.
+    pub(crate) async fn extend_leader(
+        &self,
+        names: &Names,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, Error> {
+        let mut call = scripts::EXTEND_LEADER.prepare_invoke();
+        call.key(&names.key)
+            .key(&names.fence)
+            .arg(token)
+            .arg(scripts::millis(ttl))
+            .arg(scripts::millis(scripts::fence_lifetime(ttl)));
+        self.flag("extend", &call).await
     }
 
     /// Reset the lock's ttl if it is still ours. `false`: it was not ours.

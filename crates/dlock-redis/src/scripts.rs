@@ -8,6 +8,7 @@ pub use crate::token::{
     is_permit_token, is_reader_token, new_permit_token, new_reader_token, new_token, token_for,
     token_holder, token_mode,
 };
+pub(crate) use crate::token::{new_campaign_token, with_value};
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -37,7 +38,7 @@ pub struct Names {
     /// The fence counter.
     pub fence: String,
     /// The pub/sub channel on which the next waiter is called (each message is the token
-    /// of the waiter whose turn it is).
+    /// of the waiter whose turn it is), and election observers are woken (`!leader`).
     pub channel: String,
     /// The queue of waiters: a sorted set of waiter tokens by enqueue ticket.
     pub queue: String,
@@ -277,7 +278,9 @@ pub(crate) use shared::ACQUIRE_SHARED;
 ///
 /// `KEYS`: lock, fence, queue, waiter expiries. `ARGV`: token, ttl ms, fence lifetime ms,
 /// `1` to queue, the queue ticket (empty: the server clock in µs), the fence floor (`0`:
-/// none), the channel, the waiter lease ms.
+/// none), the channel, the waiter lease ms, and (optional) `1` for a campaign: a grant then
+/// publishes `!leader` (no token starts with `!`, so no waiter takes it for its call) on the channel, so election observers see the new leader
+/// at once. A plain acquire passes no ninth argument and publishes nothing.
 ///
 /// The key is taken only when it is free and the queue is empty or the caller is its first
 /// live waiter; taking it leaves the queue. Returns the fencing token (an integer) when
@@ -310,7 +313,9 @@ if (not first or first == token) and redis.call('SET', KEYS[1], token, 'NX', 'PX
     redis.call('ZREM', KEYS[3], token)
     redis.call('ZREM', KEYS[4], token)
   end
-  return grant_fence(now)
+  local fence = grant_fence(now)
+  if ARGV[9] == '1' then redis.call('PUBLISH', ARGV[7], '!leader') end
+  return fence
 end
 call_next(before, first, token, ARGV[7], now)
 if ARGV[4] == '1' then
@@ -370,8 +375,10 @@ return 0
 /// expired first waiter was dropped.
 ///
 /// `KEYS`: lock, fence (unused), queue, waiter expiries. `ARGV`: token, channel, `1` to
-/// announce. Returns 1 when the key was deleted, 0 when it was not ours (expired, broken,
-/// or another holder's). With nobody queued it costs what a compare-and-delete costs.
+/// announce, and (optional) `1` for a leader's hold: a release then publishes
+/// `!leader` (no token starts with `!`, so no waiter takes it for its call) on the channel whether or not anyone waits, for election observers.
+/// Returns 1 when the key was deleted, 0 when it was not ours (expired, broken, or another
+/// holder's). With nobody queued (and no leader) it costs what a compare-and-delete costs.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 const RELEASE_LUA: &str = concat!(
     base_lua!(),
@@ -392,6 +399,7 @@ elseif redis.pcall('GET', KEYS[1]) == token then
   redis.call('DEL', KEYS[1])
   released = 1
 end
+if released == 1 and ARGV[4] == '1' then redis.call('PUBLISH', ARGV[2], '!leader') end
 if redis.call('EXISTS', KEYS[3]) == 0 then return released end
 now = now or now_us()
 local before, first = prune(now)
@@ -427,6 +435,34 @@ end
 return 0
 "
 );
+
+/// Replace a leader's token (its value) if the key still holds it, keeping the key's ttl,
+/// and tell the election's observers.
+///
+/// `KEYS`: lock key. `ARGV`: the token held, the token to hold instead (the same random
+/// bits, another value), the channel. Returns 1 when replaced, 0 when the key is not ours.
+/// `SET … KEEPTTL` needs Redis 6.0 or later.
+pub(crate) static PROCLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(PROCLAIM_LUA));
+const PROCLAIM_LUA: &str = r"
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+redis.call('PUBLISH', ARGV[3], '!leader')
+return 1
+";
+
+/// Reset a leader's ttl if the key is still ours, and the fence counter's lifetime with
+/// it: `inspect` (and so `leader()`) reads the leader's term from the counter, which must
+/// not expire under a leader that renews for longer than its hour.
+///
+/// `KEYS`: lock, fence. `ARGV`: token, ttl ms, fence lifetime ms. Returns 1 when extended,
+/// 0 when not ours.
+pub(crate) static EXTEND_LEADER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(EXTEND_LEADER_LUA));
+const EXTEND_LEADER_LUA: &str = r"
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+";
 
 /// Reset the ttl of every key given that is still ours: [`EXTEND`] for many keys in one
 /// call. A key that is not ours (or not a string any more) is left alone and answers 0;
@@ -534,7 +570,7 @@ return {kind, string.format('%.0f', now), value, pttl, fence, members, queue}
 );
 
 /// The source of every script, for loading them when a connection opens.
-pub(crate) const SOURCES: [&str; 9] = [
+pub(crate) const SOURCES: [&str; 11] = [
     ACQUIRE_LUA,
     shared::ACQUIRE_SHARED_LUA,
     permits::ACQUIRE_PERMIT_LUA,
@@ -544,6 +580,8 @@ pub(crate) const SOURCES: [&str; 9] = [
     EXTEND_MANY_LUA,
     CLAIM_LUA,
     INSPECT_LUA,
+    PROCLAIM_LUA,
+    EXTEND_LEADER_LUA,
 ];
 
 #[cfg(test)]

@@ -15,6 +15,24 @@ pub fn new_token() -> String {
     )
 }
 
+/// A fresh token for an election candidate publishing `value`: [`new_token`] with the
+/// value in place of the holder description, so [`token_holder`] (and `inspect`'s `who`)
+/// reads it back. No escaping is needed: the core admits only values without control
+/// characters, [`token_holder`] takes everything after the *first* space (so spaces,
+/// colons and any Unicode come back as they went), and the scripts compare and store
+/// tokens as bytes.
+pub(crate) fn new_campaign_token(value: &str) -> String {
+    format!("{:032x} {value}", rand::random::<u128>())
+}
+
+/// `token` (a writer's, [`new_token`] or [`new_campaign_token`]) with `value` in place of
+/// what follows its random bits: the same owner identity carrying a new value, which a
+/// proclaim stores in place of the old token.
+pub(crate) fn with_value(token: &str, value: &str) -> String {
+    let random = token.split_once(' ').map_or(token, |(random, _)| random);
+    format!("{random} {value}")
+}
+
 /// A fresh reader token: `r`, 128 random bits as 32 hex digits, and the description, as
 /// [`new_token`]. The scripts tell a reader from a writer by that first letter (a
 /// writer's token starts with a hex digit).
@@ -75,4 +93,35 @@ pub fn is_permit_token(token: &str) -> bool {
 /// Whether `token` is a reader's (made by [`new_reader_token`]).
 pub fn is_reader_token(token: &str) -> bool {
     token.starts_with('r')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn campaign_values_round_trip_through_the_token() {
+        for value in [
+            "v",
+            "10.0.0.7:8080",
+            "alpha: draining",
+            " leading space and  two",
+            "ünïcødé ✓ 東京",
+            "r not a reader",
+            "p3.not a permit",
+            &"x".repeat(256),
+        ] {
+            let token = new_campaign_token(value);
+            assert_eq!(
+                token_mode(&token),
+                Some(dlock_core::Mode::Exclusive),
+                "{value:?}"
+            );
+            assert_eq!(token_holder(&token), Some(value), "{value:?}");
+            let moved = with_value(&token, "next: value");
+            assert_eq!(moved[..32], token[..32], "the owner identity stays");
+            assert_eq!(token_holder(&moved), Some("next: value"));
+            assert_eq!(token_holder(&with_value(&moved, value)), Some(value));
+        }
+    }
 }

@@ -12,6 +12,7 @@ use dlock_redis::server::{HeldKey, Names};
 
 use crate::NAME;
 use crate::cluster::Cluster;
+use crate::election::{self, proclaim_on, proclaimed_token};
 
 /// The handle on a key this client holds on a majority of the nodes.
 #[derive(Debug)]
@@ -27,6 +28,8 @@ pub(crate) struct RedlockHeld {
     pub(crate) ttl: Duration,
     /// The nodes that must keep the key: the majority, or a permit's quorum.
     pub(crate) quorum: usize,
+    /// A candidate's hold: the channel its proclaims and its release are announced on.
+    pub(crate) leader_channel: Option<String>,
 }
 
 impl RedlockHeld {
@@ -91,12 +94,21 @@ impl Held for RedlockHeld {
         let mut released = 0;
         let mut refused = 0;
         let mut failures = Vec::new();
-        for (_, answer) in answers {
+        let mut gone = Vec::new();
+        for (i, answer) in answers {
             match answer {
-                Ok(true) => released += 1,
+                Ok(true) => {
+                    released += 1;
+                    gone.push(i);
+                }
                 Ok(false) => refused += 1,
                 Err(e) => failures.push(e),
             }
+        }
+        if let Some(channel) = &self.leader_channel {
+            // A leader resigned: its observers learn it from the nodes it left (the
+            // release script announces only to waiters, and only when there are some).
+            election::announce(&self.cluster, gone, channel.clone());
         }
         if refused >= c.quorum {
             return Err(self.not_held());
@@ -105,5 +117,50 @@ impl Held for RedlockHeld {
             return Err(c.no_quorum("release", failures));
         }
         Ok(())
+    }
+
+    async fn proclaim(&mut self, value: &str) -> Result<()> {
+        let Some(channel) = self.leader_channel.clone() else {
+            // Only a campaign's hold carries a value (the core proclaims only on those).
+            return Err(LockError::Unsupported {
+                backend: NAME,
+                what: "proclaiming on a hold that is not a candidate's",
+            });
+        };
+        let c = &*self.cluster;
+        let names = &self.names;
+        let (from, to) = (self.token.clone(), proclaimed_token(&self.token, value));
+        let limit = c.node_timeout(self.ttl);
+        let answers = c
+            .on(&c.all(), limit, "proclaim", |n| {
+                proclaim_on(n, names, &from, &to, &channel)
+            })
+            .await;
+        let mut replaced = Vec::new();
+        let mut failures = Vec::new();
+        for (i, answer) in answers {
+            match answer {
+                Ok(true) => replaced.push(i),
+                Ok(false) => {}
+                Err(e) => failures.push(e),
+            }
+        }
+        if replaced.len() >= self.quorum {
+            // The hold is ours under the new token from now on: renewals and the release
+            // carry it. A node the proclaim missed keeps the old token until its ttl.
+            self.token = to;
+            self.renewal = None;
+            return Ok(());
+        }
+        // Too few nodes took the new value: put the old one back where it went, so the
+        // hold stays under one token (the extensions and the release carry the old one).
+        c.on(&replaced, limit, "proclaim", |n| {
+            proclaim_on(n, names, &to, &from, &channel)
+        })
+        .await;
+        if replaced.len() + failures.len() >= self.quorum {
+            return Err(c.no_quorum_of("proclaim", self.quorum, failures));
+        }
+        Err(self.not_held())
     }
 }

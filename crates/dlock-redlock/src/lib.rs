@@ -208,6 +208,37 @@
 //! keys that a majority of the nodes list, sorted: a key on a minority only (a round
 //! being given back, a node that kept a key its holder lost) is not held.
 //!
+//! # Elections
+//!
+//! An [`Election`](dlock_core::Election) on a key is the mutex above, with the candidate's
+//! value where a plain hold carries its holder's `NAME@HOST:PID`: in the token stored at
+//! the lock key on every node (32 random hex digits, a space, the value). Every script
+//! treats it as a writer's token (owner checks compare the whole of it), and
+//! [`inspect`](dlock_core::DistributedLock::inspect) shows the value as the holder's `who`
+//! (all of it after the first space; Redis strings are binary-safe and the core refuses
+//! control characters, so any value round-trips as it is, spaces and quotes included).
+//! Observers listen on the channel `{<lock key>}:leader` on every node.
+//!
+//! | operation | round trips |
+//! |---|---|
+//! | `campaign` | those of `acquire` (the same rounds, queue, fence write-back and term: the fencing token); then, in the background, a `PUBLISH` on every node announces the grant |
+//! | `proclaim` | 1: on every node a script swaps our token for one with the same random part and the new value where the node holds ours, keeping its ttl (`SET … KEEPTTL`), and publishes on the channel. A majority swapped: the hold carries the new token from then on (a node the proclaim missed keeps the old one until its ttl). Otherwise the nodes that swapped are swapped back (a second round trip) and the answer is `NotHeld` (a majority answered "not ours") or `Unavailable` |
+//! | `resign` | the release (1); then, in the background, a `PUBLISH` on each node that released |
+//! | `leader` | 1: `inspect`, the holder whose token a majority of the nodes holds, its value and fencing token (the term) |
+//! | `observe` | subscribing on every node (confirmed, a quorum of them needed), before the first read; then 1 read (`inspect`) per wake-up: the notices that arrive together are one wake-up, so a change costs 1 to `N` reads |
+//!
+//! **What wakes observers**: a grant to a candidate (announced once the fence is written
+//! back, so the read after it shows the new leader and term, even when the candidate was
+//! waiting and took over from a resigning leader), a proclaim, a leader's release. Not an
+//! expiry (a crashed leader) nor an announcement a node could not deliver (a node down, a
+//! subscriber connection broken and re-subscribed at the next notice): observers read the
+//! leader again after 1 s without a notice (`Observe::Woken { recheck: 1 s }`), which costs
+//! one round trip per observer per second and is well within the ttl a crashed leader
+//! takes to be replaced anyway. An observer that keeps fewer than a quorum of live
+//! subscriptions ends its stream with `Unavailable` (follow again). Another Redlock library
+//! sees a candidate's hold as a busy key whose value is the token; it has no election of its
+//! own to be compatible with.
+//!
 //! # Capabilities
 //!
 //! | capability | value | why |
@@ -222,6 +253,7 @@
 //! | inspect: who | yes | each token carries its holder's `NAME@HOST:PID` |
 //! | inspect: waiters | queue | waiters queued on a majority, in the order of the one ticket each proposed to every node |
 //! | inspect: list | yes | the keys a majority of the nodes' `SCAN`s list |
+//! | elections | woken, recheck 1 s | grants to candidates, proclaims and a leader's release publish on the key's `{<lock key>}:leader` channel on every node; expiries do not, so observers re-read after 1 s without a notice (see *Elections*) |
 //! | max key length | 1024 bytes | the core's default |
 //!
 //! # URL
@@ -262,6 +294,7 @@
 
 mod cluster;
 mod config;
+mod election;
 mod error;
 mod held;
 mod inspect;

@@ -9,19 +9,21 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{
-    Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockOptions, LockStats, Mode, Result,
-    WaiterView, Wakeup,
+    Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockOptions, LockStats, Mode, Observe,
+    Result, WaiterView, Wakeup,
 };
 use dlock_redis::server::{
     Attempt, InFlight, Names, Node, NodeError, Queueing, View, Waiter, token_for,
 };
 use futures::future::join_all;
+use futures::stream::BoxStream;
 use rand::Rng;
 use tokio::time::Instant;
 
 use crate::NAME;
 use crate::cluster::Cluster;
 use crate::config::RedlockConfig;
+use crate::election;
 use crate::held::RedlockHeld;
 use crate::inspect::{agreed_keys, agreed_status};
 use crate::permits::permit_quorum;
@@ -170,6 +172,151 @@ impl RedlockBackend {
         }
     }
 
+    /// Take `key` with `token` (a plain hold's, or a `candidate`'s carrying its value):
+    /// rounds, waiting and the grant, as the crate docs describe.
+    async fn take(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+        token: String,
+        candidate: bool,
+    ) -> Result<Option<Grant>> {
+        let ttl = opts.ttl;
+        let c = &*self.cluster;
+        let names = Names::new(&self.prefix, key);
+        // A permit needs enough nodes that no N + 1 holders fit (see `permits`).
+        let quorum = match opts.mode {
+            Mode::Permits(limit) => permit_quorum(c.nodes.len(), limit),
+            Mode::Exclusive | Mode::Shared => c.quorum,
+        };
+        // A caller that may wait joins the key's queue on every node from its first round
+        // on, with one ticket for all of them: the nodes order their waiters alike, so the
+        // first live waiter is first on every node that has its entry. Its waiter (a
+        // channel for calls, its subscriptions) is made only once it has to wait, so a
+        // round that wins at once pays for none of it.
+        let may_wait = deadline.may_wait();
+        let ticket = may_wait.then(now_micros);
+        let mut waiter: Option<Waiter> = None;
+        let mut first_round = true;
+        let mut retried = false;
+        let mut backoffs = 0;
+        // A round was lost (the key busy somewhere): a grant after that is a hand-off.
+        let mut found_busy = false;
+        loop {
+            let queueing = match &mut waiter {
+                Some(w) => {
+                    w.start_attempt();
+                    w.queueing(None)
+                }
+                None => Queueing {
+                    wait: may_wait,
+                    ticket,
+                    fence_floor: None,
+                },
+            };
+            let request = InFlight::new(&c.nodes, &names, &token)
+                .run(self.round(&names, &token, ttl, queueing, quorum));
+            // The first round may run its node timeouts out; later ones, made while
+            // waiting, end at the deadline.
+            let round = if std::mem::take(&mut first_round) {
+                request.await
+            } else {
+                match deadline.run(request).await {
+                    Some(round) => round,
+                    None => return Ok(None),
+                }
+            };
+            if may_wait && waiter.is_none() && !matches!(round, Round::Won { .. }) {
+                // The round may have queued us: from here on, giving up leaves the queues.
+                waiter = Some(Waiter::new(
+                    c.nodes.clone(),
+                    names.clone(),
+                    token.clone(),
+                    ticket,
+                    quorum,
+                    Some(c.node_timeout(ttl)),
+                ));
+            }
+            let (views, failures, granted, took) = match round {
+                Round::Won { fence, sent_at } => {
+                    if let Some(w) = &mut waiter {
+                        w.granted();
+                    }
+                    let leader_channel = candidate.then(|| election::channel(&names));
+                    let held = RedlockHeld {
+                        cluster: self.cluster.clone(),
+                        key: key.to_owned(),
+                        renewal: None,
+                        names,
+                        token,
+                        fence,
+                        ttl,
+                        quorum,
+                        leader_channel,
+                    };
+                    let grant = Grant::new(fence, Box::new(held), sent_at);
+                    return Ok(Some(match found_busy {
+                        true => grant.after_wait(),
+                        false => grant,
+                    }));
+                }
+                Round::Lost {
+                    views,
+                    failures,
+                    granted,
+                    took,
+                } => (views, failures, granted, took),
+            };
+            found_busy |= views.iter().any(|v| matches!(v, View::Held { .. }));
+            if c.nodes.len() - failures.len() < quorum {
+                // Too few nodes answered: once more (broken connections reopen), then give up.
+                if retried || !deadline.may_wait() {
+                    return Err(c.no_quorum_of("acquire", quorum, failures));
+                }
+                retried = true;
+                continue;
+            }
+            retried = false;
+            let Some(w) = waiter.as_mut().filter(|_| deadline.may_wait()) else {
+                return Ok(None);
+            };
+            // Listen on every node before the next round, so no call in between is missed.
+            if w.listening() < c.nodes.len() {
+                let Some(subscribed) = deadline.run(w.subscribe()).await else {
+                    return Ok(None);
+                };
+                for (i, e) in &subscribed.failed {
+                    tracing::debug!(node = i, error = %e, "cannot listen for calls on a node");
+                }
+                if subscribed.added > 0 {
+                    continue;
+                }
+            }
+            // Permit holders differ per node, so no one holder names the state: a permit
+            // round is split when some nodes granted it and too few did.
+            let split = match opts.mode {
+                Mode::Permits(_) => granted > 0,
+                Mode::Exclusive | Mode::Shared => !majority_holder(&views, quorum),
+            };
+            if split && backoffs < MAX_BACKOFFS {
+                // A split vote: nobody got a majority (contenders that joined the queues at
+                // once, or waiters whose entries are on too few nodes yet). They gave their
+                // nodes back; try again after a random pause, which also re-joins the queues.
+                backoffs += 1;
+                tokio::time::sleep_until(deadline.min(Instant::now() + backoff(took))).await;
+                if !deadline.may_wait() {
+                    return Ok(None);
+                }
+                continue;
+            }
+            backoffs = 0;
+            if !w.sleep(&views, deadline, &self.wakeups).await {
+                return Ok(None);
+            }
+        }
+    }
+
     /// Make the highest fence any granting node issued the fencing token, and store it on a
     /// majority before the lease is reported: the next holder's majority shares a node
     /// with this one and issues a greater token.
@@ -300,6 +447,11 @@ impl Backend for RedlockBackend {
                 waiters: WaiterView::Queue,
                 list: true,
             },
+            // A candidate's grant, a proclaim and a leader's release are announced on the
+            // key's channel on every node; expiries are not, hence the recheck.
+            election: Observe::Woken {
+                recheck: election::RECHECK,
+            },
             ..Default::default()
         }
     }
@@ -310,138 +462,32 @@ impl Backend for RedlockBackend {
         opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
-        let ttl = opts.ttl;
-        let c = &*self.cluster;
-        let names = Names::new(&self.prefix, key);
-        let token = token_for(opts.mode);
-        // A permit needs enough nodes that no N + 1 holders fit (see `permits`).
-        let quorum = match opts.mode {
-            Mode::Permits(limit) => permit_quorum(c.nodes.len(), limit),
-            Mode::Exclusive | Mode::Shared => c.quorum,
-        };
-        // A caller that may wait joins the key's queue on every node from its first round
-        // on, with one ticket for all of them: the nodes order their waiters alike, so the
-        // first live waiter is first on every node that has its entry. Its waiter (a
-        // channel for calls, its subscriptions) is made only once it has to wait, so a
-        // round that wins at once pays for none of it.
-        let may_wait = deadline.may_wait();
-        let ticket = may_wait.then(now_micros);
-        let mut waiter: Option<Waiter> = None;
-        let mut first_round = true;
-        let mut retried = false;
-        let mut backoffs = 0;
-        // A round was lost (the key busy somewhere): a grant after that is a hand-off.
-        let mut found_busy = false;
-        loop {
-            let queueing = match &mut waiter {
-                Some(w) => {
-                    w.start_attempt();
-                    w.queueing(None)
-                }
-                None => Queueing {
-                    wait: may_wait,
-                    ticket,
-                    fence_floor: None,
-                },
-            };
-            let request = InFlight::new(&c.nodes, &names, &token)
-                .run(self.round(&names, &token, ttl, queueing, quorum));
-            // The first round may run its node timeouts out; later ones, made while
-            // waiting, end at the deadline.
-            let round = if std::mem::take(&mut first_round) {
-                request.await
-            } else {
-                match deadline.run(request).await {
-                    Some(round) => round,
-                    None => return Ok(None),
-                }
-            };
-            if may_wait && waiter.is_none() && !matches!(round, Round::Won { .. }) {
-                // The round may have queued us: from here on, giving up leaves the queues.
-                waiter = Some(Waiter::new(
-                    c.nodes.clone(),
-                    names.clone(),
-                    token.clone(),
-                    ticket,
-                    quorum,
-                    Some(c.node_timeout(ttl)),
-                ));
-            }
-            let (views, failures, granted, took) = match round {
-                Round::Won { fence, sent_at } => {
-                    if let Some(w) = &mut waiter {
-                        w.granted();
-                    }
-                    let held = RedlockHeld {
-                        cluster: self.cluster.clone(),
-                        key: key.to_owned(),
-                        renewal: None,
-                        names,
-                        token,
-                        fence,
-                        ttl,
-                        quorum,
-                    };
-                    let grant = Grant::new(fence, Box::new(held), sent_at);
-                    return Ok(Some(match found_busy {
-                        true => grant.after_wait(),
-                        false => grant,
-                    }));
-                }
-                Round::Lost {
-                    views,
-                    failures,
-                    granted,
-                    took,
-                } => (views, failures, granted, took),
-            };
-            found_busy |= views.iter().any(|v| matches!(v, View::Held { .. }));
-            if c.nodes.len() - failures.len() < quorum {
-                // Too few nodes answered: once more (broken connections reopen), then give up.
-                if retried || !deadline.may_wait() {
-                    return Err(c.no_quorum_of("acquire", quorum, failures));
-                }
-                retried = true;
-                continue;
-            }
-            retried = false;
-            let Some(w) = waiter.as_mut().filter(|_| deadline.may_wait()) else {
-                return Ok(None);
-            };
-            // Listen on every node before the next round, so no call in between is missed.
-            if w.listening() < c.nodes.len() {
-                let Some(subscribed) = deadline.run(w.subscribe()).await else {
-                    return Ok(None);
-                };
-                for (i, e) in &subscribed.failed {
-                    tracing::debug!(node = i, error = %e, "cannot listen for calls on a node");
-                }
-                if subscribed.added > 0 {
-                    continue;
-                }
-            }
-            // Permit holders differ per node, so no one holder names the state: a permit
-            // round is split when some nodes granted it and too few did.
-            let split = match opts.mode {
-                Mode::Permits(_) => granted > 0,
-                Mode::Exclusive | Mode::Shared => !majority_holder(&views, quorum),
-            };
-            if split && backoffs < MAX_BACKOFFS {
-                // A split vote: nobody got a majority (contenders that joined the queues at
-                // once, or waiters whose entries are on too few nodes yet). They gave their
-                // nodes back; try again after a random pause, which also re-joins the queues.
-                backoffs += 1;
-                tokio::time::sleep_until(deadline.min(Instant::now() + backoff(took))).await;
-                if !deadline.may_wait() {
-                    return Ok(None);
-                }
-                continue;
-            }
-            backoffs = 0;
-            if !w.sleep(&views, deadline, &self.wakeups).await {
-                return Ok(None);
-            }
+        self.take(key, opts, deadline, token_for(opts.mode), false)
+            .await
+    }
+
+    async fn campaign(
+        &self,
+        key: &str,
+        value: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        // A writer's acquire whose token carries the value; the grant is announced to the
+        // key's observers once it is complete on the nodes (see `election`).
+        let token = election::candidate_token(value);
+        let granted = self.take(key, opts, deadline, token, true).await?;
+        if granted.is_some() {
+            let names = Names::new(&self.prefix, key);
+            election::announce(&self.cluster, self.cluster.all(), election::channel(&names));
         }
+        Ok(granted)
+    }
+
+    async fn leader_changes(&self, key: &str) -> Result<Option<BoxStream<'static, Result<()>>>> {
+        let names = Names::new(&self.prefix, key);
+        let changes = election::changes(self.cluster.clone(), election::channel(&names)).await?;
+        Ok(Some(changes))
     }
 
     fn check_key(&self, key: &str) -> Result<()> {
