@@ -9,9 +9,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{
-    Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockStats, Mode, Result, WaiterView,
-    Wakeup,
+    Capabilities, Expiry, Fencing, Inspection, KeyStatus, Leader, LockStats, Mode, Observe, Result,
+    WaiterView, Wakeup,
 };
+use futures::stream::BoxStream;
 use tokio::time::Instant;
 use zookeeper_client::{self as zk, EventType};
 
@@ -59,6 +60,11 @@ impl Backend for ZookeeperBackend {
                 waiters: WaiterView::Queue,
                 list: true,
             },
+            // A persistent recursive watch on the key directory wakes observers (see the
+            // crate docs' Elections).
+            election: Observe::Woken {
+                recheck: crate::election::RECHECK,
+            },
             ..Default::default()
         }
     }
@@ -81,6 +87,39 @@ impl Backend for ZookeeperBackend {
         opts: &dlock_core::LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
+        self.acquire_as(key, opts, deadline, None).await
+    }
+
+    async fn campaign(
+        &self,
+        key: &str,
+        value: &str,
+        opts: &dlock_core::LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        self.acquire_as(key, opts, deadline, Some(value)).await
+    }
+
+    async fn leader(&self, key: &str) -> Result<Option<Leader>> {
+        self.read_leader(key).await
+    }
+
+    async fn leader_changes(&self, key: &str) -> Result<Option<BoxStream<'static, Result<()>>>> {
+        self.watch_leader(key).await
+    }
+}
+
+impl ZookeeperBackend {
+    /// Acquire `key`, or campaign for it publishing `value`: the lock recipe (or, for
+    /// permits, the semaphore's) on the current session, started over on a new session if
+    /// that one ends while we wait.
+    async fn acquire_as(
+        &self,
+        key: &str,
+        opts: &dlock_core::LockOptions,
+        deadline: Deadline,
+        value: Option<&str>,
+    ) -> Result<Option<Grant>> {
         let dir = self.config.key_dir(key);
         for _ in 0..MAX_SESSIONS {
             let client = self.client(deadline).await?;
@@ -90,7 +129,7 @@ impl Backend for ZookeeperBackend {
             };
             let taken = match opts.mode {
                 Mode::Permits(limit) => self.take_permit(&client, key, &dir, limit, budget).await,
-                mode => self.take(&client, key, &dir, mode, budget).await,
+                mode => self.take(&client, key, &dir, mode, value, budget).await,
             };
             match taken {
                 Ok(grant) => return Ok(grant),
@@ -134,17 +173,22 @@ impl Budget {
 }
 
 impl ZookeeperBackend {
-    /// The lock recipe on one session, for an exclusive or shared hold.
+    /// The lock recipe on one session, for an exclusive or shared hold, or an election
+    /// candidate's exclusive hold publishing `value` (a `latch-` node).
     async fn take(
         &self,
         client: &zk::Client,
         key: &str,
         dir: &str,
         mode: Mode,
+        value: Option<&str>,
         budget: Budget,
     ) -> Result<Option<Grant>, zk::Error> {
         let sent_at = Instant::now();
-        let contender = Contender::new(client, self.acl(), key, dir, mode, self.config.curator);
+        let mut contender = Contender::new(client, self.acl(), key, dir, mode, self.config.curator);
+        if let Some(value) = value {
+            contender = contender.campaigning(value);
+        }
         match self.queue(client, contender, budget).await? {
             Some(held) => held.into_grant(key, sent_at).map(Some),
             None => Ok(None),

@@ -41,6 +41,9 @@ pub(crate) struct Contender {
     curator: CuratorRecipe,
     /// What `dir` hangs from, so a missing one is made the way Curator makes it.
     parent: Parent,
+    /// An election candidate's value: our node is then a `latch-` node carrying it (see
+    /// [Elections](crate#elections)).
+    value: Option<Arc<str>>,
     node: Option<Node>,
     /// A create went out whose outcome is unknown.
     unsure: bool,
@@ -83,6 +86,7 @@ impl Contender {
             mode,
             curator,
             parent: Parent::Base,
+            value: None,
             node: None,
             unsure: false,
             waited: false,
@@ -92,6 +96,13 @@ impl Contender {
     /// The same, for a node in one of a semaphore's directories (`locks` or `leases`).
     pub(crate) fn in_semaphore(mut self) -> Self {
         self.parent = Parent::Semaphore;
+        self
+    }
+
+    /// The same, as an election candidate publishing `value`: a `_c_{uuid}-latch-` node
+    /// (Curator's `LeaderLatch` name) whose data is `value`.
+    pub(crate) fn campaigning(mut self, value: &str) -> Self {
+        self.value = Some(value.into());
         self
     }
 
@@ -124,6 +135,7 @@ impl Contender {
             mode: self.mode,
             curator: self.curator,
             parent: self.parent,
+            value: self.value.clone(),
             node: None,
             unsure: false,
             waited: self.waited,
@@ -141,12 +153,16 @@ impl Contender {
     /// when it is not (`NoNode`: first use of the key, or reaped), create it, our node and
     /// the listing in the next round trip, and the base path first if that is missing
     /// (persistent nodes). Every node gets our ACL. Our node's data is this process's
-    /// [`holder_description`], a key directory's the key (a semaphore's `locks` and
-    /// `leases` get none); see [Inspecting](crate#inspecting). After a lost connection,
+    /// [`holder_description`] (a candidate's: its value, and its name `latch-`), a key
+    /// directory's the key (a semaphore's `locks` and `leases` get none); see
+    /// [Inspecting](crate#inspecting). After a lost connection,
     /// finds the node the lost create may have made before creating again (Curator's
     /// protected mode).
     pub(crate) async fn create(&mut self, budget: Budget) -> Result<Vec<String>, zk::Error> {
-        let name_prefix = nodes::node_prefix(&self.uuid, self.mode, self.curator);
+        let name_prefix = match &self.value {
+            Some(_) => nodes::latch_prefix(&self.uuid),
+            None => nodes::node_prefix(&self.uuid, self.mode, self.curator),
+        };
         let prefix = format!("{}/{name_prefix}", self.dir);
         let acl = Arc::clone(&self.acl);
         let acls = Acls::new(&acl);
@@ -160,7 +176,8 @@ impl Contender {
             Parent::Base => self.key.as_bytes(),
             Parent::Semaphore => &[],
         };
-        let who = holder_description().as_bytes();
+        let value = self.value.clone();
+        let who = value.as_deref().unwrap_or(holder_description()).as_bytes();
         for _ in 0..MAX_RETRIES {
             self.unsure = true;
             let dir = make_dir.then(|| self.client.create(&self.dir, dir_data, &container));

@@ -13,7 +13,7 @@ use zookeeper_client::{self as zk, EventType, SessionState};
 
 use crate::NAME;
 use crate::error::{Error, is_session_over};
-use crate::request::delete;
+use crate::request::{delete, retry};
 use crate::session::{connected, lost_after_disconnect};
 
 /// Resolves when our node is gone: deleted, or its session ended. One per held node,
@@ -79,6 +79,30 @@ impl Held for ZookeeperHeld {
                     return Err(self.not_held(LostReason::SessionEnded(format!("session {ended}"))));
                 }
             }
+        }
+    }
+
+    /// Write `value` as our node's data (`setData`, any version): one write, one round
+    /// trip. Our node's path holds our uuid and is ephemeral on our session, so no other
+    /// holder's node can be behind it: `NoNode` (deleted, or the session ended) is
+    /// `NotHeld`. The term (the node's czxid) stays. Retried on a lost connection (writing
+    /// the same data twice is harmless).
+    async fn proclaim(&mut self, value: &str) -> Result<()> {
+        if let Some(reason) = self.gone.clone().now_or_never() {
+            return Err(self.not_held(reason));
+        }
+        let client = &self.client;
+        match retry(client, self.until(), || {
+            client.set_data(&self.path, value.as_bytes(), None)
+        })
+        .await
+        {
+            Ok(_) => Ok(()),
+            Err(zk::Error::NoNode) => Err(self.not_held(LostReason::NotHeld)),
+            Err(e) if is_session_over(&e) => {
+                Err(self.not_held(LostReason::SessionEnded(e.to_string())))
+            }
+            Err(e) => Err(Error::zk("proclaim", e).into()),
         }
     }
 

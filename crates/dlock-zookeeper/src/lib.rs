@@ -21,7 +21,8 @@
 //! crashed holder's key frees one session timeout after its last heartbeat
 //! ([`Expiry::Session`](dlock_core::Expiry::Session)).
 //!
-//! Needs ZooKeeper 3.5 or later (container nodes, `create2`); tested with 3.8.0.
+//! Needs ZooKeeper 3.5 or later (container nodes, `create2`; 3.6 for woken election
+//! observers, see [Elections](#elections)); tested with 3.8.0.
 //!
 //! # Protocol
 //!
@@ -48,7 +49,8 @@
 //!    requests, in one round trip; if the base path is missing too, create it (persistent
 //!    nodes) and start again. The directory is not created on every acquire: a create that
 //!    fails (`NodeExists`) is still a write the ensemble agrees on and logs.
-//! 2. Contenders are the children whose names end in `-lock-`, `__lock__` or `__WRIT__`
+//! 2. Contenders are the children whose names end in `-lock-`, `latch-` (an election
+//!    candidate's, see [Elections](#elections)), `__lock__` or `__WRIT__`
 //!    (exclusive), `__READ__` or `__rlock__` (shared), followed by 10 digits, ordered by
 //!    those digits. An exclusive node holds the key when it is the lowest; a shared node
 //!    when no exclusive node is lower. If ours holds, the key is ours; the fencing token is
@@ -233,6 +235,60 @@
 //! 0.84 ms (1.9× to 3.3× and 1.4 to 3.4 ms before the key directory's create and delete
 //! were cut).
 //!
+//! # Elections
+//!
+//! [`Election`](dlock_core::Election) runs Apache Curator's `LeaderLatch` recipe on the
+//! key directory, so a dlock candidate and a Curator `LeaderLatch(client, path, id)` on
+//! [`ZookeeperConfig::key_dir`] of the key never both lead. Needs ZooKeeper 3.6 or later
+//! for woken observers (`addWatch`; on 3.5 they read the leader every second instead).
+//!
+//! - **Campaign**: the lock recipe above (steps 1 to 5: the same round trips, waiting,
+//!   deadline, cancellation and protected create), with the node
+//!   `{dir}/_c_{uuid}-latch-{seq}` (Curator's `LeaderLatch` name, its `LOCK_NAME` after
+//!   the protected prefix) whose data is the candidate's **value**, written by the create.
+//!   The candidate leads when its node is the lowest contender, and watches the one just
+//!   before it until then. The **term** is the node's `czxid`, as for a lock's fencing
+//!   token: strictly larger for every new leader. One round trip when the directory
+//!   exists.
+//! - **Which nodes a candidate waits for**: every contender (step 2), and `latch-` counts
+//!   as an exclusive name for every dlock hold. So a campaign waits behind a plain lock on
+//!   the key, and a plain lock (exclusive or shared) waits behind a leader and the
+//!   candidates queued ahead of it, as on other backends. Curator's latch sorts every
+//!   child by the text after its last `latch-`: our candidates' nodes are ordered with its
+//!   own by sequence, so both sides agree who leads and who is next; our plain `-lock-`
+//!   nodes sort after all of them (by their whole name), so **Curator's latch does not wait
+//!   for a dlock plain lock on the key** (dlock's locks do wait for Curator's latch). Use a
+//!   key either as an election or as a lock beside Curator.
+//! - **Proclaim**: `setData` on our own node (any version), one round trip. The node's
+//!   name holds our uuid and it is ephemeral on our session: nobody else's node can be at
+//!   that path, so no version check is needed; `NoNode` (deleted, or our session ended) is
+//!   [`NotHeld`](dlock_core::LockError::NotHeld). The term stays.
+//! - **Resign**: the release above, one `delete`; the next candidate's watch fires.
+//! - **Leader** ([`Election::leader`](dlock_core::Election::leader)): two round trips,
+//!   `getChildren {dir}`, then `getData` of the lowest contender if it is exclusive (a
+//!   candidate's, Curator's, or a plain lock's node): its data is the value (a Curator
+//!   participant's id), its `czxid` the term. One round trip when the key has no
+//!   contender. [`inspect`](dlock_core::DistributedLock::inspect) shows the same node as
+//!   the exclusive holder, its data as `who`.
+//! - **Observe**: the stream adds a persistent recursive watch on `{dir}` (`addWatch`, one
+//!   round trip, set before it returns; the directory need not exist). Every create,
+//!   delete and data change of a node in it wakes the observer: a candidate queued, a
+//!   leader resigned, a session expired (the server deletes its node, and notifies), a
+//!   proclaim. A grant needs no event of its own: a candidate leads the moment the nodes
+//!   ahead of it are deleted, and that deletion is the event. An observer sees a change
+//!   half a round trip after it commits and reads the leader (2 round trips); a proclaim
+//!   shows three round trips after its call (`tests/round_trips.rs`). Declared
+//!   [`Observe::Woken`](dlock_core::Observe::Woken) with a `recheck` of 1 s, which only
+//!   bounds notifications lost while the observer's connection moves to another member
+//!   (ZOOKEEPER-4698; a reconnection wakes the observer too). The stream ends with an
+//!   error when the observer's session ends. One session may observe and wait as a
+//!   candidate at once: the server sends one notification per deletion, and the client
+//!   hands it to both watches (`tests/election.rs`).
+//! - **Interop**, `tests/leader_latch.rs` (Curator's nodes and rule on a raw session): a
+//!   Curator participant leading makes a dlock candidate (and a plain lock) wait and
+//!   `leader()` names its id; a dlock leader makes a Curator participant wait until it
+//!   resigns.
+//!
 //! # Key sets
 //!
 //! A set of keys taken as one hold ([`LockExt::acquire_all`](dlock_core::LockExt::acquire_all))
@@ -295,6 +351,9 @@
 //! | `inspect`, held (a holder and a waiter, or permits) | 2 | `getChildren` × 3, then `getData` per node, pipelined |
 //! | `list`, lock keys | 2 | `getChildren` of the base, then one per key directory, pipelined |
 //! | `list`, a semaphore among the keys | 3 | the same, then `getChildren` of its `leases` |
+//! | `Election::leader` | 2 (1 with no contender) | `getChildren`, then `getData` of the lowest contender |
+//! | `Leadership::proclaim` | 1 | `setData` of our node |
+//! | `Election::observe`, subscribing | 1 | `addWatch` (persistent recursive) |
 //!
 //! # Capabilities
 //!
@@ -310,6 +369,7 @@
 //! | max key length | 1024 bytes | the default; long keys are shortened with a digest |
 //! | inspect: who | yes | every lock and lease node dlock creates carries its holder's `NAME@HOST:PID` (other clients' nodes: what they wrote, Curator's IP address; kazoo's none) |
 //! | inspect: waiters | queue | contenders wait in sequence order behind the holders; a semaphore's waiters are its `locks` queue |
+//! | election | woken, recheck 1 s | Curator's `LeaderLatch` (`latch-` nodes carrying the value); a persistent recursive watch on the key directory wakes observers on every change (see [Elections](#elections)) |
 //! | inspect: list | yes | the base path's children are the key directories, named by the key's reversible encoding (a shortened name: the key is the directory's data) |
 //!
 //! # URL
@@ -513,6 +573,8 @@
 //! - **go-zookeeper** counts our readers' nodes as exclusive contenders (versions that
 //!   split names on `lock-` and then `__`) or fails to lock while one exists (older ones,
 //!   which split on `-`): never an overlap.
+//! - **Curator** `LeaderLatch(client, dir, id)` with dlock's elections: see
+//!   [Elections](#elections).
 //! - **kazoo** `ReadLock(client, dir, extra_lock_patterns=["-lock-"])` shares with our
 //!   readers and waits for our writers; we count its `__rlock__` nodes as shared holds.
 //!   kazoo's `Lock` and `WriteLock` count our readers with `"__READ__"` added to
@@ -558,6 +620,7 @@ mod acquire;
 mod auth;
 mod config;
 mod contender;
+mod election;
 mod error;
 mod held;
 mod inspect;

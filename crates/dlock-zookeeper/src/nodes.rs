@@ -9,7 +9,9 @@
 //! the server's 10-digit sequence number, ordered by that number: `-lock-`, `__lock__`
 //! (kazoo's `Lock`) and `__WRIT__` (Curator's write lock) are exclusive, `__READ__` and
 //! `__rlock__` (kazoo's `ReadLock`) shared. See [Interop](crate#interop-with-curator-go-zookeeper-and-kazoo)
-//! for why exclusive holds keep the name `-lock-`.
+//! for why exclusive holds keep the name `-lock-`. An election candidate's node is
+//! `_c_{uuid}-latch-{seq}`, the name of Curator's `LeaderLatch`, and `latch-` contends as
+//! an exclusive hold: see [Elections](crate#elections).
 
 use dlock_core::Mode;
 
@@ -26,6 +28,9 @@ const READ_NAME: &str = "__READ__";
 /// The write lock's name in Curator's `InterProcessReadWriteLock`. Our exclusive holds use
 /// it (after `_c_{uuid}-`) with `curator=read_write_lock`.
 const WRITE_NAME: &str = "__WRIT__";
+/// Curator's `LeaderLatch` node name (its `LOCK_NAME`, after `_c_{uuid}-`). Our election
+/// candidates use it.
+const LATCH_NAME: &str = "latch-";
 /// kazoo's lock (and write lock) name.
 const KAZOO_LOCK_NAME: &str = "__lock__";
 /// kazoo's read lock name.
@@ -37,8 +42,9 @@ const LEASE_NAME: &str = "lease-";
 const SEQUENCE_DIGITS: usize = 10;
 
 /// Every name a contender's node may end with (before its sequence), and its mode.
-const NAMES: [(&str, Mode); 5] = [
+const NAMES: [(&str, Mode); 6] = [
     (LOCK_NAME, Mode::Exclusive),
+    (LATCH_NAME, Mode::Exclusive),
     (KAZOO_LOCK_NAME, Mode::Exclusive),
     (WRITE_NAME, Mode::Exclusive),
     (READ_NAME, Mode::Shared),
@@ -65,6 +71,12 @@ pub(crate) fn node_prefix(uuid: &uuid::Uuid, mode: Mode, curator: CuratorRecipe)
         (Mode::Shared, _) => format!("{protected}{READ_NAME}"),
         (Mode::Permits(_), _) => format!("{protected}{LEASE_NAME}"),
     }
+}
+
+/// The name to create ephemeral-sequential for an election candidate:
+/// `_c_{uuid}-latch-`, as Curator's `LeaderLatch` names its protected nodes.
+pub(crate) fn latch_prefix(uuid: &uuid::Uuid) -> String {
+    format!("{}{LATCH_NAME}", protected_prefix(uuid))
 }
 
 /// The sequence number and mode of a contender, `None` for any other child.
@@ -167,6 +179,12 @@ mod tests {
             "_c_1b4e28ba-2fa1-11d2-883f-0016cb8e9a2a-lease-"
         );
         assert_eq!(
+            latch_prefix(&uuid),
+            "_c_1b4e28ba-2fa1-11d2-883f-0016cb8e9a2a-latch-"
+        );
+        let latch = format!("{}0000000007", latch_prefix(&uuid));
+        assert_eq!(parse(&latch), Some(("0000000007", Mode::Exclusive)));
+        assert_eq!(
             protected_prefix(&uuid),
             "_c_1b4e28ba-2fa1-11d2-883f-0016cb8e9a2a-"
         );
@@ -188,6 +206,7 @@ mod tests {
             "_c_8eb6aa5e-6d50-4a41-a6b6-5a0e6fa4d3f2-__WRIT__0000000033".to_owned(), // Curator writer
             "_c_8eb6aa5e-6d50-4a41-a6b6-5a0e6fa4d3f3-__READ__0000000028".to_owned(), // reader
             "3f2a__rlock__0000000034".to_owned(),                                    // kazoo reader
+            "_c_8eb6aa5e-6d50-4a41-a6b6-5a0e6fa4d3f4-latch-0000000027".to_owned(),   // LeaderLatch
             "lock-0000000001".to_owned(), // no `-lock-`: not a contender
             "leases".to_owned(),          // unrelated child
             "x-lock-000000002".to_owned(), // 9 digits
@@ -204,6 +223,7 @@ mod tests {
         assert_eq!(
             seqs,
             [
+                ("0000000027", X),
                 ("0000000028", S),
                 ("0000000029", X),
                 ("0000000030", X),

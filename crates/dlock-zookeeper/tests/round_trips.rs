@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::ZookeeperHarness;
 use dlock_conformance::Harness;
-use dlock_core::{LockOptions, Wait};
+use dlock_core::{Election, Leader, LockOptions, Wait};
+use futures::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -321,6 +322,74 @@ async fn loopback_latency() {
     // Generous: these are single-digit milliseconds on loopback; a polling sleep would not be.
     assert!(cycle.0 < Duration::from_millis(100), "{cycle:?}");
     assert!(handoff.0 < Duration::from_millis(100), "{handoff:?}");
+}
+
+/// Elections: a campaign is an acquire (a `latch-` node), a proclaim one `setData`,
+/// `leader()` a listing and a `getData`, an observer's subscription one `addWatch`; an
+/// observer sees a proclaim half a round trip after it commits, then reads the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_round_trips() {
+    let harness = ZookeeperHarness::from_env();
+    let proxy = delaying_proxy(harness.server_addrs()[0], RTT / 2).await;
+    let url = harness.url_with_addrs(&[proxy]);
+    let a = harness
+        .connect(&url)
+        .await
+        .expect("client through the proxy");
+    let w = harness
+        .connect(&url)
+        .await
+        .expect("client through the proxy");
+    let direct = harness.client().await.expect("direct client");
+    let key = format!("rtt-{}/leader", uuid::Uuid::new_v4().simple());
+    // Make the key's directory (and the base path) without the proxy.
+    let made = direct.try_acquire(&key, &LockOptions::new()).await;
+    made.expect("try")
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    let mut measured = Vec::new();
+    let mut check = |what: &'static str, took: Duration, expected: u32| {
+        let rounds = (took.as_secs_f64() / RTT.as_secs_f64()).round() as u32;
+        measured.push(format!("{what}: {rounds} ({took:?})"));
+        assert_eq!(rounds, expected, "{what} took {took:?}");
+    };
+    let ours = Election::new(a, key.clone());
+    let observed = Election::new(w, key.clone());
+    let (leader, took) = timed(observed.leader()).await;
+    assert_eq!(leader.expect("leader()"), None);
+    check("leader(), nobody leads", took, 1);
+    let mut changes = observed.observe();
+    let (first, took) = timed(changes.next()).await;
+    assert_eq!(first.expect("an item").expect("observe"), None);
+    check("observe: subscribe, then leader()", took, 2);
+    let (leading, took) = timed(ours.campaign("v1")).await;
+    let mut leading = leading.expect("campaign");
+    check("campaign, nobody leads", took, 1);
+    let (leader, took) = timed(observed.leader()).await;
+    assert_eq!(
+        leader.expect("leader()"),
+        Some(Leader::new("v1", leading.term()))
+    );
+    check("leader(), a leader", took, 2);
+    // Drain the campaign's notification, then time a proclaim end to end.
+    let seen = changes.next().await.expect("an item").expect("observe");
+    assert_eq!(seen, Some(Leader::new("v1", leading.term())));
+    let started = Instant::now();
+    let (proclaimed, took) = timed(leading.proclaim("v2")).await;
+    proclaimed.expect("proclaim");
+    check("proclaim", took, 1);
+    let seen = changes.next().await.expect("an item").expect("observe");
+    assert_eq!(seen, Some(Leader::new("v2", leading.term())));
+    // The write reaches the server (1/2), its notification the observer (1/2), then the
+    // observer reads the leader (2).
+    check("proclaim, until an observer shows it", started.elapsed(), 3);
+    let (resigned, took) = timed(leading.resign()).await;
+    resigned.expect("resign");
+    check("resign", took, 1);
+    drop(changes);
+    eprintln!("election round trips:\n  {}", measured.join("\n  "));
 }
 
 fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {

@@ -163,9 +163,16 @@ impl ZookeeperHarness {
 pub fn sequence(name: &str) -> Option<&str> {
     let split = name.len().checked_sub(10)?;
     let (head, digits) = (name.get(..split)?, name.get(split..)?);
-    let named = ["-lock-", "__lock__", "__WRIT__", "__READ__", "__rlock__"]
-        .iter()
-        .any(|tag| head.ends_with(tag));
+    let named = [
+        "-lock-",
+        "latch-",
+        "__lock__",
+        "__WRIT__",
+        "__READ__",
+        "__rlock__",
+    ]
+    .iter()
+    .any(|tag| head.ends_with(tag));
     (digits.bytes().all(|b| b.is_ascii_digit()) && named).then_some(digits)
 }
 
