@@ -122,16 +122,21 @@ pub(crate) struct Attempt {
     /// The key was busy at the first try and the acquire waited: a grant now is a
     /// hand-off ([`Grant::after_wait`]).
     waited: bool,
+    /// An election candidate's value, recorded as the hold's `who` in place of the
+    /// client's description (see the crate docs' *Elections*).
+    value: Option<String>,
 }
 
 impl Attempt {
-    /// An acquire of `key` for a lease of `opts.ttl` in `opts.mode`, answering on `reply`.
+    /// An acquire of `key` for a lease of `opts.ttl` in `opts.mode`, answering on `reply`;
+    /// with `value`, a campaign publishing it.
     pub(crate) fn new(
         inner: Arc<Inner>,
         key: &str,
         opts: &LockOptions,
         deadline: Deadline,
         reply: oneshot::Sender<Answer>,
+        value: Option<&str>,
     ) -> Self {
         Self {
             inner,
@@ -143,6 +148,7 @@ impl Attempt {
             reply: Reply(Some(reply)),
             sent_at: Instant::now(),
             waited: false,
+            value: value.map(str::to_owned),
         }
     }
 
@@ -335,11 +341,16 @@ impl Attempt {
     }
 
     /// The statement a granting batch ends its locking read with: the hold's uncommitted
-    /// row in `{table}_held` (see `inspect`).
+    /// row in `{table}_held` (see `inspect`), naming the client, or carrying a
+    /// candidate's value.
     pub(crate) fn record_holder(&self) -> String {
+        let who = self
+            .value
+            .as_deref()
+            .unwrap_or(dlock_core::holder_description());
         self.inner
             .sql
-            .record_holder(&self.name, &self.key, self.mode)
+            .record_holder(&self.name, &self.key, self.mode, who)
     }
 
     /// The idle timeout a lock batch must set first: `None` when the session has it.

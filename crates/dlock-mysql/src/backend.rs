@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{
-    Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockError, LockOptions, LockStats, Mode,
-    Result, WaiterView, Wakeup,
+    Capabilities, Expiry, Fencing, Inspection, KeyStatus, Leader, LockError, LockOptions,
+    LockStats, Mode, Observe, Result, WaiterView, Wakeup,
 };
 use futures::StreamExt;
 use sqlx::mysql::MySqlRow;
@@ -23,6 +23,7 @@ use tokio::time::timeout;
 use crate::NAME;
 use crate::acquire::Attempt;
 use crate::config::{LockMode, MysqlConfig};
+use crate::election::OBSERVE_EVERY;
 use crate::error::Error;
 use crate::named::{NamedAttempt, NamedSession};
 use crate::pool::{Lent, Pool};
@@ -178,6 +179,12 @@ impl Backend for MysqlBackend {
                 waiters: WaiterView::Listed,
                 list: true,
             },
+            // Both modes: the leader's value beside its hold (row mode: the hold's own
+            // row; named mode: a row trusted while its connection holds the lock). No
+            // server push, so observers read the leader every `OBSERVE_EVERY`.
+            election: Observe::Polled {
+                every: OBSERVE_EVERY,
+            },
             ..Default::default()
         }
     }
@@ -196,13 +203,44 @@ impl Backend for MysqlBackend {
         opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
+        self.take(key, opts, deadline, None).await
+    }
+
+    async fn campaign(
+        &self,
+        key: &str,
+        value: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        self.take(key, opts, deadline, Some(value)).await
+    }
+
+    async fn leader(&self, key: &str) -> Result<Option<Leader>> {
+        Ok(self.inner.leader(key).await?)
+    }
+
+    fn stats(&self) -> LockStats {
+        LockStats::with_wakeups(self.inner.wakeups.load(Ordering::Relaxed))
+    }
+}
+
+impl MysqlBackend {
+    /// Acquire `key` (with `value`, as an election candidate publishing it).
+    async fn take(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+        value: Option<&str>,
+    ) -> Result<Option<Grant>> {
         let (tx, rx) = oneshot::channel();
         // Counted as clean-up: once the caller gives up, the task still stops the waiting
         // statement and tidies the connection. Row mode's first try runs here (see
         // `Attempt::run`), and only what may wait goes to a task.
         let spawned = match self.inner.config.mode {
             LockMode::Row => {
-                Attempt::new(self.inner.clone(), key, opts, deadline, tx)
+                Attempt::new(self.inner.clone(), key, opts, deadline, tx, value)
                     .run()
                     .await;
                 true
@@ -222,7 +260,7 @@ impl Backend for MysqlBackend {
                 });
             }
             LockMode::Named => {
-                let attempt = NamedAttempt::new(self.inner.clone(), key, opts, deadline, tx);
+                let attempt = NamedAttempt::new(self.inner.clone(), key, opts, deadline, tx, value);
                 dlock_core::raw::spawn_cleanup(attempt.run())
             }
         };
@@ -237,10 +275,6 @@ impl Backend for MysqlBackend {
             ))
         })
     }
-
-    fn stats(&self) -> LockStats {
-        LockStats::with_wakeups(self.inner.wakeups.load(Ordering::Relaxed))
-    }
 }
 
 /// What a batch of statements did before it stopped.
@@ -249,6 +283,9 @@ pub(crate) struct Batch {
     /// Statements that completed.
     pub(crate) done: usize,
     pub(crate) rows: Vec<MySqlRow>,
+    /// Rows the completed statements matched (sqlx asks for `CLIENT_FOUND_ROWS`, so an
+    /// `UPDATE` that changes nothing still counts the rows it found).
+    pub(crate) affected: u64,
     pub(crate) error: Option<Error>,
 }
 
@@ -266,7 +303,10 @@ pub(crate) async fn run_into(lent: &mut Lent, sql: &str, op: &'static str, out: 
     let mut results = lent.raw().fetch_many(sql);
     while let Some(item) = results.next().await {
         match item {
-            Ok(Either::Left(_)) => out.done += 1,
+            Ok(Either::Left(done)) => {
+                out.done += 1;
+                out.affected += done.rows_affected();
+            }
             Ok(Either::Right(row)) => out.rows.push(row),
             Err(e) => {
                 out.error = Some(Error::Sql { op, source: e });
@@ -303,14 +343,23 @@ impl Inner {
     /// Run a short batch on a side connection. An idle connection found dead is replaced
     /// once; a failed batch is rolled back before its connection goes back to the pool.
     pub(crate) async fn side(&self, op: &'static str, sql: &str) -> Result<Vec<MySqlRow>, Error> {
+        Ok(self.side_batch(op, sql).await?.rows)
+    }
+
+    /// [`side`](Self::side), answering how many rows the batch's statements matched.
+    pub(crate) async fn side_affected(&self, op: &'static str, sql: &str) -> Result<u64, Error> {
+        Ok(self.side_batch(op, sql).await?.affected)
+    }
+
+    async fn side_batch(&self, op: &'static str, sql: &str) -> Result<Batch, Error> {
         let mut replaced = false;
         loop {
             let mut lent = self.side.get().await?;
-            let batch = self.run(&mut lent, sql, op).await;
-            match batch.error {
+            let mut batch = self.run(&mut lent, sql, op).await;
+            match batch.error.take() {
                 None => {
                     lent.give_back();
-                    return Ok(batch.rows);
+                    return Ok(batch);
                 }
                 Some(e) if e.is_connection_lost() => {
                     if lent.reused && batch.done == 0 && !replaced {
@@ -348,23 +397,24 @@ impl Inner {
     /// this is.
     async fn prepare_tables(&self) -> Result<(Tokens, Server)> {
         let mut tables = self.side("connect", &self.sql.describe_tables()).await?;
-        // Tables of an older version may lack the permit slots or the holds: created here
-        // too.
-        if tables.len() < 4 {
+        // Tables of an older version may lack the permit slots, the holds or the
+        // leaders' values: created here too.
+        if tables.len() < 5 {
             self.side("create tables", &self.sql.create_tables())
                 .await?;
             tables = self.side("connect", &self.sql.describe_tables()).await?;
         }
-        if tables.len() < 4 {
+        if tables.len() < 5 {
             return Err(LockError::backend(
                 NAME,
                 "create tables",
                 format!(
-                    "tables `{}`, `{}`, `{}` and `{}` are not visible after CREATE TABLE",
+                    "tables `{}`, `{}`, `{}`, `{}` and `{}` are not visible after CREATE TABLE",
                     self.config.table,
                     self.config.fence_table(),
                     self.config.slots_table(),
-                    self.sql.held
+                    self.sql.held,
+                    self.sql.value
                 ),
             ));
         }

@@ -241,6 +241,12 @@ impl MysqlConfig {
         format!("{}_slots", self.table)
     }
 
+    /// The table holding the values published by named-mode election leaders:
+    /// `{table}_value` (see the crate docs' *Elections*).
+    pub fn value_table(&self) -> String {
+        format!("{}_value", self.table)
+    }
+
     /// Check what `from_url` cannot: values set directly on the fields.
     pub(crate) fn validate(&self) -> Result<()> {
         check_table(&self.table)?;

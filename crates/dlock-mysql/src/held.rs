@@ -113,6 +113,39 @@ impl Held for MysqlHeld {
         }
     }
 
+    /// Update the hold's own `{table}_held` row on the holding connection, inside the
+    /// holding transaction: undone with the hold, and owner-checked by `conn =
+    /// CONNECTION_ID()`. No row, or a failed connection: the hold is gone.
+    async fn proclaim(&mut self, value: &str) -> Result<()> {
+        if self.conn().is_none() {
+            return Err(self.not_held("the holding connection is closed"));
+        }
+        let sql = self
+            .inner
+            .sql
+            .proclaim_row(&sql::row_name(&self.key), value);
+        self.in_flight = true;
+        let lent = self.conn.as_mut().expect("checked above");
+        let batch = self.inner.run(lent, &sql, "proclaim").await;
+        self.in_flight = false;
+        match batch.error {
+            // sqlx asks for found rows: a value proclaimed twice still matches the row.
+            None if batch.affected > 0 => Ok(()),
+            None => {
+                // The transaction no longer holds the row (it was rolled back): neither
+                // the key nor the connection can be trusted.
+                self.conn = None;
+                Err(self.not_held("the hold's record is gone"))
+            }
+            Some(e) if e.is_connection_lost() || matches!(e, Error::NoAnswer { .. }) => {
+                self.conn = None;
+                Err(self.not_held(e))
+            }
+            // The statement failed; the transaction, and the hold, go on.
+            Some(e) => Err(e.into()),
+        }
+    }
+
     async fn release(&mut self) -> Result<()> {
         let lent = self.conn().is_some().then(|| self.conn.take()).flatten();
         let Some(lent) = lent else {

@@ -93,8 +93,9 @@ impl Sql {
     /// The statement a granting batch adds right after its locking read: record the hold
     /// in `{table}_held` (uncommitted, undone by the release's `ROLLBACK`), only if the
     /// read locked a row (`FOUND_ROWS()`), with the token the read drew where the
-    /// sequence gives it (`LASTVAL`; counters: set by [`Self::record_token`]).
-    pub(crate) fn record_holder(&self, name: &str, key: &str, mode: Mode) -> String {
+    /// sequence gives it (`LASTVAL`; counters: set by [`Self::record_token`]), and `who`:
+    /// the client's `holder_description`, or an election candidate's value.
+    pub(crate) fn record_holder(&self, name: &str, key: &str, mode: Mode, who: &str) -> String {
         let token = match self.tokens {
             Tokens::Sequence => format!("LASTVAL(`{}`)", self.sequence()),
             Tokens::Counter => "NULL".to_owned(),
@@ -111,7 +112,7 @@ impl Sql {
             h = self.held,
             n = literal(name),
             k = literal(key),
-            w = literal(dlock_core::holder_description()),
+            w = literal(who),
         )
     }
 
@@ -164,19 +165,23 @@ impl Sql {
     }
 
     /// Named mode: the holding connection of `lock` (`IS_USED_LOCK`), its user and
-    /// address, and the token and time of its grant where its fence row names it; then the
-    /// sessions running a `GET_LOCK` of it.
+    /// address, the token and time of its grant where its fence row names it, and the
+    /// value it leads with where its `{table}_value` row names it; then the sessions
+    /// running a `GET_LOCK` of it.
     pub(crate) fn inspect_named(&self, lock: &str, row: &str) -> String {
         format!(
             "SELECT CAST(l.id AS UNSIGNED), CAST(p.USER AS CHAR), CAST(p.HOST AS CHAR), \
-                    f.fence, CAST(UNIX_TIMESTAMP(f.granted_at) * 1000000 AS UNSIGNED) \
+                    f.fence, CAST(UNIX_TIMESTAMP(f.granted_at) * 1000000 AS UNSIGNED), \
+                    CAST(v.value AS CHAR) \
              FROM (SELECT IS_USED_LOCK({l}) AS id) l \
              LEFT JOIN information_schema.PROCESSLIST p ON p.ID = l.id \
              LEFT JOIN `{f}` f ON f.name = {r} AND f.holder = l.id \
+             LEFT JOIN `{v}` v ON v.name = {r} AND v.conn = l.id \
              WHERE l.id IS NOT NULL;\
              {waiters}",
             l = literal(lock),
             f = self.fence,
+            v = self.value,
             r = literal(row),
             waiters = Self::running_with(&format!("GET_LOCK({}, ", literal(lock))),
         )
@@ -268,7 +273,7 @@ impl Sql {
         rows: &[MySqlRow],
     ) -> Result<KeyStatus, Error> {
         let mut status = KeyStatus::new(key, true);
-        let (holds, others): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.len() == 5);
+        let (holds, others): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.len() == 6);
         for row in holds {
             let id: u64 = row.try_get(0).map_err(Error::sql("inspect"))?;
             let user: Option<String> = row.try_get(1).map_err(Error::sql("inspect"))?;
@@ -276,7 +281,10 @@ impl Sql {
             let mut holder = HolderStatus::new(Mode::Exclusive);
             holder.fencing_token = row.try_get(3).map_err(Error::sql("inspect"))?;
             holder.since = micros(row.try_get(4).map_err(Error::sql("inspect"))?);
-            holder.who = Some(session(id, user.as_deref(), host.as_deref()));
+            let value: Option<String> = row.try_get(5).map_err(Error::sql("inspect"))?;
+            // A leader shows its value; any other holder, its session.
+            holder.who =
+                Some(value.unwrap_or_else(|| session(id, user.as_deref(), host.as_deref())));
             status.holders.push(holder);
         }
         let call = format!("SELECT GET_LOCK({}, ", literal(lock));

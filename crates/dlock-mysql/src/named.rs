@@ -22,6 +22,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::acquire::{Reply, Why, sleep_until_some};
 use crate::backend::{Batch, Inner, run_into};
+use crate::election::NamedLeadership;
 use crate::error::Error;
 use crate::pool::Lent;
 use crate::sql::{self, LOCK_WAIT_ROUND, Sql, literal};
@@ -52,20 +53,35 @@ pub(crate) fn lock_name(table: &str, row_name: &str) -> String {
     out
 }
 
-/// A key in named mode: its lock name and its row name (for the fence counter).
+/// A key in named mode: its lock name and its row name (for the fence counter), and an
+/// election candidate's value.
 #[derive(Debug, Clone)]
 pub(crate) struct NamedLock {
     name: Arc<str>,
     row: Arc<str>,
+    /// A campaign's value: its grant writes it in `{table}_value`, its release deletes it
+    /// (see `election`).
+    value: Option<Arc<str>>,
 }
 
 impl NamedLock {
-    pub(crate) fn new(table: &str, key: &str) -> Self {
+    pub(crate) fn new(table: &str, key: &str, value: Option<&str>) -> Self {
         let row = sql::row_name(key);
         Self {
             name: lock_name(table, &row).into(),
             row: row.into(),
+            value: value.map(Arc::from),
         }
+    }
+
+    /// The `GET_LOCK` name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The row name, in `{table}_fence` and `{table}_value`.
+    pub(crate) fn row(&self) -> &str {
+        &self.row
     }
 }
 
@@ -104,18 +120,23 @@ impl NamedSession {
 impl Inner {
     /// On the connection that was just granted `lock`: its fencing token (autocommit: it
     /// stays taken whatever happens later), and the session's idle timeout. The grant came
-    /// first, so a later holder's token is larger.
+    /// first, so a later holder's token is larger. A campaign's value row follows, with
+    /// the token.
     async fn named_fence(
         &self,
         lent: &mut Lent,
         lock: &NamedLock,
         idle: u32,
     ) -> Result<u64, Error> {
-        let sql = format!(
+        let mut sql = format!(
             "{};{}",
             Sql::keep(idle),
             self.sql.next_fence(&lock.row, lent.id())
         );
+        if let Some(value) = &lock.value {
+            sql.push(';');
+            sql.push_str(&self.sql.record_value(&lock.row, value));
+        }
         let mut batch = self.run(lent, &sql, "fence").await;
         if let Some(e) = batch.error.take() {
             return Err(e);
@@ -156,7 +177,13 @@ impl Session for NamedSession {
     }
 
     async fn unlock(&mut self, lock: &NamedLock, last: bool) -> Result<bool, Failure> {
-        let mut sql = format!("SELECT RELEASE_LOCK({})", literal(&lock.name));
+        let mut sql = String::new();
+        if lock.value.is_some() {
+            // The value row goes while the lock is still this session's.
+            sql.push_str(&self.inner.sql.forget_value(&lock.row));
+            sql.push(';');
+        }
+        let _ = write!(sql, "SELECT RELEASE_LOCK({})", literal(&lock.name));
         if last {
             sql.push_str(";SET SESSION wait_timeout = DEFAULT");
         }
@@ -219,15 +246,17 @@ pub(crate) struct NamedAttempt {
 }
 
 impl NamedAttempt {
+    /// An acquire of `key` (with `value`, a campaign publishing it), answering on `reply`.
     pub(crate) fn new(
         inner: Arc<Inner>,
         key: &str,
         opts: &LockOptions,
         deadline: Deadline,
         reply: oneshot::Sender<Answer>,
+        value: Option<&str>,
     ) -> Self {
         Self {
-            lock: NamedLock::new(&inner.config.table, key),
+            lock: NamedLock::new(&inner.config.table, key, value),
             inner,
             key: key.to_owned(),
             ttl: opts.ttl,
@@ -238,7 +267,15 @@ impl NamedAttempt {
     }
 
     pub(crate) async fn run(mut self) {
-        let answer = self.take().await;
+        let mut answer = self.take().await;
+        if self.lock.value.is_some() {
+            // A leadership proclaims on a side connection (see `election`).
+            answer = answer.map(|granted| {
+                granted.map(|grant| {
+                    NamedLeadership::wrap(self.inner.clone(), &self.key, self.lock.clone(), grant)
+                })
+            });
+        }
         if let Some(grant) = self.reply.send(answer) {
             tracing::debug!(key = %self.key, "acquire abandoned after the grant; releasing");
             let mut held = grant.held;

@@ -24,6 +24,12 @@ pub(crate) const MAX_KEY: usize = 1024;
 /// server for ever. Deadlines are enforced by the client, which kills the waiting statement.
 pub(crate) const LOCK_WAIT_ROUND: u32 = 60;
 
+/// Width of a hold's `who` (`{table}_held`) and of a leader's `value` (`{table}_value`),
+/// in bytes: a holder description or an election value
+/// ([`MAX_VALUE_LEN`](dlock_core::election::MAX_VALUE_LEN) bytes) fits.
+pub(crate) const VALUE_WIDTH: usize = 400;
+const _: () = assert!(dlock_core::election::MAX_VALUE_LEN <= VALUE_WIDTH);
+
 /// Characters a row name keeps as they are; every other one is percent-escaped.
 fn readable(c: char) -> bool {
     c.is_ascii_alphanumeric() || "-_./:@+=,~".contains(c)
@@ -101,6 +107,8 @@ pub(crate) struct Sql {
     /// `{table}_held`: who holds what, written uncommitted by each holding transaction
     /// (see [`Self::record_holder`]).
     pub(crate) held: String,
+    /// `{table}_value`: the value a named-mode leader publishes (see `named`).
+    pub(crate) value: String,
     pub(crate) tokens: Tokens,
     server: Server,
 }
@@ -115,6 +123,7 @@ impl Sql {
             seq: format!("{table}_seq"),
             slots: format!("{table}_slots"),
             held: format!("{table}_held"),
+            value: format!("{table}_value"),
             tokens,
             server,
         }
@@ -202,13 +211,20 @@ impl Sql {
                permits INT UNSIGNED NOT NULL,\
                token BIGINT UNSIGNED NULL,\
                since TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\
-               who VARBINARY(400) NOT NULL,\
+               who VARBINARY({VALUE_WIDTH}) NOT NULL,\
                PRIMARY KEY (name, conn)\
-             ) ENGINE=InnoDB COMMENT='dlock: each hold, inserted by its transaction and rolled back at release: read it READ UNCOMMITTED'",
+             ) ENGINE=InnoDB COMMENT='dlock: each hold, inserted by its transaction and rolled back at release: read it READ UNCOMMITTED';\
+             CREATE TABLE IF NOT EXISTS `{v}` (\
+               name VARBINARY({NAME_WIDTH}) NOT NULL PRIMARY KEY,\
+               conn BIGINT UNSIGNED NOT NULL COMMENT 'CONNECTION_ID() of the leader, valid while IS_USED_LOCK names it',\
+               token BIGINT UNSIGNED NOT NULL,\
+               value VARBINARY({VALUE_WIDTH}) NOT NULL\
+             ) ENGINE=InnoDB COMMENT='dlock: the value of each named-mode election leader, deleted when it resigns'",
             t = self.table,
             f = self.fence,
             s = self.slots,
             h = self.held,
+            v = self.value,
         )
     }
 
@@ -223,8 +239,8 @@ impl Sql {
              JOIN information_schema.COLUMNS c \
                ON c.TABLE_SCHEMA = t.TABLE_SCHEMA AND c.TABLE_NAME = t.TABLE_NAME \
               AND c.COLUMN_NAME = 'name' \
-             WHERE t.TABLE_SCHEMA = DATABASE() AND t.TABLE_NAME IN ('{}', '{}', '{}', '{}')",
-            self.table, self.fence, self.slots, self.held
+             WHERE t.TABLE_SCHEMA = DATABASE() AND t.TABLE_NAME IN ('{}', '{}', '{}', '{}', '{}')",
+            self.table, self.fence, self.slots, self.held, self.value
         )
     }
 

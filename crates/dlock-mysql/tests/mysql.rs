@@ -272,7 +272,12 @@ async fn the_table_option_names_the_tables_and_unsafe_tables_are_refused() {
         )
     };
     let mut admin = h.admin().await.expect("admin connection");
-    let drop_tables = |t: &str| format!("DROP TABLE IF EXISTS `{t}`, `{t}_fence`, `{t}_seq`");
+    let drop_tables = |t: &str| {
+        format!(
+            "DROP TABLE IF EXISTS `{t}`, `{t}_fence`, `{t}_seq`, `{t}_slots`, `{t}_held`, \
+             `{t}_value`"
+        )
+    };
 
     // A table of our own, created on first use.
     let own = format!("dlock_t_{suffix}");

@@ -340,7 +340,8 @@ impl Harness for MysqlHarness {
     }
 
     /// Rows of keys, and permit slots (`name#slot`), starting with `prefix` that some
-    /// session still locks. Not residue: rows and slots nobody locks, which stay for the
+    /// session still locks, and named-mode leaders' values (`value:name`) left in
+    /// `{table}_value`. Not residue: rows and slots nobody locks, which stay for the
     /// key's next use (one per key or slot ever locked, as the fence counters), and the
     /// fence table and token sequence.
     async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError> {
@@ -350,6 +351,16 @@ impl Harness for MysqlHarness {
             self.locked_rows(&self.config.slots_table(), slots, prefix)
                 .await?,
         );
+        let escaped = row_name(prefix);
+        let values = format!(
+            "SELECT CAST(CONCAT('value:', name) AS CHAR) FROM `{}` WHERE LEFT(name, {}) = {}",
+            self.config.value_table(),
+            escaped.len(),
+            literal(&escaped)
+        );
+        for row in self.admin().await?.fetch_all(values.as_str()).await? {
+            locked.push(row.try_get::<String, _>(0)?);
+        }
         Ok(locked)
     }
 }
