@@ -180,7 +180,59 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         assert!(lease.release().await.is_err(), "the killed lease is gone");
     }
     println!("holder's session killed -> held {}", percentiles(freed));
+    elections(&a, &b, &format!("{prefix}e"), rounds).await?;
     permits(&a, &b, &format!("{prefix}p"), rounds, &mut raw).await
+}
+
+/// An election: a campaign on a free key, a proclaim, `leader()` from another client, a
+/// resignation, and how long an observer takes to see a proclaim (the notification, then
+/// its read of the leader).
+async fn elections(
+    a: &dlock_postgres::PostgresLock,
+    b: &dlock_postgres::PostgresLock,
+    key: &str,
+    rounds: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use dlock_core::Election;
+    use futures::StreamExt;
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let mine = Election::new(std::sync::Arc::new(a.clone()), key).options(opts);
+    let theirs = Election::new(std::sync::Arc::new(b.clone()), key).options(opts);
+    let (mut campaign, mut proclaim, mut leader, mut resign) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let mut leading = mine.campaign("10.0.0.7:8080").await?;
+        campaign.push(t.elapsed());
+        let t = Instant::now();
+        leading.proclaim("10.0.0.7:8081").await?;
+        proclaim.push(t.elapsed());
+        let t = Instant::now();
+        theirs.leader().await?.expect("a leader");
+        leader.push(t.elapsed());
+        let t = Instant::now();
+        leading.resign().await?;
+        resign.push(t.elapsed());
+    }
+    println!("campaign, key free              {}", percentiles(campaign));
+    println!("proclaim                        {}", percentiles(proclaim));
+    println!("leader(), key led               {}", percentiles(leader));
+    println!("resign                          {}", percentiles(resign));
+
+    let mut changes = theirs.observe();
+    changes.next().await.expect("the leader now")?;
+    let mut leading = mine.campaign("v0").await?;
+    changes.next().await.expect("the first leader")?;
+    let mut seen = Vec::new();
+    for i in 1..=rounds.min(200) {
+        let t = Instant::now();
+        leading.proclaim(&format!("v{i}")).await?;
+        changes.next().await.expect("the proclaim")?;
+        seen.push(t.elapsed());
+    }
+    leading.resign().await?;
+    println!("proclaim -> observer sees it    {}", percentiles(seen));
+    Ok(())
 }
 
 /// Permits of a semaphore of 4: tries on free and taken slots, the hand-off from a release

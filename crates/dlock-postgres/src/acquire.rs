@@ -29,7 +29,7 @@ use crate::backend::{Inner, run_raw};
 use crate::error::Error;
 use crate::pool::Lent;
 use crate::session::PgSession;
-use crate::sql::{Advisory, Sql, millis};
+use crate::sql::{Advisory, millis};
 
 /// How long a cancelled statement gets to answer before the next, stronger step.
 const CANCEL_GRACE: Duration = Duration::from_secs(1);
@@ -92,6 +92,8 @@ pub(crate) struct Attempt {
     mode: Mode,
     /// Auto-renewed: the hold may share its holder connection.
     shares_carrier: bool,
+    /// A candidate's value (an election campaign), published with the grant.
+    value: Option<Arc<str>>,
     idle_ms: u64,
     deadline: Deadline,
     reply: Reply,
@@ -112,10 +114,17 @@ impl Attempt {
             ttl,
             mode: opts.mode,
             shares_carrier: opts.auto_renew,
+            value: None,
             idle_ms: millis(ttl),
             deadline,
             reply: Reply(None),
         }
+    }
+
+    /// The same acquire as a candidate's in an election: the grant publishes `value`.
+    pub(crate) fn campaign(mut self, value: &str) -> Self {
+        self.value = Some(value.into());
+        self
     }
 
     /// Wait for `lock` (found busy by [`first`](Self::first)), answering on `reply`;
@@ -142,8 +151,9 @@ impl Attempt {
         let lock = Advisory {
             id,
             mode: self.mode,
+            value: self.value.clone(),
         };
-        match self.take_now(lock).await {
+        match self.take_now(lock.clone()).await {
             Some(Ok(None)) if self.deadline.may_wait() => First::Busy(lock),
             Some(answer) => First::Answer(answer),
             None => First::Answer(Ok(None)),
@@ -191,7 +201,7 @@ impl Attempt {
             if wait < Duration::from_millis(1) {
                 break;
             }
-            let sql = self.inner.sql.wait_take(lock, self.idle_ms, millis(wait));
+            let sql = self.inner.sql.wait_take(&lock, self.idle_ms, millis(wait));
             let sent_at = Instant::now();
             let silent = sent_at + wait + self.inner.config.response_timeout;
             match self.guarded(&mut lent, &sql, silent).await {
@@ -217,7 +227,7 @@ impl Attempt {
                     };
                     // Answer at once, then put the connection right.
                     let _ = self.reply.send(answer);
-                    self.settle(lent, late).await;
+                    self.settle(lent, &lock, late).await;
                     return Ok(None);
                 }
             }
@@ -255,10 +265,13 @@ impl Attempt {
     /// The connection of a stopped wait: if the statement answered (cancelled, or granted
     /// just before the cancel), drop whatever the session holds and return it to the pool;
     /// if it did not, or the connection is lost, close it (the server frees its locks).
-    async fn settle(&self, lent: Lent, late: Option<Rows>) {
+    async fn settle(&self, lent: Lent, lock: &Advisory, late: Option<Rows>) {
         match late {
             Some(Err(e)) if e.is_connection_lost() => {}
-            Some(_) => self.inner.give_back_clean(lent, Sql::unlock_all()).await,
+            Some(_) => {
+                let clean = self.inner.sql.unlock_all(lock);
+                self.inner.give_back_clean(lent, &clean).await;
+            }
             None => {}
         }
     }
@@ -266,7 +279,7 @@ impl Attempt {
     /// The wait was granted: the connection becomes a holder connection carrying the hold,
     /// a hand-off ([`Grant::after_wait`]).
     fn granted(&self, lent: Lent, lock: Advisory, token: u64, sent_at: Instant) -> Answer {
-        let session = PgSession::holding(self.inner.clone(), lent, lock);
+        let session = PgSession::holding(self.inner.clone(), lent, lock.clone());
         let carriers = &self.inner.carriers;
         let granted = Granted {
             key: &self.key,

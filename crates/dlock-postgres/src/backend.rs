@@ -7,16 +7,17 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{
-    Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockError, LockStats, Mode, Result,
-    WaiterView, Wakeup,
+    Capabilities, Expiry, Fencing, Inspection, KeyStatus, Leader, LockError, LockOptions,
+    LockStats, Mode, Observe, Result, WaiterView, Wakeup,
 };
 use futures::TryStreamExt;
+use futures::stream::BoxStream;
 use sqlx::postgres::PgRow;
 use sqlx::{Either, Executor, Row};
 use tokio::sync::oneshot;
@@ -65,6 +66,10 @@ pub(crate) struct Inner {
     pub(crate) carriers: Carriers<PgSession>,
     /// Waiters for permits and the listener that wakes them.
     pub(crate) permit_waits: PermitWaits,
+    /// Election observers and the listener that wakes them.
+    pub(crate) leader_waits: PermitWaits,
+    /// The election table exists (made at connect when missing, if the role may).
+    pub(crate) elections: AtomicBool,
 }
 
 impl PostgresBackend {
@@ -94,6 +99,7 @@ impl PostgresBackend {
                  sslmode=verify-full and sslrootcert to verify it)"
             );
         }
+        let sql = Sql::new(&config.table, config.namespace);
         let inner = Inner {
             locks: Pool::new(
                 "lock",
@@ -109,14 +115,18 @@ impl PostgresBackend {
                 config.connect_timeout,
                 SIDE_CONNECTIONS,
             ),
-            sql: Sql::new(&config.table, config.namespace),
             config,
             ids: Mutex::new(HashMap::new()),
             wakeups: AtomicU64::new(0),
             carriers: Carriers::new(NAME).open_while_busy(BUSY_CARRIERS),
-            permit_waits: PermitWaits::new(),
+            permit_waits: PermitWaits::new(sql.permit_channel()),
+            leader_waits: PermitWaits::new(sql.leader_channel()),
+            elections: AtomicBool::new(false),
+            sql,
         };
         inner.prepare().await?;
+        let elections = inner.prepare_elections().await;
+        inner.elections.store(elections, Ordering::Relaxed);
         Ok(Self {
             inner: Arc::new(inner),
         })
@@ -180,6 +190,16 @@ impl Backend for PostgresBackend {
                 // Key names are in the key table: pg_locks' ids joined with it.
                 list: true,
             },
+            // The grant, the proclaim and the release notify the key's observers (LISTEN);
+            // a leader whose session ended notified nobody: seen at the next re-read.
+            // Without the election table (the role could not create it), none.
+            election: if self.inner.elections.load(Ordering::Relaxed) {
+                Observe::Woken {
+                    recheck: crate::election::RECHECK,
+                }
+            } else {
+                Observe::Unsupported
+            },
             // max_held: none (the default): as many keys as memory allows, many per
             // holder connection; the server's lock table bounds all sessions together.
             ..Default::default()
@@ -189,10 +209,59 @@ impl Backend for PostgresBackend {
     async fn acquire(
         &self,
         key: &str,
-        opts: &dlock_core::LockOptions,
+        opts: &LockOptions,
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
         let attempt = Attempt::new(self.inner.clone(), key, opts, deadline);
+        self.take(attempt).await
+    }
+
+    async fn campaign(
+        &self,
+        key: &str,
+        value: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        self.inner.check_elections("campaign")?;
+        let attempt = Attempt::new(self.inner.clone(), key, opts, deadline).campaign(value);
+        let Some(grant) = self.take(attempt).await? else {
+            return Ok(None);
+        };
+        // The id is cached: the take looked it up.
+        let id = self.inner.lock_id(key).await?;
+        Ok(Some(crate::election::Elected::wrap(
+            self.inner.clone(),
+            key,
+            id,
+            grant,
+        )))
+    }
+
+    async fn leader(&self, key: &str) -> Result<Option<Leader>> {
+        self.inner.leader(key).await
+    }
+
+    async fn leader_changes(&self, key: &str) -> Result<Option<BoxStream<'static, Result<()>>>> {
+        self.inner.leader_changes(key).await
+    }
+
+    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
+        self.inner.inspect(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        self.inner.list(prefix).await
+    }
+
+    fn stats(&self) -> LockStats {
+        LockStats::with_wakeups(self.inner.wakeups.load(Ordering::Relaxed))
+    }
+}
+
+impl PostgresBackend {
+    /// Acquire (or campaign) as `attempt` says.
+    async fn take(&self, attempt: Attempt) -> Result<Option<Grant>> {
         // The first try never waits on the server: it runs here. Only a wait gets a task.
         let id = match attempt.first().await {
             First::Answer(answer) => return answer,
@@ -215,18 +284,6 @@ impl Backend for PostgresBackend {
                 "the acquire task ended without an answer",
             ))
         })
-    }
-
-    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
-        self.inner.inspect(key).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
-        self.inner.list(prefix).await
-    }
-
-    fn stats(&self) -> LockStats {
-        LockStats::with_wakeups(self.inner.wakeups.load(Ordering::Relaxed))
     }
 }
 

@@ -28,6 +28,8 @@ pub(crate) struct LockRow {
     pub(crate) application: Option<String>,
     /// The session's client address, where the reader may see it.
     pub(crate) addr: Option<String>,
+    /// A leader's value and term (its row in the election table), on its hold's row.
+    pub(crate) leader: Option<(String, i64)>,
 }
 
 impl LockRow {
@@ -40,6 +42,12 @@ impl LockRow {
             wait_start_us: row.try_get(4)?,
             application: row.try_get(5)?,
             addr: row.try_get(6)?,
+            leader: match row.len() > 7 {
+                true => row
+                    .try_get::<Option<String>, _>(7)?
+                    .zip(row.try_get::<Option<i64>, _>(8)?),
+                false => None,
+            },
         })
     }
 
@@ -80,6 +88,11 @@ pub(crate) fn status(key: &str, rows: &[LockRow]) -> KeyStatus {
         if row.granted {
             let mut holder = HolderStatus::new(row.mode(semaphore));
             holder.who = Some(row.who());
+            // A leader shows its value, and its term as the token.
+            if let Some((value, term)) = &row.leader {
+                holder.who = Some(value.clone());
+                holder.fencing_token = u64::try_from(*term).ok();
+            }
             status.holders.push(holder);
         } else if let Some(waiters) = &mut status.waiters {
             let mut waiter = WaiterStatus::new();
@@ -104,7 +117,9 @@ fn since_epoch(us: i64) -> Option<SystemTime> {
 impl Inner {
     /// Who holds `key` and who waits: one statement on a side connection.
     pub(crate) async fn inspect(&self, key: &str) -> Result<KeyStatus> {
-        let rows = self.side("inspect", &self.sql.inspect(), Some(key)).await?;
+        let elections = self.elections.load(std::sync::atomic::Ordering::Relaxed);
+        let sql = self.sql.inspect(elections);
+        let rows = self.side("inspect", &sql, Some(key)).await?;
         let rows = rows
             .iter()
             .map(LockRow::read)
@@ -139,6 +154,7 @@ mod tests {
             wait_start_us: (!granted).then_some(1_700_000_000_000_000),
             application: Some(format!("app{slot}@host:1")),
             addr: None,
+            leader: None,
         }
     }
 

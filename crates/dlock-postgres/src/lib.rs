@@ -220,6 +220,11 @@
 //! | permit holder's session ends → waiter holds ² | the re-check: ≤ 1 s + 1 try | 996 ms |
 //! | permit `acquire` that waits, first time in a client | + the listener's connect and `LISTEN` | — |
 //! | `inspect`, key held ³ | 1 (reads `pg_locks` and `pg_stat_activity`) | 1.4 ms |
+//! | election `campaign`, key free ⁴ | 1 (the try with the row's upsert and `pg_notify`) | 2.2 ms |
+//! | `proclaim` ⁴ | 1 (side connection; reads `pg_locks`) | 2.3 ms |
+//! | `leader()`, key led ⁴ | 1 (reads `pg_locks`) | 1.8 ms |
+//! | `resign` ⁴ | 1 (unlock, row deleted, `pg_notify`) | 1.5 ms |
+//! | `proclaim` called → an observer sees it ⁴ | update + notify → listener → 1 read | 5.9 ms |
 //! | `list`, one key held ³ | 1 (reads `pg_locks`) | 0.82 ms |
 //!
 //! A server round trip (`SELECT 1`) measured 0.06 ms, a raw `pg_advisory_lock` +
@@ -237,6 +242,10 @@
 //! ³ `postgres_latency` in a run beside other builds (`SELECT 1` took 0.027 ms, an
 //! exclusive `try_acquire` of a free key 0.069 ms); both grow with the server's locks and
 //! sessions (see *Inspecting*).
+//! ⁴ `postgres_latency` in a busier run (`SELECT 1` 0.028 ms, an exclusive `try_acquire`
+//! of a free key 0.094 ms, `inspect` 3.5 ms). Each write of the election row commits with a
+//! WAL flush (`synchronous_commit = on`, which the fencing tokens need), most of a
+//! campaign's, proclaim's and resignation's time here.
 //!
 //! # Many keys
 //!
@@ -257,6 +266,65 @@
 //! taken, its keys taken so far are held: a waiter on one of them waits in the server's
 //! lock queue and is granted the key when the set releases it, or gives it back because a
 //! later key stayed busy (before `acquire_all` returns).
+//!
+//! # Elections
+//!
+//! An election ([`Election`](dlock_core::Election)) is the key's exclusive hold, taken,
+//! kept, lost and released as above; its term is the hold's fencing token. The value lives
+//! in a table beside the key table, created with it (`CREATE TABLE IF NOT EXISTS` at
+//! connect, serialised like the key table; see *What stays on the server*):
+//!
+//! ```sql
+//! CREATE TABLE dlock_keys_elect (
+//!   ns integer, id integer,          -- the namespace and the key's id
+//!   pid integer NOT NULL,            -- the holding session (pg_backend_pid())
+//!   token bigint NOT NULL,           -- the leader's term
+//!   value text NOT NULL,             -- what it publishes
+//!   PRIMARY KEY (ns, id));
+//! ```
+//!
+//! A row is trusted only while `pg_locks` shows its `pid` holding the key's own lock
+//! exclusively: a leader whose session ended (a crash, `pg_terminate_backend`, its idle
+//! timeout) leaves its row, which nobody reads as a leader and the next leader's grant
+//! overwrites. The value is only ever sent as a bound parameter or as hex digits
+//! (`convert_from(decode('…', 'hex'), 'UTF8')`). Observers `LISTEN` on
+//! `dlock_leaders_<namespace as unsigned>` (payload: the key's id), one listener
+//! connection per client, opened at its first `observe`, like the permit listener.
+//!
+//! - **Campaign**: an acquire whose granting statement also upserts the row (`INSERT … ON
+//!   CONFLICT (ns, id) DO UPDATE`, with `pg_backend_pid()` and the token) and
+//!   `pg_notify`s the channel, sent at commit: the same round trips as an acquire (1 when
+//!   free). A waiting candidate's batch goes on, once granted, with `lock_timeout` 0 and
+//!   the same upsert and notification (the token from `currval`), in the same transaction:
+//!   still one batch. Nobody ever reads the key held without its leader's row. If the
+//!   row cannot be written, the try's statement fails, and the carrier session unlocks the
+//!   key at once (the session-level lock survives the statement's rollback).
+//! - **Proclaim**: one statement on a side connection, the value bound:
+//!   `UPDATE … SET value = $1 WHERE` the row is this term's (`token`) `AND` `pg_locks`
+//!   shows its session holding the key exclusively, then `pg_notify`; no row updated is
+//!   [`NotHeld`](dlock_core::LockError::NotHeld). Owner-checked without the holder
+//!   connection: only this hold wrote a row with its token, and a release deletes it.
+//! - **Resign** (release): the unlock statement also deletes the session's row and
+//!   notifies: 1 round trip, as a release.
+//! - **Leader**: one statement on a side connection: the row joined with the key table,
+//!   if `pg_locks` shows its session holding the key (reads `pg_locks`, as `inspect`).
+//!   A plain (non-campaign) hold of the key is no leader: `None`.
+//! - **Observe**: the stream subscribes (the key's id, then the listener listening, at
+//!   most 1 s) before its first read; each notification of the key (a grant to a
+//!   candidate, after a wait too, a proclaim, a release) wakes it and it reads the leader
+//!   (1 round trip). [`Observe::Woken`](dlock_core::Observe::Woken) with `recheck` 1 s: a
+//!   session that ended notifies nobody, so a crashed leader with no candidate waiting is
+//!   seen within 1 s (a waiting candidate's grant notifies at once); a listener that lost
+//!   its connection wakes every observer once it listens again.
+//! - **Inspect** shows a leader's value as its `who` and its term as its `fencing_token`
+//!   (a `LEFT JOIN` of the row on the holding pid).
+//!
+//! No standard PostgreSQL recipe to be compatible with; by hand, the leader of a key is
+//! `SELECT value, token FROM dlock_keys_elect e JOIN dlock_keys k ON k.id = e.id WHERE
+//! e.ns = 1684828003 AND k.name = '…'` when `pg_locks` shows `e.pid` holding the key.
+//! A role that cannot create the table, where it is missing, gets elections refused
+//! ([`Observe::Unsupported`](dlock_core::Observe::Unsupported) in the capabilities,
+//! logged once at connect); everything else works.
 //!
 //! # Inspecting
 //!
@@ -283,7 +351,8 @@
 //!   `backend PID from ADDR`. `since` and `ttl_left` are `None`: `pg_locks` keeps no grant
 //!   time, and a holder connection carries many keys, so its last statement and its idle
 //!   timeout say nothing about one key. `fencing_token` is `None`: `nextval` hands the
-//!   token to the holder only.
+//!   token to the holder only. An election's leader is the exception: its `who` is the
+//!   value it publishes and its `fencing_token` its term, from its row (see *Elections*).
 //! - **Waiters**: the rows not granted, first in line first (by `pg_locks.waitstart`, the
 //!   `since` of each; PostgreSQL ≥ 14), with their mode and `who` as for holders: the
 //!   server's lock queue of the key's own lock, exclusive and shared requests, dlock's and
@@ -325,6 +394,7 @@
 //! | inspect: who | yes | each session's `application_name`, visible to every role: dlock's holders and waiters carry their holder description |
 //! | inspect: waiters | queue | the server's lock queue in `pg_locks`, ordered by `waitstart`; a semaphore's waiters wait in their clients and are not shown (`None` for a key seen as a semaphore) |
 //! | inspect: list | yes | the key table keeps every key's name: held ids in `pg_locks` joined with it |
+//! | election | woken, recheck 1 s | the value in `{table}_elect`, written by the granting statement; grants, proclaims and releases `pg_notify` the observers' listener; a leader's ended session notifies nobody, hence the re-read every second (see *Elections*) |
 //!
 //! Tokens are global (one sequence for every key), so they increase across all keys, and
 //! strictly per key.
@@ -362,11 +432,15 @@
 //! client still has its id cached (or is about to lock it) would let the key get a second
 //! id, and two holders. Delete rows only of keys retired for good, with every client
 //! stopped. The sequences never go back. Advisory locks live only as long as the sessions
-//! holding them. A permit waiter leaves nothing at all: it waits in the client.
+//! holding them. A permit waiter leaves nothing at all: it waits in the client. The
+//! election table keeps at most one row per key that had a leader: a release deletes its
+//! row; a leader whose session ended leaves it, ignored, until the key's next leader
+//! replaces it.
 //!
-//! The role needs `CREATE` on the schema the first time (or create the table and
-//! sequences beforehand), then `SELECT`, `INSERT` on the table and `USAGE` on the
-//! sequences. Cancelling or terminating one's own sessions needs no privilege.
+//! The role needs `CREATE` on the schema the first time (or create the tables and
+//! sequences beforehand), then `SELECT`, `INSERT` on the key table, `USAGE` on the
+//! sequences, and for elections `SELECT`, `INSERT`, `UPDATE`, `DELETE` on the election
+//! table. Cancelling or terminating one's own sessions needs no privilege.
 //!
 //! # Failure modes
 //!
@@ -395,6 +469,7 @@
 mod acquire;
 mod backend;
 mod config;
+mod election;
 mod error;
 mod inspect;
 mod permits;

@@ -30,8 +30,11 @@ use crate::sql::Advisory;
 /// notification), or one released while the listener was reconnecting.
 pub(crate) const RECHECK: Duration = Duration::from_secs(1);
 
-/// The permit waiters of one client, by key id, and the listener that wakes them.
+/// The waiters of one client woken by one channel (the permit waiters; the election
+/// observers), by key id, and the listener that wakes them.
 pub(crate) struct PermitWaits {
+    /// The channel to listen on.
+    channel: String,
     registry: Arc<Registry>,
     /// The running listener: whether it listens, and the end of its task when dropped.
     listener: Mutex<Option<Listener>>,
@@ -72,7 +75,7 @@ impl Registry {
 }
 
 /// One waiter's place in the registry, removed when dropped.
-struct Registration {
+pub(crate) struct Registration {
     registry: Arc<Registry>,
     id: i32,
     number: u64,
@@ -91,15 +94,24 @@ impl Drop for Registration {
     }
 }
 
+impl Registration {
+    /// Resolves at the next wake-up of this waiter (kept if it came meanwhile).
+    pub(crate) async fn notified(&self) {
+        self.notify.notified().await;
+    }
+}
+
 impl PermitWaits {
-    pub(crate) fn new() -> Self {
+    /// The waiters woken by notifications on `channel`.
+    pub(crate) fn new(channel: String) -> Self {
         Self {
+            channel,
             registry: Arc::default(),
             listener: Mutex::new(None),
         }
     }
 
-    fn register(&self, id: i32) -> Registration {
+    pub(crate) fn register(&self, id: i32) -> Registration {
         let number = self.registry.next.fetch_add(1, Ordering::Relaxed);
         let notify = Arc::new(Notify::new());
         lock(&self.registry.waiters)
@@ -116,7 +128,7 @@ impl PermitWaits {
 
     /// Start the listener unless it runs, and wait until it listens, at most [`RECHECK`]
     /// (past it, waiters rely on trying again every [`RECHECK`]).
-    async fn listening(&self, inner: &Inner) {
+    pub(crate) async fn listening(&self, inner: &Inner) {
         let mut ready = {
             let mut listener = lock(&self.listener);
             match &*listener {
@@ -131,7 +143,7 @@ impl PermitWaits {
                         self.registry.clone(),
                         options.disable_statement_logging(),
                         (inner.config.connect_timeout, inner.config.response_timeout),
-                        inner.sql.permit_channel(),
+                        self.channel.clone(),
                         ready_tx,
                         stopped,
                     );
@@ -165,7 +177,7 @@ pub(crate) async fn wait(attempt: &Attempt, lock: Advisory) -> Result<Option<Gra
         return Ok(None);
     }
     loop {
-        match attempt.take_now(lock).await {
+        match attempt.take_now(lock.clone()).await {
             None => return Ok(None),
             Some(Ok(Some(grant))) => {
                 inner.wakeups.fetch_add(1, Ordering::Relaxed);
@@ -209,7 +221,7 @@ async fn listen(
             error = run => error,
         };
         ready.send_replace(false);
-        tracing::debug!(%error, "the permit listener failed; listening again shortly");
+        tracing::debug!(%error, %channel, "a listener failed; listening again shortly");
         tokio::select! {
             _ = &mut stop => return,
             () = sleep(RECHECK) => {}

@@ -48,12 +48,12 @@ impl PgSession {
     pub(crate) fn holding(inner: Arc<Inner>, lent: Lent, lock: Advisory) -> Self {
         let mut session = Self::new(inner, lent);
         session.unproven = false;
-        session.count(lock, true);
+        session.count(&lock, true);
         session
     }
 
     /// Count one more (`taken`) or one fewer shared hold of `lock`.
-    fn count(&mut self, lock: Advisory, taken: bool) {
+    fn count(&mut self, lock: &Advisory, taken: bool) {
         if lock.mode != Mode::Shared {
             return;
         }
@@ -68,7 +68,7 @@ impl PgSession {
     }
 
     /// The statement that takes `lock` without waiting on this session.
-    fn try_sql(&self, lock: Advisory, idle: Duration) -> String {
+    fn try_sql(&self, lock: &Advisory, idle: Duration) -> String {
         let sql = &self.inner.sql;
         match lock.mode {
             Mode::Shared if self.shared.contains_key(&lock.id) => {
@@ -85,7 +85,7 @@ impl PgSession {
     /// The statement that gives `lock` back, and for a permit the slot it frees (the
     /// highest this session holds of the key: all of them are alike, and keeping the low
     /// ones held makes smaller limits count them). `None` when the session holds no slot.
-    fn unlock_sql(&self, lock: Advisory, last: bool) -> Option<(String, Option<i32>)> {
+    fn unlock_sql(&self, lock: &Advisory, last: bool) -> Option<(String, Option<i32>)> {
         let sql = &self.inner.sql;
         if let Mode::Permits(_) = lock.mode {
             let slot = *self.slots.get(&lock.id)?.iter().max()?;
@@ -116,6 +116,22 @@ impl PgSession {
         }
     }
 
+    /// A candidate's try failed on the server after it may have taken the lock (its row
+    /// could not be written: the statement rolled back, but a session-level advisory lock
+    /// stays taken). The session held no lock of the key before (a client takes a key once
+    /// at a time), so unlock it; if even that fails, the session cannot be trusted.
+    async fn campaign_failed(&mut self, lock: &Advisory, e: Error) -> Failure {
+        let plain = Advisory::new(lock.id, lock.mode);
+        let undo = self.inner.sql.unlock(&plain);
+        match self.run(&undo, "acquire").await {
+            Ok(_) => Failure::Request(e.into()),
+            Err(Failure::Request(undo) | Failure::Session(undo)) => {
+                tracing::debug!(error = %undo, "a failed campaign's lock could not be undone");
+                Failure::Session(e.into())
+            }
+        }
+    }
+
     async fn run(
         &mut self,
         sql: &str,
@@ -133,7 +149,6 @@ impl Session for PgSession {
     type Lock = Advisory;
 
     async fn try_lock(&mut self, lock: &Advisory, idle: Duration) -> Result<Option<u64>, Failure> {
-        let lock = *lock;
         let sql = self.try_sql(lock, idle);
         let mut rows = self.inner.run(&mut self.lent, &sql, "acquire").await;
         if std::mem::take(&mut self.unproven)
@@ -148,7 +163,13 @@ impl Session for PgSession {
                 Err(e) => Err(e),
             };
         }
-        let rows = rows.map_err(|e| Self::failure(e.lock_table_full()))?;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) if lock.value.is_some() && !e.is_connection_lost() => {
+                return Err(self.campaign_failed(lock, e).await);
+            }
+            Err(e) => return Err(Self::failure(e.lock_table_full())),
+        };
         let token = crate::acquire::token(&rows).map_err(Failure::Request)?;
         if token.is_some() {
             self.count(lock, true);
@@ -161,7 +182,6 @@ impl Session for PgSession {
     }
 
     async fn unlock(&mut self, lock: &Advisory, last: bool) -> Result<bool, Failure> {
-        let lock = *lock;
         let Some((sql, slot)) = self.unlock_sql(lock, last) else {
             return Ok(false);
         };

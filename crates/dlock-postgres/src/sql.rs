@@ -2,6 +2,8 @@
 //! (`config::check_table`); lock ids, namespaces and durations are integers; key names are
 //! only ever sent as bound parameters.
 
+use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::Mode;
@@ -9,15 +11,27 @@ use dlock_core::Mode;
 /// One advisory lock as a hold takes it: the key's id and the mode. Shared and exclusive
 /// holds of a key take the same lock (`namespace`, `id`), in PostgreSQL's share and
 /// exclusive modes, so that the server's lock manager keeps them apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Advisory {
     pub(crate) id: i32,
     pub(crate) mode: Mode,
+    /// A candidate's hold (exclusive): the value it publishes in the election table when
+    /// granted; its release deletes the row. `None` for every other hold.
+    pub(crate) value: Option<Arc<str>>,
 }
 
 impl Advisory {
+    /// A hold of lock `id` in `mode`, not a candidate's.
+    pub(crate) fn new(id: i32, mode: Mode) -> Self {
+        Self {
+            id,
+            mode,
+            value: None,
+        }
+    }
+
     /// The suffix of the advisory lock functions of this mode (`pg_advisory_lock_shared`).
-    fn suffix(self) -> &'static str {
+    fn suffix(&self) -> &'static str {
         match self.mode {
             Mode::Shared => "_shared",
             // A permit is an exclusive lock on one of the key's slots (see `try_permit`).
@@ -36,6 +50,8 @@ pub(crate) fn slot_class(namespace: i32, slot: i32) -> i32 {
 #[derive(Debug, Clone)]
 pub(crate) struct Sql {
     table: String,
+    /// The election table: one row per key with a leader (see [`upsert`](Self::upsert)).
+    elect: String,
     id_seq: String,
     fence_seq: String,
     namespace: i32,
@@ -50,10 +66,22 @@ pub(crate) fn millis(d: Duration) -> u64 {
         .clamp(1, i32::MAX as u64)
 }
 
+/// `value` as a text expression made of hex digits only:
+/// `convert_from(decode('…', 'hex'), 'UTF8')`. Nothing in the value reaches the statement's
+/// text as itself, whatever `standard_conforming_strings` says.
+fn text_literal(value: &str) -> String {
+    let mut hex = String::with_capacity(value.len() * 2);
+    for byte in value.bytes() {
+        let _ = write!(hex, "{byte:02x}");
+    }
+    format!("convert_from(decode('{hex}', 'hex'), 'UTF8')")
+}
+
 impl Sql {
     pub(crate) fn new(table: &str, namespace: i32) -> Self {
         Self {
             table: table.to_owned(),
+            elect: format!("{table}_elect"),
             id_seq: format!("{table}_id"),
             fence_seq: format!("{table}_fence"),
             namespace,
@@ -117,8 +145,11 @@ impl Sql {
     ///
     /// A shared request is refused while an exclusive one waits (the lock manager checks
     /// waiting requests before held ones), so later readers do not pass a waiting writer.
-    pub(crate) fn try_take(&self, lock: Advisory, idle_ms: u64) -> String {
+    pub(crate) fn try_take(&self, lock: &Advisory, idle_ms: u64) -> String {
         let (ns, id, suffix) = (self.namespace, lock.id, lock.suffix());
+        if let Some(value) = &lock.value {
+            return self.try_campaign(id, value, idle_ms);
+        }
         self.take_if(
             &format!("pg_try_advisory_lock{suffix}({ns}, {id})"),
             idle_ms,
@@ -159,15 +190,146 @@ impl Sql {
     /// granted, the token and the idle timeout as in
     /// [`try_take`](Self::try_take). `OFFSET 0` keeps the lock in a subquery evaluated
     /// before the token is taken.
-    pub(crate) fn wait_take(&self, lock: Advisory, idle_ms: u64, wait_ms: u64) -> String {
+    ///
+    /// A candidate's wait goes on, once granted, with no `lock_timeout` (its row may wait
+    /// for the previous leader's release to commit, and a lock timeout then would leave the
+    /// lock held by a batch that failed) and the statement of
+    /// [`publish`](Self::publish), whose first column is the token too.
+    pub(crate) fn wait_take(&self, lock: &Advisory, idle_ms: u64, wait_ms: u64) -> String {
         let (id, suffix) = (lock.id, lock.suffix());
-        format!(
+        let mut sql = format!(
             "SELECT set_config('lock_timeout', '{wait_ms}', true), \
                set_config('statement_timeout', '0', true); \
              SELECT nextval('{fence}'), set_config('idle_session_timeout', '{idle_ms}', false) \
              FROM (SELECT pg_advisory_lock{suffix}({ns}, {id}) OFFSET 0) l",
             ns = self.namespace,
             fence = self.fence_seq,
+        );
+        if let Some(value) = &lock.value {
+            let _ = write!(
+                sql,
+                "; SELECT set_config('lock_timeout', '0', true); {}",
+                self.publish(id, value)
+            );
+        }
+        sql
+    }
+
+    /// The election table's row of key `id`, for a value: `(ns, id)` its key, `pid` the
+    /// holding session, `token` the leader's term, `value` what it publishes.
+    fn upsert(&self, id: i32, value: &str, token: &str, from: &str) -> String {
+        format!(
+            "INSERT INTO {elect} (ns, id, pid, token, value) \
+             SELECT {ns}, {id}, pg_backend_pid(), {token}, {value} {from} \
+             ON CONFLICT (ns, id) DO UPDATE SET pid = EXCLUDED.pid, token = EXCLUDED.token, \
+               value = EXCLUDED.value",
+            elect = self.elect,
+            ns = self.namespace,
+            value = text_literal(value),
+        )
+    }
+
+    /// After a candidate's wait was granted, in the same transaction: its row (the token
+    /// `currval` of the fencing sequence, taken by this session's grant), and the
+    /// notification of the key's observers, sent at commit. One row: the token.
+    fn publish(&self, id: i32, value: &str) -> String {
+        format!(
+            "WITH w AS ({upsert} RETURNING token) \
+             SELECT w.token, pg_notify('{channel}', '{id}') FROM w",
+            upsert = self.upsert(id, value, &format!("currval('{}')", self.fence_seq), ""),
+            channel = self.leader_channel(),
+        )
+    }
+
+    /// A candidate's try: the lock, the token, its row in the election table and the
+    /// notification of the key's observers (sent at commit), all in one statement, so that
+    /// nobody reads the key held with another holder's row. One row: the token (NULL: busy),
+    /// the idle timeout, the notification.
+    fn try_campaign(&self, id: i32, value: &str, idle_ms: u64) -> String {
+        let ns = self.namespace;
+        format!(
+            "WITH t AS (SELECT CASE WHEN pg_try_advisory_lock({ns}, {id}) \
+               THEN nextval('{fence}') END AS token OFFSET 0), \
+             w AS ({upsert}) \
+             SELECT t.token, \
+               CASE WHEN t.token IS NOT NULL THEN \
+                 set_config('idle_session_timeout', '{idle_ms}', false) END, \
+               CASE WHEN t.token IS NOT NULL THEN pg_notify('{channel}', '{id}') END \
+             FROM t",
+            fence = self.fence_seq,
+            upsert = self.upsert(id, value, "t.token", "FROM t WHERE t.token IS NOT NULL"),
+            channel = self.leader_channel(),
+        )
+    }
+
+    /// The channel that wakes the observers of the elections of this namespace (payload:
+    /// the key's id): a grant to a candidate, a proclaim, a release.
+    pub(crate) fn leader_channel(&self) -> String {
+        // As unsigned, so that the name has no '-'.
+        format!("dlock_leaders_{}", self.namespace as u32)
+    }
+
+    /// The election table's lock of key id `id` held by session `pid` (SQL expressions):
+    /// the key's own advisory lock, granted, exclusive. A row whose session does not hold
+    /// it (the session ended, or gave the key back by hand) is not trusted.
+    fn held_by(&self, id: &str, pid: &str) -> String {
+        format!(
+            "EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' \
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+               AND l.classid = ({ns})::oid AND l.objid = ({id})::oid AND l.objsubid = 2 \
+               AND l.mode = 'ExclusiveLock' AND l.granted AND l.pid = {pid})",
+            ns = self.namespace,
+        )
+    }
+
+    /// `$1` = key: its leader's value and term, if a session holds the key with a row.
+    pub(crate) fn leader(&self) -> String {
+        format!(
+            "SELECT e.value, e.token FROM {table} k \
+             JOIN {elect} e ON e.ns = {ns} AND e.id = k.id \
+             WHERE k.name = $1 AND {held}",
+            table = self.table,
+            elect = self.elect,
+            ns = self.namespace,
+            held = self.held_by("k.id", "e.pid"),
+        )
+    }
+
+    /// `$1` = the new value of the leader of key `id` in term `token`, only while the
+    /// session of its row holds the key (and the row is still that term's): one row per
+    /// change (none: the leadership is gone), its observers notified at commit.
+    pub(crate) fn proclaim(&self, id: i32, token: u64) -> String {
+        format!(
+            "WITH u AS (UPDATE {elect} e SET value = $1 \
+               WHERE e.ns = {ns} AND e.id = {id} AND e.token = {token} AND {held} \
+               RETURNING e.id) \
+             SELECT pg_notify('{channel}', '{id}') FROM u",
+            elect = self.elect,
+            ns = self.namespace,
+            held = self.held_by(&id.to_string(), "e.pid"),
+            channel = self.leader_channel(),
+        )
+    }
+
+    /// Whether the election table exists.
+    pub(crate) fn elect_exists(&self) -> String {
+        format!("SELECT to_regclass('{}') IS NOT NULL", self.elect)
+    }
+
+    /// Create the election table, serialised as [`create`](Self::create) is.
+    pub(crate) fn create_elect(&self) -> String {
+        format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({ns}, 0); \
+             CREATE TABLE IF NOT EXISTS {elect} (\
+               ns integer NOT NULL, \
+               id integer NOT NULL, \
+               pid integer NOT NULL, \
+               token bigint NOT NULL, \
+               value text NOT NULL, \
+               PRIMARY KEY (ns, id)); \
+             COMMIT",
+            ns = self.namespace,
+            elect = self.elect,
         )
     }
 
@@ -233,23 +395,28 @@ impl Sql {
     }
 
     /// Release: one row, whether the lock was held; the session back to its defaults.
-    pub(crate) fn release(&self, lock: Advisory) -> String {
+    pub(crate) fn release(&self, lock: &Advisory) -> String {
         format!(
-            "SELECT pg_advisory_unlock{}({}, {}), set_config('idle_session_timeout', '0', false)",
-            lock.suffix(),
-            self.namespace,
-            lock.id
+            "{}, set_config('idle_session_timeout', '0', false)",
+            self.unlock(lock)
         )
     }
 
-    /// Release one of several locks the session holds: one row, whether it was held.
-    pub(crate) fn unlock(&self, lock: Advisory) -> String {
-        format!(
-            "SELECT pg_advisory_unlock{}({}, {})",
-            lock.suffix(),
-            self.namespace,
-            lock.id
-        )
+    /// Release one of several locks the session holds: one row, whether it was held. A
+    /// candidate's release deletes its row in the election table too (this session's), and
+    /// notifies the key's observers at commit.
+    pub(crate) fn unlock(&self, lock: &Advisory) -> String {
+        let (ns, id) = (self.namespace, lock.id);
+        match lock.value {
+            None => format!("SELECT pg_advisory_unlock{}({ns}, {id})", lock.suffix()),
+            Some(_) => format!(
+                "WITH d AS (DELETE FROM {elect} WHERE ns = {ns} AND id = {id} \
+                   AND pid = pg_backend_pid()) \
+                 SELECT pg_advisory_unlock({ns}, {id}), pg_notify('{channel}', '{id}')",
+                elect = self.elect,
+                channel = self.leader_channel(),
+            ),
+        }
     }
 
     /// This key table's advisory locks in `pg_locks` (alias `l`): locks of two `int4`s
@@ -279,14 +446,33 @@ impl Sql {
     /// client address. Holders first, then waiters in the order they began to wait. No
     /// rows when the key has no row in the table (it was never locked) or nobody holds or
     /// waits for it.
-    pub(crate) fn inspect(&self) -> String {
+    ///
+    /// With `elections` (the election table exists), two more columns: the value and term
+    /// of a leader's row, on the row of the session that holds the key's own lock
+    /// exclusively with that pid in the election table.
+    pub(crate) fn inspect(&self, elections: bool) -> String {
+        let (columns, join) = if elections {
+            (
+                ", e.value, e.token",
+                format!(
+                    "LEFT JOIN {elect} e ON e.ns = {ns} AND e.id = k.id AND e.pid = l.pid \
+                       AND l.granted AND l.mode = 'ExclusiveLock' AND {slot} = 0 ",
+                    elect = self.elect,
+                    ns = self.namespace,
+                    slot = self.slot_of_lock(),
+                ),
+            )
+        } else {
+            ("", String::new())
+        };
         format!(
             "SELECT {slot} AS slot, l.mode = 'ShareLock', l.granted, l.pid, \
                (extract(epoch FROM l.waitstart) * 1000000)::int8, \
-               a.application_name, host(a.client_addr) \
+               a.application_name, host(a.client_addr){columns} \
              FROM {table} k \
              JOIN pg_locks l ON l.objid = k.id::oid AND {own} \
              LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+             {join}\
              WHERE k.name = $1 \
              ORDER BY l.granted DESC, l.waitstart NULLS LAST, slot, l.pid",
             slot = self.slot_of_lock(),
@@ -308,9 +494,21 @@ impl Sql {
         )
     }
 
-    /// After a stopped wait: drop whatever the session may have been granted.
-    pub(crate) fn unlock_all() -> &'static str {
-        "SELECT pg_advisory_unlock_all(), set_config('idle_session_timeout', '0', false)"
+    /// After a stopped wait: drop whatever the session may have been granted (and the row
+    /// of a candidate granted just before the stop, its observers notified).
+    pub(crate) fn unlock_all(&self, lock: &Advisory) -> String {
+        let all = "SELECT pg_advisory_unlock_all(), set_config('idle_session_timeout', '0', false)";
+        match lock.value {
+            None => all.to_owned(),
+            Some(_) => format!(
+                "DELETE FROM {elect} WHERE ns = {ns} AND id = {id} AND pid = pg_backend_pid(); \
+                 SELECT pg_notify('{channel}', '{id}'); {all}",
+                elect = self.elect,
+                ns = self.namespace,
+                id = lock.id,
+                channel = self.leader_channel(),
+            ),
+        }
     }
 }
 
@@ -322,33 +520,30 @@ mod tests {
     fn both_modes_name_the_same_lock_in_their_own_functions() {
         let sql = Sql::new("dlock_keys", 9);
         let (write, read) = (
-            Advisory {
-                id: 7,
-                mode: Mode::Exclusive,
-            },
-            Advisory {
-                id: 7,
-                mode: Mode::Shared,
-            },
+            Advisory::new(7, Mode::Exclusive),
+            Advisory::new(7, Mode::Shared),
         );
         assert!(
-            sql.try_take(write, 1)
+            sql.try_take(&write, 1)
                 .contains("pg_try_advisory_lock(9, 7)")
         );
         assert!(
-            sql.try_take(read, 1)
+            sql.try_take(&read, 1)
                 .contains("pg_try_advisory_lock_shared(9, 7)")
         );
         assert!(
-            sql.wait_take(write, 1, 1)
+            sql.wait_take(&write, 1, 1)
                 .contains("pg_advisory_lock(9, 7)")
         );
         assert!(
-            sql.wait_take(read, 1, 1)
+            sql.wait_take(&read, 1, 1)
                 .contains("pg_advisory_lock_shared(9, 7)")
         );
-        assert!(sql.release(write).contains("pg_advisory_unlock(9, 7)"));
-        assert!(sql.unlock(read).contains("pg_advisory_unlock_shared(9, 7)"));
+        assert!(sql.release(&write).contains("pg_advisory_unlock(9, 7)"));
+        assert!(
+            sql.unlock(&read)
+                .contains("pg_advisory_unlock_shared(9, 7)")
+        );
         let again = sql.try_share_again(7, 1);
         assert!(again.contains("pg_locks") && again.contains("pg_try_advisory_lock_shared(9, 7)"));
     }
@@ -373,6 +568,38 @@ mod tests {
         assert_eq!(
             Sql::new("t", -1).permit_channel(),
             "dlock_permits_4294967295"
+        );
+    }
+
+    #[test]
+    fn a_candidates_value_reaches_the_statement_as_hex_digits_only() {
+        assert_eq!(
+            text_literal("a'\\é"),
+            "convert_from(decode('61275cc3a9', 'hex'), 'UTF8')"
+        );
+        let sql = Sql::new("dlock_keys", 9);
+        let mut lock = Advisory::new(7, Mode::Exclusive);
+        lock.value = Some("it's".into());
+        for statement in [sql.try_take(&lock, 1), sql.wait_take(&lock, 1, 1)] {
+            assert!(!statement.contains("it's"), "{statement}");
+            assert!(
+                statement.contains("INSERT INTO dlock_keys_elect"),
+                "{statement}"
+            );
+            assert!(statement.contains("pg_notify('dlock_leaders_9', '7')"));
+        }
+        let release = sql.release(&lock);
+        assert!(
+            release.contains("DELETE FROM dlock_keys_elect")
+                && release.contains("pg_advisory_unlock(9, 7)")
+        );
+        assert!(
+            !sql.release(&Advisory::new(7, Mode::Exclusive))
+                .contains("elect")
+        );
+        assert!(
+            sql.unlock_all(&lock)
+                .contains("DELETE FROM dlock_keys_elect")
         );
     }
 
