@@ -25,7 +25,7 @@ enum Figure {
     Micros,
     /// A plain number where lower is better (ratio to raw, wake-ups per acquisition).
     Lower,
-    /// A plain number where higher is better (Jain fairness).
+    /// A plain number where higher is better (Jain fairness, the share of terms observed).
     Higher,
 }
 
@@ -42,6 +42,9 @@ const FIGURES: &[(&str, Figure)] = &[
     ("wait_vs_two_singles", Figure::Lower),
     ("wait_p50_us", Figure::Micros),
     ("wait_p99_us", Figure::Micros),
+    ("lag_p50_us", Figure::Micros),
+    ("lag_p99_us", Figure::Micros),
+    ("observed_share", Figure::Higher),
 ];
 
 /// Figures compared only for the workloads whose table shows them: elsewhere the wait is

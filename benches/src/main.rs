@@ -22,6 +22,7 @@ mod backends;
 mod chart;
 mod compare;
 mod connect;
+mod elections;
 mod hold_many;
 mod raw;
 mod report;
@@ -44,7 +45,7 @@ use crate::report::{BackendReport, Failure, Report, Scenario, ScenarioResult};
 use crate::run::{Plan, RawOp, Workload};
 
 /// Compare dlock's backends: raw server round trips, uncontended, contended and spread
-/// locking, key sets, checked for mutual exclusion.
+/// locking, key sets and leader elections, checked for mutual exclusion.
 #[derive(Debug, Parser)]
 #[command(name = "lockbench", version)]
 struct Args {
@@ -52,7 +53,8 @@ struct Args {
     /// postgres.
     #[arg(long, default_value = "all")]
     backends: String,
-    /// Client counts for the contended, spread and key-set workloads (and the raw baseline).
+    /// Client counts for the contended, spread, key-set and election workloads (and the raw
+    /// baseline).
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     clients: Vec<usize>,
     /// How long each measurement counts operations, after the warm-up.
@@ -94,6 +96,8 @@ enum Step {
     Lock(Workload, usize),
     /// The key-set workload with this many clients (1: the uncontended set).
     Sets(usize),
+    /// The election workload with this many candidates (and one observer).
+    Elections(usize),
     HoldMany(usize),
 }
 
@@ -108,13 +112,15 @@ impl Step {
             Step::Lock(Workload::ReadMostly, n) => format!("read-mostly ×{n}"),
             Step::Lock(Workload::Semaphore, n) => format!("semaphore ×{n}"),
             Step::Sets(n) => format!("sets ×{n}"),
+            Step::Elections(n) => format!("elections ×{n}"),
             Step::HoldMany(n) => format!("hold-many {n}"),
         }
     }
 }
 
 /// The measurements for one backend, in order: raw first, so ratios use this run's raw;
-/// the key sets last, one client first (the uncontended set, set against `uncontended`).
+/// then the key sets, one client first (the uncontended set, set against `uncontended`);
+/// the elections last.
 fn steps(kind: Kind, clients: &[usize]) -> Vec<Step> {
     let mut raw_ns: Vec<usize> = std::iter::once(1).chain(clients.iter().copied()).collect();
     raw_ns.sort_unstable();
@@ -136,6 +142,7 @@ fn steps(kind: Kind, clients: &[usize]) -> Vec<Step> {
     out.extend(multi.iter().map(|&n| Step::Lock(Workload::Semaphore, n)));
     out.push(Step::Sets(1));
     out.extend(multi.iter().map(|&n| Step::Sets(n)));
+    out.extend(multi.iter().map(|&n| Step::Elections(n)));
     out
 }
 
@@ -193,6 +200,20 @@ async fn measure(
                     r.holds_checked = Some(m.holds_checked);
                     r.overlaps = Some(0);
                     r
+                }
+                Err(f) => r.failed(f.error, Some(f.overlaps)),
+            }
+        }
+        Step::Elections(n) => {
+            let r = ScenarioResult::new(Scenario::Elections, n);
+            match elections::run(url, n, plan).await {
+                Ok(m) => {
+                    let mut r = r.latency(&m.handover).fairness(m.per_client.clone());
+                    r.count = m.count;
+                    r.per_sec = m.per_sec;
+                    r.holds_checked = Some(m.holds_checked);
+                    r.overlaps = Some(0);
+                    r.observed(&m.lag, m.observed)
                 }
                 Err(f) => r.failed(f.error, Some(f.overlaps)),
             }
@@ -386,6 +407,10 @@ async fn main() -> ExitCode {
                     r.permits = Workload::Semaphore.permits(n);
                     r
                 }
+                // Not a failure: the backend says so itself, and the table names it.
+                Step::Elections(n) if capabilities.election == dlock::Observe::Unsupported => {
+                    ScenarioResult::new(Scenario::Elections, n).unsupported()
+                }
                 _ => measure(*kind, url, step, &plan, args.hold_for).await,
             };
             if let Some(error) = &result.error {
@@ -513,7 +538,9 @@ mod tests {
                 "semaphore ×32",
                 "sets ×1",
                 "sets ×8",
-                "sets ×32"
+                "sets ×32",
+                "elections ×8",
+                "elections ×32"
             ]
         );
         let memory: Vec<String> = steps(Kind::Memory, &[1])
@@ -531,7 +558,8 @@ mod tests {
                 "read-mostly ×2",
                 "semaphore ×2",
                 "sets ×1",
-                "sets ×2"
+                "sets ×2",
+                "elections ×2"
             ]
         );
     }

@@ -89,6 +89,9 @@ pub(crate) struct Caps {
     pub(crate) shared: bool,
     /// Permit (semaphore) holds.
     pub(crate) permits: bool,
+    /// Elections, and how observers learn of a new leader: `unsupported`,
+    /// `woken (recheck 500 ms)`, `polled every 250 ms`.
+    pub(crate) election: String,
 }
 
 impl From<Capabilities> for Caps {
@@ -117,6 +120,7 @@ impl From<Capabilities> for Caps {
             },
             shared: c.shared,
             permits: c.permits,
+            election: crate::elections::observe_label(c.election),
         }
     }
 }
@@ -135,6 +139,8 @@ pub(crate) enum Scenario {
     Semaphore,
     /// N clients on eight keys, each hold a random set of two (`acquire_all`).
     Sets,
+    /// N candidates campaigning in one election, one observer following it.
+    Elections,
     /// One client holding `--hold-many` keys.
     #[serde(rename = "hold_many")]
     HoldMany,
@@ -150,6 +156,7 @@ impl Scenario {
             Scenario::ReadMostly => "read-mostly",
             Scenario::Semaphore => "semaphore",
             Scenario::Sets => "sets",
+            Scenario::Elections => "elections",
             Scenario::HoldMany => "hold-many",
         }
     }
@@ -160,7 +167,8 @@ impl Scenario {
 pub(crate) enum Status {
     Ok,
     Failed,
-    /// The backend does not declare what the workload needs (shared holds, permits).
+    /// The backend does not declare what the workload needs (shared holds, permits,
+    /// elections).
     Unsupported,
 }
 
@@ -178,7 +186,8 @@ pub(crate) struct ScenarioResult {
     /// Operations (raw) or acquisitions (lock scenarios) in the measured window.
     pub(crate) count: u64,
     pub(crate) per_sec: f64,
-    /// raw: one operation; uncontended and spread: acquire + release; contended: hand-off.
+    /// raw: one operation; uncontended and spread: acquire + release; contended: hand-off;
+    /// elections: hand-over (`resign` call → the next `campaign` returned).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) p50_us: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -218,6 +227,18 @@ pub(crate) struct ScenarioResult {
     /// Sets with one client: `acquire_all` p50 ÷ twice the uncontended `acquire` p50.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) wait_vs_two_singles: Option<f64>,
+    /// Elections: a `campaign` returned → the observer reported that term, over the terms
+    /// it reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) lag_p50_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) lag_p99_us: Option<f64>,
+    /// Elections: the terms of the window the observer reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) terms_observed: Option<u64>,
+    /// Elections: `terms_observed` ÷ `count` (1 when the observer saw every leader).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) observed_share: Option<f64>,
     /// The hold-many figures (present even when the run failed, for what it did hold).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) hold_many: Option<HoldMany>,
@@ -252,6 +273,10 @@ impl ScenarioResult {
             most_holders: None,
             vs_two_singles: None,
             wait_vs_two_singles: None,
+            lag_p50_us: None,
+            lag_p99_us: None,
+            terms_observed: None,
+            observed_share: None,
             hold_many: None,
         }
     }
@@ -279,6 +304,16 @@ impl ScenarioResult {
         self.wait_p50_us = us(h.quantile(0.5));
         self.wait_p99_us = us(h.quantile(0.99));
         self.max_wait_us = us((h.count() > 0).then(|| h.max()));
+        self
+    }
+
+    /// The observer's lag and what share of `count` terms it saw (set `count` first).
+    pub(crate) fn observed(mut self, lag: &Histogram, terms: u64) -> Self {
+        self.lag_p50_us = us(lag.quantile(0.5));
+        self.lag_p99_us = us(lag.quantile(0.99));
+        self.terms_observed = Some(terms);
+        self.observed_share =
+            (self.count > 0).then(|| (terms as f64 / self.count as f64 * 1000.0).round() / 1000.0);
         self
     }
 
@@ -348,7 +383,11 @@ impl BackendReport {
                 }
             }
             r.ratio_to_raw = match r.scenario {
-                Scenario::Raw | Scenario::HoldMany | Scenario::Semaphore | Scenario::Sets => None,
+                Scenario::Raw
+                | Scenario::HoldMany
+                | Scenario::Semaphore
+                | Scenario::Sets
+                | Scenario::Elections => None,
                 Scenario::Uncontended | Scenario::Contended => match (r.p50_us, raw_p50) {
                     (Some(lock), Some(raw)) if raw > 0.0 => Some(lock / raw),
                     _ => None,

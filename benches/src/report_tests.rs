@@ -61,3 +61,76 @@ fn ratios_come_from_raw_results_of_the_same_run() {
     // Only the one-client set is uncontended.
     assert_eq!(b.results[5].vs_two_singles, None);
 }
+
+#[test]
+fn the_election_table_names_what_each_backend_declares() {
+    let backend = |kind, election, result: ScenarioResult| {
+        let caps = Caps::from(Capabilities {
+            election,
+            ..Default::default()
+        });
+        BackendReport {
+            backend: kind,
+            url: String::new(),
+            server: String::new(),
+            capabilities: caps,
+            raw_ping: None,
+            raw_cycle: "",
+            results: vec![result],
+        }
+    };
+    let mut ok = ScenarioResult::new(Scenario::Elections, 8);
+    ok.count = 40;
+    ok.per_sec = 80.0;
+    ok.p50_us = Some(250.0);
+    let mut lag = Histogram::default();
+    lag.record(Duration::from_micros(40));
+    let ok = ok.observed(&lag, 30).fairness(vec![5; 8]);
+    assert_eq!(ok.observed_share, Some(0.75));
+    let report = Report {
+        lockbench: "test",
+        started_unix: 0,
+        machine: Machine::detect(),
+        config: Config {
+            duration_ms: 1000,
+            warmup_ms: 0,
+            hold_ms: 0,
+            ttl_ms: 30_000,
+            clients: vec![8],
+            prefix: String::new(),
+            hold_many: None,
+            hold_for_ms: None,
+        },
+        backends: vec![
+            backend(
+                Kind::Mysql,
+                dlock::Observe::Polled {
+                    every: Duration::from_millis(250),
+                },
+                ok,
+            ),
+            backend(
+                Kind::Postgres,
+                dlock::Observe::Unsupported,
+                ScenarioResult::new(Scenario::Elections, 8).unsupported(),
+            ),
+        ],
+        skipped: vec![],
+        failures: vec![],
+    };
+    let md = report.markdown();
+    assert!(
+        md.contains(
+            "| mysql | 8 | 80 | 250 µs | — | 40 µs | 40 µs | 75 % | 1.00 | polled every 250 ms |"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains("mysql's observers are polled every 250 ms: terms of 10 ms may go unseen."),
+        "{md}"
+    );
+    assert!(
+        md.contains("| postgres | 8 | no elections | | | | | |  | unsupported |"),
+        "{md}"
+    );
+}

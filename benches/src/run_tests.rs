@@ -35,7 +35,8 @@ async fn raw_measurements_count_operations_on_every_server() {
     }
 }
 
-/// A backend that grants every request, held or not (the key-set tests use it too).
+/// A backend that grants every request, held or not, campaigns included (the key-set and
+/// election tests use it too).
 #[derive(Debug, Default)]
 pub(crate) struct AlwaysGrants(std::sync::atomic::AtomicU64);
 
@@ -56,9 +57,13 @@ impl dlock_core::raw::Held for Nothing {
 impl dlock_core::raw::Backend for AlwaysGrants {
     const NAME: &'static str = "broken";
     fn capabilities(&self) -> dlock::Capabilities {
-        // It declares permits, so that a permit request reaches it.
+        // It declares permits and elections, so that a permit request and a campaign reach
+        // it; nobody leads as `inspect` shows it, so observers poll and see no one.
         dlock::Capabilities {
             permits: true,
+            election: dlock::Observe::Polled {
+                every: Duration::from_millis(5),
+            },
             ..Default::default()
         }
     }
@@ -83,6 +88,15 @@ impl dlock_core::raw::Backend for AlwaysGrants {
             Box::new(Nothing),
             Instant::now(),
         )))
+    }
+    async fn campaign(
+        &self,
+        key: &str,
+        _value: &str,
+        opts: &LockOptions,
+        deadline: dlock_core::raw::Deadline,
+    ) -> dlock::Result<Option<dlock_core::raw::Grant>> {
+        self.acquire(key, opts, deadline).await
     }
 }
 

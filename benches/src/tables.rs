@@ -1,11 +1,13 @@
 //! The Markdown tables of the lock workloads, from a [`Report`].
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use crate::report::{Report, Scenario, Status, failed_cell, fmt_rate, fmt_ratio, fmt_us};
 
 impl Report {
-    /// The uncontended, contended, spread, read-mostly, semaphore and key-set tables.
+    /// The uncontended, contended, spread, read-mostly, semaphore, key-set and election
+    /// tables.
     pub(crate) fn lock_tables(&self, s: &mut String) {
         let _ = writeln!(
             s,
@@ -144,6 +146,7 @@ impl Report {
         }
         self.semaphore_table(s);
         self.sets_table(s);
+        self.elections_table(s);
     }
 
     /// N clients on one key, every hold one of N/4 permits: how many acquisitions a second
@@ -228,6 +231,71 @@ impl Report {
                     format!("{} | | | | | | ", failed_cell(r))
                 };
                 let _ = writeln!(s, "| {} | {} | {cells} |", b.backend, r.clients);
+            }
+        }
+    }
+
+    /// N candidates in one election and one observer: how many terms a second, how long a
+    /// hand-over takes, and how soon (and whether) the observer sees each new leader.
+    fn elections_table(&self, s: &mut String) {
+        let hold = Duration::from_millis(self.config.hold_ms).max(crate::elections::MIN_HOLD);
+        let _ = writeln!(
+            s,
+            "\n### Elections: N candidates, one key, one observer\n\n\
+             Each candidate loops `campaign` → lead {hold} (the longer of `--hold` and {min}) → \
+             `resign`; one more client follows with `Election::observe`. *Hand-over*: a \
+             leader's `resign` call → the next leader's `campaign` returned. *Lag*: a \
+             `campaign` returned → the observer reported that term (0 when it saw it first). \
+             *Seen*: the share of the window's terms the observer reported at all. *Observe*: \
+             what the backend declares; one that polls reads the leader once a period and \
+             misses a term shorter than that. Every leadership is checked for two leaders at \
+             once.",
+            hold = crate::elections::period(hold),
+            min = crate::elections::period(crate::elections::MIN_HOLD),
+        );
+        // Say where *seen* measures the polling period more than the backend's speed.
+        for b in &self.backends {
+            let observe = &b.capabilities.election;
+            if observe.starts_with("polled") && hold < Duration::from_secs(1) {
+                let _ = writeln!(
+                    s,
+                    "{}'s observers are {observe}: terms of {} may go unseen.",
+                    b.backend,
+                    crate::elections::period(hold)
+                );
+            }
+        }
+        let _ = writeln!(
+            s,
+            "\n| backend | N | terms/s | hand-over p50 | hand-over p99 | lag p50 | lag p99 | seen | Jain | observe |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+        for b in &self.backends {
+            for r in b
+                .results
+                .iter()
+                .filter(|r| r.scenario == Scenario::Elections)
+            {
+                let cells = match r.status {
+                    Status::Ok => format!(
+                        "{} | {} | {} | {} | {} | {} | {}",
+                        fmt_rate(r.per_sec),
+                        fmt_us(r.p50_us),
+                        fmt_us(r.p99_us),
+                        fmt_us(r.lag_p50_us),
+                        fmt_us(r.lag_p99_us),
+                        r.observed_share
+                            .map_or("—".into(), |x| format!("{:.0} %", x * 100.0)),
+                        r.jain.map_or("—".into(), |j| format!("{j:.2}")),
+                    ),
+                    Status::Unsupported => "no elections | | | | | | ".into(),
+                    Status::Failed => format!("{} | | | | | | ", failed_cell(r)),
+                };
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {cells} | {} |",
+                    b.backend, r.clients, b.capabilities.election
+                );
             }
         }
     }

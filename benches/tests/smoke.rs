@@ -1,7 +1,7 @@
 //! Smoke test: run the lockbench binary for about a second per measurement on every backend
 //! it can reach, then check its JSON: every scenario for every measured backend (key sets
-//! included, with their uncontended cost against single keys), all of them ok, zero
-//! overlaps.
+//! included, with their uncontended cost against single keys; elections where the backend
+//! declares them), all of them ok, zero overlaps.
 //!
 //! CI starts every server, so a backend compiled into lockbench *and* into `dlock` that does
 //! not answer fails this test (naming `scripts/backends up <name>`). To run it against fewer
@@ -12,7 +12,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 8] = [
     "raw",
     "uncontended",
     "contended",
@@ -20,6 +20,7 @@ const SCENARIOS: [&str; 7] = [
     "read_mostly",
     "semaphore",
     "sets",
+    "elections",
 ];
 
 fn field<'a>(v: &'a Value, name: &str) -> &'a Value {
@@ -122,6 +123,7 @@ fn lockbench_measures_every_reachable_backend_without_overlaps() {
         assert_eq!(set_clients, [1, 4], "{name}: the key-set runs");
         let shared = b["capabilities"]["shared"] == true;
         let permits = b["capabilities"]["permits"] == true;
+        let elections = b["capabilities"]["election"] != "unsupported";
         for r in results {
             let what = format!("{name} {} ×{}", r["scenario"], r["clients"]);
             // Read-mostly needs shared holds: measured where declared, reported
@@ -129,6 +131,18 @@ fn lockbench_measures_every_reachable_backend_without_overlaps() {
             if r["scenario"] == "read_mostly" && !shared {
                 assert_eq!(r["status"], "unsupported", "{what}");
                 continue;
+            }
+            // Elections likewise; where measured, the observer's figures are there.
+            if r["scenario"] == "elections" {
+                if !elections {
+                    assert_eq!(r["status"], "unsupported", "{what}");
+                    continue;
+                }
+                assert_eq!(r["status"], "ok", "{what}: {}", r["error"]);
+                assert!(
+                    r["observed_share"].as_f64().is_some() && r["jain"].as_f64().is_some(),
+                    "{what}: no observer share or fairness"
+                );
             }
             // The semaphore likewise needs permits; where measured, it reached its cap.
             if r["scenario"] == "semaphore" {
@@ -151,11 +165,12 @@ fn lockbench_measures_every_reachable_backend_without_overlaps() {
                     field(r, "holds_checked").as_u64().unwrap_or(0) > 0,
                     "{what}: the history checker saw no holds"
                 );
-                // A semaphore's rate is bounded by its holds, not by round trips; a key set
-                // is set against single keys instead.
+                // A semaphore's and an election's rates are bounded by their holds, not by
+                // round trips; a key set is set against single keys instead.
                 assert!(
                     r["scenario"] == "semaphore"
                         || r["scenario"] == "sets"
+                        || r["scenario"] == "elections"
                         || r["ratio_to_raw"].as_f64().is_some_and(|x| x > 0.0),
                     "{what}: no ratio to raw"
                 );
