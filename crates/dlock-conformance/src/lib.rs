@@ -459,6 +459,7 @@ macro_rules! conformance {
                 resign_hands_over_promptly,
                 observers_see_every_leader_in_order,
                 proclaim_is_refused_after_loss,
+                cancelled_campaign_leaves_nothing,
                 crashed_leader_is_replaced_within_the_crash_bound,
                 bad_election_values_are_refused_before_io,
             );

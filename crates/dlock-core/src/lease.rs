@@ -358,7 +358,15 @@ impl Lease {
         let Some(held) = slot.as_mut() else {
             return Err(self.state.not_held(LostReason::NotHeld));
         };
-        held.proclaim(value).await
+        let proclaimed = held.proclaim(value).await;
+        // The server says the hold is gone: the lease is lost, as after a failed renewal.
+        if proclaimed
+            .as_ref()
+            .is_err_and(|e| e.kind() == ErrorKind::NotHeld)
+        {
+            self.state.lose(LostReason::NotHeld);
+        }
+        proclaimed
     }
 
     /// Give the key back.

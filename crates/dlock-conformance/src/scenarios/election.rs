@@ -43,6 +43,8 @@ async fn election_or_refused(cx: Ctx) -> Option<Ctx> {
     let e = election(&cx, client, &key, Duration::ZERO);
     let err = e.campaign("v").await.expect_err("no elections here");
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    let err = e.leader().await.expect_err("no elections here");
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
     let first = e.observe().next().await.expect("one item");
     assert_eq!(
         first.expect_err("no elections").kind(),
@@ -109,10 +111,12 @@ pub async fn leader_shows_the_campaign_value_and_term(cx: Ctx) {
     let mine = election(&cx, a, &key, SLACK);
     let theirs = election(&cx, b, &key, SLACK);
     assert_eq!(theirs.leader().await.expect("leader()"), None);
-    let mut leading = mine.campaign("alpha@10.0.0.1").await.expect("campaign");
-    assert_eq!(leading.value(), "alpha@10.0.0.1");
+    // Blanks, quotes, a backslash and non-ASCII text come back as they went.
+    let value = r#"alpha "α" \ 10.0.0.1:80 "#;
+    let mut leading = mine.campaign(value).await.expect("campaign");
+    assert_eq!(leading.value(), value);
     let term = leading.term();
-    leader_becomes(&theirs, Some(&Leader::new("alpha@10.0.0.1", term)), SLACK).await;
+    leader_becomes(&theirs, Some(&Leader::new(value, term)), SLACK).await;
     leading.proclaim("alpha: draining").await.expect("proclaim");
     assert_eq!(leading.term(), term, "a proclaim keeps the term");
     leader_becomes(&theirs, Some(&Leader::new("alpha: draining", term)), SLACK).await;
@@ -264,6 +268,36 @@ pub async fn observers_see_every_leader_in_order(cx: Ctx) {
     cx.finish().await;
 }
 
+/// A candidate that gave up (its campaign dropped while it waited) leaves nothing: once the
+/// leader resigns, the next candidate leads at once, and nobody leads after it.
+pub async fn cancelled_campaign_leaves_nothing(cx: Ctx) {
+    let Some(cx) = election_or_refused(cx).await else {
+        return;
+    };
+    let key = cx.key("k");
+    let (a, b, c) = (cx.client().await, cx.client().await, cx.client().await);
+    let first = election(&cx, a, &key, SLACK)
+        .campaign("first")
+        .await
+        .expect("campaign");
+    let quitter = election(&cx, b, &key, Duration::from_secs(60));
+    let gave_up = timeout(Duration::from_millis(300), quitter.campaign("quitter")).await;
+    assert!(
+        gave_up.is_err(),
+        "the quitter should still have been waiting"
+    );
+    first.resign().await.expect("resign");
+    let next = election(&cx, c, &key, SLACK);
+    let leading = next
+        .campaign("next")
+        .await
+        .expect("nobody who gave up holds or blocks the election");
+    leader_becomes(&next, Some(&Leader::new("next", leading.term())), SLACK).await;
+    leading.resign().await.expect("resign");
+    leader_becomes(&next, None, SLACK).await;
+    cx.finish().await;
+}
+
 /// A leader whose hold was broken is told (`lost()`), cannot proclaim (`NotHeld`), and
 /// `leader()` does not show its value.
 pub async fn proclaim_is_refused_after_loss(cx: Ctx) {
@@ -291,6 +325,10 @@ pub async fn proclaim_is_refused_after_loss(cx: Ctx) {
     assert!(
         matches!(err.kind(), ErrorKind::NotHeld | ErrorKind::LeaseLost),
         "{err}"
+    );
+    assert!(
+        leading.is_lost(),
+        "a refused proclaim leaves the leadership lost"
     );
     let seen = election(&cx, b, &key, SLACK)
         .leader()

@@ -73,6 +73,21 @@ impl<B: Backend> LockClient<B> {
     }
 
     /// Take `key` (as a candidate publishing `value`, for a campaign).
+    /// The checks reading an election makes before any I/O: the key, and a backend that
+    /// runs elections.
+    fn check_election_key(&self, key: &str) -> Result<()> {
+        let caps = self.backend.capabilities();
+        key::validate(key, caps.max_key_len)?;
+        self.backend.check_key(key)?;
+        if caps.election == Observe::Unsupported {
+            return Err(LockError::Unsupported {
+                backend: B::NAME,
+                what: "leader elections",
+            });
+        }
+        Ok(())
+    }
+
     /// The checks a campaign makes beyond an acquire's, before any I/O.
     fn check_campaign(caps: &Capabilities, opts: &LockOptions, value: &str) -> Result<()> {
         if caps.election == Observe::Unsupported {
@@ -345,14 +360,12 @@ impl<B: Backend> DistributedLock for LockClient<B> {
     }
 
     async fn leader(&self, key: &str) -> Result<Option<Leader>> {
-        key::validate(key, self.backend.capabilities().max_key_len)?;
-        self.backend.check_key(key)?;
+        self.check_election_key(key)?;
         self.backend.leader(key).await
     }
 
     async fn leader_changes(&self, key: &str) -> Result<Option<BoxStream<'static, Result<()>>>> {
-        key::validate(key, self.backend.capabilities().max_key_len)?;
-        self.backend.check_key(key)?;
+        self.check_election_key(key)?;
         self.backend.leader_changes(key).await
     }
 }
