@@ -1,7 +1,8 @@
 //! Elections: a candidate's hold is an exclusive hold whose grant also writes the key's row
 //! in the election table (`{table}_elect`: the holding session's pid, the term, the value),
 //! in the granting statement; its release deletes the row in the releasing one. A row is
-//! trusted only while `pg_locks` shows its session holding the key's lock, so the row a
+//! trusted only while `pg_locks` shows its session holding the key's lock (and it was
+//! written in this run of the server: a pid may be reused after a restart), so the row a
 //! crashed leader left behind is ignored (and overwritten by the next leader's grant).
 //! Grants, proclaims and releases notify the namespace's leader channel; observers
 //! `LISTEN` on it through one listener connection per client.
@@ -15,15 +16,19 @@ use dlock_core::raw::{Grant, Held};
 use dlock_core::{Leader, LockError, LostReason, Result};
 use futures::stream::{self, BoxStream, StreamExt};
 use sqlx::Row;
+use tokio::sync::watch;
+use tokio::time::timeout;
 
 use crate::NAME;
 use crate::backend::Inner;
 use crate::error::Error;
+use crate::permits::Registration;
 
 /// How long an observer goes without reading the leader: the bound on seeing a leader
 /// whose session ended without a release (a crash, `pg_terminate_backend`, its idle
-/// timeout), which notifies nobody, or a change notified while the listener reconnected.
-/// One read (`pg_locks`) per observer per second; the permit waiters' re-check is the same.
+/// timeout), which notifies nobody. One read (`pg_locks`) per observer per second; the
+/// permit waiters' re-check is the same. A listener that has not listened for longer ends
+/// the observers' streams (see [`Inner::leader_changes`]).
 pub(crate) const RECHECK: Duration = Duration::from_secs(1);
 
 /// A candidate's hold: the holder connection's hold, and what a proclaim needs.
@@ -110,8 +115,11 @@ impl Inner {
     }
 
     /// Wake-ups for the observers of `key`: registered with the client's leader listener,
-    /// which listens before this returns (or within [`RECHECK`], past which the observer's
-    /// re-reads cover it, and the listener wakes every observer once it listens).
+    /// and returned once the server has confirmed the listener's `LISTEN` (at most the
+    /// connect timeout plus the response timeout, else [`LockError::Unavailable`]), so
+    /// that no change made after it returns goes unheard. The stream ends with
+    /// `Unavailable` once the listener has not listened for longer than [`RECHECK`] (its
+    /// connection lost or refused): the observer's re-reads no longer make up for it.
     pub(crate) async fn leader_changes(
         &self,
         key: &str,
@@ -119,10 +127,19 @@ impl Inner {
         self.check_elections("observe")?;
         let id = self.lock_id(key).await?;
         let registration = self.leader_waits.register(id);
-        self.leader_waits.listening(self).await;
-        let changes = stream::unfold(registration, |registration| async move {
-            registration.notified().await;
-            Some((Ok(()), registration))
+        let ready = self.leader_waits.listens(self, "observe").await?;
+        let down = self.leader_waits.down(
+            "observe",
+            &format!("has not listened for more than {RECHECK:?}"),
+        );
+        let observing = Observing {
+            registration,
+            ready,
+            down: Some(down),
+        };
+        let changes = stream::unfold(observing, |mut observing| async move {
+            let change = observing.next().await?;
+            Some((change, observing))
         });
         Ok(Some(changes.boxed()))
     }
@@ -155,6 +172,41 @@ impl Inner {
                     "the election table is missing and could not be created: elections are off"
                 );
                 false
+            }
+        }
+    }
+}
+
+/// One observer's wake-ups: its registration, and the listener's state to follow.
+struct Observing {
+    registration: Registration,
+    ready: watch::Receiver<bool>,
+    /// The error that ends the stream (`None` once yielded).
+    down: Option<LockError>,
+}
+
+impl Observing {
+    /// The next wake-up, an error once the listener has not listened for longer than
+    /// [`RECHECK`] (or has stopped), then the end.
+    async fn next(&mut self) -> Option<Result<()>> {
+        loop {
+            self.down.as_ref()?;
+            let listens = *self.ready.borrow_and_update();
+            if !listens {
+                return match timeout(RECHECK, self.ready.wait_for(|listens| *listens)).await {
+                    // Listening again: changes meanwhile were not notified, read again.
+                    Ok(Ok(_)) => Some(Ok(())),
+                    Ok(Err(_)) | Err(_) => self.down.take().map(Err),
+                };
+            }
+            tokio::select! {
+                () = self.registration.notified() => return Some(Ok(())),
+                changed = self.ready.changed() => {
+                    if changed.is_err() {
+                        // The listener stopped (the client is gone).
+                        return self.down.take().map(Err);
+                    }
+                }
             }
         }
     }

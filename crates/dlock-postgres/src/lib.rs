@@ -147,7 +147,7 @@
 //!    slot). A session that ends (a crash, `pg_terminate_backend`) frees its slots at once
 //!    but notifies nobody, so a waiter also tries again 1 s after its last try: a slot
 //!    freed that way reaches a waiter within about 1 s (as does a release while the
-//!    listener reconnects). Timeout and cancellation end the wait in the client: nothing
+//!    listener reconnects, 2 s after it lost its connection). Timeout and cancellation end the wait in the client: nothing
 //!    to undo on the server (a try in flight that is granted after the caller left is
 //!    released by its holder connection).
 //! 4. Release, one statement: `pg_advisory_unlock(namespace + s, id)` and
@@ -278,15 +278,23 @@
 //! CREATE TABLE dlock_keys_elect (
 //!   ns integer, id integer,          -- the namespace and the key's id
 //!   pid integer NOT NULL,            -- the holding session (pg_backend_pid())
+//!   started timestamptz,             -- the server's start (pg_postmaster_start_time())
 //!   token bigint NOT NULL,           -- the leader's term
 //!   value text NOT NULL,             -- what it publishes
 //!   PRIMARY KEY (ns, id));
 //! ```
 //!
 //! A row is trusted only while `pg_locks` shows its `pid` holding the key's own lock
-//! exclusively: a leader whose session ended (a crash, `pg_terminate_backend`, its idle
-//! timeout) leaves its row, which nobody reads as a leader and the next leader's grant
-//! overwrites. The value is only ever sent as a bound parameter or as hex digits
+//! exclusively, and only if it was written in this run of the server (`started` =
+//! `pg_postmaster_start_time()`: after a restart a pid may be another session's, a plain
+//! holder's, say): a leader whose session ended (a crash, `pg_terminate_backend`, its idle
+//! timeout, a server restart) leaves its row, which nobody reads as a leader and the next
+//! leader's grant overwrites. (Within one run, a pid is reused only once the operating
+//! system's pids wrap around; a plain holder given a dead leader's pid while its row is
+//! still there would show that leader's value until the next leader's grant.) A table of
+//! an earlier version, without `started`, gets the column at connect (`ALTER TABLE … ADD
+//! COLUMN IF NOT EXISTS`; a role that may not alter it gets elections refused); its old
+//! rows are not trusted. The value is only ever sent as a bound parameter or as hex digits
 //! (`convert_from(decode('…', 'hex'), 'UTF8')`). Observers `LISTEN` on
 //! `dlock_leaders_<namespace as unsigned>` (payload: the key's id), one listener
 //! connection per client, opened at its first `observe`, like the permit listener.
@@ -309,19 +317,26 @@
 //! - **Leader**: one statement on a side connection: the row joined with the key table,
 //!   if `pg_locks` shows its session holding the key (reads `pg_locks`, as `inspect`).
 //!   A plain (non-campaign) hold of the key is no leader: `None`.
-//! - **Observe**: the stream subscribes (the key's id, then the listener listening, at
-//!   most 1 s) before its first read; each notification of the key (a grant to a
-//!   candidate, after a wait too, a proclaim, a release) wakes it and it reads the leader
-//!   (1 round trip). [`Observe::Woken`](dlock_core::Observe::Woken) with `recheck` 1 s: a
-//!   session that ended notifies nobody, so a crashed leader with no candidate waiting is
-//!   seen within 1 s (a waiting candidate's grant notifies at once); a listener that lost
-//!   its connection wakes every observer once it listens again.
+//! - **Observe**: the stream subscribes before its first read: the key's id, then the
+//!   listener listening, confirmed by the server (its `LISTEN` done, then its own check
+//!   notification delivered back to it), waited for at most `connect_timeout` + `response_timeout`, else the stream's first item is
+//!   [`Unavailable`](dlock_core::LockError::Unavailable) naming the listener. Each
+//!   notification of the key (a grant to a candidate, after a wait too, a proclaim, a
+//!   release) wakes it and it reads the leader (1 round trip).
+//!   [`Observe::Woken`](dlock_core::Observe::Woken) with `recheck` 1 s: a session that
+//!   ended notifies nobody, so a crashed leader with no candidate waiting is seen within
+//!   1 s (a waiting candidate's grant notifies at once). A listener that loses its
+//!   connection connects again 2 s later; once it has not listened for more than 1 s,
+//!   every observer's stream ends with `Unavailable` naming the listener (changes may have
+//!   gone unheard, and the capability no longer holds): follow again, which waits for the
+//!   listener as above.
 //! - **Inspect** shows a leader's value as its `who` and its term as its `fencing_token`
-//!   (a `LEFT JOIN` of the row on the holding pid).
+//!   (a `LEFT JOIN` of the row on the holding pid, written in this run of the server).
 //!
 //! No standard PostgreSQL recipe to be compatible with; by hand, the leader of a key is
 //! `SELECT value, token FROM dlock_keys_elect e JOIN dlock_keys k ON k.id = e.id WHERE
-//! e.ns = 1684828003 AND k.name = '…'` when `pg_locks` shows `e.pid` holding the key.
+//! e.ns = 1684828003 AND k.name = '…'` when `pg_locks` shows `e.pid` holding the key and
+//! `e.started = pg_postmaster_start_time()`.
 //! A role that cannot create the table, where it is missing, gets elections refused
 //! ([`Observe::Unsupported`](dlock_core::Observe::Unsupported) in the capabilities,
 //! logged once at connect); everything else works.

@@ -14,13 +14,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock_core::Result;
 use dlock_core::raw::Grant;
+use dlock_core::{LockError, Result};
 use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::{Notify, oneshot, watch};
 use tokio::time::{sleep, timeout};
 
+use crate::NAME;
 use crate::acquire::Attempt;
 use crate::backend::Inner;
 use crate::sql::Advisory;
@@ -29,6 +30,12 @@ use crate::sql::Advisory;
 /// bound on noticing a slot freed by a session that ended (a crashed holder sends no
 /// notification), or one released while the listener was reconnecting.
 pub(crate) const RECHECK: Duration = Duration::from_secs(1);
+
+/// How long a listener waits before it connects again after a failure: longer than
+/// [`RECHECK`], so that a lost connection ends the election observers' streams (their
+/// re-reads do not make up for a listener down longer than that; they follow again) rather
+/// than racing their deadline.
+const RETRY: Duration = Duration::from_secs(2);
 
 /// The waiters of one client woken by one channel (the permit waiters; the election
 /// observers), by key id, and the listener that wakes them.
@@ -129,34 +136,68 @@ impl PermitWaits {
     /// Start the listener unless it runs, and wait until it listens, at most [`RECHECK`]
     /// (past it, waiters rely on trying again every [`RECHECK`]).
     pub(crate) async fn listening(&self, inner: &Inner) {
-        let mut ready = {
-            let mut listener = lock(&self.listener);
-            match &*listener {
-                Some(running) => running.ready.clone(),
-                None => {
-                    let Ok(options) = inner.config.connect_options() else {
-                        return;
-                    };
-                    let (ready_tx, ready) = watch::channel(false);
-                    let (stop, stopped) = oneshot::channel();
-                    let task = listen(
-                        self.registry.clone(),
-                        options.disable_statement_logging(),
-                        (inner.config.connect_timeout, inner.config.response_timeout),
-                        self.channel.clone(),
-                        ready_tx,
-                        stopped,
-                    );
-                    tokio::spawn(task);
-                    *listener = Some(Listener {
-                        ready: ready.clone(),
-                        _stop: stop,
-                    });
-                    ready
-                }
-            }
-        };
-        let _ = timeout(RECHECK, ready.wait_for(|listens| *listens)).await;
+        if let Ok(mut ready) = self.start(inner) {
+            let _ = timeout(RECHECK, ready.wait_for(|listens| *listens)).await;
+        }
+    }
+
+    /// Start the listener unless it runs, and wait until the server has confirmed its
+    /// `LISTEN` (and delivered the listener's own check notification), at most the connect
+    /// timeout plus the response timeout: the listener's state (`true` while it listens),
+    /// to follow. [`LockError::Unavailable`] naming the listener past the bound.
+    pub(crate) async fn listens(
+        &self,
+        inner: &Inner,
+        op: &'static str,
+    ) -> Result<watch::Receiver<bool>> {
+        let mut ready = self.start(inner)?;
+        let bound = inner.config.connect_timeout + inner.config.response_timeout;
+        let listens = timeout(bound, ready.wait_for(|listens| *listens))
+            .await
+            .map(|listens| listens.is_ok());
+        match listens {
+            Ok(true) => Ok(ready),
+            Ok(false) => Err(self.down(op, "has stopped")),
+            Err(_) => Err(self.down(op, &format!("is not listening after {bound:?}"))),
+        }
+    }
+
+    /// The error of a listener that does not listen: `Unavailable`, naming it.
+    pub(crate) fn down(&self, op: &'static str, what: &str) -> LockError {
+        LockError::unavailable(
+            NAME,
+            op,
+            format!(
+                "the listener (LISTEN {}) {what}; server notifications need a session \
+                 connection (not a transaction pooler)",
+                self.channel
+            ),
+        )
+    }
+
+    /// The running listener's state, started unless it runs.
+    fn start(&self, inner: &Inner) -> Result<watch::Receiver<bool>> {
+        let mut listener = lock(&self.listener);
+        if let Some(running) = &*listener {
+            return Ok(running.ready.clone());
+        }
+        let options = inner.config.connect_options()?;
+        let (ready_tx, ready) = watch::channel(false);
+        let (stop, stopped) = oneshot::channel();
+        let task = listen(
+            self.registry.clone(),
+            options.disable_statement_logging(),
+            (inner.config.connect_timeout, inner.config.response_timeout),
+            self.channel.clone(),
+            ready_tx,
+            stopped,
+        );
+        tokio::spawn(task);
+        *listener = Some(Listener {
+            ready: ready.clone(),
+            _stop: stop,
+        });
+        Ok(ready)
     }
 }
 
@@ -214,56 +255,98 @@ async fn listen(
         .max_lifetime(None)
         .idle_timeout(None)
         .connect_lazy_with(options);
+    let mut first = true;
     loop {
-        let run = listen_once(&registry, &pool, &channel, &ready, response_timeout);
+        let run = listen_once(&registry, &pool, &channel, &ready, response_timeout, first);
         let error = tokio::select! {
             _ = &mut stop => return,
             error = run => error,
         };
         ready.send_replace(false);
+        first = false;
         tracing::debug!(%error, %channel, "a listener failed; listening again shortly");
         tokio::select! {
             _ = &mut stop => return,
-            () = sleep(RECHECK) => {}
+            () = sleep(RETRY) => {}
         }
     }
 }
 
-/// Listen until the connection fails: the error.
+/// The payload prefix of a listener's check of its own `LISTEN`, ignored by every listener.
+const CHECK: &str = "listen-check:";
+
+/// Listen until the connection fails or is lost: the error. Listening means the server
+/// confirmed the `LISTEN` and delivered the listener's own check notification (which a
+/// transaction pooler, for one, does not).
 async fn listen_once(
     registry: &Registry,
     pool: &sqlx::PgPool,
     channel: &str,
     ready: &watch::Sender<bool>,
     response_timeout: Duration,
+    first: bool,
 ) -> sqlx::Error {
     let mut listener = match PgListener::connect_with(pool).await {
         Ok(listener) => listener,
         Err(e) => return e,
     };
-    match timeout(response_timeout, listener.listen(channel)).await {
+    // A lost connection is a failure (observers count how long nothing listens), not a
+    // silent reconnect inside `try_recv`.
+    listener.eager_reconnect(false);
+    let confirmed = async {
+        listener.listen(channel).await?;
+        // Unique on the server: the listener's own session's pid.
+        let check: String = sqlx::query_scalar(
+            "SELECT $2 || pg_backend_pid()::text FROM (SELECT pg_notify($1, $2 || \
+             pg_backend_pid()::text)) n",
+        )
+        .bind(channel)
+        .bind(CHECK)
+        .fetch_one(&mut listener)
+        .await?;
+        loop {
+            match listener.try_recv().await? {
+                Some(n) if n.payload() == check => return Ok(()),
+                Some(n) => wake(registry, n.payload()),
+                None => return Err(lost()),
+            }
+        }
+    };
+    match timeout(response_timeout, confirmed).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return e,
         Err(_) => return sqlx::Error::PoolTimedOut,
     }
     ready.send_replace(true);
-    // Releases while nothing listened went unheard: every waiter tries again.
-    registry.wake_all();
+    // After a failure, releases while nothing listened went unheard: every waiter tries
+    // again. (The first time, observers have waited for this; permit waiters try again
+    // within their re-check.)
+    if !first {
+        registry.wake_all();
+    }
     loop {
         match listener.try_recv().await {
-            Ok(Some(notification)) => match notification.payload().parse() {
-                Ok(id) => registry.wake(id),
-                Err(_) => tracing::debug!(
-                    payload = notification.payload(),
-                    "a permit notification that names no key id"
-                ),
-            },
-            // The connection was lost and made again (listening again): releases in
-            // between went unheard.
-            Ok(None) => registry.wake_all(),
+            Ok(Some(notification)) => wake(registry, notification.payload()),
+            Ok(None) => return lost(),
             Err(e) => return e,
         }
     }
+}
+
+/// Wake the waiters of the key a notification names.
+fn wake(registry: &Registry, payload: &str) {
+    match payload.parse() {
+        Ok(id) => registry.wake(id),
+        Err(_) if payload.starts_with(CHECK) => {}
+        Err(_) => tracing::debug!(payload, "a notification that names no key id"),
+    }
+}
+
+fn lost() -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        "the listener's connection was lost",
+    ))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -216,13 +216,15 @@ impl Sql {
     }
 
     /// The election table's row of key `id`, for a value: `(ns, id)` its key, `pid` the
-    /// holding session, `token` the leader's term, `value` what it publishes.
+    /// holding session, `started` the server's start (a pid is unique only within one run
+    /// of the server), `token` the leader's term, `value` what it publishes.
     fn upsert(&self, id: i32, value: &str, token: &str, from: &str) -> String {
         format!(
-            "INSERT INTO {elect} (ns, id, pid, token, value) \
-             SELECT {ns}, {id}, pg_backend_pid(), {token}, {value} {from} \
-             ON CONFLICT (ns, id) DO UPDATE SET pid = EXCLUDED.pid, token = EXCLUDED.token, \
-               value = EXCLUDED.value",
+            "INSERT INTO {elect} (ns, id, pid, started, token, value) \
+             SELECT {ns}, {id}, pg_backend_pid(), pg_postmaster_start_time(), {token}, {value} \
+               {from} \
+             ON CONFLICT (ns, id) DO UPDATE SET pid = EXCLUDED.pid, started = EXCLUDED.started, \
+               token = EXCLUDED.token, value = EXCLUDED.value",
             elect = self.elect,
             ns = self.namespace,
             value = text_literal(value),
@@ -269,15 +271,18 @@ impl Sql {
         format!("dlock_leaders_{}", self.namespace as u32)
     }
 
-    /// The election table's lock of key id `id` held by session `pid` (SQL expressions):
-    /// the key's own advisory lock, granted, exclusive. A row whose session does not hold
-    /// it (the session ended, or gave the key back by hand) is not trusted.
-    fn held_by(&self, id: &str, pid: &str) -> String {
+    /// The election table's lock of key id `id` held by the session of row `e` (its pid,
+    /// in this run of the server): the key's own advisory lock, granted, exclusive. A row
+    /// whose session does not hold it (the session ended, or gave the key back by hand) is
+    /// not trusted, nor one written before the server last started (its pid may be another
+    /// session's now).
+    fn held_by(&self, id: &str) -> String {
         format!(
-            "EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' \
+            "e.started = pg_postmaster_start_time() \
+             AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' \
                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                AND l.classid = ({ns})::oid AND l.objid = ({id})::oid AND l.objsubid = 2 \
-               AND l.mode = 'ExclusiveLock' AND l.granted AND l.pid = {pid})",
+               AND l.mode = 'ExclusiveLock' AND l.granted AND l.pid = e.pid)",
             ns = self.namespace,
         )
     }
@@ -291,7 +296,7 @@ impl Sql {
             table = self.table,
             elect = self.elect,
             ns = self.namespace,
-            held = self.held_by("k.id", "e.pid"),
+            held = self.held_by("k.id"),
         )
     }
 
@@ -306,17 +311,22 @@ impl Sql {
              SELECT pg_notify('{channel}', '{id}') FROM u",
             elect = self.elect,
             ns = self.namespace,
-            held = self.held_by(&id.to_string(), "e.pid"),
+            held = self.held_by(&id.to_string()),
             channel = self.leader_channel(),
         )
     }
 
-    /// Whether the election table exists.
+    /// Whether the election table exists, with every column (`started` came later).
     pub(crate) fn elect_exists(&self) -> String {
-        format!("SELECT to_regclass('{}') IS NOT NULL", self.elect)
+        format!(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{}') \
+               AND attname = 'started' AND NOT attisdropped)",
+            self.elect
+        )
     }
 
-    /// Create the election table, serialised as [`create`](Self::create) is.
+    /// Create the election table, serialised as [`create`](Self::create) is, or add the
+    /// column an earlier version's lacks (its rows are then not trusted: `started` NULL).
     pub(crate) fn create_elect(&self) -> String {
         format!(
             "BEGIN; SELECT pg_advisory_xact_lock({ns}, 0); \
@@ -324,9 +334,11 @@ impl Sql {
                ns integer NOT NULL, \
                id integer NOT NULL, \
                pid integer NOT NULL, \
+               started timestamptz, \
                token bigint NOT NULL, \
                value text NOT NULL, \
                PRIMARY KEY (ns, id)); \
+             ALTER TABLE {elect} ADD COLUMN IF NOT EXISTS started timestamptz; \
              COMMIT",
             ns = self.namespace,
             elect = self.elect,
@@ -456,7 +468,7 @@ impl Sql {
                 ", e.value, e.token",
                 format!(
                     "LEFT JOIN {elect} e ON e.ns = {ns} AND e.id = k.id AND e.pid = l.pid \
-                       AND l.granted AND l.mode = 'ExclusiveLock' AND {slot} = 0 ",
+                       AND e.started = pg_postmaster_start_time() AND l.granted AND l.mode = 'ExclusiveLock' AND {slot} = 0 ",
                     elect = self.elect,
                     ns = self.namespace,
                     slot = self.slot_of_lock(),

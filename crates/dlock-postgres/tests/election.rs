@@ -1,7 +1,8 @@
 //! Elections on PostgreSQL, beyond the shared suite: the election table's row (written
 //! with the grant, gone with the release, ignored once its session ended), values that
-//! SQL would trip on, `inspect` showing a leader, and observers woken by the server well
-//! before their re-check.
+//! SQL would trip on, `inspect` showing a leader, a row of an earlier run of the server
+//! ignored, observers woken by the server well before their re-check, subscribed before
+//! `leader_changes` returns, and told (an error) when their listener is lost.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::PostgresHarness;
-use dlock_core::{DistributedLock, Election, Leader, LockOptions, Observe, Wait};
+use dlock_core::{DistributedLock, Election, ErrorKind, Leader, LockOptions, Observe, Wait};
 use futures::StreamExt;
 use sqlx::Row;
 use tokio::time::{Instant, timeout};
@@ -176,4 +177,148 @@ async fn observers_are_woken_well_before_their_recheck() {
     assert_eq!(seen, Some(Leader::new("second", second.term())));
     second.resign().await.unwrap();
     assert_eq!(next("resign").await, None);
+}
+
+/// A client of its own `application_name`, to find its sessions (its listener) by.
+async fn named_client(h: &PostgresHarness, name: &str) -> (Arc<dyn DistributedLock>, String) {
+    use dlock_conformance::Harness;
+    let app = unique(name);
+    let url = dlock_conformance::url_with_option(&h.url(), &format!("application_name={app}"));
+    (h.connect(&url).await.expect("connect"), app)
+}
+
+/// The pid of the leader listener of the client named `app` (its last statement: the check
+/// of its own `LISTEN`).
+async fn listener_of(h: &PostgresHarness, app: &str) -> i32 {
+    let mut admin = h.admin().await.expect("admin");
+    let pids: Vec<i32> = sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
+         AND query LIKE '%pg_notify($1, $2 ||%'",
+    )
+    .bind(app)
+    .fetch_all(&mut admin)
+    .await
+    .expect("pg_stat_activity");
+    assert_eq!(pids.len(), 1, "one listener: {pids:?}");
+    pids[0]
+}
+
+fn recheck(client: &dyn DistributedLock) -> Duration {
+    let Observe::Woken { recheck } = client.capabilities().election else {
+        panic!("PostgreSQL wakes observers");
+    };
+    recheck
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_right_after_leader_changes_returns_is_heard() {
+    let h = harness();
+    // A fresh client: its listener starts with this call.
+    let (watcher, _) = named_client(&h, "subscribed").await;
+    let key = unique("subscribed");
+    let mut changes = watcher
+        .leader_changes(&key)
+        .await
+        .expect("subscribe")
+        .expect("PostgreSQL wakes observers");
+    let id = h.id_of(&key).await.unwrap().expect("the key's id");
+    let channel = format!("dlock_leaders_{}", h.config().namespace as u32);
+    let mut admin = h.admin().await.expect("admin");
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(&channel)
+        .bind(id.to_string())
+        .execute(&mut admin)
+        .await
+        .expect("notify");
+    let woken = timeout(recheck(&*watcher) / 2, changes.next())
+        .await
+        .expect("the notification sent right after the subscription was not heard");
+    assert!(matches!(woken, Some(Ok(()))), "{woken:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_listener_ends_the_observers_stream_with_an_error() {
+    let h = harness();
+    let (watcher, app) = named_client(&h, "listener").await;
+    let recheck = recheck(&*watcher);
+    let key = unique("listener");
+    let e = election(watcher.clone(), &key);
+    let mut changes = e.observe();
+    assert_eq!(changes.next().await.unwrap().unwrap(), None);
+    let pid = listener_of(&h, &app).await;
+    h.kill_session(pid).await.expect("kill the listener");
+    let killed = Instant::now();
+    // Down longer than the re-check: the stream ends with an error naming the listener.
+    let error = timeout(recheck * 3, changes.next())
+        .await
+        .expect("no error within the bound")
+        .expect("an item")
+        .expect_err("an error");
+    let took = killed.elapsed();
+    assert!(took >= recheck, "the error came after {took:?}");
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+    assert!(
+        error.to_string().contains("LISTEN dlock_leaders_"),
+        "{error}"
+    );
+    assert!(timeout(recheck, changes.next()).await.unwrap().is_none());
+
+    // Following again waits for the listener to listen again, then is woken as before.
+    let mut again = e.observe();
+    assert_eq!(again.next().await.unwrap().unwrap(), None);
+    assert_ne!(listener_of(&h, &app).await, pid);
+    let (candidate, _) = named_client(&h, "candidate").await;
+    let leading = election(candidate, &key).campaign("back").await.unwrap();
+    let seen = timeout(recheck / 2, again.next())
+        .await
+        .expect("woken")
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen, Some(Leader::new("back", leading.term())));
+    leading.resign().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_from_an_earlier_run_of_the_server_is_not_trusted() {
+    let h = harness();
+    let client = h.must_client().await;
+    let key = unique("restart");
+    // A plain holder whose pid a leader of an earlier run of the server had: its row,
+    // left behind by the restart, names that pid.
+    let plain = client
+        .try_acquire(&key, &LockOptions::new())
+        .await
+        .unwrap()
+        .expect("free");
+    let pid = h.sessions_on(&key, true).await.unwrap()[0];
+    let id = h.id_of(&key).await.unwrap().expect("the key's id");
+    let table = &h.config().table;
+    let mut admin = h.admin().await.expect("admin");
+    let write = async |admin: &mut sqlx::PgConnection, started: &str| {
+        let sql = format!(
+            "INSERT INTO {table}_elect (ns, id, pid, started, token, value) \
+             VALUES ($1, $2, $3, {started}, 1, 'ghost') \
+             ON CONFLICT (ns, id) DO UPDATE SET pid = EXCLUDED.pid, \
+               started = EXCLUDED.started, token = 1, value = 'ghost'"
+        );
+        sqlx::query(&sql)
+            .bind(h.config().namespace)
+            .bind(id)
+            .bind(pid)
+            .execute(admin)
+            .await
+            .expect("the row");
+    };
+    write(&mut admin, "pg_postmaster_start_time() - interval '1 hour'").await;
+    let e = election(client.clone(), &key);
+    assert_eq!(e.leader().await.unwrap(), None);
+    let status = client.inspect(&key).await.expect("inspect");
+    assert_eq!(status.holders.len(), 1, "{status:?}");
+    assert_ne!(status.holders[0].who.as_deref(), Some("ghost"));
+    assert_eq!(status.holders[0].fencing_token, None);
+    // The same row of this run is trusted: the server's start is all that differs.
+    write(&mut admin, "pg_postmaster_start_time()").await;
+    assert_eq!(e.leader().await.unwrap(), Some(Leader::new("ghost", 1)));
+    plain.release().await.unwrap();
+    assert_eq!(e.leader().await.unwrap(), None);
 }
