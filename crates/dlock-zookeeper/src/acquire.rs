@@ -61,7 +61,8 @@ impl Backend for ZookeeperBackend {
                 list: true,
             },
             // A persistent recursive watch on the key directory wakes observers (see the
-            // crate docs' Elections).
+            // crate docs' Elections). ZooKeeper 3.5 has no `addWatch` and its observers
+            // poll every `RECHECK`, but the server's version is not known here.
             election: Observe::Woken {
                 recheck: crate::election::RECHECK,
             },

@@ -9,6 +9,8 @@ use std::time::Duration;
 use dlock_core::raw::Deadline;
 use dlock_core::{Leader, LockError, Mode, Result};
 use futures::stream::{self, BoxStream, StreamExt};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use zookeeper_client::{self as zk, AddWatchMode, EventType, SessionState};
 
@@ -65,11 +67,16 @@ impl ZookeeperBackend {
 
     /// Wake observers of `key`: a persistent recursive watch (`addWatch`, ZooKeeper 3.6+)
     /// on the key directory, which may not exist yet, set before this returns. Every
-    /// creation, deletion and data change of a node in it yields (a candidate queued or
-    /// gone, a leader resigned or expired, a proclaim), and so does a reconnection, after
-    /// which events may have been lost. The stream ends with an error when the session
-    /// ends. A server without `addWatch` (3.5): `None`, and observers read the leader
-    /// every [`RECHECK`].
+    /// creation, deletion and data change of a node in it wakes the stream (a candidate
+    /// queued or gone, a leader resigned or expired, a proclaim), and so does a
+    /// reconnection, after which events may have been lost. Wake-ups coalesce: a task
+    /// ([`forward`]) takes the watcher's events as they come and marks a `watch` channel
+    /// changed, so however many events arrive while the observer is busy (or not polling),
+    /// the stream holds one pending item, not a queue, and the observer reads the leader
+    /// once for all of them. Dropping the stream aborts the task, which drops the watcher
+    /// (the client removes it). The stream ends with an error when the session ends. A
+    /// server without `addWatch` (3.5): `None`, and observers read the leader every
+    /// [`RECHECK`].
     pub(crate) async fn watch_leader(
         &self,
         key: &str,
@@ -93,32 +100,59 @@ impl ZookeeperBackend {
             }
             Err(e) => return Err(Error::zk("observe", e).into()),
         };
+        let (wake, woken) = watch::channel(());
+        let forwarding = Forwarding(tokio::spawn(forward(watcher, wake)));
         Ok(Some(
-            stream::unfold(Some(watcher), |watcher| async move {
-                // `None`: the session ended and the error was the last item (the watcher
-                // panics if polled after a terminal event).
-                let mut watcher = watcher?;
-                loop {
-                    let event = watcher.changed().await;
-                    if event.event_type != EventType::Session {
-                        return Some((Ok(()), Some(watcher)));
-                    }
-                    match event.session_state {
-                        state if state.is_terminated() => {
-                            let ended = zk::Error::SessionExpired;
-                            tracing::info!(backend = NAME, %state, "observer's session ended");
-                            return Some((Err(Error::zk("observe", ended).into()), None));
-                        }
-                        SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
-                            return Some((Ok(()), Some(watcher)));
-                        }
-                        // Disconnected: the watch is set again on reconnection.
-                        _ => {}
+            stream::unfold(Some((woken, forwarding)), |state| async move {
+                // `None`: the session ended and the error was the last item.
+                let (mut woken, forwarding) = state?;
+                match woken.changed().await {
+                    Ok(()) => Some((Ok(()), Some((woken, forwarding)))),
+                    // The task ended: the session did (or the task panicked).
+                    Err(_) => {
+                        let ended = zk::Error::SessionExpired;
+                        Some((Err(Error::zk("observe", ended).into()), None))
                     }
                 }
             })
             .boxed(),
         ))
+    }
+}
+
+/// The task that forwards a persistent watcher's events to an observer's stream, aborted
+/// when the stream is dropped (dropping the watcher, which removes it).
+struct Forwarding(JoinHandle<()>);
+
+impl Drop for Forwarding {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Take `watcher`'s events as they come and mark `wake` changed for each node event and
+/// each reconnection (a `watch` channel holds one pending change however many are sent:
+/// the events coalesce, and nothing queues while the observer does not poll). Returns,
+/// dropping `wake` (the stream then ends with an error), when the session ends or the
+/// stream is gone.
+async fn forward(mut watcher: zk::PersistentWatcher, wake: watch::Sender<()>) {
+    loop {
+        let event = watcher.changed().await;
+        if event.event_type == EventType::Session {
+            match event.session_state {
+                // The watcher panics if polled after a terminal event.
+                state if state.is_terminated() => {
+                    tracing::info!(backend = NAME, %state, "observer's session ended");
+                    return;
+                }
+                SessionState::SyncConnected | SessionState::ConnectedReadOnly => {}
+                // Disconnected: the watch is set again on reconnection.
+                _ => continue,
+            }
+        }
+        if wake.send(()).is_err() {
+            return;
+        }
     }
 }
 

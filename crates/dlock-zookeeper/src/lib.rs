@@ -240,7 +240,8 @@
 //! [`Election`](dlock_core::Election) runs Apache Curator's `LeaderLatch` recipe on the
 //! key directory, so a dlock candidate and a Curator `LeaderLatch(client, path, id)` on
 //! [`ZookeeperConfig::key_dir`] of the key never both lead. Needs ZooKeeper 3.6 or later
-//! for woken observers (`addWatch`; on 3.5 they read the leader every second instead).
+//! for woken observers (`addWatch`; on 3.5 they read the leader every second instead, see
+//! Observe below).
 //!
 //! - **Campaign**: the lock recipe above (steps 1 to 5: the same round trips, waiting,
 //!   deadline, cancellation and protected create), with the node
@@ -277,11 +278,23 @@
 //!   proclaim. A grant needs no event of its own: a candidate leads the moment the nodes
 //!   ahead of it are deleted, and that deletion is the event. An observer sees a change
 //!   half a round trip after it commits and reads the leader (2 round trips); a proclaim
-//!   shows three round trips after its call (`tests/round_trips.rs`). Declared
+//!   shows three round trips after its call (`tests/round_trips.rs`). Wake-ups
+//!   **coalesce**: a task takes the watch's events as they arrive and marks a
+//!   `tokio::sync::watch` channel changed, so the events that arrive while an observer
+//!   reads the leader, or while nobody polls its stream, leave one pending wake-up (one
+//!   leader read), never a queue that grows with the key's traffic (`tests/election.rs`:
+//!   100 queue changes, at most a few wake-ups). Dropping the stream aborts the task,
+//!   which drops the watch (the client removes it). Declared
 //!   [`Observe::Woken`](dlock_core::Observe::Woken) with a `recheck` of 1 s, which only
 //!   bounds notifications lost while the observer's connection moves to another member
 //!   (ZOOKEEPER-4698; a reconnection wakes the observer too). The stream ends with an
-//!   error when the observer's session ends. One session may observe and wait as a
+//!   error when the observer's session ends. **ZooKeeper 3.5** has no `addWatch`: the
+//!   subscription gets `Unimplemented`, logs a warning, and the observer reads the leader
+//!   every second instead, so a leader that leads for less may be missed (what
+//!   [`Observe::Polled`](dlock_core::Observe::Polled) `{ every: 1 s }` promises).
+//!   The capabilities still say `Woken`: they are known before any I/O, and neither the
+//!   handshake nor zookeeper-client tells the server's version (it is only learnt when
+//!   the first observer subscribes). One session may observe and wait as a
 //!   candidate at once: the server sends one notification per deletion, and the client
 //!   hands it to both watches (`tests/election.rs`).
 //! - **Interop**, `tests/leader_latch.rs` (Curator's nodes and rule on a raw session): a
@@ -369,7 +382,7 @@
 //! | max key length | 1024 bytes | the default; long keys are shortened with a digest |
 //! | inspect: who | yes | every lock and lease node dlock creates carries its holder's `NAME@HOST:PID` (other clients' nodes: what they wrote, Curator's IP address; kazoo's none) |
 //! | inspect: waiters | queue | contenders wait in sequence order behind the holders; a semaphore's waiters are its `locks` queue |
-//! | election | woken, recheck 1 s | Curator's `LeaderLatch` (`latch-` nodes carrying the value); a persistent recursive watch on the key directory wakes observers on every change (see [Elections](#elections)) |
+//! | election | woken, recheck 1 s | Curator's `LeaderLatch` (`latch-` nodes carrying the value); a persistent recursive watch on the key directory wakes observers on every change, coalesced (see [Elections](#elections)); on ZooKeeper 3.5 (no `addWatch`) observers poll every second although this still says woken |
 //! | inspect: list | yes | the base path's children are the key directories, named by the key's reversible encoding (a shortened name: the key is the directory's data) |
 //!
 //! # URL
