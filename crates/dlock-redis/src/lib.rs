@@ -202,7 +202,10 @@
 //! counter, as for any writer). No escaping is needed: the core admits only values without
 //! control characters (1 to 256 bytes), the value is everything after the token's *first*
 //! space (so spaces, colons and any Unicode come back as they went), and the scripts
-//! store and compare tokens as bytes. Any client can read the leader with a `GET` of the
+//! store and compare tokens as bytes. Every owner check of a writer's token (renewal,
+//! release, proclaim, the Redlock claim) compares only its *owner part*, the 32 random
+//! hex digits before the first space, so the hold is the same whatever value follows
+//! them (a value that is not one of our tokens matches only itself). Any client can read the leader with a `GET` of the
 //! lock key. There is no standard Redis election recipe to be compatible with; with an
 //! empty prefix, another library's lock of the same name excludes candidates as it
 //! excludes holders.
@@ -215,9 +218,14 @@
 //! - **Proclaim**: one script (1 round trip): if the key holds the leader's token, `SET`
 //!   it to the same random bits with the new value, `KEEPTTL` (Redis 6.0 or later), and
 //!   `PUBLISH !leader`; otherwise `NotHeld` and nothing changes. The owner identity (the
-//!   random bits) stays, and the handle checks with the new token from then on. If the
-//!   answer is lost, the next renewal or release that finds the old token gone tries the
-//!   new one before it gives the hold up.
+//!   random bits) stays, and the handle checks with the new token from then on.
+//!   **A lost answer or a cancelled proclaim cannot end a held leadership**: the script
+//!   either ran or did not, and either way the key holds a token with the leader's random
+//!   bits, which is all the owner checks of its renewals, its release and its next
+//!   proclaim compare. So a proclaim whose answer timed out, or whose future was dropped
+//!   after the script was sent, leaves the hold renewed and released as before; only the
+//!   published value is then unknown to the caller (an error, or no answer), and the next
+//!   proclaim sets it either way.
 //! - **Renewal** of a leader: 1 round trip of its own (not in the batch), which also
 //!   re-sets the fence counter's lifetime (ttl + 1 h), so the term `leader()` reads does
 //!   not expire under a leader that leads for more than an hour.
@@ -256,7 +264,8 @@
 //! - **who**: every token carries its holder's
 //!   [`holder_description`](dlock_core::holder_description) (`NAME@HOST:PID`) after its 128
 //!   random bits and a space. The description rides in the value the scripts store anyway,
-//!   so it costs no request, and every owner check still compares the whole token.
+//!   so it costs no request, and every owner check still compares the 128 random bits
+//!   (a writer's compares those alone: see *Elections*).
 //! - **waiters** (`WaiterView::Queue`): the live waiters first in line first, each with the
 //!   mode and `who` its token carries and `since`, its ticket (the server clock when it
 //!   joined).

@@ -283,7 +283,6 @@ impl RedisBackend {
                         names,
                         token,
                         leader,
-                        proclaimed: None,
                     };
                     let grant = Grant::new(fence, Box::new(held), sent_at);
                     return Ok(Some(match found_busy {
@@ -384,27 +383,11 @@ pub(crate) struct RedisHeld {
     /// An election's leader: its renewals keep the fence counter (its term) alive, and its
     /// release and proclaims wake the election's observers.
     leader: bool,
-    /// The token of a proclaim whose answer was lost: the server may hold it instead of
-    /// `token`. An owner check that `token` fails is tried with it before the hold is
-    /// given up for lost.
-    proclaimed: Option<String>,
 }
 
 impl RedisHeld {
     fn not_held(&self) -> LockError {
         LockError::not_held(NAME, &self.key, LostReason::NotHeld)
-    }
-
-    /// After an owner check with `token` failed: whether a proclaim whose answer was lost
-    /// did replace it, in which case this handle holds that token from now on (and the
-    /// check should be made again with it).
-    fn adopt_proclaimed(&mut self) -> bool {
-        let Some(token) = self.proclaimed.take() else {
-            return false;
-        };
-        self.token = token;
-        self.renewal = None;
-        true
     }
 
     async fn extend_once(&mut self, ttl: Duration) -> Result<bool> {
@@ -433,46 +416,33 @@ impl RedisHeld {
 #[async_trait]
 impl Held for RedisHeld {
     async fn extend(&mut self, ttl: Duration) -> Result<()> {
-        if self.extend_once(ttl).await?
-            || (self.adopt_proclaimed() && self.extend_once(ttl).await?)
-        {
-            return Ok(());
+        match self.extend_once(ttl).await? {
+            true => Ok(()),
+            false => Err(self.not_held()),
         }
-        Err(self.not_held())
     }
 
     async fn release(&mut self) -> Result<()> {
-        if self.release_once().await? || (self.adopt_proclaimed() && self.release_once().await?) {
-            return Ok(());
+        match self.release_once().await? {
+            true => Ok(()),
+            false => Err(self.not_held()),
         }
-        Err(self.not_held())
     }
 
     async fn proclaim(&mut self, value: &str) -> Result<()> {
         self.leader = true;
-        loop {
-            // Same random bits, new value: the owner identity does not change, and the
-            // token the server holds is replaced atomically with the one this handle uses
-            // next.
-            let token = scripts::with_value(&self.token, value);
-            match self.node.proclaim(&self.names, &self.token, &token).await {
-                Ok(true) => {
-                    self.proclaimed = None;
-                    self.token = token;
-                    // The renewal's key and token were made for the old token.
-                    self.renewal = None;
-                    return Ok(());
-                }
-                // An earlier proclaim whose answer was lost did replace the token, maybe:
-                // try again from its token (once: adopting it clears it).
-                Ok(false) if self.adopt_proclaimed() => {}
-                Ok(false) => return Err(self.not_held()),
-                Err(e) => {
-                    // The script may have run: the next owner check tries this token too.
-                    self.proclaimed = Some(token);
-                    return Err(e.into());
-                }
-            }
+        // Same random bits, new value: the owner identity does not change. Every owner
+        // check compares only those bits (see `scripts`), so whether or not this script
+        // runs, and whether or not its answer comes back (a lost answer, a dropped
+        // future), the server holds a token this handle's owner checks match: the hold
+        // is renewed and released as before, with either value.
+        let token = scripts::with_value(&self.token, value);
+        if !self.node.proclaim(&self.names, &self.token, &token).await? {
+            return Err(self.not_held());
         }
+        self.token = token;
+        // The renewal's key and token were made for the old token.
+        self.renewal = None;
+        Ok(())
     }
 }

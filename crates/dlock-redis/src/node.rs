@@ -306,7 +306,7 @@ impl Node {
     ///
     /// # Errors
     /// The server could not be reached, timed out, or refused the script.
-    pub(crate) async fn extend_leader(
+    pub async fn extend_leader(
         &self,
         names: &Names,
         token: &str,

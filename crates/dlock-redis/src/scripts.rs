@@ -123,6 +123,15 @@ pub const TOUCH_EVERY: Duration = Duration::from_secs(1);
 /// entry, so a plain `SET NX` sees it busy and the last crashed member frees it on its own.
 /// `reader_ttl` re-sets that expiry (the key vanishes with its last entry), and
 /// `extend_reader` renews one member's entry.
+///
+/// `ours(held, token)` is every writer's owner check: whether the value `held` read from
+/// the lock key (a `pcall` `GET`: not a string when the key is a reader set) is the hold
+/// of `token`. A writer's token is 32 random hex digits, a space and what it carries (the
+/// holder description, or an election candidate's value, which a proclaim replaces), so
+/// the check compares the random part, the *owner*, alone: a hold whose value a proclaim
+/// changed behind the handle's back (its answer lost, its future dropped) is still ours
+/// to renew, release and proclaim again. A value that is not a token of ours (another
+/// library's) matches only itself.
 macro_rules! base_lua {
     () => {
         r"
@@ -147,6 +156,17 @@ local function reader_ttl(key, now)
   if top then
     redis.call('PEXPIRE', key, string.format('%.0f', math.ceil((tonumber(top) - now) / 1000)))
   end
+end
+local function owner(token)
+  local random = string.match(token, '^(%x+) ')
+  if random and #random == 32 then return random end
+  return nil
+end
+local function ours(held, token)
+  if type(held) ~= 'string' then return false end
+  if held == token then return true end
+  local mine = owner(token)
+  return mine ~= nil and owner(held) == mine
 end
 local function extend_reader(key, token, ttl_ms, now)
   local score = redis.pcall('ZSCORE', key, token)
@@ -395,7 +415,7 @@ if is_member(token) then
     expired = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     reader_ttl(KEYS[1], now)
   end
-elseif redis.pcall('GET', KEYS[1]) == token then
+elseif ours(redis.pcall('GET', KEYS[1]), token) then
   redis.call('DEL', KEYS[1])
   released = 1
 end
@@ -429,26 +449,30 @@ const EXTEND_LUA: &str = concat!(
     base_lua!(),
     r"
 if is_member(ARGV[1]) then return extend_reader(KEYS[1], ARGV[1], ARGV[2], now_us()) end
-if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+if ours(redis.pcall('GET', KEYS[1]), ARGV[1]) then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 "
 );
 
-/// Replace a leader's token (its value) if the key still holds it, keeping the key's ttl,
-/// and tell the election's observers.
+/// Replace a leader's token (its value) if the key still holds it (its owner part: the
+/// same random bits with any value, so a retry after a lost answer finds it ours), keeping
+/// the key's ttl, and tell the election's observers.
 ///
 /// `KEYS`: lock key. `ARGV`: the token held, the token to hold instead (the same random
 /// bits, another value), the channel. Returns 1 when replaced, 0 when the key is not ours.
 /// `SET … KEEPTTL` needs Redis 6.0 or later.
 pub(crate) static PROCLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(PROCLAIM_LUA));
-const PROCLAIM_LUA: &str = r"
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+const PROCLAIM_LUA: &str = concat!(
+    base_lua!(),
+    r"
+if not ours(redis.pcall('GET', KEYS[1]), ARGV[1]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
 redis.call('PUBLISH', ARGV[3], '!leader')
 return 1
-";
+"
+);
 
 /// Reset a leader's ttl if the key is still ours, and the fence counter's lifetime with
 /// it: `inspect` (and so `leader()`) reads the leader's term from the counter, which must
@@ -458,11 +482,14 @@ return 1
 /// 0 when not ours.
 pub(crate) static EXTEND_LEADER: LazyLock<Script> =
     LazyLock::new(|| Script::new(EXTEND_LEADER_LUA));
-const EXTEND_LEADER_LUA: &str = r"
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+const EXTEND_LEADER_LUA: &str = concat!(
+    base_lua!(),
+    r"
+if not ours(redis.pcall('GET', KEYS[1]), ARGV[1]) then return 0 end
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-";
+"
+);
 
 /// Reset the ttl of every key given that is still ours: [`EXTEND`] for many keys in one
 /// call. A key that is not ours (or not a string any more) is left alone and answers 0;
@@ -481,7 +508,7 @@ for i, key in ipairs(KEYS) do
   if is_member(token) then
     now = now or now_us()
     statuses[i] = extend_reader(key, token, ARGV[2 * i], now)
-  elseif redis.pcall('GET', key) == token then
+  elseif ours(redis.pcall('GET', key), token) then
     statuses[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
   else
     statuses[i] = 0
@@ -520,7 +547,7 @@ else
   local v = redis.pcall('GET', KEYS[1])
   if not v then
     redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
-  elseif v ~= token then
+  elseif not ours(v, token) then
     return 0
   end
 end

@@ -6,7 +6,8 @@
 /// [`holder_description`](dlock_core::holder_description) (`NAME@HOST:PID`), which
 /// [`inspect`](dlock_core::DistributedLock::inspect) shows as the holder's `who`. The
 /// description rides in the token the scripts store anyway, so it costs no request, and
-/// every owner check still compares the whole token, random bits included.
+/// every owner check still compares the random bits (a writer's owner check compares
+/// those alone, as an election's proclaim changes what follows them: see `scripts`).
 pub fn new_token() -> String {
     format!(
         "{:032x} {}",

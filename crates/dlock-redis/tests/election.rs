@@ -176,3 +176,135 @@ async fn observers_are_woken_well_before_the_recheck() {
     leading.resign().await.expect("resign");
     assert_eq!(next(&mut changes).await, None);
 }
+
+/// What `token` becomes when a proclaim of `value` runs: the same random bits.
+fn with_value(token: &str, value: &str) -> String {
+    format!("{} {value}", &token[..32])
+}
+
+/// Poll a proclaim of `value` once (its script goes out), wait until the server shows
+/// it at `key`, then drop the future unanswered: a proclaim that ran on the server but
+/// whose answer never reached the handle (a caller's timeout, a `select!` that went the
+/// other way). `false` when the answer came within that first poll (a local server can
+/// be that fast): the proclaim then simply succeeded, and the caller tries again.
+async fn proclaim_and_drop(
+    leading: &mut dlock_core::Leadership,
+    value: &str,
+    admin: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    token: &str,
+) -> bool {
+    use futures::FutureExt;
+    let expected = with_value(token, value);
+    let mut proclaim = Box::pin(leading.proclaim(value));
+    if let Some(answer) = (&mut proclaim).now_or_never() {
+        answer.expect("proclaim");
+        return false;
+    }
+    let started = Instant::now();
+    loop {
+        let now: Option<String> = admin.get(key).await.expect("GET lock");
+        if now.as_deref() == Some(expected.as_str()) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the proclaim never ran: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(proclaim);
+    true
+}
+
+/// [`proclaim_and_drop`] until one is dropped unanswered; the value it left.
+async fn lose_a_proclaim(
+    leading: &mut dlock_core::Leadership,
+    admin: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    token: &str,
+) -> String {
+    for attempt in 0..100 {
+        let value = format!("lost {attempt}");
+        if proclaim_and_drop(leading, &value, admin, key, token).await {
+            return value;
+        }
+    }
+    panic!("every proclaim was answered within its first poll");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proclaim_dropped_after_it_ran_leaves_the_leadership_held() {
+    let harness = RedisHarness::from_env();
+    let mut admin = harness.admin().await.expect("admin connection");
+    let key = unique_key("election-lost-proclaim");
+    let names = Names::new(&harness.config().prefix, &key);
+    let e = election(harness.lock().await, &key);
+    let mut leading = e.campaign("old").await.expect("campaign");
+    let token: String = admin.get(&names.key).await.expect("GET lock");
+    let lost = lose_a_proclaim(&mut leading, &mut admin, &names.key, &token).await;
+    assert_ne!(leading.value(), lost, "the handle never heard the answer");
+    // The server holds the new token, the handle the old one: the same owner.
+    leading
+        .lease()
+        .extend(Duration::from_secs(10))
+        .await
+        .expect("extend after a lost proclaim");
+    assert!(!leading.is_lost());
+    assert_eq!(
+        e.leader().await.expect("leader"),
+        Some(Leader::new(lost.as_str(), leading.term()))
+    );
+    // A second lost answer in a row (this one not applied: the key is then set back by
+    // hand to the old value, as if the swap had not run) changes nothing either.
+    let _: () = admin
+        .set_options(
+            &names.key,
+            &token,
+            redis::SetOptions::default().with_expiration(redis::SetExpiry::KEEPTTL),
+        )
+        .await
+        .expect("SET KEEPTTL");
+    leading
+        .lease()
+        .extend(Duration::from_secs(10))
+        .await
+        .expect("extend after a proclaim that did not run");
+    // A proclaim after a lost one finds the key ours, whatever value it holds.
+    lose_a_proclaim(&mut leading, &mut admin, &names.key, &token).await;
+    leading.proclaim("latest").await.expect("proclaim again");
+    let now: String = admin.get(&names.key).await.expect("GET lock");
+    assert_eq!(now, with_value(&token, "latest"));
+    leading.resign().await.expect("resign after lost proclaims");
+    let exists: bool = admin.exists(&names.key).await.expect("EXISTS");
+    assert!(!exists, "the resignation deleted the key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_checks_compare_the_random_part_only() {
+    let harness = RedisHarness::from_env();
+    let mut admin = harness.admin().await.expect("admin connection");
+    let key = unique_key("election-owner");
+    let names = Names::new(&harness.config().prefix, &key);
+    let lock = harness.lock().await;
+    let e = election(harness.lock().await, &key);
+    let leading = e.campaign("mine").await.expect("campaign");
+    let token: String = admin.get(&names.key).await.expect("GET lock");
+    // Another owner's token (other random bits, the same value) is not ours.
+    let other = format!(
+        "{:032x} mine",
+        u128::from_str_radix(&token[..32], 16).unwrap() ^ 1
+    );
+    let _: () = admin.set(&names.key, &other).await.expect("SET");
+    let err = leading
+        .lease()
+        .extend(Duration::from_secs(10))
+        .await
+        .expect_err("another owner's key");
+    assert_eq!(err.kind(), dlock_core::ErrorKind::NotHeld, "{err}");
+    let now: String = admin.get(&names.key).await.expect("GET lock");
+    assert_eq!(now, other, "left alone");
+    let _: () = admin.del(&names.key).await.expect("DEL");
+    drop(leading);
+    drop(lock);
+}

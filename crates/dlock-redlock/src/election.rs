@@ -7,7 +7,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use dlock_core::Result;
-use dlock_redis::server::{Names, Node, NodeError};
+use dlock_redis::server::{Names, Node, NodeError, token_mode};
 use futures::stream::{self, BoxStream, StreamExt};
 use redis::Script;
 use tokio::sync::mpsc;
@@ -29,7 +29,7 @@ const BACKLOG: usize = 64;
 /// A candidate's token: 128 random bits as 32 hex digits, a space, and the value, as
 /// `dlock-redis` makes a writer's token with the holder's description in place of the
 /// value. So every script treats it as a writer's (its first byte is a hex digit), owner
-/// checks compare the whole token, and inspect shows the value as the holder's `who`
+/// checks compare its random part (the owner: see the crate docs, *Elections*), and inspect shows the value as the holder's `who`
 /// (all of it after the first space: the core refuses control characters, and Redis
 /// strings are binary-safe, so any printable value round-trips).
 pub(crate) fn candidate_token(value: &str) -> String {
@@ -43,6 +43,17 @@ pub(crate) fn proclaimed_token(token: &str, value: &str) -> String {
     format!("{random} {value}")
 }
 
+/// The owner part of a token: for a token of ours ([`token_mode`] knows it), what precedes
+/// its first space (its mode letter and random hex digits); another library's value is its
+/// own owner. Two tokens with one owner are one hold, whatever value each carries, as the
+/// owner checks on the nodes see it.
+pub(crate) fn owner(token: &str) -> &str {
+    match token_mode(token) {
+        Some(_) => token.split_once(' ').map_or(token, |(random, _)| random),
+        None => token,
+    }
+}
+
 /// The channel on which the leadership of a key is announced on each node,
 /// `{<lock key>}:leader`. Channels are not keys, and the lock's only other channel ends
 /// in `:released`, so it names nothing else.
@@ -51,19 +62,28 @@ pub(crate) fn channel(names: &Names) -> String {
 }
 
 /// Replace our token by the proclaimed one if the node holds ours, keeping the key's ttl,
-/// and announce it. `1` also when the node already holds the proclaimed one (a retry, a
-/// roll-back's target); `0` when the key is not ours there (gone, another holder's, a
-/// reader set: `GET` fails on it, hence `pcall`).
+/// and announce it. Ours is any token with our random part (the owner), whatever value it
+/// carries, as every owner check of dlock-redis compares it: so a node that took an
+/// earlier swap whose answer was lost is swapped (or put back) as well. `1` also when the
+/// node already holds the proclaimed one; `0` when the key is not ours there (gone,
+/// another holder's, a reader set: `GET` fails on it, hence `pcall`).
 static PROCLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local function owner(token)
+  local random = string.match(token, '^(%x+) ')
+  if random and #random == 32 then return random end
+  return nil
+end
 local held = redis.pcall('GET', KEYS[1])
-if held == ARGV[1] then
+if type(held) ~= 'string' then return 0 end
+if held == ARGV[2] then return 1 end
+local mine = owner(ARGV[1])
+if held == ARGV[1] or (mine ~= nil and owner(held) == mine) then
   redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
   redis.call('PUBLISH', ARGV[3], 'proclaim')
   return 1
 end
-if held == ARGV[2] then return 1 end
 return 0
 ",
     )
@@ -210,7 +230,7 @@ pub(crate) async fn changes(
 
 #[cfg(test)]
 mod tests {
-    use dlock_redis::server::{token_holder, token_mode};
+    use dlock_redis::server::token_holder;
 
     use super::*;
 

@@ -41,14 +41,25 @@ impl RedlockHeld {
 #[async_trait]
 impl Held for RedlockHeld {
     async fn extend(&mut self, ttl: Duration) -> Result<()> {
-        // One request to the cluster's renewer, which sends it to every node in a batch.
-        let renewal = self
-            .renewal
-            .get_or_insert_with(|| HeldKey::new(&self.names, &self.token));
-        let answers = self.cluster.renew(renewal, ttl).await;
         let c = &*self.cluster;
         let limit = c.node_timeout(ttl);
         let (names, token) = (&self.names, self.token.as_str());
+        let answers = if self.leader_channel.is_some() {
+            // A leader's renewal also re-sets the fence counter's lifetime on every node:
+            // `leader()` reads the term from the counters a majority agrees on, which must
+            // not expire under a leader that leads for longer than their hour. One request
+            // per node of its own (one leader per election per process: not worth a batch).
+            c.on(&c.all(), limit, "extend", |n| {
+                n.extend_leader(names, token, ttl)
+            })
+            .await
+        } else {
+            // One request to the cluster's renewer, which sends it to every node in a batch.
+            let renewal = self
+                .renewal
+                .get_or_insert_with(|| HeldKey::new(names, token));
+            self.cluster.renew(renewal, ttl).await
+        };
         let mut extended = 0;
         let mut missing = Vec::new();
         let mut failures = Vec::new();
@@ -136,29 +147,40 @@ impl Held for RedlockHeld {
                 proclaim_on(n, names, &from, &to, &channel)
             })
             .await;
-        let mut replaced = Vec::new();
+        let mut replaced = 0;
+        // The nodes that may hold the new token: those that swapped, and those whose
+        // answer did not come (the swap may have run there).
+        let mut maybe = Vec::new();
         let mut failures = Vec::new();
         for (i, answer) in answers {
             match answer {
-                Ok(true) => replaced.push(i),
+                Ok(true) => {
+                    replaced += 1;
+                    maybe.push(i);
+                }
                 Ok(false) => {}
-                Err(e) => failures.push(e),
+                Err(e) => {
+                    maybe.push(i);
+                    failures.push(e);
+                }
             }
         }
-        if replaced.len() >= self.quorum {
+        if replaced >= self.quorum {
             // The hold is ours under the new token from now on: renewals and the release
             // carry it. A node the proclaim missed keeps the old token until its ttl.
             self.token = to;
             self.renewal = None;
             return Ok(());
         }
-        // Too few nodes took the new value: put the old one back where it went, so the
-        // hold stays under one token (the extensions and the release carry the old one).
-        c.on(&replaced, limit, "proclaim", |n| {
+        // Too few nodes took the new value: put the old one back where it may have gone, so
+        // observers keep reading the old value. Whether or not that reaches every node,
+        // the hold is intact: owner checks compare the random part alone, which both
+        // tokens share (so a node left with the new value is still renewed and released).
+        c.on(&maybe, limit, "proclaim", |n| {
             proclaim_on(n, names, &to, &from, &channel)
         })
         .await;
-        if replaced.len() + failures.len() >= self.quorum {
+        if replaced + failures.len() >= self.quorum {
             return Err(c.no_quorum_of("proclaim", self.quorum, failures));
         }
         Err(self.not_held())

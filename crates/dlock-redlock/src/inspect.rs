@@ -7,6 +7,7 @@ use std::time::Duration;
 use dlock_core::{KeyStatus, Mode};
 use dlock_redis::server::{NodeHolder, NodeStatus, NodeWaiter, token_mode};
 
+use crate::election::owner;
 use crate::permits::permit_quorum;
 
 /// The status of `key` that a quorum of the `nodes` nodes agrees on, from the snapshots
@@ -15,7 +16,10 @@ use crate::permits::permit_quorum;
 /// - a holder is a token held on as many nodes as its grant needs (`quorum`, or a
 ///   permit's [`permit_quorum`]); its `ttl_left` is how long that many nodes still keep
 ///   it (the needed-th longest of its ttls), its fencing token (a writer's) the fence
-///   counter that `quorum` of its nodes show (the token is written back to a majority);
+///   counter that `quorum` of its nodes show (the token is written back to a majority).
+///   Tokens are counted by their [`owner`] part, as the nodes' owner checks see them: a
+///   leader whose proclaim reached only some nodes (an answer lost, a future dropped)
+///   holds the key on all of them, and shows the value most of its nodes carry;
 /// - a waiter is a token queued on `quorum` nodes, and the waiters are in ticket order,
 ///   which is every node's order (the waiter proposed one ticket to all of them).
 pub(crate) fn agreed_status(
@@ -28,22 +32,22 @@ pub(crate) fn agreed_status(
     let mut queued: BTreeMap<&str, Vec<&NodeWaiter>> = BTreeMap::new();
     for view in views {
         for holder in &view.holders {
-            holds.entry(&holder.token).or_default().push(holder);
+            holds.entry(owner(&holder.token)).or_default().push(holder);
         }
         for waiter in &view.waiters {
             queued.entry(&waiter.token).or_default().push(waiter);
         }
     }
     let mut status = KeyStatus::new(key, true);
-    for (token, on) in holds {
-        let needed = match token_mode(token) {
+    for on in holds.into_values() {
+        let needed = match token_mode(&on[0].token) {
             Some(Mode::Permits(limit)) => permit_quorum(nodes, limit),
             _ => quorum,
         };
         if on.len() < needed {
             continue;
         }
-        let mut holder = on[0].status();
+        let mut holder = most_shown(&on).status();
         // No expiry (`None`) outlasts every ttl.
         let mut ttls: Vec<Option<Duration>> = on.iter().map(|h| h.ttl_left).collect();
         ttls.sort_unstable_by(|a, b| match (a, b) {
@@ -70,6 +74,45 @@ pub(crate) fn agreed_status(
     waiters.sort_unstable_by_key(|(ticket, token, _)| (*ticket, *token));
     status.waiters = Some(waiters.iter().map(|(_, _, w)| w.status()).collect());
     status
+}
+
+/// Of one owner's tokens on its nodes, the one most of them hold (the first node's among
+/// equals, nodes in order).
+fn most_shown<'a>(on: &[&'a NodeHolder]) -> &'a NodeHolder {
+    let count = |token: &str| on.iter().filter(|h| h.token == token).count();
+    let mut best = on[0];
+    for h in on {
+        if count(&h.token) > count(&best.token) {
+            best = h;
+        }
+    }
+    best
+}
+
+/// The term of the exclusive holder on a quorum of the nodes when no fence counter is
+/// agreed on by `quorum` of its nodes (right after its grant, before the fence write-back
+/// reached them all): the highest fence that `quorum` of its nodes reached (or, with
+/// fewer counters shown, the lowest of those shown). The write-back raises the counters
+/// of a majority to the grant's token and no grant moves a held key's counter, so this is
+/// the token once the write-back is complete, and never above it. `None`: no such holder,
+/// or none of its nodes shows a counter.
+pub(crate) fn unsettled_term(quorum: usize, views: &[NodeStatus]) -> Option<u64> {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for holder in views.iter().flat_map(|v| &v.holders) {
+        if holder.mode == Mode::Exclusive {
+            *counts.entry(owner(&holder.token)).or_default() += 1;
+        }
+    }
+    let (leader, _) = counts.into_iter().find(|(_, n)| *n >= quorum)?;
+    let mut fences: Vec<u64> = views
+        .iter()
+        .flat_map(|v| &v.holders)
+        .filter(|h| owner(&h.token) == leader)
+        .filter_map(|h| h.fence)
+        .collect();
+    fences.sort_unstable_by(|a, b| b.cmp(a));
+    let at = quorum.min(fences.len()).checked_sub(1)?;
+    Some(fences[at])
 }
 
 /// The fence counter that `quorum` of a holder's nodes show, if any.
@@ -191,6 +234,53 @@ mod tests {
         let waiters = agreed_status("k", 3, 2, &views).waiters.unwrap();
         let modes: Vec<_> = waiters.iter().map(|w| w.mode).collect();
         assert_eq!(modes, [Some(Mode::Exclusive), Some(Mode::Shared)]);
+    }
+
+    #[test]
+    fn a_leader_with_values_differing_by_node_is_one_holder() {
+        let old = crate::election::candidate_token("old");
+        let new = crate::election::proclaimed_token(&old, "new");
+        let views = [
+            node(vec![holder(&new, 900, Some(7))], &[]),
+            node(vec![holder(&old, 900, Some(7))], &[]),
+            node(vec![holder(&new, 900, Some(7))], &[]),
+            node(Vec::new(), &[]),
+        ];
+        let status = agreed_status("k", 5, 3, &views);
+        assert_eq!(status.holders.len(), 1, "{status:?}");
+        assert_eq!(status.holders[0].who.as_deref(), Some("new"), "most nodes");
+        assert_eq!(status.holders[0].fencing_token, Some(7));
+        // Another owner's token with the same value is another holder.
+        let other = crate::election::candidate_token("new");
+        let views = [
+            node(vec![holder(&new, 900, Some(7))], &[]),
+            node(vec![holder(&other, 900, Some(7))], &[]),
+            node(vec![holder(&new, 900, Some(7))], &[]),
+        ];
+        assert!(agreed_status("k", 5, 3, &views).holders.is_empty());
+    }
+
+    #[test]
+    fn an_unsettled_term_is_the_highest_fence_a_quorum_reached() {
+        let w = new_token();
+        let at = |fence| node(vec![holder(&w, 900, fence)], &[]);
+        let views = [at(Some(5)), at(Some(9)), at(Some(7)), at(None)];
+        assert_eq!(
+            agreed_status("k", 5, 3, &views).holders[0].fencing_token,
+            None
+        );
+        assert_eq!(unsettled_term(3, &views), Some(5));
+        assert_eq!(unsettled_term(2, &views), Some(7));
+        assert_eq!(
+            unsettled_term(3, &[at(Some(9)), at(None), at(None)]),
+            Some(9)
+        );
+        assert_eq!(unsettled_term(3, &[at(None), at(None), at(None)]), None);
+        assert_eq!(
+            unsettled_term(3, &[at(Some(9)), at(Some(9))]),
+            None,
+            "no majority"
+        );
     }
 
     #[test]

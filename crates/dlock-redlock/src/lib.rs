@@ -69,6 +69,8 @@
 //!    (restarted empty) get it back with `SET NX` and the fence (a node held by someone
 //!    else is left alone). If a majority answered "not ours", the lease is lost (`NotHeld`);
 //!    otherwise the outcome is unknown and the watchdog retries until `lost()` must fire.
+//!    An election's leader renews on its own, one script per node that also re-sets the
+//!    fence counter's lifetime (see *Elections*).
 //! 6. **Release**: compare-and-delete on every node in parallel, leaving the node's queue
 //!    and calling its first live waiter; `NotHeld` if a majority answered "not ours".
 //! 7. **Giving up**: a waiter whose deadline passes, whose acquire fails or whose future is
@@ -197,7 +199,10 @@
 //!   fencing token is the fence counter a majority of its nodes show (the token is written
 //!   back to a majority before the lease is reported); readers and permits show none.
 //! - **who**: the holder's `NAME@HOST:PID`, which its token carries (the same token on
-//!   every node), at no extra cost and with owner checks unchanged.
+//!   every node), at no extra cost and with owner checks unchanged (they compare the
+//!   token's random part). Tokens are counted per holder by that random part, so a
+//!   leader whose nodes carry different values (a proclaim that reached only some of
+//!   them) is one holder, showing the value most of its nodes carry.
 //! - **waiters** (`WaiterView::Queue`): the tokens queued on a majority of the nodes, in
 //!   ticket order. A waiter proposes one ticket (its client's clock in µs when it began to
 //!   wait) to every node, so every node orders its waiters alike; `since` is that ticket,
@@ -213,7 +218,7 @@
 //! An [`Election`](dlock_core::Election) on a key is the mutex above, with the candidate's
 //! value where a plain hold carries its holder's `NAME@HOST:PID`: in the token stored at
 //! the lock key on every node (32 random hex digits, a space, the value). Every script
-//! treats it as a writer's token (owner checks compare the whole of it), and
+//! treats it as a writer's token (owner checks compare its random part: see below), and
 //! [`inspect`](dlock_core::DistributedLock::inspect) shows the value as the holder's `who`
 //! (all of it after the first space; Redis strings are binary-safe and the core refuses
 //! control characters, so any value round-trips as it is, spaces and quotes included).
@@ -222,9 +227,10 @@
 //! | operation | round trips |
 //! |---|---|
 //! | `campaign` | those of `acquire` (the same rounds, queue, fence write-back and term: the fencing token); then, in the background, a `PUBLISH` on every node announces the grant |
-//! | `proclaim` | 1: on every node a script swaps our token for one with the same random part and the new value where the node holds ours, keeping its ttl (`SET … KEEPTTL`), and publishes on the channel. A majority swapped: the hold carries the new token from then on (a node the proclaim missed keeps the old one until its ttl). Otherwise the nodes that swapped are swapped back (a second round trip) and the answer is `NotHeld` (a majority answered "not ours") or `Unavailable` |
+//! | `proclaim` | 1: on every node a script swaps our token for one with the same random part and the new value where the node holds ours (a token with our random part), keeping its ttl (`SET … KEEPTTL`), and publishes on the channel. A majority swapped: the hold carries the new token from then on (a node the proclaim missed keeps the old one until its ttl). Otherwise the nodes that swapped or did not answer are swapped back (a second round trip) and the answer is `NotHeld` (a majority answered "not ours") or `Unavailable` |
+//! | renewal | a leader's: 1 script per node of its own (not in the batch), owner-checked, which re-sets the key's ttl and the fence counter's lifetime (ttl + 1 h), so the term `leader()` reads does not expire under a leader that leads for more than an hour |
 //! | `resign` | the release (1); then, in the background, a `PUBLISH` on each node that released |
-//! | `leader` | 1: `inspect`, the holder whose token a majority of the nodes holds, its value and fencing token (the term) |
+//! | `leader` | 1: `inspect`, the holder whose token (its random part) a majority of the nodes holds, its value and fencing token (the term). Right after a grant, while the fence write-back is under way, the counters may not agree on a majority yet: `leader` then reads once more (25 ms later), and if they still disagree answers the highest fence a majority of the leader's nodes reached (the grant's token once the write-back is complete, never above it), rather than fail and end every observer |
 //! | `observe` | subscribing on every node (confirmed, a quorum of them needed), before the first read; then 1 read (`inspect`) per wake-up: the notices that arrive together are one wake-up, so a change costs 1 to `N` reads |
 //!
 //! **What wakes observers**: a grant to a candidate (announced once the fence is written
@@ -238,6 +244,17 @@
 //! subscriptions ends its stream with `Unavailable` (follow again). Another Redlock library
 //! sees a candidate's hold as a busy key whose value is the token; it has no election of its
 //! own to be compatible with.
+//!
+//! **A lost answer or a cancelled proclaim cannot end a held leadership.** Every owner check
+//! on the nodes (renewal, release, the claim that gives the key back to a node, proclaim)
+//! compares only the token's *owner part*, its 32 random hex digits before the first
+//! space, which a proclaim never changes. Whatever a proclaim left on each node (the new
+//! value where its swap ran, even when the answer timed out or the future was dropped
+//! after the scripts were sent; the old value where it did not or was put back), every
+//! node of the hold still holds a token of its owner: renewals and the release count it
+//! as ours there, and `leader()` counts the nodes by owner too (showing the value most of
+//! them carry). Only the published value is then unknown to the caller, and the next
+//! proclaim sets it on every node either way.
 //!
 //! # Capabilities
 //!

@@ -9,11 +9,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{
-    Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockOptions, LockStats, Mode, Observe,
-    Result, WaiterView, Wakeup,
+    Capabilities, Expiry, Fencing, Inspection, KeyStatus, Leader, LockError, LockOptions,
+    LockStats, Mode, Observe, Result, WaiterView, Wakeup,
 };
 use dlock_redis::server::{
-    Attempt, InFlight, Names, Node, NodeError, Queueing, View, Waiter, token_for,
+    Attempt, InFlight, Names, Node, NodeError, NodeStatus, Queueing, View, Waiter, token_for,
 };
 use futures::future::join_all;
 use futures::stream::BoxStream;
@@ -25,7 +25,7 @@ use crate::cluster::Cluster;
 use crate::config::RedlockConfig;
 use crate::election;
 use crate::held::RedlockHeld;
-use crate::inspect::{agreed_keys, agreed_status};
+use crate::inspect::{agreed_keys, agreed_status, unsettled_term};
 use crate::permits::permit_quorum;
 use crate::renew::Renewals;
 
@@ -34,6 +34,9 @@ use crate::renew::Renewals;
 const MAX_BACKOFFS: u32 = 8;
 /// The longest random pause after a split vote.
 const MAX_BACKOFF: Duration = Duration::from_millis(100);
+/// How long `leader()` waits before it reads again a leader whose fence counters a
+/// majority does not agree on yet (a grant's write-back under way: one round trip).
+const UNSETTLED_REREAD: Duration = Duration::from_millis(25);
 
 /// How long a grant stays safe after its round started: the ttl, less the time the round
 /// took, less the clock drift between this client and the nodes (1 % of the ttl, plus 2 ms
@@ -347,6 +350,22 @@ impl RedlockBackend {
     }
 }
 
+impl RedlockBackend {
+    /// Each node's snapshot of `key`, from a quorum of the nodes at least.
+    async fn views(&self, key: &str) -> Result<Vec<NodeStatus>> {
+        let c = &*self.cluster;
+        let names = Names::new(&self.prefix, key);
+        let answers = c
+            .on(&c.all(), c.read_timeout(), "inspect", |n| n.inspect(&names))
+            .await;
+        let (views, failures) = split(answers);
+        if views.len() < c.quorum {
+            return Err(c.no_quorum("inspect", failures));
+        }
+        Ok(views)
+    }
+}
+
 enum Round {
     Won {
         fence: u64,
@@ -382,13 +401,17 @@ fn split<T>(answers: Vec<(usize, Result<T, NodeError>)>) -> (Vec<T>, Vec<NodeErr
     (ok, failures)
 }
 
-/// Whether one holder has a majority of the nodes (a lease, not a split vote).
+/// Whether one holder has a majority of the nodes (a lease, not a split vote). Tokens are
+/// one holder when their owner parts match (a leader's value may differ between nodes).
 fn majority_holder(views: &[View], quorum: usize) -> bool {
     views.iter().any(|v| match v {
         View::Held { holder, .. } => {
+            let holder = election::owner(holder);
             views
                 .iter()
-                .filter(|w| matches!(w, View::Held { holder: h, .. } if h == holder))
+                .filter(
+                    |w| matches!(w, View::Held { holder: h, .. } if election::owner(h) == holder),
+                )
                 .count()
                 >= quorum
         }
@@ -494,16 +517,41 @@ impl Backend for RedlockBackend {
         Names::check(&self.prefix, key)
     }
 
+    async fn leader(&self, key: &str) -> Result<Option<Leader>> {
+        let c = &*self.cluster;
+        let mut again = true;
+        loop {
+            let views = self.views(key).await?;
+            let status = agreed_status(key, c.nodes.len(), c.quorum, &views);
+            let Some(holder) = status.holders.iter().find(|h| h.mode == Mode::Exclusive) else {
+                return Ok(None);
+            };
+            let term = match holder.fencing_token {
+                Some(term) => Some(term),
+                // Right after a grant, before its fence write-back reached a majority, the
+                // counters may disagree: read once more, then answer the highest fence a
+                // majority of the leader's nodes reached rather than fail (which would end
+                // every observer).
+                None if std::mem::take(&mut again) => {
+                    tokio::time::sleep(UNSETTLED_REREAD).await;
+                    continue;
+                }
+                None => unsettled_term(c.quorum, &views),
+            };
+            return match (&holder.who, term) {
+                (Some(value), Some(term)) => Ok(Some(Leader::new(value.clone(), term))),
+                _ => Err(LockError::backend(
+                    NAME,
+                    "leader",
+                    "the nodes show the holder without its value or token",
+                )),
+            };
+        }
+    }
+
     async fn inspect(&self, key: &str) -> Result<KeyStatus> {
         let c = &*self.cluster;
-        let names = Names::new(&self.prefix, key);
-        let answers = c
-            .on(&c.all(), c.read_timeout(), "inspect", |n| n.inspect(&names))
-            .await;
-        let (views, failures) = split(answers);
-        if views.len() < c.quorum {
-            return Err(c.no_quorum("inspect", failures));
-        }
+        let views = self.views(key).await?;
         Ok(agreed_status(key, c.nodes.len(), c.quorum, &views))
     }
 

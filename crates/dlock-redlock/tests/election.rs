@@ -104,3 +104,167 @@ async fn a_proclaim_on_a_minority_is_put_back() {
     }
     drop(leading);
 }
+
+/// What `token` becomes when a proclaim of `value` runs: the same random bits.
+fn with_value(token: &str, value: &str) -> String {
+    format!("{} {value}", &token[..32])
+}
+
+/// A leadership of `value` on `key` with `opts`, and its token (as node 0 holds it).
+async fn lead(
+    harness: &RedlockHarness,
+    key: &str,
+    value: &str,
+    opts: LockOptions,
+) -> (dlock_core::Leadership, String) {
+    let leading = Election::new(client(harness).await, key)
+        .options(opts)
+        .campaign(value)
+        .await
+        .expect("campaign");
+    let token = harness.values(key).await[0]
+        .clone()
+        .expect("held on node 0");
+    (leading, token)
+}
+
+/// Poll a proclaim of `value` once (its scripts go out to every node), wait until a
+/// majority of the nodes shows it, then drop the future unanswered: a proclaim that ran on
+/// the nodes but whose answers never reached the handle. `false` when the answers came
+/// within that first poll (the proclaim then simply succeeded; the caller tries again).
+async fn proclaim_and_drop(
+    harness: &RedlockHarness,
+    leading: &mut dlock_core::Leadership,
+    key: &str,
+    token: &str,
+    value: &str,
+) -> bool {
+    use futures::FutureExt;
+    let expected = Some(with_value(token, value));
+    let mut proclaim = Box::pin(leading.proclaim(value));
+    if let Some(answer) = (&mut proclaim).now_or_never() {
+        answer.expect("proclaim");
+        return false;
+    }
+    let started = Instant::now();
+    loop {
+        let values = harness.values(key).await;
+        if values.iter().filter(|v| **v == expected).count() >= 3 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the proclaim never ran on a majority: {values:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(proclaim);
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proclaim_dropped_after_it_ran_leaves_the_leadership_held() {
+    let harness = RedlockHarness::from_env();
+    let key = unique_key("election-lost-proclaim");
+    let opts = LockOptions::new().ttl(Duration::from_secs(10));
+    let (mut leading, token) = lead(&harness, &key, "old", opts).await;
+    // The proclaim script is loaded on every node by its first call (`NOSCRIPT`, then a
+    // second request), so that the proclaims below run with their first request.
+    leading.proclaim("warm").await.expect("proclaim");
+    let mut lost = None;
+    for attempt in 0..100 {
+        let value = format!("lost {attempt}");
+        if proclaim_and_drop(&harness, &mut leading, &key, &token, &value).await {
+            lost = Some(value);
+            break;
+        }
+    }
+    let lost = lost.expect("a proclaim dropped before its answers");
+    assert_ne!(leading.value(), lost, "the handle never heard the answers");
+    // A majority holds the new token, the handle the old one: the same owner.
+    leading
+        .lease()
+        .extend(Duration::from_secs(10))
+        .await
+        .expect("extend after a lost proclaim");
+    let watcher = Election::new(client(&harness).await, key.as_str());
+    assert_eq!(
+        watcher.leader().await.expect("leader"),
+        Some(Leader::new(lost.as_str(), leading.term()))
+    );
+    leading.proclaim("found").await.expect("proclaim again");
+    let found = Some(with_value(&token, "found"));
+    assert!(harness.values(&key).await.iter().all(|v| *v == found));
+    leading
+        .resign()
+        .await
+        .expect("resign after a lost proclaim");
+    assert_eq!(harness.values(&key).await, [None, None, None, None, None]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaders_renewal_keeps_its_term_alive_on_every_node() {
+    let harness = RedlockHarness::from_env();
+    let key = unique_key("election-term-alive");
+    let names = dlock_redis::server::Names::new(harness.prefix(), &key);
+    let opts = LockOptions::new().ttl(Duration::from_secs(10));
+    let (leading, _) = lead(&harness, &key, "v", opts).await;
+    // As if the leader had led for an hour: the counters about to expire.
+    for i in 0..5 {
+        let _: bool = harness
+            .admin(i)
+            .await
+            .expect("admin")
+            .pexpire(&names.fence, 2_000)
+            .await
+            .expect("PEXPIRE");
+    }
+    leading
+        .lease()
+        .extend(Duration::from_secs(10))
+        .await
+        .expect("extend");
+    for i in 0..5 {
+        let pttl: i64 = harness
+            .admin(i)
+            .await
+            .expect("admin")
+            .pttl(&names.fence)
+            .await
+            .expect("PTTL");
+        assert!(
+            pttl > 3_600_000,
+            "node {i}: the term outlives the hold: {pttl}"
+        );
+    }
+    leading.resign().await.expect("resign");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_is_read_while_the_fences_disagree() {
+    let harness = RedlockHarness::from_env();
+    let key = unique_key("election-unsettled");
+    let names = dlock_redis::server::Names::new(harness.prefix(), &key);
+    let opts = LockOptions::new().ttl(Duration::from_secs(10));
+    let (leading, _) = lead(&harness, &key, "v", opts).await;
+    let term = leading.term();
+    // No two nodes agree (a write-back under way, as seen by a reader): node i shows
+    // term + i.
+    for i in 0..5u64 {
+        let _: () = harness
+            .admin(usize::try_from(i).unwrap())
+            .await
+            .expect("admin")
+            .set(&names.fence, term + i)
+            .await
+            .expect("SET fence");
+    }
+    let watcher = Election::new(client(&harness).await, key.as_str());
+    // The highest fence a majority (3 of 5) reached.
+    assert_eq!(
+        watcher.leader().await.expect("leader"),
+        Some(Leader::new("v", term + 2))
+    );
+    leading.resign().await.expect("resign");
+    assert_eq!(watcher.leader().await.expect("leader"), None);
+}

@@ -5,10 +5,11 @@
 mod common;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{RedlockHarness, must_take, unique_key};
-use dlock_core::{DistributedLock, ErrorKind, LockOptions, Wait};
+use dlock_core::{DistributedLock, Election, ErrorKind, LockOptions, Wait};
 use dlock_redis::server::Names;
 use redis::AsyncCommands;
 use tokio::sync::Mutex;
@@ -226,4 +227,70 @@ async fn a_node_restarted_empty_gets_the_key_back_at_the_next_extension() {
     lease.release().await.expect("release");
     assert!(harness.values(&key).await.iter().all(Option::is_none));
     harness.forget_fence(&key).await;
+}
+
+/// An election's proclaim whose swap ran on a node too late to count (the node paused
+/// with `CLIENT PAUSE`, which runs what it received once the pause ends): the roll-back
+/// goes to that node too, and the leadership stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_swap_answered_too_late_is_put_back_and_stays_held() {
+    let _nodes = NODES.lock().await;
+    let harness = RedlockHarness::from_env();
+    let key = unique_key("election-late-swap");
+    let names = Names::new(harness.prefix(), &key);
+    // No renewals: they would give nodes 0 and 1 the key back. The per-node timeout is at
+    // most 5 % of the ttl, 200 ms, well under the pause below.
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(4))
+        .auto_renew(false);
+    let mut leading = Election::new(Arc::new(harness.lock().await), key.as_str())
+        .options(opts)
+        .campaign("old")
+        .await
+        .expect("campaign");
+    let token = harness.values(&key).await[0]
+        .clone()
+        .expect("held on node 0");
+    for i in 0..2 {
+        let _: i64 = harness
+            .admin(i)
+            .await
+            .expect("admin")
+            .del(&names.key)
+            .await
+            .expect("DEL");
+    }
+    // Node 2 runs what it receives only after the pause: its swap runs, too late to count.
+    let pause = Duration::from_millis(1000);
+    let paused_at = Instant::now();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(pause.as_millis().to_string())
+        .query_async(&mut harness.admin(2).await.expect("admin"))
+        .await
+        .expect("CLIENT PAUSE");
+    let err = leading
+        .proclaim("new")
+        .await
+        .expect_err("two nodes swapped");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    tokio::time::sleep_until(paused_at + pause + Duration::from_millis(200)).await;
+    let values = harness.values(&key).await;
+    assert_eq!(values[..2], [None, None]);
+    assert_eq!(
+        values[2..],
+        [
+            Some(token.clone()),
+            Some(token.clone()),
+            Some(token.clone())
+        ],
+        "the late node is put back too"
+    );
+    leading
+        .lease()
+        .extend(Duration::from_secs(4))
+        .await
+        .expect("still held on nodes 2 to 4");
+    leading.resign().await.expect("resign");
+    assert_eq!(harness.values(&key).await, [None, None, None, None, None]);
 }
