@@ -253,6 +253,46 @@ fn refused_release(lease: blocking::Lease) {
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
 }
 
+/// Several keys at once, looking at them, and an election, from a plain thread.
+fn sets_inspect_and_elections(server: &Server) {
+    let lock = server.connect();
+    let prefix = unique_key("blocking-more");
+    let (a, b) = (format!("{prefix}/a"), format!("{prefix}/b"));
+    let leases = lock
+        .acquire_all(&[&b, &a], &LockOptions::new())
+        .expect("acquire_all");
+    let keys: Vec<&str> = leases.iter().map(blocking::Lease::key).collect();
+    assert_eq!(
+        keys,
+        [a.as_str(), b.as_str()],
+        "one lease per key, ascending"
+    );
+    assert!(lock.inspect(&a).expect("inspect").is_held());
+    if lock.capabilities().inspect.list {
+        assert_eq!(lock.list(&prefix).expect("list"), [a.clone(), b.clone()]);
+    }
+    for lease in leases {
+        lease.release().expect("release");
+    }
+    assert!(!lock.inspect(&a).expect("inspect").is_held());
+    let key = format!("{prefix}/leader");
+    let mut leading = lock
+        .campaign(&key, "me:1", &LockOptions::new())
+        .expect("campaign");
+    let term = leading.term();
+    let shown = lock.leader(&key).expect("leader").expect("a leader");
+    assert_eq!((shown.value.as_str(), shown.term), ("me:1", term));
+    leading.proclaim("me:2").expect("proclaim");
+    assert_eq!(leading.value(), "me:2");
+    assert_eq!(
+        lock.leader(&key).expect("leader").map(|l| l.value),
+        Some("me:2".into())
+    );
+    assert_eq!(leading.wait_lost(Duration::ZERO).expect("look"), None);
+    leading.resign().expect("resign");
+    assert_eq!(lock.leader(&key).expect("leader"), None);
+}
+
 /// Stamp the tests for one backend.
 macro_rules! backend {
     ($name:ident, $var:literal, $default:literal, $setup:literal) => {
@@ -275,6 +315,10 @@ macro_rules! backend {
             #[test]
             fn refused_inside_an_async_context() {
                 super::refused_inside_an_async_context(&server());
+            }
+            #[test]
+            fn sets_inspect_and_elections() {
+                super::sets_inspect_and_elections(&server());
             }
         }
     };

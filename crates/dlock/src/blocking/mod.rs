@@ -16,7 +16,10 @@
 //! [`connect`] gives a [`Client`] with every operation of the async
 //! [`DistributedLock`], each of which blocks the calling thread until
 //! it is done; a [`Lease`] has the async lease's operations, and a blocking
-//! [`wait_lost`](Lease::wait_lost) in place of the `lost()` future. Modes come through the
+//! [`wait_lost`](Lease::wait_lost) in place of the `lost()` future; several keys at once
+//! ([`acquire_all`](Client::acquire_all)), looking ([`inspect`](Client::inspect),
+//! [`list`](Client::list)) and elections ([`campaign`](Client::campaign), a
+//! [`Leadership`]; [`leader`](Client::leader)) are here too. Modes come through the
 //! options as they do in the async API: [`LockOptions::shared`](crate::LockOptions::shared),
 //! [`LockOptions::permits`](crate::LockOptions::permits).
 //!
@@ -149,7 +152,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use crate::{Capabilities, DistributedLock, LockOptions, LockStats, LostReason, Mode, Result};
+use crate::{
+    Capabilities, DistributedLock, Election, KeyStatus, Leader, LockExt as _, LockOptions,
+    LockStats, LostReason, Mode, Result,
+};
 
 #[cfg(doc)]
 use crate::LockError;
@@ -243,6 +249,77 @@ impl Client {
             .background
             .run(self.lock().acquire(key, opts))??;
         Ok(self.wrap(lease))
+    }
+
+    /// Take every key of `keys` as one hold, all or none, within one
+    /// [`LockOptions::wait`]: one lease per key, in the (ascending) order they were taken.
+    /// See [`LockExt::acquire_all`](crate::LockExt::acquire_all) for the order and the
+    /// all-or-none rules; release each lease (or drop them) when done.
+    ///
+    /// # Errors
+    /// As [`LockExt::acquire_all`](crate::LockExt::acquire_all); [`LockError::Unsupported`]
+    /// inside an async context.
+    pub fn acquire_all<K: AsRef<str> + Sync>(
+        &self,
+        keys: &[K],
+        opts: &LockOptions,
+    ) -> Result<Vec<Lease>> {
+        let lock = self.lock();
+        let set = self
+            .inner
+            .background
+            .run(lock.as_ref().acquire_all(keys, opts))??;
+        Ok(set
+            .into_leases()
+            .into_iter()
+            .map(|l| self.wrap(l))
+            .collect())
+    }
+
+    /// Who holds `key` and who waits for it, read without changing anything; see
+    /// [`DistributedLock::inspect`].
+    ///
+    /// # Errors
+    /// As [`DistributedLock::inspect`]; [`LockError::Unsupported`] inside an async context.
+    pub fn inspect(&self, key: &str) -> Result<KeyStatus> {
+        self.inner.background.run(self.lock().inspect(key))?
+    }
+
+    /// The held keys starting with `prefix`, sorted; see [`DistributedLock::list`].
+    ///
+    /// # Errors
+    /// As [`DistributedLock::list`]; [`LockError::Unsupported`] inside an async context.
+    pub fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        self.inner.background.run(self.lock().list(prefix))?
+    }
+
+    /// Campaign in `key`'s election publishing `value`, blocking until this candidate
+    /// leads (within `opts.wait`, which must be exclusive); see
+    /// [`Election::campaign`](crate::Election::campaign).
+    ///
+    /// # Errors
+    /// As [`Election::campaign`](crate::Election::campaign); [`LockError::Unsupported`]
+    /// inside an async context.
+    pub fn campaign(&self, key: &str, value: &str, opts: &LockOptions) -> Result<Leadership> {
+        let election = Election::new(self.lock().clone(), key).options(*opts);
+        let leading = self
+            .inner
+            .background
+            .run(async move { election.campaign(value).await })??;
+        Ok(Leadership {
+            inner: Some(leading),
+            background: self.inner.background.clone(),
+        })
+    }
+
+    /// Who leads `key`'s election now, or `None`; see
+    /// [`Election::leader`](crate::Election::leader).
+    ///
+    /// # Errors
+    /// As [`Election::leader`](crate::Election::leader); [`LockError::Unsupported`] inside
+    /// an async context.
+    pub fn leader(&self, key: &str) -> Result<Option<Leader>> {
+        self.inner.background.run(self.lock().leader(key))?
     }
 
     /// Wait until the background clean-up started so far (releases of dropped leases,
@@ -376,6 +453,99 @@ impl fmt::Debug for Lease {
         match &self.inner {
             Some(lease) => fmt::Debug::fmt(lease, f),
             None => f.write_str("Lease(released)"),
+        }
+    }
+}
+
+/// Leading an election: the blocking face of [`crate::Leadership`]. Dropping it resigns in
+/// the background, as dropping a [`Lease`] releases it.
+pub struct Leadership {
+    /// `None` only once resigned or while dropping.
+    inner: Option<crate::Leadership>,
+    background: Arc<Background>,
+}
+
+impl Leadership {
+    fn leading(&self) -> &crate::Leadership {
+        self.inner
+            .as_ref()
+            .expect("the leadership is present until resigned or dropped")
+    }
+
+    /// This leader's term: the fencing token of its hold.
+    pub fn term(&self) -> u64 {
+        self.leading().term()
+    }
+
+    /// The value this leader publishes now.
+    pub fn value(&self) -> &str {
+        self.leading().value()
+    }
+
+    /// Whether the leadership is known to be lost. Never blocks.
+    pub fn is_lost(&self) -> bool {
+        self.leading().is_lost()
+    }
+
+    /// Block until the leadership is lost, at most `timeout`, as [`Lease::wait_lost`].
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] inside an async context, unless `timeout` is zero.
+    pub fn wait_lost(&self, timeout: Duration) -> Result<Option<LostReason>> {
+        let mut signal = self.leading().lease().lost_signal();
+        if timeout.is_zero() {
+            let looked =
+                std::pin::pin!(signal.lost()).poll(&mut Context::from_waker(Waker::noop()));
+            return Ok(match looked {
+                Poll::Ready(reason) => reason,
+                Poll::Pending => None,
+            });
+        }
+        self.background.run(async move {
+            tokio::time::timeout(timeout, signal.lost())
+                .await
+                .ok()
+                .flatten()
+        })
+    }
+
+    /// Publish `value` instead; see [`crate::Leadership::proclaim`].
+    ///
+    /// # Errors
+    /// As [`crate::Leadership::proclaim`]; [`LockError::Unsupported`] inside an async
+    /// context.
+    pub fn proclaim(&mut self, value: &str) -> Result<()> {
+        let leading = self
+            .inner
+            .as_mut()
+            .expect("the leadership is present until resigned or dropped");
+        self.background.run(leading.proclaim(value))?
+    }
+
+    /// Stop leading: the next candidate leads at once.
+    ///
+    /// # Errors
+    /// As [`crate::Leadership::resign`]; [`LockError::Unsupported`] inside an async context
+    /// (the leadership is then given up in the background, as when dropped).
+    pub fn resign(mut self) -> Result<()> {
+        self.background.check_blocking_allowed()?;
+        let leading = self.inner.take().expect("present until resigned");
+        self.background.run(leading.resign())?
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        let _context = self.background.enter();
+        drop(self.inner.take());
+    }
+}
+
+impl fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner {
+            Some(leading) => fmt::Debug::fmt(leading, f),
+            None => f.write_str("Leadership(resigned)"),
         }
     }
 }
