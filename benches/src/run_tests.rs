@@ -2,7 +2,8 @@
 
 use super::*;
 
-fn plan() -> Plan {
+/// The short plan the workloads' tests run with.
+pub(crate) fn plan() -> Plan {
     Plan {
         duration: Duration::from_millis(300),
         warmup: Duration::from_millis(50),

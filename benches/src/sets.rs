@@ -230,16 +230,7 @@ mod tests {
 
     use super::*;
 
-    fn plan() -> Plan {
-        Plan {
-            duration: Duration::from_millis(300),
-            warmup: Duration::from_millis(50),
-            hold: Duration::ZERO,
-            connect_timeout: Duration::from_secs(10),
-            ttl: Duration::from_secs(30),
-            prefix: format!("lbtest{:08x}", rand::random::<u32>()),
-        }
-    }
+    use crate::run::tests::plan;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn overlapping_sets_are_taken_and_checked_key_by_key() {

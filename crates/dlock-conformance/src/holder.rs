@@ -151,7 +151,11 @@ pub(crate) async fn serve_if_child(harness: &dyn Harness) -> bool {
         if let Ok(value) = std::env::var(CAMPAIGN_VAR) {
             let election = Election::new(client, key).options(LockOptions::new().ttl(ttl));
             let leading = election.campaign(&value).await?;
-            println!("acquired key={key} token={}", leading.term());
+            {
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "acquired key={key} token={}", leading.term()).expect("stdout");
+                out.flush().expect("stdout");
+            }
             let reason = leading.lost().await;
             panic!("leader lost its leadership of {key} before it was killed: {reason}");
         }

@@ -144,6 +144,7 @@
 //! # }
 //! ```
 
+mod leadership;
 mod runtime;
 
 use std::fmt;
@@ -159,6 +160,7 @@ use crate::{
 
 #[cfg(doc)]
 use crate::LockError;
+pub use leadership::Leadership;
 use runtime::Background;
 pub use runtime::{ORIGIN, SHUTDOWN_SETTLE};
 
@@ -306,10 +308,7 @@ impl Client {
             .inner
             .background
             .run(async move { election.campaign(value).await })??;
-        Ok(Leadership {
-            inner: Some(leading),
-            background: self.inner.background.clone(),
-        })
+        Ok(Leadership::new(leading, self.inner.background.clone()))
     }
 
     /// Who leads `key`'s election now, or `None`; see
@@ -399,22 +398,7 @@ impl Lease {
     /// # Errors
     /// [`LockError::Unsupported`] inside an async context, unless `timeout` is zero.
     pub fn wait_lost(&self, timeout: Duration) -> Result<Option<LostReason>> {
-        let mut signal = self.lease().lost_signal();
-        if timeout.is_zero() {
-            // The status is read before the first await: one poll answers.
-            let looked =
-                std::pin::pin!(signal.lost()).poll(&mut Context::from_waker(Waker::noop()));
-            return Ok(match looked {
-                Poll::Ready(reason) => reason,
-                Poll::Pending => None,
-            });
-        }
-        self.background.run(async move {
-            tokio::time::timeout(timeout, signal.lost())
-                .await
-                .ok()
-                .flatten()
-        })
+        wait_lost(&self.background, self.lease(), timeout)
     }
 
     /// Keep the key for `ttl` from now, and use `ttl` for later renewals.
@@ -440,6 +424,29 @@ impl Lease {
     }
 }
 
+/// Block until `lease` is lost, at most `timeout` (see [`Lease::wait_lost`]).
+fn wait_lost(
+    background: &Background,
+    lease: &crate::Lease,
+    timeout: Duration,
+) -> Result<Option<LostReason>> {
+    let mut signal = lease.lost_signal();
+    if timeout.is_zero() {
+        // The status is read before the first await: one poll answers.
+        let looked = std::pin::pin!(signal.lost()).poll(&mut Context::from_waker(Waker::noop()));
+        return Ok(match looked {
+            Poll::Ready(reason) => reason,
+            Poll::Pending => None,
+        });
+    }
+    background.run(async move {
+        tokio::time::timeout(timeout, signal.lost())
+            .await
+            .ok()
+            .flatten()
+    })
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         // The async lease spawns its release on the current runtime: make it ours.
@@ -453,99 +460,6 @@ impl fmt::Debug for Lease {
         match &self.inner {
             Some(lease) => fmt::Debug::fmt(lease, f),
             None => f.write_str("Lease(released)"),
-        }
-    }
-}
-
-/// Leading an election: the blocking face of [`crate::Leadership`]. Dropping it resigns in
-/// the background, as dropping a [`Lease`] releases it.
-pub struct Leadership {
-    /// `None` only once resigned or while dropping.
-    inner: Option<crate::Leadership>,
-    background: Arc<Background>,
-}
-
-impl Leadership {
-    fn leading(&self) -> &crate::Leadership {
-        self.inner
-            .as_ref()
-            .expect("the leadership is present until resigned or dropped")
-    }
-
-    /// This leader's term: the fencing token of its hold.
-    pub fn term(&self) -> u64 {
-        self.leading().term()
-    }
-
-    /// The value this leader publishes now.
-    pub fn value(&self) -> &str {
-        self.leading().value()
-    }
-
-    /// Whether the leadership is known to be lost. Never blocks.
-    pub fn is_lost(&self) -> bool {
-        self.leading().is_lost()
-    }
-
-    /// Block until the leadership is lost, at most `timeout`, as [`Lease::wait_lost`].
-    ///
-    /// # Errors
-    /// [`LockError::Unsupported`] inside an async context, unless `timeout` is zero.
-    pub fn wait_lost(&self, timeout: Duration) -> Result<Option<LostReason>> {
-        let mut signal = self.leading().lease().lost_signal();
-        if timeout.is_zero() {
-            let looked =
-                std::pin::pin!(signal.lost()).poll(&mut Context::from_waker(Waker::noop()));
-            return Ok(match looked {
-                Poll::Ready(reason) => reason,
-                Poll::Pending => None,
-            });
-        }
-        self.background.run(async move {
-            tokio::time::timeout(timeout, signal.lost())
-                .await
-                .ok()
-                .flatten()
-        })
-    }
-
-    /// Publish `value` instead; see [`crate::Leadership::proclaim`].
-    ///
-    /// # Errors
-    /// As [`crate::Leadership::proclaim`]; [`LockError::Unsupported`] inside an async
-    /// context.
-    pub fn proclaim(&mut self, value: &str) -> Result<()> {
-        let leading = self
-            .inner
-            .as_mut()
-            .expect("the leadership is present until resigned or dropped");
-        self.background.run(leading.proclaim(value))?
-    }
-
-    /// Stop leading: the next candidate leads at once.
-    ///
-    /// # Errors
-    /// As [`crate::Leadership::resign`]; [`LockError::Unsupported`] inside an async context
-    /// (the leadership is then given up in the background, as when dropped).
-    pub fn resign(mut self) -> Result<()> {
-        self.background.check_blocking_allowed()?;
-        let leading = self.inner.take().expect("present until resigned");
-        self.background.run(leading.resign())?
-    }
-}
-
-impl Drop for Leadership {
-    fn drop(&mut self) {
-        let _context = self.background.enter();
-        drop(self.inner.take());
-    }
-}
-
-impl fmt::Debug for Leadership {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.inner {
-            Some(leading) => fmt::Debug::fmt(leading, f),
-            None => f.write_str("Leadership(resigned)"),
         }
     }
 }

@@ -1,0 +1,158 @@
+//! Tests of `client`.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::*;
+use crate::{Wait, raw::backend::Held};
+
+/// A backend whose grants arrive `late` after their request was sent, and whose
+/// extends answer with the next of `extends` (`true`: still ours).
+#[derive(Debug, Default)]
+struct Late {
+    late: Duration,
+    /// How long each extend takes to answer.
+    confirm_takes: Duration,
+    extends: Mutex<Vec<bool>>,
+    acquires: AtomicUsize,
+    releases: Arc<AtomicUsize>,
+}
+
+#[derive(Debug)]
+struct Handle {
+    ours: bool,
+    takes: Duration,
+    releases: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl Held for Handle {
+    async fn extend(&mut self, _ttl: Duration) -> Result<()> {
+        tokio::time::sleep(self.takes).await;
+        match self.ours {
+            true => Ok(()),
+            false => Err(LockError::not_held("late", "k", LostReason::NotHeld)),
+        }
+    }
+    async fn release(&mut self) -> Result<()> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Backend for Late {
+    const NAME: &'static str = "late";
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    async fn inspect(&self, key: &str) -> Result<crate::KeyStatus> {
+        Ok(crate::KeyStatus::new(key, false))
+    }
+
+    async fn list(&self, _prefix: &str) -> Result<Vec<String>> {
+        Err(LockError::Unsupported {
+            backend: Self::NAME,
+            what: "listing held keys",
+        })
+    }
+
+    async fn acquire(
+        &self,
+        _key: &str,
+        _opts: &LockOptions,
+        _deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        let sent_at = Instant::now();
+        tokio::time::sleep(self.late).await;
+        let ours = self.extends.lock().unwrap().pop().unwrap_or(true);
+        let handle = Handle {
+            ours,
+            takes: self.confirm_takes,
+            releases: self.releases.clone(),
+        };
+        Ok(Some(Grant::new(1, Box::new(handle), sent_at)))
+    }
+}
+
+fn client(late: Duration, extends: &[bool]) -> LockClient<Late> {
+    slow_client(late, Duration::ZERO, extends)
+}
+
+fn slow_client(late: Duration, confirm_takes: Duration, extends: &[bool]) -> LockClient<Late> {
+    let mut extends = extends.to_vec();
+    extends.reverse();
+    LockClient::new(Late {
+        late,
+        confirm_takes,
+        extends: Mutex::new(extends),
+        ..Late::default()
+    })
+}
+
+const TTL: Duration = Duration::from_secs(3);
+
+#[tokio::test(start_paused = true)]
+async fn a_late_grant_that_expired_on_the_server_is_not_handed_out() {
+    let lock = client(TTL * 2, &[false]);
+    let opts = LockOptions::new().ttl(TTL).wait(Wait::No);
+    let lease = lock.try_acquire("k", &opts).await.unwrap();
+    assert!(lease.is_none(), "an expired grant was handed out");
+    tokio::task::yield_now().await;
+    assert_eq!(lock.backend().releases.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_acquire_dropped_while_confirming_gives_the_grant_back() {
+    let lock = slow_client(TTL, TTL / 2, &[true]);
+    let opts = LockOptions::new().ttl(TTL).wait(Wait::No);
+    let dropped = tokio::time::timeout(TTL + TTL / 4, lock.try_acquire("k", &opts)).await;
+    assert!(dropped.is_err(), "the confirm should still be running");
+    tokio::task::yield_now().await;
+    assert_eq!(lock.backend().releases.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_acquire_tries_again_after_a_late_grant_expired() {
+    let lock = client(TTL * 2, &[false, true]);
+    let opts = LockOptions::new()
+        .ttl(TTL)
+        .wait(Wait::For(Duration::from_secs(60)));
+    let lease = lock.acquire("k", &opts).await.unwrap();
+    assert_eq!(lock.backend().acquires.load(Ordering::SeqCst), 2);
+    assert!(!lease.is_lost());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_confirmed_late_grant_runs_a_full_ttl_from_the_confirmation() {
+    let lock = client(TTL, &[true]);
+    let opts = LockOptions::new().ttl(TTL).auto_renew(false);
+    let lease = lock.try_acquire("k", &opts).await.unwrap().unwrap();
+    // Measured from the request, the lease would be lost at once; from the confirming
+    // extend it lasts until just before another ttl.
+    tokio::time::sleep(TTL - TTL / 5).await;
+    assert!(!lease.is_lost());
+}
+
+#[tokio::test(start_paused = true)]
+async fn confirming_a_late_grant_stops_at_the_acquire_deadline() {
+    let lock = slow_client(TTL / 2, TTL, &[true]);
+    let wait = TTL / 2 + TTL / 10;
+    let opts = LockOptions::new().ttl(TTL).wait(Wait::For(wait));
+    let started = Instant::now();
+    let err = lock.acquire("k", &opts).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(started.elapsed() <= wait + Duration::from_millis(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prompt_grant_is_not_confirmed() {
+    // An extend would say "not ours": a prompt grant must not send one.
+    let lock = client(Duration::from_millis(10), &[false]);
+    let opts = LockOptions::new().ttl(TTL).auto_renew(false);
+    let lease = lock.try_acquire("k", &opts).await.unwrap();
+    assert!(lease.is_some_and(|l| !l.is_lost()));
+}
