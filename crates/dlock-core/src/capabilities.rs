@@ -62,6 +62,9 @@ pub struct Capabilities {
     /// Whether the backend runs [elections](crate::Election), and how observers learn of
     /// a new leader.
     pub election: Observe,
+    /// Whether the backend takes reentrant holds ([`LockOptions::owner`](crate::LockOptions::owner)),
+    /// and what keeps such a hold alive.
+    pub reentrant: Reentry,
 }
 
 impl Capabilities {
@@ -96,7 +99,49 @@ impl Default for Capabilities {
             permits: false,
             inspect: Inspection::default(),
             election: Observe::Unsupported,
+            reentrant: Reentry::Unsupported,
         }
+    }
+}
+
+/// Whether a backend takes reentrant holds ([`Owner`](crate::Owner)), and what keeps one
+/// alive.
+///
+/// Where it does, an acquire under an owner that already holds the key (from this client,
+/// another client or another process) succeeds at once with the hold's fencing token and
+/// raises the hold's count, kept atomically on the server; each release lowers it, and the
+/// key frees when the count reaches zero. Every owner-checked step compares the owner and
+/// the hold itself, so a lease of an earlier hold of the same owner can never lower the
+/// count of a later one ([`NotHeld`](crate::LockError::NotHeld)). Reentrant holds are
+/// exclusive: an owner with a shared or permit mode, or on a campaign, is refused before
+/// any I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reentry {
+    /// No reentrant holds: an acquire with an owner fails with
+    /// [`Unsupported`](crate::LockError::Unsupported) before any I/O.
+    #[default]
+    Unsupported,
+    /// The hold and its count live on the server under a ttl that every lease of the owner
+    /// renews: the key stays held while any of them lives, in whichever client or
+    /// process, and frees a ttl after the last renewal when the count never reaches zero
+    /// (a crashed process's entries are never released). A restarted process with the
+    /// same owner id can re-enter and release a hold its previous run left, within the ttl.
+    AnyLease,
+    /// The hold lives in the session (or connection) of the client that took it first:
+    /// the count lives on the server beside it, but when that client closes or crashes,
+    /// the key frees whatever the count, within
+    /// [`crash_release_bound`](Capabilities::crash_release_bound). The owner's leases in
+    /// other clients learn it at their next check, a third of their ttl at the latest,
+    /// which may be after another owner took the key: fence what they write. The first
+    /// client keeps the hold (and its session) after its own leases are released, while
+    /// other clients' leases still count.
+    FirstSession,
+}
+
+impl Reentry {
+    /// Whether the backend takes reentrant holds at all.
+    pub fn is_supported(self) -> bool {
+        self != Reentry::Unsupported
     }
 }
 

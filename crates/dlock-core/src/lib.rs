@@ -41,6 +41,7 @@ mod inspect;
 mod lease;
 mod lease_set;
 mod options;
+mod owner;
 pub mod raw;
 pub mod telemetry;
 
@@ -49,7 +50,9 @@ use std::future::Future;
 use async_trait::async_trait;
 
 pub use background::settle;
-pub use capabilities::{Capabilities, Expiry, FaultSafety, Faults, Fencing, Observe, Wakeup};
+pub use capabilities::{
+    Capabilities, Expiry, FaultSafety, Faults, Fencing, Observe, Reentry, Wakeup,
+};
 pub use election::{Election, Leader, Leadership};
 pub use error::{BoxError, ErrorKind, LockError, Result};
 pub use inspect::{
@@ -59,6 +62,7 @@ pub use inspect::{
 pub use lease::{Lease, LostReason, LostSignal};
 pub use lease_set::LeaseSet;
 pub use options::{LockOptions, Mode, Wait};
+pub use owner::Owner;
 pub use raw::url::Secret;
 
 // Crate-internal short paths to the implementor items.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{LockError, Result};
+use crate::{LockError, Owner, Result};
 
 /// How long [`acquire`](crate::DistributedLock::acquire) may wait for a busy key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -144,6 +144,10 @@ pub struct LockOptions {
     pub auto_renew: bool,
     /// Exclusive (the default) or shared. See [`Mode`].
     pub mode: Mode,
+    /// The owner of a reentrant hold, or `None` (the default: an acquire of a key this
+    /// caller already holds waits for it like any other). See [`Owner`] and
+    /// [`Capabilities::reentrant`](crate::Capabilities::reentrant).
+    pub owner: Option<Owner>,
 }
 
 impl LockOptions {
@@ -161,6 +165,7 @@ impl LockOptions {
             wait: Wait::Forever,
             auto_renew: true,
             mode: Mode::Exclusive,
+            owner: None,
         }
     }
 
@@ -198,9 +203,18 @@ impl LockOptions {
         self.mode(Mode::Permits(n))
     }
 
+    /// A reentrant hold of owner `id`: see [`Owner`]. The id is checked by the acquire.
+    pub fn owner(mut self, id: &str) -> Self {
+        self.owner = Some(Owner::new(id));
+        self
+    }
+
     /// Check the values are in range. Called before any network I/O.
     pub fn validate(&self, backend: &'static str) -> Result<()> {
         check_ttl(backend, self.ttl)?;
+        if let Some(owner) = &self.owner {
+            owner.check(backend)?;
+        }
         if let Mode::Permits(n) = self.mode
             && !(1..=Mode::MAX_PERMITS).contains(&n)
         {

@@ -43,6 +43,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// the core will renew it (`auto_renew`), which lets a backend keep auto-renewed holds
     /// alive together (one shared lease or session) while a hold that must end after its
     /// ttl gets its own. `opts.wait` is already folded into `deadline`.
+    ///
+    /// With `opts.owner` (only where [`Capabilities::reentrant`] is declared, and only in
+    /// exclusive mode) the hold is reentrant: the server keeps the owner and a hold count
+    /// beside the key. If the key is free, take it with count 1; if it is held under the
+    /// same owner (by any client), raise the count atomically and grant at once with the
+    /// hold's own fencing token; otherwise wait as usual. The grant's [`Held`] is
+    /// owner-checked against the owner *and* this hold (its token or hold id), so a lease
+    /// of an earlier hold never touches a later one: `release` lowers the count and frees
+    /// the key at zero, `extend` keeps the hold alive without ever shortening it. Several
+    /// grants of one owner on one key may be alive in one client at once (the core still
+    /// calls `acquire` for one of them at a time).
     async fn acquire(
         &self,
         key: &str,

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::raw::backend::{Backend, Grant};
-use crate::raw::gate::{Gate, GatePermit};
+use crate::raw::gate::{Gate, GatePermit, OwnerTurn};
 use crate::raw::{key, watchdog};
 use crate::telemetry::Labels;
 use futures::stream::BoxStream;
@@ -58,9 +58,13 @@ impl<B: Backend> LockClient<B> {
         key::validate(key, caps.max_key_len)?;
         self.backend.check_key(key)?;
         opts.validate(B::NAME)?;
-        let unsupported = match opts.mode {
-            Mode::Shared if !caps.shared => Some("a shared hold"),
-            Mode::Permits(_) if !caps.permits => Some("a permit (semaphore) hold"),
+        let unsupported = match (opts.mode, opts.owner) {
+            (Mode::Shared, _) if !caps.shared => Some("a shared hold"),
+            (Mode::Permits(_), _) if !caps.permits => Some("a permit (semaphore) hold"),
+            (_, Some(_)) if !caps.reentrant.is_supported() => Some("a reentrant hold (an owner)"),
+            (Mode::Shared | Mode::Permits(_), Some(_)) => {
+                Some("a reentrant shared or permit hold: an owner takes exclusive holds only")
+            }
             _ => None,
         };
         match unsupported {
@@ -102,6 +106,12 @@ impl<B: Backend> LockClient<B> {
                 "a candidate campaigns for an exclusive hold: a leader leads alone",
             ));
         }
+        if opts.owner.is_some() {
+            return Err(LockError::invalid_config(
+                B::NAME,
+                "a candidate campaigns without an owner: a leadership is not reentrant",
+            ));
+        }
         crate::election::check_value(B::NAME, value)
     }
 
@@ -118,14 +128,27 @@ impl<B: Backend> LockClient<B> {
         if let Some(value) = value {
             Self::check_campaign(&caps, opts, value)?;
         }
-        let Some(mut permit) = self.gate.enter(key, opts.mode, deadline).await else {
-            return Ok(None);
+        let (mut permit, joined) = match opts.owner {
+            Some(owner) => match self.gate.enter_as(key, owner, deadline).await {
+                Some(OwnerTurn::First(permit)) => (permit, false),
+                Some(OwnerTurn::Joined(permit)) => (permit, true),
+                None => return Ok(None),
+            },
+            None => match self.gate.enter(key, opts.mode, deadline).await {
+                Some(permit) => (permit, false),
+                None => return Ok(None),
+            },
         };
         loop {
+            let alone = match joined {
+                true => Some(permit.call_alone().await),
+                false => None,
+            };
             let granted = match value {
                 Some(value) => self.backend.campaign(key, value, opts, deadline).await?,
                 None => self.backend.acquire(key, opts, deadline).await?,
             };
+            drop(alone);
             let Some(grant) = granted else {
                 return Ok(None);
             };
@@ -161,8 +184,12 @@ impl<B: Backend> LockClient<B> {
                 backend = B::NAME,
                 key,
                 token = grant.fencing_token,
+                owner = opts.owner.as_ref().map(crate::Owner::as_str),
                 "acquired"
             );
+            if let Some(owner) = opts.owner {
+                self.gate.hold_as(key, owner, &permit);
+            }
             return Ok(Some(Lease::start(
                 B::NAME,
                 key,

@@ -5,17 +5,34 @@
 //! counts permits), and an exclusive
 //! request queues behind the shared ones ahead of it and ahead of those that come after
 //! it: tokio's `RwLock` is FIFO in both modes, so local readers cannot starve a local writer.
+//!
+//! A reentrant hold's turn is shared by its owner: once a task holds the key under an owner,
+//! later tasks of the same owner join its turn at once (and ask the server, which raises
+//! the hold's count), one at a time, while everyone else queues until the owner's last
+//! lease of the key in this client is gone.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
-use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock as Queue};
+use tokio::sync::{Notify, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock as Queue};
 
-use crate::{Deadline, Mode};
+use crate::{Deadline, Mode, Owner};
 
 #[derive(Debug, Default)]
 pub(crate) struct Gate {
     queues: Mutex<HashMap<Arc<str>, Arc<Queue<()>>>>,
+    /// The keys held under an owner in this client, with the turn the owner's leases share.
+    owned: Mutex<HashMap<Arc<str>, (Owner, Weak<Turn>)>>,
+    /// Woken when a key is held under an owner, for the owner's tasks queued behind it.
+    owned_changed: Notify,
+}
+
+/// How an owner's task got its turn on a key.
+pub(crate) enum OwnerTurn {
+    /// The key's turn, alone: nobody in this client holds it under this owner.
+    First(GatePermit),
+    /// A turn the owner already holds, joined: the server re-enters the hold.
+    Joined(GatePermit),
 }
 
 impl Gate {
@@ -30,21 +47,68 @@ impl Gate {
         let queue = self.queue(key);
         let handle = queue.handle();
         let at_once = match mode {
-            Mode::Exclusive => handle.clone().try_write_owned().ok().map(Turn::Alone),
-            _ => handle.clone().try_read_owned().ok().map(Turn::Shared),
+            Mode::Exclusive => handle.clone().try_write_owned().ok().map(Guard::Alone),
+            _ => handle.clone().try_read_owned().ok().map(Guard::Shared),
         };
         let waited = at_once.is_none();
         let guard = match (at_once, mode, deadline) {
             (Some(turn), _, _) => Some(turn),
             (None, _, Deadline::TryOnce) => None,
-            (None, Mode::Exclusive, _) => deadline.run(handle.write_owned()).await.map(Turn::Alone),
-            (None, _, _) => deadline.run(handle.read_owned()).await.map(Turn::Shared),
+            (None, Mode::Exclusive, _) => deadline.run(handle.write_owned()).await.map(Guard::Alone),
+            (None, _, _) => deadline.run(handle.read_owned()).await.map(Guard::Shared),
         }?;
         Some(GatePermit {
             waited,
-            _guard: guard,
-            _queue: queue,
+            turn: Arc::new(Turn {
+                calls: tokio::sync::Mutex::new(()),
+                _guard: guard,
+                queue,
+            }),
         })
+    }
+
+    /// Wait for `owner`'s turn on `key` until `deadline`: the turn an earlier lease of the
+    /// owner holds, joined at once, or else the key's own turn, alone, as
+    /// [`enter`](Self::enter) gives it (left for a joined one when the owner takes the key
+    /// meanwhile in another task).
+    pub(crate) async fn enter_as(
+        self: &Arc<Self>,
+        key: &str,
+        owner: Owner,
+        deadline: Deadline,
+    ) -> Option<OwnerTurn> {
+        loop {
+            let changed = self.owned_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(turn) = self.owned_turn(key, owner) {
+                return Some(OwnerTurn::Joined(GatePermit {
+                    waited: false,
+                    turn,
+                }));
+            }
+            tokio::select! {
+                permit = self.enter(key, Mode::Exclusive, deadline) => {
+                    return permit.map(OwnerTurn::First);
+                }
+                () = changed => {}
+            }
+        }
+    }
+
+    /// Record that `owner` holds `key` under `permit`'s turn, and wake the owner's tasks
+    /// queued behind it.
+    pub(crate) fn hold_as(&self, key: &str, owner: Owner, permit: &GatePermit) {
+        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        owned.insert(Arc::from(key), (owner, Arc::downgrade(&permit.turn)));
+        drop(owned);
+        self.owned_changed.notify_waiters();
+    }
+
+    fn owned_turn(&self, key: &str, owner: Owner) -> Option<Arc<Turn>> {
+        let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        let (holder, turn) = owned.get(key)?;
+        (*holder == owner).then(|| turn.upgrade()).flatten()
     }
 
     fn queue(self: &Arc<Self>, key: &str) -> QueueRef {
@@ -93,19 +157,48 @@ impl Drop for QueueRef {
 /// Alone on the key (exclusive) or among other shared holds; kept for its drop.
 #[derive(Debug)]
 #[allow(dead_code)]
-enum Turn {
+enum Guard {
     Alone(OwnedRwLockWriteGuard<()>),
     Shared(OwnedRwLockReadGuard<()>),
 }
 
-/// This task's turn on a key; the next local waiter goes when it is dropped.
+/// A turn on a key, shared by the leases of one owner.
+#[derive(Debug)]
+struct Turn {
+    /// Joined tasks ask the server one at a time.
+    calls: tokio::sync::Mutex<()>,
+    // Field order matters: the guard is released before the queue reference tidies up.
+    _guard: Guard,
+    queue: QueueRef,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let gate = &self.queue.gate;
+        let mut owned = gate.owned.lock().unwrap_or_else(|e| e.into_inner());
+        if owned
+            .get(&self.queue.key)
+            .is_some_and(|(_, turn)| turn.strong_count() == 0)
+        {
+            owned.remove(&self.queue.key);
+        }
+    }
+}
+
+/// This task's turn on a key; the next local waiter goes when the last permit of the turn
+/// (an owner's leases share one) is dropped.
 #[derive(Debug)]
 pub(crate) struct GatePermit {
     /// This task waited for another task of the client to let the key go.
     pub(crate) waited: bool,
-    // Field order matters: the guard is released before the queue reference tidies up.
-    _guard: Turn,
-    _queue: QueueRef,
+    turn: Arc<Turn>,
+}
+
+impl GatePermit {
+    /// Ask the server alone among the tasks that joined this turn.
+    pub(crate) async fn call_alone(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.turn.calls.lock().await
+    }
 }
 
 #[cfg(test)]
