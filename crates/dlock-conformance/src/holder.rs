@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::{Election, LockExt as _, LockOptions, Mode, Result};
+use dlock_core::{DistributedLock, Election, Lease, LockExt as _, LockOptions, Mode, Result};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -22,6 +22,11 @@ const HOLD_VAR: &str = "DLOCK_CONFORMANCE_HOLD";
 /// Set beside [`HOLD_VAR`]: the child campaigns in the key's election with this value
 /// instead of acquiring, and reports its term as the token.
 const CAMPAIGN_VAR: &str = "DLOCK_CONFORMANCE_CAMPAIGN";
+/// Set beside [`HOLD_VAR`]: the child takes its key as this owner, [`OWNER_ENTRIES`] times.
+const OWNER_VAR: &str = "DLOCK_CONFORMANCE_OWNER";
+
+/// How many times a holder whose options name an owner enters its key (one key only).
+pub const OWNER_ENTRIES: usize = 3;
 
 /// A holder the suite can make vanish without releasing.
 #[async_trait]
@@ -69,6 +74,9 @@ impl ChildHolder {
         let mut command = Command::new(exe);
         if let Some(value) = campaign {
             command.env(CAMPAIGN_VAR, value);
+        }
+        if let Some(owner) = opts.owner {
+            command.env(OWNER_VAR, owner.as_str());
         }
         let mut child = command
             .args(["--exact", test, "--nocapture", "--test-threads=1"])
@@ -159,6 +167,18 @@ pub(crate) async fn serve_if_child(harness: &dyn Harness) -> bool {
             let reason = leading.lost().await;
             panic!("leader lost its leadership of {key} before it was killed: {reason}");
         }
+        if let Ok(owner) = std::env::var(OWNER_VAR) {
+            let opts = LockOptions::new().ttl(ttl).owner(&owner);
+            let entries = take_entries(&*client, key, &opts).await?;
+            {
+                let mut out = std::io::stdout().lock();
+                let token = entries[0].fencing_token();
+                writeln!(out, "acquired key={key} token={token}").expect("stdout");
+                out.flush().expect("stdout");
+            }
+            let reason = entries[0].lost().await;
+            panic!("owner {owner} lost its hold of {key} before it was killed: {reason}");
+        }
         let keys: Vec<&str> = key.lines().collect();
         let set = client
             .acquire_all(&keys, &LockOptions::new().ttl(ttl).mode(mode))
@@ -176,6 +196,20 @@ pub(crate) async fn serve_if_child(harness: &dyn Harness) -> bool {
     }
     .await;
     panic!("holder could not acquire {key}: {result:?}");
+}
+
+/// Take `key` [`OWNER_ENTRIES`] times under `opts`' owner: the leases of one reentrant
+/// hold, the first one first.
+pub async fn take_entries(
+    client: &dyn DistributedLock,
+    key: &str,
+    opts: &LockOptions,
+) -> Result<Vec<Lease>> {
+    let mut entries = Vec::with_capacity(OWNER_ENTRIES);
+    for _ in 0..OWNER_ENTRIES {
+        entries.push(client.acquire(key, opts).await?);
+    }
+    Ok(entries)
 }
 
 #[cfg(test)]

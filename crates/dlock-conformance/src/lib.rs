@@ -48,7 +48,7 @@ use dlock_core::raw::url::{Host, LockUrl, default_port, redact};
 use dlock_core::{BoxError, DistributedLock, ErrorKind, LockOptions, Result};
 
 pub use history::{History, Hold, Violation};
-pub use holder::{ChildHolder, Holder};
+pub use holder::{ChildHolder, Holder, OWNER_ENTRIES, take_entries};
 pub use proxy::Proxy;
 
 /// How long one scenario may run before it fails as hung.
@@ -172,7 +172,7 @@ pub trait Harness: Send + Sync + 'static {
     async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError>;
 
     /// Start a holder of `key` that the suite can kill, taking it with `opts` (its ttl and
-    /// mode). A `key` of several lines names a set: the holder takes every line's key as
+    /// mode; with an owner, [`OWNER_ENTRIES`] times, see [`take_entries`]). A `key` of several lines names a set: the holder takes every line's key as
     /// one hold ([`LockExt::acquire_all`](dlock_core::LockExt::acquire_all)). By default a child process running test `test` of this binary (see
     /// [`holder`]).
     async fn spawn_holder(
@@ -462,6 +462,16 @@ macro_rules! conformance {
                 cancelled_campaign_leaves_nothing,
                 crashed_leader_is_replaced_within_the_crash_bound,
                 bad_election_values_are_refused_before_io,
+                reentry_is_declared,
+                reentry_succeeds_at_once_with_the_same_token,
+                reentry_keeps_the_key_until_the_last_release,
+                another_owner_waits_then_gets_a_higher_token,
+                reentry_from_a_second_client,
+                reentry_from_a_second_process,
+                crashed_owner_frees_the_key_whatever_its_count,
+                stale_owner_lease_is_not_held,
+                lost_fires_on_every_lease_of_the_owner,
+                bad_owners_are_refused_before_io,
             );
         }
     };

@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant, Held};
 use dlock_core::{
     Capabilities, Fencing, HolderStatus, Inspection, KeyStatus, LockError, LockOptions, LockStats,
-    LostReason, Mode, Observe, Result, WaiterStatus, WaiterView, Wakeup, holder_description,
+    LostReason, Mode, Observe, Owner, Reentry, Result, WaiterStatus, WaiterView, Wakeup,
+    holder_description,
 };
 use futures::stream::{self, BoxStream, StreamExt};
 use tokio::sync::{oneshot, watch};
@@ -77,9 +78,12 @@ struct Holder {
     mode: Mode,
     granted_at: Instant,
     expires_at: Instant,
-    lost: oneshot::Sender<LostReason>,
+    /// One loss signal per lease of the hold (a reentrant hold has one per entry).
+    lost: Vec<oneshot::Sender<LostReason>>,
     /// What an election candidate publishes; `None` for a plain hold.
     value: Option<String>,
+    /// The owner of a reentrant hold, and how many of its leases count.
+    owner: Option<(Owner, u32)>,
 }
 
 #[derive(Debug)]
@@ -88,6 +92,7 @@ struct Waiter {
     mode: Mode,
     ttl: Duration,
     value: Option<String>,
+    owner: Option<Owner>,
     grant: oneshot::Sender<Granted>,
 }
 
@@ -125,7 +130,9 @@ impl MemoryServer {
         let mut state = self.lock();
         if let Some(slot) = state.keys.get_mut(key) {
             for holder in slot.holders.drain(..) {
-                let _ = holder.lost.send(LostReason::NotHeld);
+                for lost in holder.lost {
+                    let _ = lost.send(LostReason::NotHeld);
+                }
             }
         }
         state.changed();
@@ -157,7 +164,10 @@ impl MemoryServer {
             shown.since = wall.checked_sub(now - holder.granted_at);
             shown.ttl_left = Some(holder.expires_at - now);
             let who = holder.value.as_deref().unwrap_or(holder_description());
-            shown.who = Some(who.to_owned());
+            shown.who = Some(match holder.owner {
+                Some((owner, count)) => format!("{who} (owner {owner}, held {count} times)"),
+                None => who.to_owned(),
+            });
             status.holders.push(shown);
         }
         let waiters = slot.waiters.iter().filter(|w| !w.grant.is_closed());
@@ -212,7 +222,14 @@ impl State {
         self.keys.get(key).is_none_or(|s| s.admits(mode))
     }
 
-    fn grant(&mut self, key: &str, mode: Mode, ttl: Duration, value: Option<String>) -> Granted {
+    fn grant(
+        &mut self,
+        key: &str,
+        mode: Mode,
+        ttl: Duration,
+        value: Option<String>,
+        owner: Option<Owner>,
+    ) -> Granted {
         self.sweep_if_due();
         self.next_id += 1;
         let id = self.next_id;
@@ -226,8 +243,9 @@ impl State {
             mode,
             granted_at: at,
             expires_at: at + ttl,
-            lost: lost_tx,
+            lost: vec![lost_tx],
             value,
+            owner: owner.map(|o| (o, 1)),
         });
         self.changed();
         Granted {
@@ -245,6 +263,18 @@ impl State {
     fn hand_off(&mut self, key: &str) {
         while let Some(slot) = self.keys.get_mut(key) {
             slot.waiters.retain(|w| !w.grant.is_closed());
+            // Waiters of the owner holding the key re-enter at once, wherever they queue.
+            while let Some(at) = slot.waiters.iter().position(|w| {
+                w.owner
+                    .is_some_and(|o| slot.live().any(|h| h.owner.is_some_and(|(ho, _)| ho == o)))
+            }) {
+                let waiter = slot.waiters.remove(at).expect("a waiter at a found position");
+                let owner = waiter.owner.expect("an owner's waiter");
+                let granted = Self::reenter(slot, owner, waiter.ttl).expect("the owner holds");
+                if let Err(granted) = waiter.grant.send(granted) {
+                    Self::leave(slot, granted.id);
+                }
+            }
             let Some(mode) = slot.waiters.front().map(|w| w.mode) else {
                 break;
             };
@@ -252,7 +282,7 @@ impl State {
                 break;
             }
             let waiter = slot.waiters.pop_front().expect("a front waiter");
-            let granted = self.grant(key, mode, waiter.ttl, waiter.value);
+            let granted = self.grant(key, mode, waiter.ttl, waiter.value, waiter.owner);
             if let Err(granted) = waiter.grant.send(granted) {
                 // The waiter went away between the check and the send.
                 self.release(key, granted.id);
@@ -276,13 +306,50 @@ impl State {
     fn release(&mut self, key: &str, id: u64) -> bool {
         let ours = self.holds(key, id);
         if ours {
-            if let Some(slot) = self.keys.get_mut(key) {
-                slot.holders.retain(|h| h.id != id);
+            let freed = self.keys.get_mut(key).is_some_and(|slot| Self::leave(slot, id));
+            if freed {
+                self.changed();
+                self.hand_off(key);
             }
-            self.changed();
-            self.hand_off(key);
         }
         ours
+    }
+
+    /// One lease of hold `id` leaves it: the hold ends unless it is an owner's with other
+    /// leases still counting. Whether it ended.
+    fn leave(slot: &mut Slot, id: u64) -> bool {
+        let Some(at) = slot.holders.iter().position(|h| h.id == id) else {
+            return false;
+        };
+        if let Some((_, count)) = &mut slot.holders[at].owner
+            && *count > 1
+        {
+            *count -= 1;
+            return false;
+        }
+        slot.holders.remove(at);
+        true
+    }
+
+    /// Enter `owner`'s live hold of the slot once more: its count goes up, it lives at
+    /// least `ttl` from now, and the new lease gets the hold's token.
+    fn reenter(slot: &mut Slot, owner: Owner, ttl: Duration) -> Option<Granted> {
+        let at = Instant::now();
+        let holder = slot
+            .holders
+            .iter_mut()
+            .find(|h| h.expires_at > at && h.owner.is_some_and(|(o, _)| o == owner))?;
+        let (_, count) = holder.owner.as_mut().expect("found by its owner");
+        *count += 1;
+        holder.expires_at = holder.expires_at.max(at + ttl);
+        let (lost_tx, lost) = oneshot::channel();
+        holder.lost.push(lost_tx);
+        Some(Granted {
+            id: holder.id,
+            token: holder.id,
+            at,
+            lost,
+        })
     }
 
     fn holder_mut(&mut self, key: &str, id: u64) -> Option<&mut Holder> {
@@ -401,6 +468,7 @@ impl Backend for MemoryBackend {
             election: Observe::Woken {
                 recheck: ELECTION_RECHECK,
             },
+            reentrant: Reentry::AnyLease,
             ..Default::default()
         }
     }
@@ -472,14 +540,20 @@ impl MemoryBackend {
         deadline: Deadline,
         value: Option<String>,
     ) -> Result<Option<Grant>> {
-        let (ttl, mode) = (opts.ttl, opts.mode);
+        let (ttl, mode, owner) = (opts.ttl, opts.mode, opts.owner);
         self.reachable("acquire")?;
         let mut waiter = {
             let mut state = self.server.lock();
             state.hand_off(key);
+            let reentered = owner
+                .zip(state.keys.get_mut(key))
+                .and_then(|(owner, slot)| State::reenter(slot, owner, ttl));
+            if let Some(granted) = reentered {
+                return Ok(Some(self.held(key, granted)));
+            }
             let queued = state.keys.get(key).is_some_and(|s| !s.waiters.is_empty());
             if state.admits(key, mode) && !queued {
-                let granted = state.grant(key, mode, ttl, value);
+                let granted = state.grant(key, mode, ttl, value, owner);
                 return Ok(Some(self.held(key, granted)));
             }
             if !deadline.may_wait() {
@@ -498,6 +572,7 @@ impl MemoryBackend {
                     mode,
                     ttl,
                     value,
+                    owner,
                     grant: tx,
                 });
             QueuedWaiter {
@@ -572,7 +647,12 @@ impl Held for MemoryHeld {
         let holder = state
             .holder_mut(&self.key, self.id)
             .ok_or_else(|| self.not_held())?;
-        holder.expires_at = Instant::now() + ttl;
+        let until = Instant::now() + ttl;
+        // The leases of an owner's hold never shorten each other's time.
+        holder.expires_at = match holder.owner {
+            Some(_) => holder.expires_at.max(until),
+            None => until,
+        };
         Ok(())
     }
 

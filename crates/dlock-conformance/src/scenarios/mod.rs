@@ -6,7 +6,7 @@
 //! key (`waiters`), leases over time (`leases`), one client holding many keys at once
 //! (`many`), shared holds beside exclusive ones (`shared`), counted holds of a semaphore
 //! (`permits`), several keys taken as one (`sets`), looking at keys and figures without
-//! touching them (`inspect`), leader elections (`election`), and what must be refused or
+//! touching them (`inspect`), leader elections (`election`), reentrant holds of an owner (`reentry`), and what must be refused or
 //! reported (`errors`). All of them are re-exported
 //! here, at `scenarios::<name>`.
 
@@ -17,6 +17,7 @@ mod inspect;
 mod leases;
 mod many;
 mod permits;
+mod reentry;
 mod sets;
 mod shared;
 mod waiters;
@@ -28,6 +29,7 @@ pub use inspect::*;
 pub use leases::*;
 pub use many::*;
 pub use permits::*;
+pub use reentry::*;
 pub use sets::*;
 pub use shared::*;
 pub use waiters::*;

@@ -311,6 +311,14 @@ impl<B: FromMemory> Harness for InProcess<B> {
         opts: &LockOptions,
     ) -> Result<Box<dyn Holder>, BoxError> {
         let lock = self.lock();
+        if opts.owner.is_some() {
+            let entries = dlock_conformance::take_entries(&lock, key, opts).await?;
+            return Ok(Box::new(InProcessHolder {
+                lock,
+                token: entries[0].fencing_token(),
+                _held: Box::new(entries),
+            }));
+        }
         // A key of several lines is a set (see `Harness::spawn_holder`).
         let keys: Vec<&str> = key.lines().collect();
         let set = lock.acquire_all(&keys, opts).await?;
