@@ -30,6 +30,14 @@ struct LetsTwoIn(MemoryBackend);
 #[derive(Debug)]
 struct ReleasesAnyone(MemoryBackend);
 
+/// Declares reentrant holds but ignores the owner: a re-entry waits for itself.
+#[derive(Debug)]
+struct IgnoresOwner(MemoryBackend);
+
+/// Re-enters an owner's hold with a token of its own, higher each time.
+#[derive(Debug)]
+struct ReentryNewToken(MemoryBackend);
+
 /// Hands out the same fencing token every time.
 #[derive(Debug)]
 struct ConstantToken(MemoryBackend);
@@ -208,6 +216,22 @@ wrapper!(LetsTwoIn, |me, key, opts, _deadline| {
         Some(grant) => Ok(Some(grant)),
         None => Ok(Some(Grant::new(0, Box::new(Fake), Instant::now()))),
     }
+});
+
+wrapper!(IgnoresOwner, |me, key, opts, deadline| {
+    let opts = LockOptions {
+        owner: None,
+        ..*opts
+    };
+    me.0.acquire(key, &opts, deadline).await
+});
+
+wrapper!(ReentryNewToken, |me, key, opts, deadline| {
+    static ENTRIES: AtomicU64 = AtomicU64::new(0);
+    Ok(me.0.acquire(key, opts, deadline).await?.map(|mut grant| {
+        grant.fencing_token += 1_000_000 * ENTRIES.fetch_add(1, Ordering::Relaxed);
+        grant
+    }))
 });
 
 wrapper!(ReleasesAnyone, |me, key, opts, deadline| {
@@ -707,6 +731,33 @@ async fn many_holds_rejects_a_backend_that_drops_renewals_under_load() {
     rejects_for::<DropsRenewalsUnderLoad, _, _>(
         scenarios::many_holds_at_once,
         "but another client took it",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentry_scenarios_reject_a_backend_that_ignores_the_owner() {
+    rejects_for::<IgnoresOwner, _, _>(
+        scenarios::reentry_succeeds_at_once_with_the_same_token,
+        "the owner re-enters",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentry_scenarios_reject_a_new_token_per_entry() {
+    rejects_for::<ReentryNewToken, _, _>(
+        scenarios::reentry_succeeds_at_once_with_the_same_token,
+        "keeps its fencing token",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentry_scenarios_reject_a_release_that_ignores_the_count() {
+    rejects_for::<ReleasesAnyone, _, _>(
+        scenarios::reentry_keeps_the_key_until_the_last_release,
+        "the owner still counts",
     )
     .await;
 }
