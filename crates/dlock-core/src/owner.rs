@@ -39,8 +39,8 @@ impl Owner {
 
     /// The owner `id`; checked when an acquire uses it (see [`check`](Self::check)).
     pub fn new(id: &str) -> Self {
-        let valid = (1..=Self::MAX_LEN).contains(&id.len())
-            && id.bytes().all(|b| b.is_ascii_graphic());
+        let valid =
+            (1..=Self::MAX_LEN).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic());
         let mut bytes = [0u8; Self::MAX_LEN];
         if valid {
             bytes[..id.len()].copy_from_slice(id.as_bytes());

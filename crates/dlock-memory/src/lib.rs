@@ -43,6 +43,7 @@
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
+mod backend;
 mod server;
 
 use std::collections::HashMap;
@@ -52,7 +53,8 @@ use dlock_core::raw::LockClient;
 use dlock_core::raw::url::LockUrl;
 use dlock_core::{LockError, Result};
 
-pub use server::{MemoryBackend, MemoryServer};
+pub use backend::MemoryBackend;
+pub use server::MemoryServer;
 
 /// The memory backend's lock: a [`LockClient`] of a [`MemoryBackend`].
 pub type MemoryLock = LockClient<MemoryBackend>;

@@ -1,25 +1,21 @@
-//! The in-process server and the backend that talks to it.
+//! The in-process server: keys, their holders and their queues.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use async_trait::async_trait;
-use dlock_core::raw::{Backend, Deadline, Grant, Held};
 use dlock_core::{
-    Capabilities, Fencing, HolderStatus, Inspection, KeyStatus, LockError, LockOptions, LockStats,
-    LostReason, Mode, Observe, Owner, Reentry, Result, WaiterStatus, WaiterView, Wakeup,
-    holder_description,
+    HolderStatus, KeyStatus, LostReason, Mode, Owner, WaiterStatus, holder_description,
 };
-use futures::stream::{self, BoxStream, StreamExt};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-const NAME: &str = "memory";
+use crate::MemoryBackend;
+
+pub(crate) const NAME: &str = "memory";
 /// How long an election observer goes without reading the leader: a holder whose ttl ran
 /// out (a crashed client) changes nothing that wakes it.
-const ELECTION_RECHECK: Duration = Duration::from_millis(250);
+pub(crate) const ELECTION_RECHECK: Duration = Duration::from_millis(250);
 
 /// A lock server living in this process. Cheap to clone; clones are the same server.
 #[derive(Debug, Clone, Default)]
@@ -28,35 +24,35 @@ pub struct MemoryServer {
 }
 
 #[derive(Debug)]
-struct State {
-    keys: HashMap<String, Slot>,
+pub(crate) struct State {
+    pub(crate) keys: HashMap<String, Slot>,
     /// The last grant's id, which is also its fencing token: one counter for every key (as
     /// etcd's revision), so tokens increase per key without remembering keys nobody holds.
-    next_id: u64,
+    pub(crate) next_id: u64,
     /// `keys.len()` after the last sweep of expired slots; the next sweep comes when the
     /// map has doubled, so sweeping costs O(1) per grant, amortized.
-    swept_at: usize,
+    pub(crate) swept_at: usize,
     /// Bumped on every grant, release and proclaim, for election observers (who read the
     /// leader of their key again).
-    changes: watch::Sender<u64>,
+    pub(crate) changes: watch::Sender<u64>,
 }
 
 /// A key's holders (one exclusive, any number of shared ones, or up to N permits; expired
 /// ones linger until the next change) and its FIFO queue.
 #[derive(Debug, Default)]
-struct Slot {
-    holders: Vec<Holder>,
-    waiters: VecDeque<Waiter>,
+pub(crate) struct Slot {
+    pub(crate) holders: Vec<Holder>,
+    pub(crate) waiters: VecDeque<Waiter>,
 }
 
 impl Slot {
-    fn live(&self) -> impl Iterator<Item = &Holder> {
+    pub(crate) fn live(&self) -> impl Iterator<Item = &Holder> {
         let now = Instant::now();
         self.holders.iter().filter(move |h| h.expires_at > now)
     }
 
     /// Whether a hold in `mode` may join the live holders.
-    fn admits(&self, mode: Mode) -> bool {
+    pub(crate) fn admits(&self, mode: Mode) -> bool {
         match mode {
             Mode::Exclusive => self.live().next().is_none(),
             Mode::Shared => self.live().all(|h| h.mode == Mode::Shared),
@@ -67,41 +63,41 @@ impl Slot {
         }
     }
 
-    fn in_use(&self) -> bool {
+    pub(crate) fn in_use(&self) -> bool {
         self.live().next().is_some() || !self.waiters.is_empty()
     }
 }
 
 #[derive(Debug)]
-struct Holder {
-    id: u64,
-    mode: Mode,
-    granted_at: Instant,
-    expires_at: Instant,
+pub(crate) struct Holder {
+    pub(crate) id: u64,
+    pub(crate) mode: Mode,
+    pub(crate) granted_at: Instant,
+    pub(crate) expires_at: Instant,
     /// One loss signal per lease of the hold (a reentrant hold has one per entry).
-    lost: Vec<oneshot::Sender<LostReason>>,
+    pub(crate) lost: Vec<oneshot::Sender<LostReason>>,
     /// What an election candidate publishes; `None` for a plain hold.
-    value: Option<String>,
+    pub(crate) value: Option<String>,
     /// The owner of a reentrant hold, and how many of its leases count.
-    owner: Option<(Owner, u32)>,
+    pub(crate) owner: Option<(Owner, u32)>,
 }
 
 #[derive(Debug)]
-struct Waiter {
-    id: u64,
-    mode: Mode,
-    ttl: Duration,
-    value: Option<String>,
-    owner: Option<Owner>,
-    grant: oneshot::Sender<Granted>,
+pub(crate) struct Waiter {
+    pub(crate) id: u64,
+    pub(crate) mode: Mode,
+    pub(crate) ttl: Duration,
+    pub(crate) value: Option<String>,
+    pub(crate) owner: Option<Owner>,
+    pub(crate) grant: oneshot::Sender<Granted>,
 }
 
 #[derive(Debug)]
-struct Granted {
-    id: u64,
-    token: u64,
-    at: Instant,
-    lost: oneshot::Receiver<LostReason>,
+pub(crate) struct Granted {
+    pub(crate) id: u64,
+    pub(crate) token: u64,
+    pub(crate) at: Instant,
+    pub(crate) lost: oneshot::Receiver<LostReason>,
 }
 
 impl MemoryServer {
@@ -115,13 +111,9 @@ impl MemoryServer {
         dlock_core::raw::LockClient::new(self.backend())
     }
 
-    /// A new independent client of this server, as a bare [`Backend`] (to wrap it).
+    /// A new independent client of this server, as a bare [`Backend`](dlock_core::raw::Backend) (to wrap it).
     pub fn backend(&self) -> MemoryBackend {
-        MemoryBackend {
-            server: self.clone(),
-            partitioned: Arc::default(),
-            wakeups: Arc::default(),
-        }
+        MemoryBackend::new(self.clone())
     }
 
     /// Delete `key` as an operator would: the holder loses it (and is told at once), and
@@ -197,7 +189,7 @@ impl MemoryServer {
         keys
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -214,15 +206,15 @@ impl Default for State {
 }
 
 impl State {
-    fn changed(&self) {
+    pub(crate) fn changed(&self) {
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    fn admits(&self, key: &str, mode: Mode) -> bool {
+    pub(crate) fn admits(&self, key: &str, mode: Mode) -> bool {
         self.keys.get(key).is_none_or(|s| s.admits(mode))
     }
 
-    fn grant(
+    pub(crate) fn grant(
         &mut self,
         key: &str,
         mode: Mode,
@@ -260,7 +252,7 @@ impl State {
     /// of shared waiters goes together, permits while they last, an exclusive one alone);
     /// drop the slot when nobody
     /// holds or waits.
-    fn hand_off(&mut self, key: &str) {
+    pub(crate) fn hand_off(&mut self, key: &str) {
         while let Some(slot) = self.keys.get_mut(key) {
             slot.waiters.retain(|w| !w.grant.is_closed());
             // Waiters of the owner holding the key re-enter at once, wherever they queue.
@@ -268,7 +260,10 @@ impl State {
                 w.owner
                     .is_some_and(|o| slot.live().any(|h| h.owner.is_some_and(|(ho, _)| ho == o)))
             }) {
-                let waiter = slot.waiters.remove(at).expect("a waiter at a found position");
+                let waiter = slot
+                    .waiters
+                    .remove(at)
+                    .expect("a waiter at a found position");
                 let owner = waiter.owner.expect("an owner's waiter");
                 let granted = Self::reenter(slot, owner, waiter.ttl).expect("the owner holds");
                 if let Err(granted) = waiter.grant.send(granted) {
@@ -295,7 +290,7 @@ impl State {
 
     /// Forget the slots of keys whose holder expired without a release (a crashed holder,
     /// auto-renew off) and that nobody waits for: nothing else would ever remove them.
-    fn sweep_if_due(&mut self) {
+    pub(crate) fn sweep_if_due(&mut self) {
         if self.keys.len() < (2 * self.swept_at).max(64) {
             return;
         }
@@ -303,10 +298,13 @@ impl State {
         self.swept_at = self.keys.len();
     }
 
-    fn release(&mut self, key: &str, id: u64) -> bool {
+    pub(crate) fn release(&mut self, key: &str, id: u64) -> bool {
         let ours = self.holds(key, id);
         if ours {
-            let freed = self.keys.get_mut(key).is_some_and(|slot| Self::leave(slot, id));
+            let freed = self
+                .keys
+                .get_mut(key)
+                .is_some_and(|slot| Self::leave(slot, id));
             if freed {
                 self.changed();
                 self.hand_off(key);
@@ -317,7 +315,7 @@ impl State {
 
     /// One lease of hold `id` leaves it: the hold ends unless it is an owner's with other
     /// leases still counting. Whether it ended.
-    fn leave(slot: &mut Slot, id: u64) -> bool {
+    pub(crate) fn leave(slot: &mut Slot, id: u64) -> bool {
         let Some(at) = slot.holders.iter().position(|h| h.id == id) else {
             return false;
         };
@@ -333,7 +331,7 @@ impl State {
 
     /// Enter `owner`'s live hold of the slot once more: its count goes up, it lives at
     /// least `ttl` from now, and the new lease gets the hold's token.
-    fn reenter(slot: &mut Slot, owner: Owner, ttl: Duration) -> Option<Granted> {
+    pub(crate) fn reenter(slot: &mut Slot, owner: Owner, ttl: Duration) -> Option<Granted> {
         let at = Instant::now();
         let holder = slot
             .holders
@@ -352,7 +350,7 @@ impl State {
         })
     }
 
-    fn holder_mut(&mut self, key: &str, id: u64) -> Option<&mut Holder> {
+    pub(crate) fn holder_mut(&mut self, key: &str, id: u64) -> Option<&mut Holder> {
         let now = Instant::now();
         self.keys
             .get_mut(key)?
@@ -361,319 +359,10 @@ impl State {
             .find(|h| h.id == id && h.expires_at > now)
     }
 
-    fn holds(&self, key: &str, id: u64) -> bool {
+    pub(crate) fn holds(&self, key: &str, id: u64) -> bool {
         self.keys
             .get(key)
             .is_some_and(|s| s.live().any(|h| h.id == id))
-    }
-}
-
-/// One client of a [`MemoryServer`].
-#[derive(Debug)]
-pub struct MemoryBackend {
-    server: MemoryServer,
-    partitioned: Arc<AtomicBool>,
-    wakeups: Arc<AtomicU64>,
-}
-
-impl MemoryBackend {
-    /// The server this client talks to.
-    pub fn server(&self) -> &MemoryServer {
-        &self.server
-    }
-
-    /// Cut this client off from the server (`true`) or reconnect it (`false`): while cut
-    /// off, every call fails with [`LockError::Unavailable`].
-    pub fn set_partitioned(&self, cut: bool) {
-        self.partitioned.store(cut, Ordering::SeqCst);
-    }
-
-    /// Make this client vanish as a killed process would: it never talks to the server
-    /// again, so its leases are neither renewed nor released and expire with their ttl.
-    pub fn crash(&self) {
-        self.set_partitioned(true);
-    }
-
-    fn reachable(&self, op: &'static str) -> Result<()> {
-        if self.partitioned.load(Ordering::SeqCst) {
-            return Err(LockError::unavailable(
-                NAME,
-                op,
-                "client is partitioned from the memory server",
-            ));
-        }
-        Ok(())
-    }
-
-    fn held(&self, key: &str, granted: Granted) -> Grant {
-        let held = MemoryHeld {
-            server: self.server.clone(),
-            partitioned: self.partitioned.clone(),
-            key: key.to_owned(),
-            id: granted.id,
-        };
-        let lost = granted.lost;
-        Grant::new(granted.token, Box::new(held), granted.at).with_lost(Box::pin(async move {
-            match lost.await {
-                Ok(reason) => reason,
-                // The holder was released normally; nothing to report.
-                Err(_) => std::future::pending().await,
-            }
-        }))
-    }
-}
-
-/// Removes a waiter from the queue when its acquire gives up or is dropped, and gives back
-/// a grant that arrived too late to be taken.
-struct QueuedWaiter<'a> {
-    server: &'a MemoryServer,
-    key: &'a str,
-    id: u64,
-    grant: oneshot::Receiver<Granted>,
-}
-
-impl Drop for QueuedWaiter<'_> {
-    fn drop(&mut self) {
-        self.grant.close();
-        let mut state = self.server.lock();
-        if let Ok(granted) = self.grant.try_recv() {
-            state.release(self.key, granted.id);
-        }
-        if let Some(slot) = state.keys.get_mut(self.key) {
-            slot.waiters.retain(|w| w.id != self.id);
-        }
-        state.hand_off(self.key);
-    }
-}
-
-#[async_trait]
-impl Backend for MemoryBackend {
-    const NAME: &'static str = NAME;
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fair: true,
-            fencing: Fencing::Strict,
-            wakeup: Wakeup::Notification {
-                one_per_release: true,
-                max_per_waiter: 1,
-            },
-            shared: true,
-            permits: true,
-            inspect: Inspection {
-                who: true,
-                waiters: WaiterView::Queue,
-                list: true,
-            },
-            election: Observe::Woken {
-                recheck: ELECTION_RECHECK,
-            },
-            reentrant: Reentry::AnyLease,
-            ..Default::default()
-        }
-    }
-
-    async fn inspect(&self, key: &str) -> Result<KeyStatus> {
-        self.reachable("inspect")?;
-        Ok(self.server.status(key))
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
-        self.reachable("list")?;
-        Ok(self.server.held_keys(prefix))
-    }
-
-    fn stats(&self) -> LockStats {
-        LockStats::with_wakeups(self.wakeups.load(Ordering::Relaxed))
-    }
-
-    async fn acquire(
-        &self,
-        key: &str,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Grant>> {
-        self.take(key, opts, deadline, None).await
-    }
-
-    async fn campaign(
-        &self,
-        key: &str,
-        value: &str,
-        opts: &LockOptions,
-        deadline: Deadline,
-    ) -> Result<Option<Grant>> {
-        self.take(key, opts, deadline, Some(value.to_owned())).await
-    }
-
-    async fn leader_changes(&self, _key: &str) -> Result<Option<BoxStream<'static, Result<()>>>> {
-        self.reachable("observe")?;
-        let mut changes = self.server.lock().changes.subscribe();
-        changes.mark_unchanged();
-        let partitioned = self.partitioned.clone();
-        Ok(Some(
-            stream::unfold(changes, move |mut changes| {
-                let partitioned = partitioned.clone();
-                async move {
-                    changes.changed().await.ok()?;
-                    let item = match partitioned.load(Ordering::SeqCst) {
-                        true => Err(LockError::unavailable(
-                            NAME,
-                            "observe",
-                            "client is partitioned from the memory server",
-                        )),
-                        false => Ok(()),
-                    };
-                    Some((item, changes))
-                }
-            })
-            .boxed(),
-        ))
-    }
-}
-
-impl MemoryBackend {
-    async fn take(
-        &self,
-        key: &str,
-        opts: &LockOptions,
-        deadline: Deadline,
-        value: Option<String>,
-    ) -> Result<Option<Grant>> {
-        let (ttl, mode, owner) = (opts.ttl, opts.mode, opts.owner);
-        self.reachable("acquire")?;
-        let mut waiter = {
-            let mut state = self.server.lock();
-            state.hand_off(key);
-            let reentered = owner
-                .zip(state.keys.get_mut(key))
-                .and_then(|(owner, slot)| State::reenter(slot, owner, ttl));
-            if let Some(granted) = reentered {
-                return Ok(Some(self.held(key, granted)));
-            }
-            let queued = state.keys.get(key).is_some_and(|s| !s.waiters.is_empty());
-            if state.admits(key, mode) && !queued {
-                let granted = state.grant(key, mode, ttl, value, owner);
-                return Ok(Some(self.held(key, granted)));
-            }
-            if !deadline.may_wait() {
-                return Ok(None);
-            }
-            state.next_id += 1;
-            let id = state.next_id;
-            let (tx, rx) = oneshot::channel();
-            state
-                .keys
-                .entry(key.to_owned())
-                .or_default()
-                .waiters
-                .push_back(Waiter {
-                    id,
-                    mode,
-                    ttl,
-                    value,
-                    owner,
-                    grant: tx,
-                });
-            QueuedWaiter {
-                server: &self.server,
-                key,
-                id,
-                grant: rx,
-            }
-        };
-        loop {
-            // Wake on hand-off, or when a holder's ttl runs out (a crashed holder).
-            let expiry = {
-                let state = self.server.lock();
-                state
-                    .keys
-                    .get(key)
-                    .and_then(|s| s.live().map(|h| h.expires_at).min())
-            };
-            let wake_at =
-                deadline.min(expiry.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600)));
-            tokio::select! {
-                granted = &mut waiter.grant => {
-                    self.wakeups.fetch_add(1, Ordering::Relaxed);
-                    let granted = granted.map_err(|_| LockError::backend(NAME, "acquire", "server dropped the waiter"))?;
-                    let grant = self.held(key, granted).after_wait();
-                    // The grant is ours now; the guard must not give it back.
-                    waiter.grant = oneshot::channel().1;
-                    return Ok(Some(grant));
-                }
-                _ = tokio::time::sleep_until(wake_at) => {
-                    if !deadline.may_wait() {
-                        return Ok(None);
-                    }
-                    self.wakeups.fetch_add(1, Ordering::Relaxed);
-                    self.server.lock().hand_off(key);
-                }
-            }
-        }
-    }
-}
-
-#[derive(Debug)]
-struct MemoryHeld {
-    server: MemoryServer,
-    partitioned: Arc<AtomicBool>,
-    key: String,
-    id: u64,
-}
-
-impl MemoryHeld {
-    fn not_held(&self) -> LockError {
-        LockError::not_held(NAME, &self.key, LostReason::NotHeld)
-    }
-
-    fn reachable(&self, op: &'static str) -> Result<()> {
-        if self.partitioned.load(Ordering::SeqCst) {
-            return Err(LockError::unavailable(
-                NAME,
-                op,
-                "client is partitioned from the memory server",
-            ));
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Held for MemoryHeld {
-    async fn extend(&mut self, ttl: Duration) -> Result<()> {
-        self.reachable("extend")?;
-        let mut state = self.server.lock();
-        let holder = state
-            .holder_mut(&self.key, self.id)
-            .ok_or_else(|| self.not_held())?;
-        let until = Instant::now() + ttl;
-        // The leases of an owner's hold never shorten each other's time.
-        holder.expires_at = match holder.owner {
-            Some(_) => holder.expires_at.max(until),
-            None => until,
-        };
-        Ok(())
-    }
-
-    async fn proclaim(&mut self, value: &str) -> Result<()> {
-        self.reachable("proclaim")?;
-        let mut state = self.server.lock();
-        let holder = state
-            .holder_mut(&self.key, self.id)
-            .ok_or_else(|| self.not_held())?;
-        holder.value = Some(value.to_owned());
-        state.changed();
-        Ok(())
-    }
-
-    async fn release(&mut self) -> Result<()> {
-        self.reachable("release")?;
-        if self.server.lock().release(&self.key, self.id) {
-            Ok(())
-        } else {
-            Err(self.not_held())
-        }
     }
 }
 

@@ -51,9 +51,9 @@ pub mod blocking;
 pub use dlock_core::{
     BoxError, Capabilities, DistributedLock, Election, ErrorKind, Expiry, FaultSafety, Faults,
     Fencing, HolderStatus, Inspection, KeyStatus, Leader, Leadership, Lease, LeaseSet, LockError,
-    LockExt, LockOptions, LockStats, LostReason, LostSignal, Mode, Observe, Result, Secret, Wait,
-    WaiterStatus, WaiterView, Wakeup, election, holder_description, set_holder_name, settle,
-    telemetry,
+    LockExt, LockOptions, LockStats, LostReason, LostSignal, Mode, Observe, Owner, Reentry, Result,
+    Secret, Wait, WaiterStatus, WaiterView, Wakeup, election, holder_description, set_holder_name,
+    settle, telemetry,
 };
 
 /// A backend, chosen by the URL scheme.

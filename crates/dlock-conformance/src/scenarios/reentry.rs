@@ -125,7 +125,10 @@ pub async fn reentry_keeps_the_key_until_the_last_release(cx: Ctx) {
         .await
         .expect("the key frees with the owner's last lease (dropped)");
     if b.capabilities().fencing.is_ordered() {
-        assert!(next.fencing_token() > token, "a later holder's token is higher");
+        assert!(
+            next.fencing_token() > token,
+            "a later holder's token is higher"
+        );
     }
     next.release().await.expect("release");
     cx.finish().await;
@@ -316,14 +319,13 @@ pub async fn crashed_owner_frees_the_key_whatever_its_count(cx: Ctx) {
     must_be_held(&*other, &key, &cx_opts(&cx), "the owner process holds it").await;
     holder.kill().await;
     let killed = Instant::now();
-    let bound = other
-        .capabilities()
-        .crash_release_bound(cx.harness().ttl())
-        + SLACK;
+    let bound = other.capabilities().crash_release_bound(cx.harness().ttl()) + SLACK;
     let next = other
         .acquire(&key, &waiting(&cx, bound + Duration::from_secs(10)))
         .await
-        .unwrap_or_else(|e| panic!("the key of an owner killed holding it {OWNER_ENTRIES} times frees: {e}"));
+        .unwrap_or_else(|e| {
+            panic!("the key of an owner killed holding it {OWNER_ENTRIES} times frees: {e}")
+        });
     assert!(
         killed.elapsed() <= bound,
         "the key freed {:?} after the crash (bound {bound:?})",
@@ -368,7 +370,13 @@ pub async fn stale_owner_lease_is_not_held(cx: Ctx) {
     );
     // The later hold still counts both of its leases.
     later.release().await.expect("release");
-    must_be_held(&*a, &key, &cx_opts(&cx), "the later hold's second lease counts").await;
+    must_be_held(
+        &*a,
+        &key,
+        &cx_opts(&cx),
+        "the later hold's second lease counts",
+    )
+    .await;
     assert!(!second.is_lost());
     second.release().await.expect("release");
     let next = a
@@ -427,19 +435,28 @@ pub async fn bad_owners_are_refused_before_io(cx: Ctx) {
     for client in &clients {
         for bad in ["", "job 7", "tab\tid", "é", long.as_str()] {
             let opts = opts(&cx).owner(bad);
-            let err = client.try_acquire(&key, &opts).await.expect_err("bad owner");
+            let err = client
+                .try_acquire(&key, &opts)
+                .await
+                .expect_err("bad owner");
             assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad:?}: {err}");
             let err = client.validate(&key, &opts).expect_err("bad owner");
             assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad:?}: {err}");
         }
         for mode in [opts(&cx).shared(), opts(&cx).permits(3)] {
             let asked = mode.owner("job-1");
-            let err = client.try_acquire(&key, &asked).await.expect_err("an owner's shared hold");
+            let err = client
+                .try_acquire(&key, &asked)
+                .await
+                .expect_err("an owner's shared hold");
             assert_eq!(err.kind(), ErrorKind::Unsupported, "{}: {err}", asked.mode);
         }
         let election = dlock_core::Election::new(client.clone(), &key)
             .options(owned(&cx, "job-1").wait(Wait::No));
-        let err = election.campaign("v").await.expect_err("a campaign with an owner");
+        let err = election
+            .campaign("v")
+            .await
+            .expect_err("a campaign with an owner");
         let expected = match (caps.election, caps.reentrant) {
             (dlock_core::Observe::Unsupported, _) | (_, Reentry::Unsupported) => {
                 ErrorKind::Unsupported

@@ -22,10 +22,13 @@ use crate::{Deadline, Mode, Owner};
 pub(crate) struct Gate {
     queues: Mutex<HashMap<Arc<str>, Arc<Queue<()>>>>,
     /// The keys held under an owner in this client, with the turn the owner's leases share.
-    owned: Mutex<HashMap<Arc<str>, (Owner, Weak<Turn>)>>,
+    owned: Mutex<OwnedTurns>,
     /// Woken when a key is held under an owner, for the owner's tasks queued behind it.
     owned_changed: Notify,
 }
+
+/// Per key held under an owner in this client: the owner, and the turn its leases share.
+type OwnedTurns = HashMap<Arc<str>, (Owner, Weak<Turn>)>;
 
 /// How an owner's task got its turn on a key.
 pub(crate) enum OwnerTurn {
@@ -54,7 +57,9 @@ impl Gate {
         let guard = match (at_once, mode, deadline) {
             (Some(turn), _, _) => Some(turn),
             (None, _, Deadline::TryOnce) => None,
-            (None, Mode::Exclusive, _) => deadline.run(handle.write_owned()).await.map(Guard::Alone),
+            (None, Mode::Exclusive, _) => {
+                deadline.run(handle.write_owned()).await.map(Guard::Alone)
+            }
             (None, _, _) => deadline.run(handle.read_owned()).await.map(Guard::Shared),
         }?;
         Some(GatePermit {
@@ -298,5 +303,49 @@ mod tests {
                 .is_some()
         );
         assert_eq!(gate.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_owner_joins_its_own_turn_and_everyone_else_waits_for_its_last_lease() {
+        let gate = Arc::new(Gate::default());
+        let (job, other) = (Owner::new("job"), Owner::new("other"));
+        let Some(OwnerTurn::First(first)) = gate.enter_as("k", job, Deadline::TryOnce).await else {
+            panic!("a free key's turn is the owner's own");
+        };
+        // A task of the owner queued before the hold is recorded joins once it is.
+        let queued = {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.enter_as("k", job, Deadline::Never).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!queued.is_finished());
+        gate.hold_as("k", job, &first);
+        let Some(OwnerTurn::Joined(second)) = queued.await.unwrap() else {
+            panic!("the owner's queued task joins its turn");
+        };
+        assert!(matches!(
+            gate.enter_as("k", job, Deadline::TryOnce).await,
+            Some(OwnerTurn::Joined(_))
+        ));
+        for (owner, mode) in [(Some(other), Mode::Exclusive), (None, Mode::Shared)] {
+            let turn = match owner {
+                Some(o) => gate.enter_as("k", o, Deadline::TryOnce).await.map(drop),
+                None => gate.enter("k", mode, Deadline::TryOnce).await.map(drop),
+            };
+            assert!(turn.is_none(), "{owner:?} waits for the owner's leases");
+        }
+        drop(first);
+        assert!(
+            gate.enter("k", Mode::Exclusive, Deadline::TryOnce)
+                .await
+                .is_none()
+        );
+        drop(second);
+        assert!(matches!(
+            gate.enter_as("k", other, Deadline::TryOnce).await,
+            Some(OwnerTurn::First(_))
+        ));
+        assert_eq!(gate.len(), 0);
+        assert!(gate.owned.lock().unwrap().is_empty());
     }
 }
