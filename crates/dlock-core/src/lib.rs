@@ -103,6 +103,9 @@ pub(crate) use raw::{Deadline, spawn_cleanup};
 ///     timeout.
 /// 15. **Hygiene**: nothing a finished lock created is left on the server.
 /// 16. **Sharing**: one client value serves hundreds of tasks.
+/// 17. **Reentry** where [`Capabilities::reentrant`] says so: an acquire under an
+///     [`Owner`] that holds the key succeeds at once with the hold's token, from any client
+///     or process, and the key stays held until the owner's last lease is released.
 #[async_trait]
 pub trait DistributedLock: Send + Sync + std::fmt::Debug {
     /// The backend's short name, e.g. `"redis"`.
