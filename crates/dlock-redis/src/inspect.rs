@@ -11,7 +11,8 @@ use crate::scripts::{self, token_holder, token_mode};
 use crate::server::Names;
 
 /// The inspect script's reply, as it comes: kind, now (µs), value, PTTL, fence counter,
-/// the live members and their expiries flat, the live waiters and their tickets flat.
+/// the live members and their expiries flat, the live waiters and their tickets flat
+/// (and, read apart by [`Node::inspect_hold`], an owner's hold: `[owner, count]` or `[]`).
 pub(crate) type RawStatus = (
     String,
     String,
@@ -21,6 +22,15 @@ pub(crate) type RawStatus = (
     Vec<String>,
     Vec<String>,
 );
+
+/// An owner's reentrant hold of a key, as `inspect` reads it from the hold hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HoldCount {
+    /// The owner id.
+    pub(crate) owner: String,
+    /// How many entries (leases) of the hold are live.
+    pub(crate) count: u64,
+}
 
 /// One server's view of a lock at one moment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,12 +164,37 @@ impl Node {
     /// The server could not be reached, timed out, refused the script, or answered
     /// something else than the script's reply.
     pub async fn inspect(&self, names: &Names) -> Result<NodeStatus, Error> {
+        Ok(self.inspect_hold(names).await?.0)
+    }
+
+    /// [`inspect`](Self::inspect), and the owner and count of an owner's hold of the key.
+    pub(crate) async fn inspect_hold(
+        &self,
+        names: &Names,
+    ) -> Result<(NodeStatus, Option<HoldCount>), Error> {
         let mut call = scripts::INSPECT.prepare_invoke();
-        queue_keys(&mut call, names);
+        queue_keys(&mut call, names).key(&names.hold);
         let reply: redis::Value = self.invoke("inspect", &call).await?;
+        let bad = || self.reply("inspect", &reply);
+        let redis::Value::Array(parts) = &reply else {
+            return Err(bad());
+        };
+        let (status, hold) = match parts.split_last() {
+            Some((hold, status)) if parts.len() == 8 => (status, hold),
+            _ => return Err(bad()),
+        };
         let raw: RawStatus =
-            redis::from_redis_value(reply.clone()).map_err(|_| self.reply("inspect", &reply))?;
-        NodeStatus::parse(raw).ok_or_else(|| self.reply("inspect", reply))
+            redis::from_redis_value(redis::Value::Array(status.to_vec())).map_err(|_| bad())?;
+        let hold: Vec<String> = redis::from_redis_value(hold.clone()).map_err(|_| bad())?;
+        let hold = match hold.as_slice() {
+            [owner, count] => Some(HoldCount {
+                owner: owner.clone(),
+                count: count.parse().map_err(|_| bad())?,
+            }),
+            _ => None,
+        };
+        let status = NodeStatus::parse(raw).ok_or_else(bad)?;
+        Ok((status, hold))
     }
 
     /// The keys held on this server under the key prefix `namespace` whose key (the name

@@ -33,6 +33,7 @@
 //! | waiters' queue | `{<prefix><key>}:queue` | sorted set: waiter token by enqueue ticket (server clock, µs) |
 //! | waiters' expiries | `{<prefix><key>}:waiters` | sorted set: waiter token by when its entry expires (server clock, µs) |
 //! | call channel | `{<prefix><key>}:released` | (pub/sub) each message is the token of the waiter whose turn it is, or `!leader` for election observers (see *Elections*) |
+//! | an owner's hold | `{<prefix><key>}:hold` | hash: the owner id, the hold's random part, its fencing token, one `+<random part>` field per entry (see *Reentrant holds*); the lock key's ttl |
 //!
 //! Every step that reads and writes is one Lua script, run atomically by the server as
 //! `EVALSHA` (the scripts are loaded when a connection opens; after a server restart or
@@ -193,6 +194,67 @@
 //! releases the key, or gives it back because a later key stayed busy (before `acquire_all`
 //! returns).
 //!
+//! # Reentrant holds
+//!
+//! An acquire with an owner ([`LockOptions::owner`](dlock_core::LockOptions::owner)) takes
+//! the key as any exclusive acquire does: the lock key holds the first acquire's token, so
+//! plain clients, other libraries' locks and `inspect` see one writer. Beside it, in the
+//! same hash slot, the hash `{<prefix><key>}:hold` keeps the owner id, the *hold id* (the
+//! random part of the lock key's token: which continuous hold the hash is of), the hold's
+//! fencing token, and one field `+<random part>` per *entry*, named by the token each
+//! owner's acquire sends: the hold's count is the number of entries. The hash gets the
+//! lock key's `PEXPIRE` in the same script every time, so the two expire together, and
+//! the last entry's release deletes both. Every step reads the hash only when its hold id
+//! is the lock key's: a hash that outlived its key (the key expired or was deleted, and
+//! someone else may hold it now) is ignored, and the next first acquire overwrites it.
+//!
+//! - **Acquire** (1 round trip, the acquire script with the hold hash as a fifth key and
+//!   the owner id): when the key is held under the owner (by any client or process), add
+//!   the caller's entry, raise the hold's ttl to the caller's if that is longer (never
+//!   shorter), leave the queue if the caller waits in it, and answer the hold's fencing
+//!   token and token *at once*, however many wait. Otherwise it is the exclusive acquire
+//!   above, and a grant writes the hash with the caller's one entry. A plain acquire of a
+//!   key held under an owner, and an owner's acquire of a key held plainly or under another
+//!   owner, wait as for any holder. An owner's waiter's refresh (every 1 s) also answers
+//!   whether the key is now held under its owner (another client of the owner was first in
+//!   line), and then it re-tries and enters at once.
+//! - **Renewal** (1 round trip, batched with the client's other renewals): the entry's
+//!   token goes in the batch with a `+` in front and the hold hash among the keys; the
+//!   entry is renewed while it is in the key's current hold, and the key and the hash get
+//!   `PEXPIRE ttl` only when `ttl` exceeds the key's `PTTL`, so entries with different
+//!   ttls renew one hold without ever shortening it. An entry that is gone (the hold
+//!   expired or was broken, or a later hold replaced it) is `NotHeld`, so every lease of
+//!   a lost hold hears `lost()` at its next renewal (ttl/3) at the latest.
+//! - **Release** (1 round trip, the release script with the hold hash and the owner id):
+//!   `HDEL` the entry if the hash is of the key's current hold under this owner; when it
+//!   was the last entry, `DEL` the key and the hash, and only then call the next waiter
+//!   (and publish for observers). An entry that is not in the current hold (released
+//!   already, or of an earlier hold of the same owner) is `NotHeld` and changes nothing:
+//!   a lease of an earlier hold never lowers a later hold's count. A cancelled owner's
+//!   acquire drops the entry its token may have made in the background, as a cancelled
+//!   acquire releases the key it may have taken.
+//! - **Inspect** (1 round trip): one exclusive holder with the hold's fencing token; its
+//!   `who` reads `<owner> (held <n> times; <NAME@HOST:PID of the first entry>)`.
+//!
+//! Entries are named by 128-bit random tokens, so concurrent re-entries and releases of
+//! one owner, in one client or many, never stand on each other, and the client keeps no
+//! per-key state: several leases of one hold in one client are independent handles.
+//!
+//! Declared [`Reentry::AnyLease`](dlock_core::Reentry::AnyLease): no connection or session
+//! owns the key or the hold; they live under a ttl that any entry's renewal keeps up, in
+//! whichever client or process. The key frees at the last release, or a ttl after the last
+//! renewal when some entry is never released (its process crashed): a crashed holder's
+//! key frees within its ttl whatever its count. A restarted process with the same owner id
+//! can re-enter a hold its previous run left while the hold lives (within the ttl of its
+//! last renewal): its acquire gets the same fencing token and its own entry, which it
+//! renews and releases. It cannot release the previous run's entries (they are named by
+//! tokens it never saw), so the hold then ends a ttl after the last renewal, not at the
+//! new run's last release; once the hold expired, its acquire starts a new hold with a
+//! higher token.
+//!
+//! Plain holds pay nothing for this: their scripts read no hold hash. An owner's first
+//! acquire costs a `GET` and an `HMGET` more than a plain one, and writing the hash.
+//!
 //! # Elections
 //!
 //! An [`Election`](dlock_core::Election) is the exclusive lock above, with the candidate's
@@ -294,6 +356,7 @@
 //! | inspect: waiters | queue | one sorted set per key by ticket, each waiter's mode in its token |
 //! | inspect: list | yes | a `SCAN` over the key prefix; lock keys are the key verbatim after it |
 //! | elections | woken, recheck 500 ms | a campaign's grant, a proclaim and a leader's release publish on the key's channel; an expired leader is seen at the next recheck |
+//! | reentrant | any lease | the hold and its entries live beside the key under its ttl, which every entry's renewal keeps up; no session owns them (see *Reentrant holds*) |
 //! | max key length | 1024 bytes | the core's default |
 //!
 //! # URL
@@ -378,6 +441,7 @@ mod gather;
 mod inspect;
 mod lock;
 mod node;
+mod reentry;
 mod renew;
 mod scripts;
 mod subscriber;

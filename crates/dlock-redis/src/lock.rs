@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant, Held};
 use dlock_core::{
     Capabilities, Expiry, Fencing, Inspection, KeyStatus, LockError, LockOptions, LockStats,
-    LostReason, Observe, Result, WaiterView, Wakeup,
+    LostReason, Observe, Reentry, Result, WaiterView, Wakeup,
 };
 use futures::stream::{self, BoxStream, StreamExt};
 use tokio::sync::mpsc;
@@ -108,6 +108,10 @@ impl Backend for RedisBackend {
             election: Observe::Woken {
                 recheck: ELECTION_RECHECK,
             },
+            // The hold and its entries live beside the key under its ttl, which every
+            // entry's renewal keeps up (never shortening it): no connection or session
+            // owns them (see the crate docs, *Reentrant holds*).
+            reentrant: Reentry::AnyLease,
             ..Default::default()
         }
     }
@@ -154,8 +158,11 @@ impl Backend for RedisBackend {
     }
 
     async fn inspect(&self, key: &str) -> Result<KeyStatus> {
-        let status = self.node.inspect(&Names::new(&self.prefix, key)).await?;
-        Ok(status.key_status(key))
+        let names = Names::new(&self.prefix, key);
+        let (status, hold) = self.node.inspect_hold(&names).await?;
+        let mut status = status.key_status(key);
+        crate::reentry::show_hold(&mut status, hold);
+        Ok(status)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>> {
@@ -208,6 +215,8 @@ impl RedisBackend {
     ) -> Result<Option<Grant>> {
         let ttl = opts.ttl;
         let leader = value.is_some();
+        // An owner's hold (exclusive: the core refuses owners with other modes).
+        let owner = opts.owner.as_ref().map(dlock_core::Owner::as_str);
         let names = Names::new(&self.prefix, key);
         let token = match value {
             Some(value) => scripts::new_campaign_token(value),
@@ -237,7 +246,11 @@ impl RedisBackend {
             let sent_at = Instant::now();
             let request = InFlight::new(nodes, &names, &token)
                 .leader(leader)
-                .run(self.node.acquire_as(&names, &token, ttl, &queueing, leader));
+                .owner(owner)
+                .run(
+                    self.node
+                        .acquire_with(&names, &token, ttl, &queueing, leader, owner),
+                );
             // The first attempt may run its timeouts out (a dead server is `Unavailable`);
             // later ones, made while waiting, end at the deadline.
             let answer = if std::mem::take(&mut first_attempt) {
@@ -248,16 +261,13 @@ impl RedisBackend {
                     None => return Ok(None),
                 }
             };
-            if may_wait && waiter.is_none() && !matches!(answer, Ok(Attempt::Taken { .. })) {
+            let granted = matches!(answer, Ok(Attempt::Taken { .. } | Attempt::Entered { .. }));
+            if may_wait && waiter.is_none() && !granted {
                 // The attempt may have queued us: from here on, giving up leaves the queue.
-                waiter = Some(Waiter::new(
-                    nodes.to_vec(),
-                    names.clone(),
-                    token.clone(),
-                    None,
-                    1,
-                    None,
-                ));
+                waiter = Some(
+                    Waiter::new(nodes.to_vec(), names.clone(), token.clone(), None, 1, None)
+                        .owner(owner),
+                );
             }
             let attempt = match answer {
                 Ok(attempt) => attempt,
@@ -272,10 +282,12 @@ impl RedisBackend {
             };
             retried = false;
             let view = match attempt {
-                Attempt::Taken { fence } => {
+                Attempt::Taken { fence } | Attempt::Entered { fence, .. } => {
                     if let Some(w) = &mut waiter {
                         w.granted();
                     }
+                    // An owner's entry is named by the token this acquire sent, whether
+                    // it took the key or entered the owner's hold.
                     let held = RedisHeld {
                         node: self.node.clone(),
                         key: key.to_owned(),
@@ -283,6 +295,7 @@ impl RedisBackend {
                         names,
                         token,
                         leader,
+                        owner: owner.map(str::to_owned),
                     };
                     let grant = Grant::new(fence, Box::new(held), sent_at);
                     return Ok(Some(match found_busy {
@@ -325,6 +338,7 @@ pub struct InFlight<'a> {
     token: &'a str,
     armed: bool,
     leader: bool,
+    owner: Option<&'a str>,
 }
 
 impl<'a> InFlight<'a> {
@@ -336,7 +350,16 @@ impl<'a> InFlight<'a> {
             token,
             armed: true,
             leader: false,
+            owner: None,
         }
+    }
+
+    /// Mark the request as an owner's acquire, whose release in the background drops the
+    /// entry it may have added to the owner's hold (or the hold it may have taken).
+    #[must_use]
+    pub(crate) fn owner(mut self, owner: Option<&'a str>) -> Self {
+        self.owner = owner;
+        self
     }
 
     /// Mark the request as an election candidate's, whose release in the background
@@ -363,8 +386,11 @@ impl Drop for InFlight<'_> {
         for node in self.nodes {
             let (node, names, token) = (node.clone(), self.names.clone(), self.token.to_owned());
             let leader = self.leader;
+            let owner = self.owner.map(str::to_owned);
             dlock_core::raw::spawn_cleanup(async move {
-                let result = node.release_as(&names, &token, true, leader).await;
+                let result = node
+                    .release_with(&names, &token, true, leader, owner.as_deref())
+                    .await;
                 tracing::debug!(key = %names.key, ?result, "released after a cancelled acquire");
             });
         }
@@ -383,6 +409,9 @@ pub(crate) struct RedisHeld {
     /// An election's leader: its renewals keep the fence counter (its term) alive, and its
     /// release and proclaims wake the election's observers.
     leader: bool,
+    /// An entry of this owner's reentrant hold, named by `token` (the token its acquire
+    /// sent): renewed and released as that entry of the key's current hold.
+    owner: Option<String>,
 }
 
 impl RedisHeld {
@@ -399,16 +428,23 @@ impl RedisHeld {
                 .extend_leader(&self.names, &self.token, ttl)
                 .await?);
         }
-        let renewal = self
-            .renewal
-            .get_or_insert_with(|| HeldKey::new(&self.names, &self.token));
+        let renewal = self.renewal.get_or_insert_with(|| match self.owner {
+            Some(_) => HeldKey::entry(&self.names, &self.token),
+            None => HeldKey::new(&self.names, &self.token),
+        });
         Ok(self.node.renew(renewal, ttl).await?)
     }
 
     async fn release_once(&mut self) -> Result<bool> {
         Ok(self
             .node
-            .release_as(&self.names, &self.token, true, self.leader)
+            .release_with(
+                &self.names,
+                &self.token,
+                true,
+                self.leader,
+                self.owner.as_deref(),
+            )
             .await?)
     }
 }

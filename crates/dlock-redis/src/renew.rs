@@ -31,6 +31,8 @@ pub struct HeldKey(Arc<KeyAndToken>);
 struct KeyAndToken {
     key: String,
     token: String,
+    /// For an entry of an owner's hold: the hold hash.
+    hold: Option<String>,
 }
 
 impl HeldKey {
@@ -39,7 +41,25 @@ impl HeldKey {
         Self(Arc::new(KeyAndToken {
             key: names.key.clone(),
             token: token.to_owned(),
+            hold: None,
         }))
+    }
+
+    /// The entry `token` (the token its acquire sent) of an owner's reentrant hold of the
+    /// lock key of `names`: renewed while that entry is in the key's current hold, and
+    /// never to a shorter ttl than the hold has left (see the crate docs, *Reentrant
+    /// holds*).
+    pub fn entry(names: &Names, token: &str) -> Self {
+        Self(Arc::new(KeyAndToken {
+            key: names.key.clone(),
+            token: format!("+{token}"),
+            hold: Some(names.hold.clone()),
+        }))
+    }
+
+    /// The hold hash, for an entry of an owner's hold.
+    pub(crate) fn hold(&self) -> Option<&str> {
+        self.0.hold.as_deref()
     }
 
     /// The lock key on the server.
@@ -47,7 +67,7 @@ impl HeldKey {
         &self.0.key
     }
 
-    /// The holder's token.
+    /// The holder's token (for an entry of an owner's hold, its token after a `+`).
     pub fn token(&self) -> &str {
         &self.0.token
     }
@@ -146,14 +166,24 @@ impl Node {
         let len = batch.len();
         let bytes: usize = batch
             .clone()
-            .map(|(key, _)| key.key().len() + key.token().len() + 20)
+            .map(|(key, _)| {
+                key.key().len() + key.token().len() + key.hold().map_or(0, str::len) + 20
+            })
             .sum();
-        let mut cmd = Cmd::with_capacity(3 + 3 * len, bytes + 64);
+        let holds = batch
+            .clone()
+            .filter(|(key, _)| key.hold().is_some())
+            .count();
+        let mut cmd = Cmd::with_capacity(3 + 3 * len + holds, bytes + 64);
         cmd.arg("EVALSHA")
             .arg(scripts::EXTEND_MANY.get_hash())
-            .arg(len);
+            .arg(len + holds);
         for (key, _) in batch.clone() {
             cmd.arg(key.key());
+        }
+        // The hold hashes of the owners' entries, in their order, after the lock keys.
+        for hold in batch.clone().filter_map(|(key, _)| key.hold()) {
+            cmd.arg(hold);
         }
         for (key, ttl_ms) in batch {
             cmd.arg(key.token()).arg(ttl_ms);

@@ -23,6 +23,7 @@ use redis::Script;
 /// | release channel | `{<prefix><key>}:released` |
 /// | waiters' queue (score: enqueue ticket) | `{<prefix><key>}:queue` |
 /// | waiters' expiries (score: µs, server clock) | `{<prefix><key>}:waiters` |
+/// | an owner's reentrant hold (hash: owner, hold, fence, entries) | `{<prefix><key>}:hold` |
 ///
 /// The user's key is used verbatim, so with an empty prefix the lock key is exactly the
 /// name another library (redis-py, redsync, node-redlock) would use for the same lock: the
@@ -45,10 +46,14 @@ pub struct Names {
     /// When each waiter's entry expires: a sorted set of waiter tokens by µs of the
     /// server clock.
     pub waiters: String,
+    /// An owner's reentrant hold of the key: a hash of the owner id, the hold's random
+    /// part, its fencing token and one field per entry (see `scripts/hold.rs`); it
+    /// expires with the lock key and is deleted with it.
+    pub hold: String,
 }
 
 /// The suffixes of the names a lock keeps beside its lock key (`{<lock key>}<suffix>`).
-const SIDE_KEYS: [&str; 3] = ["}:fence", "}:queue", "}:waiters"];
+const SIDE_KEYS: [&str; 4] = ["}:fence", "}:queue", "}:waiters", "}:hold"];
 
 impl Names {
     /// Refuse `key` if under `prefix` its lock key would be another lock's fence counter,
@@ -71,7 +76,7 @@ impl Names {
             return Err(dlock_core::LockError::invalid_key(
                 key,
                 "under this key prefix the key names another lock's fence counter or queue \
-                 ({<prefix><key>}:fence, :queue, :waiters); use another key, or a prefix \
+                 ({<prefix><key>}:fence, :queue, :waiters, :hold); use another key, or a prefix \
                  such as dlock:",
             ));
         }
@@ -86,6 +91,7 @@ impl Names {
             channel: format!("{{{lock}}}:released"),
             queue: format!("{{{lock}}}:queue"),
             waiters: format!("{{{lock}}}:waiters"),
+            hold: format!("{{{lock}}}:hold"),
             key: lock,
         }
     }
@@ -288,8 +294,16 @@ end
     };
 }
 
+#[macro_use]
+mod hold;
+mod claim;
+mod election;
+mod inspect;
 mod permits;
 mod shared;
+pub(crate) use claim::CLAIM;
+pub(crate) use election::{EXTEND_LEADER, PROCLAIM};
+pub(crate) use inspect::INSPECT;
 pub(crate) use permits::ACQUIRE_PERMIT;
 pub(crate) use shared::ACQUIRE_SHARED;
 
@@ -301,6 +315,14 @@ pub(crate) use shared::ACQUIRE_SHARED;
 /// none), the channel, the waiter lease ms, and (optional) `1` for a campaign: a grant then
 /// publishes `!leader` (no token starts with `!`, so no waiter takes it for its call) on the channel, so election observers see the new leader
 /// at once. A plain acquire passes no ninth argument and publishes nothing.
+///
+/// An owner's acquire ([`LockOptions::owner`](dlock_core::LockOptions::owner)) passes a
+/// fifth key, the hold hash ([`Names::hold`]), `0` as the ninth argument and the owner id
+/// as the tenth. When the key is held under that owner (the hash is of the current hold),
+/// the script adds the caller's entry, keeps the hold alive for the caller's ttl (never
+/// shortening it), leaves the queue if the caller was in it and answers
+/// `{fence, held token}` at once, whoever waits. Otherwise it goes on as any acquire, and
+/// a grant writes the hold hash with the caller's one entry.
 ///
 /// The key is taken only when it is free and the queue is empty or the caller is its first
 /// live waiter; taking it leaves the queue. Returns the fencing token (an integer) when
@@ -323,8 +345,18 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUI
 const ACQUIRE_LUA: &str = concat!(
     base_lua!(),
     queue_lua!(),
+    hold_lua!(),
     r"
 local token = ARGV[1]
+local me = ARGV[10]
+if me then
+  local entered = reenter(KEYS[1], KEYS[5], me, token, ARGV[2])
+  if entered then
+    redis.call('ZREM', KEYS[3], token)
+    redis.call('ZREM', KEYS[4], token)
+    return entered
+  end
+end
 local now = now_us()
 local before, first
 if redis.call('EXISTS', KEYS[3]) == 1 then before, first = prune(now) end
@@ -334,6 +366,7 @@ if (not first or first == token) and redis.call('SET', KEYS[1], token, 'NX', 'PX
     redis.call('ZREM', KEYS[4], token)
   end
   local fence = grant_fence(now)
+  if me then take_hold(KEYS[5], me, token, fence, ARGV[2]) end
   if ARGV[9] == '1' then redis.call('PUBLISH', ARGV[7], '!leader') end
   return fence
 end
@@ -361,10 +394,15 @@ return {redis.call('PTTL', KEYS[1]), holder, is_first}
 /// `KEYS`: lock, fence (unused), queue, waiter expiries. `ARGV`: token, queue ticket
 /// (empty: the server clock in µs, for an entry that is added), channel, waiter lease ms.
 /// Returns 1 when the key is free and the caller is the first live waiter, else 0.
+///
+/// An owner's waiter passes the hold hash as a fifth key and the owner id as a fifth
+/// argument: it is answered 1 as well when the key is held under that owner (another
+/// client of the owner took it meanwhile), so it re-tries and enters the hold.
 pub(crate) static TOUCH: LazyLock<Script> = LazyLock::new(|| Script::new(TOUCH_LUA));
 const TOUCH_LUA: &str = concat!(
     base_lua!(),
     queue_lua!(),
+    hold_lua!(),
     r"
 local token = ARGV[1]
 local now = now_us()
@@ -379,6 +417,7 @@ if is_permit(token) then
   if held and held + redis.call('ZRANK', KEYS[3], token) < permit_limit(token) then return 1 end
   return 0
 end
+if ARGV[5] and hold_of(KEYS[1], KEYS[5], ARGV[5]) then return 1 end
 local kind = holders(now)
 if is_reader(token) then
   if kind ~= 'writer' and clear_ahead(token) then return 1 end
@@ -399,16 +438,27 @@ return 0
 /// `!leader` (no token starts with `!`, so no waiter takes it for its call) on the channel whether or not anyone waits, for election observers.
 /// Returns 1 when the key was deleted, 0 when it was not ours (expired, broken, or another
 /// holder's). With nobody queued (and no leader) it costs what a compare-and-delete costs.
+///
+/// An entry of an owner's hold passes the hold hash as a fifth key and the owner id as a
+/// fifth argument (after a `0` leader flag): the script drops the entry of the token (the
+/// one its acquire sent) from the owner's current hold, and deletes the lock key and the
+/// hash only when that was the last entry; only then is the key free and the next waiter
+/// called. Returns 1 when the entry was dropped, 0 when it is not in the current hold.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 const RELEASE_LUA: &str = concat!(
     base_lua!(),
     queue_lua!(),
+    hold_lua!(),
     r"
 local token = ARGV[1]
 local released = 0
 local expired = 0
+local answer
 local now
-if is_member(token) then
+if ARGV[5] then
+  answer = drop_entry(KEYS[1], KEYS[5], ARGV[5], token)
+  if answer == 2 then released, answer = 1, 1 end
+elseif is_member(token) then
   if redis.pcall('ZREM', KEYS[1], token) == 1 then
     released = 1
     now = now_us()
@@ -419,14 +469,15 @@ elseif ours(redis.pcall('GET', KEYS[1]), token) then
   redis.call('DEL', KEYS[1])
   released = 1
 end
+answer = answer or released
 if released == 1 and ARGV[4] == '1' then redis.call('PUBLISH', ARGV[2], '!leader') end
-if redis.call('EXISTS', KEYS[3]) == 0 then return released end
+if redis.call('EXISTS', KEYS[3]) == 0 then return answer end
 now = now or now_us()
 local before, first = prune(now)
 local moved = released == 1 or first == token or first ~= before
 local left = redis.call('ZREM', KEYS[3], token)
 redis.call('ZREM', KEYS[4], token)
-if ARGV[3] ~= '1' then return released end
+if ARGV[3] ~= '1' then return answer end
 if is_permit(token) then
   -- One permit freed or one waiter left: only the waiter whose turn that makes is new,
   -- unless expired entries went too.
@@ -437,7 +488,7 @@ if is_permit(token) then
 elseif moved then
   call_turns(now, token, ARGV[2])
 end
-return released
+return answer
 "
 );
 
@@ -456,56 +507,31 @@ return 0
 "
 );
 
-/// Replace a leader's token (its value) if the key still holds it (its owner part: the
-/// same random bits with any value, so a retry after a lost answer finds it ours), keeping
-/// the key's ttl, and tell the election's observers.
-///
-/// `KEYS`: lock key. `ARGV`: the token held, the token to hold instead (the same random
-/// bits, another value), the channel. Returns 1 when replaced, 0 when the key is not ours.
-/// `SET … KEEPTTL` needs Redis 6.0 or later.
-pub(crate) static PROCLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(PROCLAIM_LUA));
-const PROCLAIM_LUA: &str = concat!(
-    base_lua!(),
-    r"
-if not ours(redis.pcall('GET', KEYS[1]), ARGV[1]) then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
-redis.call('PUBLISH', ARGV[3], '!leader')
-return 1
-"
-);
-
-/// Reset a leader's ttl if the key is still ours, and the fence counter's lifetime with
-/// it: `inspect` (and so `leader()`) reads the leader's term from the counter, which must
-/// not expire under a leader that renews for longer than its hour.
-///
-/// `KEYS`: lock, fence. `ARGV`: token, ttl ms, fence lifetime ms. Returns 1 when extended,
-/// 0 when not ours.
-pub(crate) static EXTEND_LEADER: LazyLock<Script> =
-    LazyLock::new(|| Script::new(EXTEND_LEADER_LUA));
-const EXTEND_LEADER_LUA: &str = concat!(
-    base_lua!(),
-    r"
-if not ours(redis.pcall('GET', KEYS[1]), ARGV[1]) then return 0 end
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-"
-);
-
 /// Reset the ttl of every key given that is still ours: [`EXTEND`] for many keys in one
 /// call. A key that is not ours (or not a string any more) is left alone and answers 0;
 /// it does not fail the others.
 ///
-/// `KEYS`: lock keys. `ARGV`: for each key in order, its token and its ttl ms. Returns one
-/// status per key: 1 when extended, 0 when not ours.
+/// `KEYS`: lock keys, then the hold hashes of the entries of owners' holds among them, in
+/// the same order. `ARGV`: for each lock key in order, its token and its ttl ms; an entry
+/// of an owner's hold passes its token with a `+` in front (no token starts with one), and
+/// is renewed as the hold script's `extend_entry` does: kept alive when its entry is in the
+/// current hold, never shortened. Returns one status per lock key: 1 when extended, 0 when
+/// not ours.
 pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_MANY_LUA));
 const EXTEND_MANY_LUA: &str = concat!(
     base_lua!(),
+    hold_lua!(),
     r"
 local statuses = {}
 local now
-for i, key in ipairs(KEYS) do
+local side = #ARGV / 2
+for i = 1, #ARGV / 2 do
+  local key = KEYS[i]
   local token = ARGV[2 * i - 1]
-  if is_member(token) then
+  if string.byte(token, 1) == 43 then
+    side = side + 1
+    statuses[i] = extend_entry(key, KEYS[side], string.sub(token, 2), ARGV[2 * i])
+  elseif is_member(token) then
     now = now or now_us()
     statuses[i] = extend_reader(key, token, ARGV[2 * i], now)
   elseif ours(redis.pcall('GET', key), token) then
@@ -518,84 +544,6 @@ return statuses
 "
 );
 
-/// Make sure the lock is ours (create it if it is missing, e.g. on a node that restarted
-/// empty) and that the fence counter is at least a given token. Used by Redlock.
-///
-/// `KEYS`: lock key, fence key. `ARGV`: token, ttl ms, fencing token, fence lifetime ms.
-/// Returns 1 when the key is ours afterwards, 0 when another holder has it (for a permit:
-/// when the key is missing the permit and every permit of the token's limit is taken).
-pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM_LUA));
-const CLAIM_LUA: &str = concat!(
-    base_lua!(),
-    r"
-local token = ARGV[1]
-if is_member(token) then
-  local kind = redis.call('TYPE', KEYS[1])['ok']
-  if kind ~= 'none' and kind ~= 'zset' then return 0 end
-  if not redis.call('ZSCORE', KEYS[1], token) then
-    local now = now_us()
-    -- A permit comes back only to a node with a permit free: a node never counts more
-    -- holders than the limit (the Redlock permit quorum rests on it).
-    if is_permit(token) then
-      redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-      if redis.call('ZCARD', KEYS[1]) >= permit_limit(token) then return 0 end
-    end
-    redis.call('ZADD', KEYS[1], string.format('%.0f', now + tonumber(ARGV[2]) * 1000), token)
-    reader_ttl(KEYS[1], now)
-  end
-else
-  local v = redis.pcall('GET', KEYS[1])
-  if not v then
-    redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
-  elseif not ours(v, token) then
-    return 0
-  end
-end
-local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-if tonumber(ARGV[3]) > last then
-  redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
-end
-return 1
-"
-);
-
-/// Read who holds the lock and who waits, changing nothing (no expired entry is dropped,
-/// no waiter called): the snapshot behind
-/// [`inspect`](dlock_core::DistributedLock::inspect).
-///
-/// `KEYS`: lock, fence, queue, waiter expiries. Returns `{kind, now, value, pttl, fence,
-/// members, queue}`: `kind` the lock key's `TYPE`; `now` the server clock in µs; for a
-/// string (a writer, or another library's lock) its value, its `PTTL` and the fence
-/// counter (`''` when there is none); for a sorted set (readers, permits) `members`, the
-/// live entries and their expiries (µs) flat, soonest first; `queue` the live waiters
-/// (their entry's expiry still ahead) and their tickets flat, first in line first (at
-/// most the first 1000, as the other scripts read).
-pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
-const INSPECT_LUA: &str = concat!(
-    base_lua!(),
-    r"
-local now = now_us()
-local kind = redis.call('TYPE', KEYS[1])['ok']
-local value, pttl, fence, members, queue = '', -2, '', {}, {}
-if kind == 'string' then
-  value = redis.call('GET', KEYS[1])
-  pttl = redis.call('PTTL', KEYS[1])
-  fence = redis.call('GET', KEYS[2]) or ''
-elseif kind == 'zset' then
-  members = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%.0f', now), '+inf', 'WITHSCORES')
-end
-local waiting = redis.call('ZRANGE', KEYS[3], 0, 999, 'WITHSCORES')
-for i = 1, #waiting, 2 do
-  local expires = redis.call('ZSCORE', KEYS[4], waiting[i])
-  if expires and tonumber(expires) > now then
-    queue[#queue + 1] = waiting[i]
-    queue[#queue + 1] = waiting[i + 1]
-  end
-end
-return {kind, string.format('%.0f', now), value, pttl, fence, members, queue}
-"
-);
-
 /// The source of every script, for loading them when a connection opens.
 pub(crate) const SOURCES: [&str; 11] = [
     ACQUIRE_LUA,
@@ -605,10 +553,10 @@ pub(crate) const SOURCES: [&str; 11] = [
     RELEASE_LUA,
     EXTEND_LUA,
     EXTEND_MANY_LUA,
-    CLAIM_LUA,
-    INSPECT_LUA,
-    PROCLAIM_LUA,
-    EXTEND_LEADER_LUA,
+    claim::CLAIM_LUA,
+    inspect::INSPECT_LUA,
+    election::PROCLAIM_LUA,
+    election::EXTEND_LEADER_LUA,
 ];
 
 #[cfg(test)]

@@ -28,6 +28,9 @@
 //!   and [`NodeWaiter`]s) without changing anything; [`Node::held_keys`] lists the keys
 //!   held under a prefix. [`token_mode`] and [`token_holder`] read a token's mode and the
 //!   holder description it carries.
+//! - [`Node::acquire_owned`], [`Node::release_owned`] and [`HeldKey::entry`]: an entry of
+//!   an owner's reentrant hold on one server (the hold hash [`Names::hold`] beside the
+//!   key; [`Attempt::Entered`] when the key was held under the owner already).
 //! - [`InFlight`]: a guard around an acquire request; if the caller drops the future
 //!   before the answers arrive, the key may be ours on some servers, so it is released
 //!   there in the background.

@@ -46,7 +46,7 @@ impl View {
     /// the caller releases it, or keeps it).
     pub fn of(attempt: &Attempt) -> Self {
         match attempt {
-            Attempt::Taken { .. } => View::Open,
+            Attempt::Taken { .. } | Attempt::Entered { .. } => View::Open,
             Attempt::Busy {
                 pttl,
                 holder,
@@ -103,6 +103,8 @@ pub struct Waiter {
     subscriptions: Vec<Option<Subscription>>,
     next_touch: Instant,
     queued: bool,
+    /// The owner of a reentrant hold this waiter waits to take or enter.
+    owner: Option<String>,
 }
 
 impl Waiter {
@@ -132,7 +134,17 @@ impl Waiter {
             subscriptions,
             next_touch: Instant::now() + TOUCH_EVERY,
             queued: true,
+            owner: None,
         }
+    }
+
+    /// Wait as an acquire of `owner`'s reentrant hold: a refresh that finds the key held
+    /// under the owner (another client of it took the key) wakes the waiter to enter the
+    /// hold, and giving up drops the entry its attempt may have made.
+    #[must_use]
+    pub(crate) fn owner(mut self, owner: Option<&str>) -> Self {
+        self.owner = owner.map(str::to_owned);
+        self
     }
 
     /// How the waiter's attempts treat the queue: join it, with the waiter's ticket.
@@ -265,7 +277,8 @@ impl Waiter {
         self.next_touch = Instant::now() + TOUCH_EVERY;
         let this = &*self;
         let calls = this.nodes.iter().enumerate().map(|(i, node)| {
-            let touch = node.touch(&this.names, &this.token, this.ticket);
+            let touch =
+                node.touch_with(&this.names, &this.token, this.ticket, this.owner.as_deref());
             async move { (i, bounded(node, "touch", this.node_timeout, touch).await) }
         });
         let answers = tokio::time::timeout_at(until, join_all(calls)).await.ok()?;
@@ -315,8 +328,11 @@ impl Drop for Waiter {
         // waiter where we were first, so nobody waits for our entry to expire.
         for node in &self.nodes {
             let (node, names, token) = (node.clone(), self.names.clone(), self.token.clone());
+            let owner = self.owner.clone();
             dlock_core::raw::spawn_cleanup(async move {
-                let result = node.release(&names, &token, true).await;
+                let result = node
+                    .release_with(&names, &token, true, false, owner.as_deref())
+                    .await;
                 tracing::debug!(key = %names.key, ?result, "a waiter that gave up left the queue");
             });
         }

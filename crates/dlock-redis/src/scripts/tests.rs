@@ -29,6 +29,7 @@ fn no_key_names_another_locks_fence_counter() {
     assert!(Names::check("", "{x}:fence").is_err());
     assert!(Names::check("", "{x}:queue").is_err());
     assert!(Names::check("", "{x}:waiters").is_err());
+    assert!(Names::check("", "{x}:hold").is_err());
     assert!(Names::check("dlock:", "{x}:fence").is_ok());
 }
 
@@ -42,6 +43,7 @@ fn names_are_distinct_and_share_the_hash_tag() {
     assert_eq!(n.channel, "{dlock:orders/42}:released");
     assert_eq!(n.queue, "{dlock:orders/42}:queue");
     assert_eq!(n.waiters, "{dlock:orders/42}:waiters");
+    assert_eq!(n.hold, "{dlock:orders/42}:hold");
     assert_eq!(Names::new("", "x").key, "x");
 }
 

@@ -202,14 +202,19 @@ impl Harness for RedisHarness {
 
     async fn break_lease(&self, key: &str) -> Result<(), BoxError> {
         let names = Names::new(&self.config.prefix, key);
-        let deleted: i64 = self.admin().await?.del(&names.key).await?;
+        // An owner's hold goes with its hash (which would expire with the key anyway).
+        let mut admin = self.admin().await?;
+        let deleted: i64 = admin.del(&names.key).await?;
         assert_eq!(deleted, 1, "break_lease: {} was not held", names.key);
+        let _: i64 = admin.del(&names.hold).await?;
         Ok(())
     }
 
-    /// Lock keys under `prefix`, and the waiters' queues of those keys
+    /// Lock keys under `prefix`, the waiters' queues of those keys
     /// (`{<lock key>}:queue`, `{<lock key>}:waiters`): they go with the last waiter, or
-    /// expire 3 s after the last write when waiters vanished. Fence counters
+    /// expire 3 s after the last write when waiters vanished; and the hold hashes of
+    /// owners' reentrant holds (`{<lock key>}:hold`), which go with the last entry or
+    /// expire with the key. Fence counters
     /// (`{<lock key>}:fence`) are not residue: they outlive holders by design (tokens must
     /// keep increasing) and expire an hour after the last grant.
     async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError> {
