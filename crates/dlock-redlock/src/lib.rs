@@ -256,6 +256,49 @@
 //! them carry). Only the published value is then unknown to the caller, and the next
 //! proclaim sets it on every node either way.
 //!
+//! # Reentrant holds
+//!
+//! An acquire with an owner ([`LockOptions::owner`](dlock_core::LockOptions::owner)) takes
+//! an exclusive hold that the owner can enter again, from any client or process. Declared
+//! as [`Reentry::AnyLease`](dlock_core::Reentry::AnyLease): Redis has no session to tie a
+//! hold to, so the hold lives under the key's ttl on the nodes, and every lease of the
+//! owner, wherever it runs, keeps it alive.
+//!
+//! **Where it lives.** On every node, the lock key holds the hold's token (a writer's
+//! token, as for a plain hold: plain acquires, waiters, `inspect` and `list` see an
+//! ordinary exclusive holder), and beside it the **hold record** `{<lock key>}:reentry`, a
+//! hash of `owner`, `token` (the lock key's value), `fence` (the hold's fencing token) and
+//! one field per lease that counts (`l:` and 128 random bits made for each grant): the hold
+//! count is the number of lease fields. The record always has the lock key's expiry (every
+//! script that sets one sets both). A record whose token is not the lock key's value (its
+//! hold expired, was deleted by an operator, or another holder has the key) is stale: every
+//! owner script deletes it when it meets it, and it never counts. Every owner check is the
+//! record's: the owner, the hold (the record is the key's current one) and the lease's
+//! field, so a lease of an earlier hold, whose field is in no later record, never lowers a
+//! later hold's count (`NotHeld`). Under an empty prefix, or one starting with `{`, a key
+//! that would name another lock's record is refused, as the other side keys are.
+//!
+//! **Per operation** (one script per node per operation; round trips as above):
+//!
+//! | operation | round trips |
+//! |---|---|
+//! | first acquire (key free) | 1: on every node the take-or-re-enter script takes the key as `dlock-redis`'s acquire script does (queue, fence floor) and writes the record with the lease's field, in the same call; the fence write-back (also into the records) only as for a plain grant |
+//! | re-entry | 1: on every node where the key's current hold is the owner's, the script adds the lease's field, keeps the hold alive for at least the ttl (never shortening it) and answers the hold's token and recorded fence. A majority of re-entries **of one hold** within the validity is a grant at once, whoever waits, with the highest fence those nodes recorded: the hold's token (rule and why next to the code, in `reentry`). Nodes that took the key afresh or re-entered another hold get the field back (a second round trip, only then) |
+//! | no majority (another owner or a plain holder has the key) | the round's give-back takes back exactly the field this acquire added, where it added one or the answer was lost; then waiting as for any acquire (same queue, calls, deadline, cancel safety: a dropped acquire takes its field back in the background), except that an owner's waiter also runs a round at least every second without a call: no call announces that its owner took the key meanwhile (another of its processes, a waiter ahead of it), and that round re-enters |
+//! | `release` | 1: on every node the lease's field goes; with the last field the key and record are deleted and the next waiter called. `NotHeld` when a majority do not count the lease |
+//! | renewal | 1 owner-checked script per node per lease (not batched with the client's plain renewals: it renews the record with the key), `PEXPIRE` only where the new ttl exceeds the key's `PTTL`; 2 when nodes did not count the lease (restarted empty, or missed its re-entry): they get the hold back, with the lease and the fence, unless another holder has the key there |
+//!
+//! **A restarted process with the same owner id** re-enters the hold its previous run left,
+//! with the same token, as long as the hold lives (on a majority, within a ttl of any
+//! lease's last renewal). It cannot release the previous run's leases (their fields were
+//! that run's secret), so once it has released its own, the key stays held until a ttl
+//! after its last renewal, then frees. After that the owner's next acquire takes a new hold
+//! with a new, higher token.
+//!
+//! The take-or-re-enter and release scripts carry a copy of `dlock-redis`'s queue helpers
+//! (private to it), so an owner's acquire prunes, joins and calls the key's queue as every
+//! other script does.
+//!
 //! # Capabilities
 //!
 //! | capability | value | why |
@@ -271,6 +314,7 @@
 //! | inspect: waiters | queue | waiters queued on a majority, in the order of the one ticket each proposed to every node |
 //! | inspect: list | yes | the keys a majority of the nodes' `SCAN`s list |
 //! | elections | woken, recheck 1 s | grants to candidates, proclaims and a leader's release publish on the key's `{<lock key>}:leader` channel on every node; expiries do not, so observers re-read after 1 s without a notice (see *Elections*) |
+//! | reentrant | any lease | the owner's hold record lives beside the key under its ttl, renewed by every lease of the owner in any client or process (see *Reentrant holds*) |
 //! | max key length | 1024 bytes | the core's default |
 //!
 //! # URL
@@ -317,7 +361,9 @@ mod held;
 mod inspect;
 mod lock;
 mod permits;
+mod reentry;
 mod renew;
+mod round;
 
 use dlock_core::Result;
 use dlock_core::raw::LockClient;

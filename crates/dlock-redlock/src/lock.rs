@@ -1,6 +1,7 @@
-//! The Redlock algorithm over `dlock-redis` nodes: connecting, acquire rounds with the
-//! fence written back to a majority, and waiting. The held key's extension and release are
-//! in `held`; loss is detected by the core's watchdog from failed extensions.
+//! The Redlock algorithm over `dlock-redis` nodes: connecting, acquiring (the rounds, with
+//! the fence written back to a majority, are in `round`) and waiting. The held key's
+//! extension and release are in `held` (an owner's lease: `reentry::held`); loss is
+//! detected by the core's watchdog from failed extensions.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,10 +11,10 @@ use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{
     Capabilities, Expiry, Fencing, Inspection, KeyStatus, Leader, LockError, LockOptions,
-    LockStats, Mode, Observe, Result, WaiterView, Wakeup,
+    LockStats, Mode, Observe, Reentry, Result, WaiterView, Wakeup,
 };
 use dlock_redis::server::{
-    Attempt, InFlight, Names, Node, NodeError, NodeStatus, Queueing, View, Waiter, token_for,
+    InFlight, Names, Node, NodeError, NodeStatus, Queueing, View, Waiter, token_for,
 };
 use futures::future::join_all;
 use futures::stream::BoxStream;
@@ -27,13 +28,17 @@ use crate::election;
 use crate::held::RedlockHeld;
 use crate::inspect::{agreed_keys, agreed_status, unsettled_term};
 use crate::permits::permit_quorum;
+use crate::reentry::{self, Entry, held::OwnedHeld};
 use crate::renew::Renewals;
+use crate::round::Round;
 
 /// Split votes in a row that are re-tried after a random pause, before falling back to
 /// waiting for an announcement or a ttl.
 const MAX_BACKOFFS: u32 = 8;
 /// The longest random pause after a split vote.
 const MAX_BACKOFF: Duration = Duration::from_millis(100);
+/// How often a waiting owner's acquire runs a round without a call (see `take`).
+const OWNER_RECHECK: Duration = Duration::from_secs(1);
 /// How long `leader()` waits before it reads again a leader whose fence counters a
 /// majority does not agree on yet (a grant's write-back under way: one round trip).
 const UNSETTLED_REREAD: Duration = Duration::from_millis(25);
@@ -55,7 +60,7 @@ fn drift(ttl: Duration) -> Duration {
 /// The Redlock protocol for [`LockClient`](dlock_core::raw::LockClient): see the crate docs.
 #[derive(Debug)]
 pub struct RedlockBackend {
-    cluster: Arc<Cluster>,
+    pub(crate) cluster: Arc<Cluster>,
     prefix: String,
     wakeups: Arc<AtomicU64>,
 }
@@ -105,76 +110,6 @@ impl RedlockBackend {
         })
     }
 
-    /// One round: take the key on every node, and if a quorum granted it in time, write the
-    /// highest fence back to a majority. On failure, give back what we may hold.
-    /// `queueing` says whether to join the key's queue on the nodes that do not grant it;
-    /// its fence floor is set here, the same for every node.
-    /// `quorum` is the number of nodes that must grant the key: the majority, or a permit's
-    /// [`permit_quorum`].
-    async fn round(
-        &self,
-        names: &Names,
-        token: &str,
-        ttl: Duration,
-        queueing: Queueing,
-        quorum: usize,
-    ) -> Round {
-        let c = &*self.cluster;
-        let limit = c.node_timeout(ttl);
-        let sent_at = Instant::now();
-        // The same floor on every node: nodes whose counters are behind it all issue it, so
-        // no write-back is needed (see the acquire script of dlock-redis).
-        let queueing = Queueing {
-            fence_floor: Some(now_micros()),
-            ..queueing
-        };
-        let answers = c
-            .on(&c.all(), limit, "acquire", |n| {
-                n.acquire(names, token, ttl, &queueing)
-            })
-            .await;
-        let mut views = vec![View::Down; c.nodes.len()];
-        let mut taken = Vec::new();
-        let mut unsure = Vec::new();
-        let mut failures = Vec::new();
-        for (i, answer) in answers {
-            match answer {
-                Ok(Attempt::Taken { fence }) => {
-                    taken.push((i, fence));
-                    views[i] = View::Open;
-                }
-                Ok(busy) => views[i] = View::of(&busy),
-                Err(e) => {
-                    unsure.push(i);
-                    failures.push(e);
-                }
-            }
-        }
-        if taken.len() >= quorum
-            && !validity(ttl, sent_at.elapsed()).is_zero()
-            && let Some(fence) = self
-                .write_back(names, token, ttl, limit, &taken, quorum)
-                .await
-            && !validity(ttl, sent_at.elapsed()).is_zero()
-        {
-            return Round::Won { fence, sent_at };
-        }
-        // Give back what we took, and what a node that did not answer may have granted.
-        // Call the next waiter only if we had a quorum: then others may be waiting on us.
-        let mine: Vec<usize> = taken.iter().map(|(i, _)| *i).chain(unsure).collect();
-        let announce = taken.len() >= quorum;
-        c.on(&mine, limit, "release", |n| {
-            n.release(names, token, announce)
-        })
-        .await;
-        Round::Lost {
-            views,
-            failures,
-            granted: taken.len(),
-            took: sent_at.elapsed(),
-        }
-    }
-
     /// Take `key` with `token` (a plain hold's, or a `candidate`'s carrying its value):
     /// rounds, waiting and the grant, as the crate docs describe.
     async fn take(
@@ -206,6 +141,8 @@ impl RedlockBackend {
         let mut backoffs = 0;
         // A round was lost (the key busy somewhere): a grant after that is a hand-off.
         let mut found_busy = false;
+        // An owner's acquire: this grant's lease of the owner's hold.
+        let entry = opts.owner.map(|owner| Entry::new(&names, owner));
         loop {
             let queueing = match &mut waiter {
                 Some(w) => {
@@ -218,8 +155,13 @@ impl RedlockBackend {
                     fence_floor: None,
                 },
             };
-            let request = InFlight::new(&c.nodes, &names, &token)
-                .run(self.round(&names, &token, ttl, queueing, quorum));
+            let round = self.round(&names, &token, ttl, queueing, quorum, entry.as_ref());
+            let request = async {
+                match &entry {
+                    None => InFlight::new(&c.nodes, &names, &token).run(round).await,
+                    Some(entry) => entry.guard(&c.nodes, &token).run(round).await,
+                }
+            };
             // The first round may run its node timeouts out; later ones, made while
             // waiting, end at the deadline.
             let round = if std::mem::take(&mut first_round) {
@@ -242,9 +184,29 @@ impl RedlockBackend {
                 ));
             }
             let (views, failures, granted, took) = match round {
-                Round::Won { fence, sent_at } => {
+                Round::Won {
+                    fence,
+                    sent_at,
+                    reentered,
+                } => {
                     if let Some(w) = &mut waiter {
                         w.granted();
+                    }
+                    if let Some(entry) = entry {
+                        let held = OwnedHeld {
+                            cluster: self.cluster.clone(),
+                            key: key.to_owned(),
+                            entry,
+                            hold: reentered.unwrap_or_else(|| token.clone()),
+                            queued: token,
+                            fence,
+                            ttl,
+                        };
+                        let grant = Grant::new(fence, Box::new(held), sent_at);
+                        return Ok(Some(match found_busy {
+                            true => grant.after_wait(),
+                            false => grant,
+                        }));
                     }
                     let leader_channel = candidate.then(|| election::channel(&names));
                     let held = RedlockHeld {
@@ -314,39 +276,20 @@ impl RedlockBackend {
                 continue;
             }
             backoffs = 0;
-            if !w.sleep(&views, deadline, &self.wakeups).await {
+            let sleep = w.sleep(&views, deadline, &self.wakeups);
+            let woken = match entry {
+                None => sleep.await,
+                // No call announces that the owner took the key meanwhile (another process
+                // of it): an owner's waiter runs its round at least every second, which
+                // re-enters the owner's hold if there is one.
+                Some(_) => tokio::time::timeout(OWNER_RECHECK, sleep)
+                    .await
+                    .unwrap_or(true),
+            };
+            if !woken {
                 return Ok(None);
             }
         }
-    }
-
-    /// Make the highest fence any granting node issued the fencing token, and store it on a
-    /// majority before the lease is reported: the next holder's majority shares a node
-    /// with this one and issues a greater token.
-    async fn write_back(
-        &self,
-        names: &Names,
-        token: &str,
-        ttl: Duration,
-        limit: Duration,
-        taken: &[(usize, u64)],
-        quorum: usize,
-    ) -> Option<u64> {
-        let c = &*self.cluster;
-        let top = taken.iter().map(|(_, fence)| *fence).max()?;
-        let behind: Vec<usize> = taken
-            .iter()
-            .filter(|(_, fence)| *fence < top)
-            .map(|(i, _)| *i)
-            .collect();
-        let at_top = taken.len() - behind.len();
-        let claimed = c
-            .on(&behind, limit, "claim", |n| n.claim(names, token, ttl, top))
-            .await
-            .into_iter()
-            .filter(|(_, r)| matches!(r, Ok(true)))
-            .count();
-        (at_top + claimed >= quorum).then_some(top)
     }
 }
 
@@ -366,23 +309,9 @@ impl RedlockBackend {
     }
 }
 
-enum Round {
-    Won {
-        fence: u64,
-        sent_at: Instant,
-    },
-    Lost {
-        views: Vec<View>,
-        failures: Vec<NodeError>,
-        /// Nodes that granted the key (and were given it back).
-        granted: usize,
-        took: Duration,
-    },
-}
-
 /// Microseconds since the Unix epoch by this client's clock: the queue ticket (the same on
 /// every node, so every node orders the waiters alike) and the fence floor.
-fn now_micros() -> u64 {
+pub(crate) fn now_micros() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
@@ -475,6 +404,10 @@ impl Backend for RedlockBackend {
             election: Observe::Woken {
                 recheck: election::RECHECK,
             },
+            // The owner and the hold's leases live in a record beside the key on every
+            // node, under the key's ttl, which every lease's renewal refreshes: the hold
+            // belongs to no client's connection (see `reentry`).
+            reentrant: Reentry::AnyLease,
             ..Default::default()
         }
     }
@@ -514,7 +447,8 @@ impl Backend for RedlockBackend {
     }
 
     fn check_key(&self, key: &str) -> Result<()> {
-        Names::check(&self.prefix, key)
+        Names::check(&self.prefix, key)?;
+        reentry::check_key(&self.prefix, key)
     }
 
     async fn leader(&self, key: &str) -> Result<Option<Leader>> {

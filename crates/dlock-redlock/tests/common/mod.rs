@@ -180,9 +180,11 @@ impl Harness for RedlockHarness {
         Ok(())
     }
 
-    /// Lock keys under `prefix` on any node, and the waiters' queues of those keys
-    /// (`{<lock key>}:queue`, `{<lock key>}:waiters`): they go with the last waiter, or
-    /// expire 3 s after the last write when waiters vanished. Fence counters
+    /// Lock keys under `prefix` on any node; the waiters' queues of those keys
+    /// (`{<lock key>}:queue`, `{<lock key>}:waiters`: they go with the last waiter, or
+    /// expire 3 s after the last write when waiters vanished); and owners' hold records
+    /// (`{<lock key>}:reentry`: they go with the hold's last lease, or expire with the
+    /// hold; a stale one is deleted by the next owner script on the key). Fence counters
     /// (`{<lock key>}:fence`) are not residue: they outlive holders by design (tokens must
     /// keep increasing) and expire an hour after the last grant.
     async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError> {

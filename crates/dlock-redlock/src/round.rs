@@ -1,0 +1,205 @@
+//! One acquire round over every node, and the fence write-back that completes a grant.
+//! An owner's round (reentrant holds) runs the owner's take-or-re-enter script instead of
+//! the plain acquire script; what its re-entries mean is in [`crate::reentry`].
+
+use std::time::Duration;
+
+use dlock_redis::server::{Attempt, Names, NodeError, Queueing, View};
+use tokio::time::Instant;
+
+use crate::lock::{RedlockBackend, now_micros, validity};
+use crate::reentry::{self, Answer, Entry};
+
+/// How a round ended.
+pub(crate) enum Round {
+    Won {
+        fence: u64,
+        sent_at: Instant,
+        /// The owner's hold the round re-entered (its token), or `None` for a fresh grant.
+        reentered: Option<String>,
+    },
+    Lost {
+        views: Vec<View>,
+        failures: Vec<NodeError>,
+        /// Nodes that granted the key (and were given it back).
+        granted: usize,
+        took: Duration,
+    },
+}
+
+impl RedlockBackend {
+    /// One round: take the key on every node, and if a quorum granted it in time, write the
+    /// highest fence back to a majority. On failure, give back what we may hold.
+    /// `queueing` says whether to join the key's queue on the nodes that do not grant it;
+    /// its fence floor is set here, the same for every node.
+    /// `quorum` is the number of nodes that must grant the key: the majority, or a permit's
+    /// [`permit_quorum`](crate::permits::permit_quorum).
+    /// With an owner's `entry`, a node may re-enter the owner's hold instead: a majority of
+    /// re-entries of one hold wins at once (see [`crate::reentry`]).
+    pub(crate) async fn round(
+        &self,
+        names: &Names,
+        token: &str,
+        ttl: Duration,
+        queueing: Queueing,
+        quorum: usize,
+        entry: Option<&Entry>,
+    ) -> Round {
+        let c = &*self.cluster;
+        let limit = c.node_timeout(ttl);
+        let sent_at = Instant::now();
+        // The same floor on every node: nodes whose counters are behind it all issue it, so
+        // no write-back is needed (see the acquire script of dlock-redis).
+        let queueing = Queueing {
+            fence_floor: Some(now_micros()),
+            ..queueing
+        };
+        let queueing = &queueing;
+        let answers = match entry {
+            None => {
+                c.on(&c.all(), limit, "acquire", |n| async move {
+                    n.acquire(names, token, ttl, queueing)
+                        .await
+                        .map(Answer::Attempt)
+                })
+                .await
+            }
+            Some(entry) => {
+                c.on(&c.all(), limit, "acquire", |n| {
+                    entry.acquire(n, token, ttl, queueing)
+                })
+                .await
+            }
+        };
+        let mut views = vec![View::Down; c.nodes.len()];
+        let mut taken = Vec::new();
+        let mut reentered = Vec::new();
+        let mut unsure = Vec::new();
+        let mut failures = Vec::new();
+        for (i, answer) in answers {
+            match answer {
+                Ok(Answer::Attempt(Attempt::Taken { fence })) => {
+                    taken.push((i, fence));
+                    views[i] = View::Open;
+                }
+                Ok(Answer::Attempt(busy)) => views[i] = View::of(&busy),
+                Ok(Answer::Reentered { token: hold, fence }) => {
+                    views[i] = View::Held {
+                        holder: hold.clone(),
+                        expires: None,
+                    };
+                    reentered.push((i, hold, fence));
+                }
+                Err(e) => {
+                    unsure.push(i);
+                    failures.push(e);
+                }
+            }
+        }
+        let taken_nodes = || taken.iter().map(|(i, _)| *i);
+        if let Some(entry) = entry {
+            // A majority re-entered one hold of the owner within the validity: granted at
+            // once with the hold's token. Whatever else the round added (a minority's
+            // re-entry of another hold, nodes taken afresh) is taken back.
+            if let Some((hold, fence)) = reentry::majority(&reentered, quorum)
+                && !validity(ttl, sent_at.elapsed()).is_zero()
+            {
+                let others: Vec<usize> = reentered
+                    .iter()
+                    .filter(|(_, h, _)| *h != hold)
+                    .map(|(i, _, _)| *i)
+                    .chain(taken_nodes())
+                    .collect();
+                entry.give_back(c, &others, token, limit, false).await;
+                return Round::Won {
+                    fence,
+                    sent_at,
+                    reentered: Some(hold),
+                };
+            }
+        }
+        if taken.len() >= quorum
+            && !validity(ttl, sent_at.elapsed()).is_zero()
+            && let Some(fence) = self
+                .write_back(names, token, ttl, limit, &taken, quorum, entry)
+                .await
+            && !validity(ttl, sent_at.elapsed()).is_zero()
+        {
+            if let Some(entry) = entry {
+                // A minority re-entered an earlier hold of the owner: not ours any more.
+                let stale: Vec<usize> = reentered.iter().map(|(i, _, _)| *i).collect();
+                entry.give_back(c, &stale, token, limit, false).await;
+            }
+            return Round::Won {
+                fence,
+                sent_at,
+                reentered: None,
+            };
+        }
+        // Give back what we took, and what a node that did not answer may have granted.
+        // Call the next waiter only if we had a quorum: then others may be waiting on us.
+        let announce = taken.len() >= quorum;
+        match entry {
+            None => {
+                let mine: Vec<usize> = taken_nodes().chain(unsure).collect();
+                c.on(&mine, limit, "release", |n| {
+                    n.release(names, token, announce)
+                })
+                .await;
+            }
+            Some(entry) => {
+                let mine: Vec<usize> = taken_nodes()
+                    .chain(reentered.iter().map(|(i, _, _)| *i))
+                    .chain(unsure)
+                    .collect();
+                entry.give_back(c, &mine, token, limit, announce).await;
+            }
+        }
+        Round::Lost {
+            views,
+            failures,
+            granted: taken.len(),
+            took: sent_at.elapsed(),
+        }
+    }
+
+    /// Make the highest fence any granting node issued the fencing token, and store it on a
+    /// majority before the lease is reported: the next holder's majority shares a node
+    /// with this one and issues a greater token. An owner's fresh hold writes it to the
+    /// nodes' hold records too, which its re-entries read it back from.
+    #[allow(clippy::too_many_arguments)]
+    async fn write_back(
+        &self,
+        names: &Names,
+        token: &str,
+        ttl: Duration,
+        limit: Duration,
+        taken: &[(usize, u64)],
+        quorum: usize,
+        entry: Option<&Entry>,
+    ) -> Option<u64> {
+        let c = &*self.cluster;
+        let top = taken.iter().map(|(_, fence)| *fence).max()?;
+        let behind: Vec<usize> = taken
+            .iter()
+            .filter(|(_, fence)| *fence < top)
+            .map(|(i, _)| *i)
+            .collect();
+        let at_top = taken.len() - behind.len();
+        let claims = match entry {
+            None => {
+                c.on(&behind, limit, "claim", |n| n.claim(names, token, ttl, top))
+                    .await
+            }
+            Some(entry) => {
+                c.on(&behind, limit, "claim", |n| entry.claim(n, token, ttl, top))
+                    .await
+            }
+        };
+        let claimed = claims
+            .into_iter()
+            .filter(|(_, r)| matches!(r, Ok(true)))
+            .count();
+        (at_top + claimed >= quorum).then_some(top)
+    }
+}
