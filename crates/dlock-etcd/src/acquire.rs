@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 
 use dlock_core::raw::Deadline;
-use dlock_core::{LockError, Mode, Result};
+use dlock_core::{LockError, Mode, Owner, Result};
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnResponse, WatchFilterType, WatchOptions,
@@ -19,6 +19,7 @@ use crate::connection::{Conn, ranged, revision};
 use crate::error::{Error, lease_lost};
 use crate::inspect::key_value;
 use crate::lease::KeyLease;
+use crate::reentry::{Entry, Hold, owner_value};
 use crate::watch::{OWN_WATCH, OwnWatch, Seen};
 
 /// How many times in a row a waiter's watch may break (the stream fails, or the server
@@ -43,6 +44,11 @@ pub(crate) enum Outcome {
     Busy,
     /// The shared lease was gone on the server; no key was put.
     LeaseGone,
+    /// The key was held under our owner: that hold's count was raised, and our key
+    /// deleted (see [`crate::reentry`]).
+    Reentered(Entry, tokio::time::Instant, bool),
+    /// Within the attempt only: a waiter found the key held under its owner.
+    Reenter(Hold),
 }
 
 /// A waiter's next step.
@@ -55,6 +61,18 @@ enum Next {
     Held(i64),
     /// The watch broke (`true`: the server refused or canceled it).
     Broken(bool, String),
+    /// The key is held under our owner: re-enter that hold.
+    Enter(Box<Hold>),
+}
+
+/// Who is ahead of a waiter.
+enum Ahead {
+    /// Nobody: the key is ours.
+    Nobody,
+    /// This key (the predecessor; an owner's waiter: the holder).
+    Key(Vec<u8>),
+    /// Our owner's hold (an owner's waiter only).
+    Owner(Box<Hold>),
 }
 
 impl Next {
@@ -121,6 +139,9 @@ pub(crate) struct Attempt<'a> {
     pub(crate) mode: Mode,
     /// An election candidate's value, put on our key in place of the holder's description.
     pub(crate) value: Option<&'a str>,
+    /// The owner of a reentrant hold (exclusive only): our key's value names it, with a
+    /// count of 1, and a key found held under it is re-entered.
+    pub(crate) owner: Option<Owner>,
 }
 
 impl Attempt<'_> {
@@ -151,15 +172,37 @@ impl Attempt<'_> {
                 waited: false,
             });
         }
-        if !deadline.may_wait() {
-            return Ok(Outcome::Busy);
-        }
         if let Mode::Permits(limit) = self.mode {
-            return self.wait_for_permit(lease, rev, limit).await;
+            return match deadline.may_wait() {
+                true => self.wait_for_permit(lease, rev, limit).await,
+                false => Ok(Outcome::Busy),
+            };
         }
-        // The predecessor is read only now, by a member-local read: the transaction of a
-        // free lock (the common case) reads only the oldest key.
-        self.wait(lease, rev).await
+        let mut ahead = match self.owner {
+            Some(owner) => ranged(OP, &ops, 1)?
+                .first()
+                .filter(|kv| kv.create_revision() < rev)
+                .and_then(|kv| Hold::of(self.conn, self.key, kv, owner)),
+            None => None,
+        };
+        let mut waited = false;
+        loop {
+            if let Some(hold) = ahead.take()
+                && let Some(outcome) = self.reenter(rev, hold, waited).await?
+            {
+                return Ok(outcome);
+            }
+            if !deadline.may_wait() {
+                return Ok(Outcome::Busy);
+            }
+            // The predecessor is read only now, by a member-local read: the transaction
+            // of a free lock (the common case) reads only the oldest key.
+            waited = true;
+            match self.wait(lease, rev).await? {
+                Outcome::Reenter(hold) => ahead = Some(hold),
+                outcome => return Ok(outcome),
+            }
+        }
     }
 
     /// The ranges whose older keys this attempt waits for (see [`blocking_ranges`]).
@@ -180,20 +223,25 @@ impl Attempt<'_> {
         const OP: &str = "acquire";
         // The value names us for `inspect` (Go's Mutex puts an empty one and never reads
         // it); a candidate's is its published value, as Go's `Election::Campaign` puts it.
-        let value = self
-            .value
-            .map_or_else(|| key_value(self.mode), str::to_owned);
+        let value = match (self.value, self.owner) {
+            (Some(value), _) => value.to_owned(),
+            (None, Some(owner)) => owner_value(owner.as_str(), 1, dlock_core::holder_description()),
+            (None, None) => key_value(self.mode),
+        };
         let mut ops = vec![TxnOp::put(
             self.my_key.as_str(),
             value,
             Some(PutOptions::new().with_lease(lease.id())),
         )];
         for (start, end) in self.ranges() {
-            let oldest = GetOptions::new()
+            let mut oldest = GetOptions::new()
                 .with_range(end)
                 .with_sort(SortTarget::Create, SortOrder::Ascend)
-                .with_keys_only()
                 .with_limit(admits(self.mode) as i64);
+            // An owner reads the holder's value: its owner and count.
+            if self.owner.is_none() {
+                oldest = oldest.with_keys_only();
+            }
             ops.push(TxnOp::get(start, Some(oldest)));
         }
         let txn = Txn::new()
@@ -260,14 +308,17 @@ impl Attempt<'_> {
             let (predecessor, seen) = match next {
                 Next::Wait(predecessor, seen) => (predecessor, seen),
                 Next::Check(floor) => match self.check(rev, floor).await? {
-                    (None, seen) => return Ok(held(seen, watch)),
-                    (Some(predecessor), seen) => (predecessor, seen),
+                    (Ahead::Nobody, seen) => return Ok(held(seen, watch)),
+                    (Ahead::Owner(hold), _) => return Ok(Outcome::Reenter(*hold)),
+                    (Ahead::Key(predecessor), seen) => (predecessor, seen),
                 },
                 Next::Broken(..) => match self.check(rev, rev).await? {
-                    (None, seen) => return Ok(held(seen, watch)),
-                    (Some(predecessor), seen) => (predecessor, seen),
+                    (Ahead::Nobody, seen) => return Ok(held(seen, watch)),
+                    (Ahead::Owner(hold), _) => return Ok(Outcome::Reenter(*hold)),
+                    (Ahead::Key(predecessor), seen) => (predecessor, seen),
                 },
                 Next::Held(seen) => return Ok(held(seen, watch)),
+                Next::Enter(hold) => return Ok(Outcome::Reenter(*hold)),
             };
             let stream = match &mut watch {
                 Some(stream) => stream,
@@ -317,9 +368,10 @@ impl Attempt<'_> {
                             continue;
                         }
                         match self.check(rev, revision).await? {
-                            (Some(still), _) if still == predecessor => continue,
-                            (Some(other), seen) => Next::Wait(other, seen),
-                            (None, seen) => Next::Held(seen),
+                            (Ahead::Key(still), _) if still == predecessor => continue,
+                            (Ahead::Key(other), seen) => Next::Wait(other, seen),
+                            (Ahead::Nobody, seen) => Next::Held(seen),
+                            (Ahead::Owner(hold), _) => Next::Enter(hold),
                         }
                     }
                     Seen::PredecessorDeleted => {
@@ -361,12 +413,23 @@ impl Attempt<'_> {
         }
     }
 
-    /// One read: the newest blocking key older than ours, and our own key, in a state at
-    /// least as new as revision `floor`. Fails with `LeaseLost` when our key is gone.
-    async fn check(&self, rev: i64, floor: i64) -> Result<(Option<Vec<u8>>, i64)> {
+    /// One read: the newest blocking key older than ours (an owner's waiter: the oldest,
+    /// the holder, which may turn out to be its owner's hold before its own turn comes),
+    /// and our own key, in a state at least as new as revision `floor`. Fails with
+    /// `LeaseLost` when our key is gone.
+    async fn check(&self, rev: i64, floor: i64) -> Result<(Ahead, i64)> {
         let (older, seen) = self.read_older(rev, floor, true).await?;
         let older: Vec<&[KeyValue]> = older.iter().map(Vec::as_slice).collect();
-        Ok((newest(&older).map(|kv| kv.key().to_vec()), seen))
+        let Some(kv) = newest(&older) else {
+            return Ok((Ahead::Nobody, seen));
+        };
+        let hold = self
+            .owner
+            .and_then(|owner| Hold::of(self.conn, self.key, kv, owner));
+        match hold {
+            Some(hold) => Ok((Ahead::Owner(Box::new(hold)), seen)),
+            None => Ok((Ahead::Key(kv.key().to_vec()), seen)),
+        }
     }
 
     /// One read: per blocking range, its keys older than ours (`newest_only`: the newest
@@ -398,11 +461,15 @@ impl Attempt<'_> {
                 let mut older = GetOptions::new()
                     .with_range(end.as_str())
                     .with_max_create_revision(rev - 1);
-                older = match newest_only {
-                    true => older
+                older = match (newest_only, self.owner) {
+                    (true, None) => older
                         .with_sort(SortTarget::Create, SortOrder::Descend)
                         .with_limit(1),
-                    false => older.with_keys_only(),
+                    // An owner's waiter reads the holder, with its value (owner and count).
+                    (true, Some(_)) => older
+                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                        .with_limit(1),
+                    (false, _) => older.with_keys_only(),
                 };
                 if serializable {
                     older = older.with_serializable();
@@ -440,43 +507,5 @@ impl Attempt<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn blocks(mode: Mode, name: &str) -> bool {
-        let key = format!("dlock/cron/{name}");
-        blocking_ranges("dlock/cron/", mode)
-            .iter()
-            .any(|(start, end)| start.as_str() <= key.as_str() && key.as_str() < end.as_str())
-    }
-
-    #[test]
-    fn a_reader_is_blocked_by_every_key_under_the_lock_but_the_readers() {
-        for name in [
-            "694d8f1a2b3c",
-            "694d8f1a2b3c-2",
-            "write/17a",
-            "read",
-            "reader",
-            "zz",
-        ] {
-            assert!(blocks(Mode::Shared, name), "{name}");
-        }
-        for name in ["read/694d8f1a2b3c", "read/694d8f1a2b3c-3", "read/"] {
-            assert!(!blocks(Mode::Shared, name), "{name}");
-        }
-    }
-
-    #[test]
-    fn a_writer_is_blocked_by_every_key_under_the_lock_and_none_beside_it() {
-        for name in ["694d8f1a2b3c", "read/694d8f1a2b3c", "write/17a", "zz"] {
-            assert!(blocks(Mode::Exclusive, name), "{name}");
-        }
-        for key in ["dlock/cron", "dlock/cron0", "dlock/cronjob/1"] {
-            let inside = blocking_ranges("dlock/cron/", Mode::Exclusive)
-                .iter()
-                .any(|(start, end)| start.as_str() <= key && key < end.as_str());
-            assert!(!inside, "{key}");
-        }
-    }
-}
+#[path = "acquire_tests.rs"]
+mod tests;

@@ -20,6 +20,7 @@ use crate::connection::Conn;
 use crate::error::{Error, not_held};
 use crate::keywatch::HeldWatch;
 use crate::lease::{KeyLease, LeaseHandle, whole_seconds};
+use crate::reentry::{Hold, keep_until_freed};
 use crate::shared::{SharedLease, SharedUse, State, delete_in_background};
 
 /// A held key: our etcd key, its create revision (the fencing token) and its lease.
@@ -34,6 +35,8 @@ pub(crate) struct EtcdHeld {
     shared: watch::Sender<Option<Arc<SharedLease>>>,
     /// The watch on our key, canceled when dropped.
     _watch: HeldWatch,
+    /// A reentrant hold's count, for a hold taken under an owner (see [`crate::reentry`]).
+    pub(crate) owner: Option<Hold>,
 }
 
 impl fmt::Debug for EtcdHeld {
@@ -119,6 +122,7 @@ impl EtcdHeld {
             lease: Some(lease),
             shared,
             _watch: watch,
+            owner: None,
         };
         (held, lost)
     }
@@ -162,8 +166,44 @@ impl EtcdHeld {
     }
 }
 
+/// An owner hold's first grant leaves it: lower the count; at zero (`H` deleted) or when
+/// `H` is not the hold any more, leave the lease as a released key does, else keep it until
+/// the last entry's release deletes `H`. `Ok(false)`: not held.
+async fn leave_owner_hold(conn: &Conn, mut hold: Hold, lease: KeyLease) -> Result<bool, Error> {
+    let held = match hold.leave("release").await {
+        Ok(Some(0)) => true,
+        Ok(None) => false,
+        Ok(Some(_)) => {
+            keep_until_freed(conn.clone(), hold, lease);
+            return Ok(true);
+        }
+        Err(e) => {
+            // Whether the count went down is not known: keep the key's lease until the
+            // key goes.
+            keep_until_freed(conn.clone(), hold, lease);
+            return Err(e);
+        }
+    };
+    match lease {
+        KeyLease::Own(mut own) => own.revoke_in_background(),
+        KeyLease::Shared(shared) => {
+            conn.shared.unclaim_key(&hold.etcd_key);
+            drop(shared);
+        }
+    }
+    Ok(held)
+}
+
 impl Drop for EtcdHeld {
     fn drop(&mut self) {
+        // An owner hold dropped unreleased leaves its entry in the background.
+        if let (Some(hold), Some(lease)) = (self.owner.take(), self.lease.take()) {
+            let conn = self.conn.clone();
+            dlock_core::raw::spawn_cleanup(async move {
+                let _ = leave_owner_hold(&conn, hold, lease).await;
+            });
+            return;
+        }
         // Dropped unreleased: a key on the shared lease would outlive the hold (the lease
         // lingers), so it is deleted in the background; an own lease is revoked on drop.
         if let Some(KeyLease::Shared(shared)) = self.lease.take() {
@@ -179,6 +219,12 @@ impl Held for EtcdHeld {
         let Some(lease) = self.lease.take() else {
             return Err(not_held(&self.key));
         };
+        if let Some(hold) = self.owner.take() {
+            return match leave_owner_hold(&self.conn, hold, lease).await? {
+                true => Ok(()),
+                false => Err(not_held(&self.key)),
+            };
+        }
         let deleted = self
             .conn
             .delete_key("release", &self.my_key, Some(self.rev))
@@ -228,7 +274,8 @@ impl Held for EtcdHeld {
             return Err(not_held(&self.key));
         };
         let asked = whole_seconds(ttl);
-        if asked != lease.asked() {
+        // An owner hold's key is never moved to a shorter lease: other entries count on it.
+        if asked != lease.asked() && (self.owner.is_none() || asked > lease.asked()) {
             return self.move_to_new_lease(asked).await;
         }
         match lease {

@@ -42,6 +42,10 @@ pub(crate) fn key_value(mode: Mode) -> String {
 /// `Mutex` and `etcdctl lock` put), and a permit's limit where it is written. Not trimmed:
 /// an election's value is shown exactly as the candidate published it.
 pub(crate) fn read_value(value: &[u8], permit: bool) -> (Option<String>, Option<u32>) {
+    // An owner hold's: `job-7 (held 3 times) NAME@HOST:PID`.
+    if let Some(owned) = crate::reentry::describe(value, true) {
+        return (Some(owned), None);
+    }
     let text = String::from_utf8_lossy(value);
     let (who, limit) = match text.rsplit_once(LIMIT_TAG) {
         Some((who, limit)) if permit => match limit.parse::<u32>() {
@@ -120,7 +124,8 @@ pub(crate) fn status(key: &str, prefix: &str, keys: &[Contender<'_>]) -> (KeySta
         } else if let Some(waiters) = &mut status.waiters {
             let mut waiter = WaiterStatus::new();
             waiter.mode = Some(mode);
-            waiter.who = who;
+            // An owner's waiter holds nothing yet: no count shown.
+            waiter.who = crate::reentry::describe(c.value, false).or(who);
             waiters.push(waiter);
         }
     }

@@ -203,6 +203,8 @@
 //! | keeping N holds of one ttl | one keep-alive and one read per ttl/3, for all N | 0 |
 //! | `inspect` | range read of the lock's prefix (values included), then one `LeaseTimeToLive` per distinct holder lease, in parallel | 0 |
 //! | `list` | keys-only range read of the namespace under the prefix | 0 |
+//! | owner: first acquire, re-entry, release | transaction; transaction, transaction (count + 1); transaction (count − 1, or delete) | 1; 2; 1 |
+//! | owner: renewal of a re-entry | linearizable read of the holding key | 0 |
 //! | campaign, resign | as `acquire`, release | as `acquire`, release |
 //! | proclaim | transaction (put-if-ours) | 1 |
 //! | `leader()` | range read of the oldest key under the prefix (limit 1) | 0 |
@@ -232,7 +234,8 @@
 //!   (the conformance suite checks it). Release and cancellation delete exactly the key
 //!   they made. Re-entrance through a shared session (`Lock` twice on one session) does
 //!   not exist: no two live attempts share a key, and the process-local queue of
-//!   [`dlock_core::raw::LockClient`] serialises tasks of one client.
+//!   [`dlock_core::raw::LockClient`] serialises tasks of one client. Re-entry is by owner
+//!   instead, from any client (see [Reentrant holds](#reentrant-holds)).
 //! - **Our key is checked after every wait**, and watched while waiting: a waiter whose key
 //!   vanished (its lease expired or was revoked) fails with [`LeaseLost`] instead of
 //!   believing it holds the lock (the 3.4 client lacks the check, etcd #11429; no released
@@ -285,11 +288,60 @@
 //! is woken when the set deletes that key on release, or gives it back because a later key
 //! stayed busy (before `acquire_all` returns).
 //!
+//! # Reentrant holds
+//!
+//! An acquire with [`LockOptions::owner`](dlock_core::LockOptions::owner) puts its key as
+//! above, with the value `\x01dlock-owner {count} {owner} {NAME@HOST:PID}` (count 1): the
+//! owner and the hold count live in the **holding key's value** (the control character
+//! keeps it apart from every other writer: Go's `Mutex` and `etcdctl lock` put empty values,
+//! election values have none), and the holding key's create revision stays the token of
+//! every entry. Every change of the count is one transaction compared on the holding key's
+//! mod revision, putting with `ignore_lease` (the key stays on its lease and keeps its
+//! create revision); a transaction that lost a race returns the key as it is now, and is
+//! sent again on that.
+//!
+//! - **First acquire** (the key free): the acquire's one transaction (its read of the
+//!   oldest key carries the value). 1 round trip, 1 commit.
+//! - **Re-entry** (the oldest key is the owner's, whoever put it: this client, another,
+//!   another process): the acquire's transaction, then one transaction raising the count
+//!   and deleting the key it just queued. 2 round trips, 2 commits (a third, and so on,
+//!   per concurrent change of the count). It runs in a task of its own: an acquire dropped
+//!   meanwhile leaves the count as it was. Its grant has no key or lease: it is **not
+//!   kept alive**, and its renewal (every ttl/3) is one linearizable read checking the
+//!   holding key still has its create revision and owner; its `lost()` is the key's
+//!   deletion (the client's watch on held keys).
+//! - **Release**: one transaction lowering the count, or deleting the key when it is the
+//!   last entry (1 round trip when no other entry changed the count since this grant last
+//!   saw it; else one more per change). Any client may delete the key: the last release,
+//!   wherever it is, frees it and wakes the next waiter. When the first client's grant is
+//!   released with entries left, that client keeps the key's lease (the shared lease's
+//!   keeper, or keep-alives of an own lease) until the key is deleted (seen by a watch,
+//!   checked by a read every ttl), then leaves it as a released key does.
+//! - **Renewal** of the first grant: as any hold's. An extend with a longer ttl moves the
+//!   key to a lease of that ttl; a shorter one never moves it (other entries count on it).
+//! - **Waiting**: an owner's waiter watches the holder (the oldest key) instead of its
+//!   predecessor, since the key may become its owner's before its own turn: it re-enters
+//!   when the holder it finds is its owner's. Each release of a holder then wakes every
+//!   owner's waiter once (a member-local read each).
+//!
+//! Declared [`Reentry::FirstSession`](dlock_core::Reentry): the hold lives on the lease of
+//! the client that created the key. When that client crashes or is cut off, its lease
+//! expires and the key goes whatever the count (a ttl, as for any crashed holder); the
+//! other clients' entries learn it from the watch or at their next check. A restarted
+//! process with the same owner id can re-enter, and release, entries it left while the
+//! first client lives (their count is on the server); if the restarted process *was* the
+//! first client, its hold ends with its old lease, within a ttl, and a re-entry meanwhile
+//! is lost at that point. Nothing else is left: the count goes with the key. A count
+//! change whose answer is lost is not sent again (it could count twice): a release that
+//! fails that way may leave its entry counted, and the key then frees with the first
+//! client's lease.
+//!
 //! # Inspecting
 //!
 //! Each contender key is put with a value naming its holder: this process's
 //! [`holder_description`](dlock_core::holder_description) (`NAME@HOST:PID`; an election
-//! candidate's: its value, see [Elections](#elections)), followed for a permit by its
+//! candidate's: its value, see [Elections](#elections); an owner's: its owner and count,
+//! shown `job-7 (held 3 times) NAME@HOST:PID`), followed for a permit by its
 //! limit (` permits=N`, which etcd keeps nowhere else). It rides on the acquire's put (no
 //! request of its own), and an extend that moves the key to a lease of another ttl keeps
 //! it (`ignore_value`). Both reads below are linearizable (a leader
@@ -384,6 +436,7 @@
 //! | faults: holder paused | fenced | a paused holder cannot hear `lost()`; the next holder's token is higher |
 //! | faults: server restart, member down | exclusive | keys, leases and revisions are persisted and replicated; a new leader extends every lease, so no key frees early |
 //! | inspect | who, waiters as a queue, list | each key's value names its holder (an empty one: its lease); every waiter has a key, ordered by create revision; lock names decode back to keys |
+//! | reentrant | first session | the owner and count in the holding key's value, changed by transactions compared on its mod revision; the key lives on the lease of the client that created it (see [Reentrant holds](#reentrant-holds)) |
 //! | election | woken, recheck 1 s | a watch on the lock prefix sees every grant (the deletion before it), proclaim, resignation and expiry; the recheck only bounds a stalled watch |
 //! | max key length | 1024 bytes | the default; encoded names are at most 3 KiB, far below etcd's 1.5 MiB request limit |
 //!
@@ -449,6 +502,7 @@ mod keywatch;
 mod lease;
 mod lock;
 mod permits;
+mod reentry;
 mod shared;
 mod watch;
 

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{
     Capabilities, Expiry, Fencing, Inspection, KeyStatus, Leader, LockOptions, LockStats, Mode,
-    Observe, Result, WaiterView, Wakeup,
+    Observe, Reentry, Result, WaiterView, Wakeup,
 };
 use etcd_client::{Client, ConnectOptions};
 use futures::stream::BoxStream;
@@ -24,6 +24,7 @@ use crate::connection::Conn;
 use crate::error::Error;
 use crate::held::EtcdHeld;
 use crate::lease::KeyLease;
+use crate::reentry::{Hold, Reentered};
 use crate::shared::delete_in_background;
 
 /// HTTP/2 keep-alive ping interval on busy connections, so a dead connection under a
@@ -166,6 +167,10 @@ impl Backend for EtcdBackend {
             election: Observe::Woken {
                 recheck: crate::election::RECHECK,
             },
+            // The owner and count live in the holding key's value, and the holding key on
+            // the lease of the client that created it: when that client ends, its lease
+            // expires and the key goes, whatever the count (see `crate::reentry`).
+            reentrant: Reentry::FirstSession,
             ..Default::default()
         }
     }
@@ -264,6 +269,7 @@ impl EtcdBackend {
                 prefix,
                 mode: opts.mode,
                 value,
+                owner: opts.owner,
             };
             let outcome = {
                 let lease = pending.lease.as_mut().expect("taken only below");
@@ -291,6 +297,28 @@ impl EtcdBackend {
         };
         match outcome {
             Outcome::LeaseGone => unreachable!("handled above"),
+            Outcome::Reenter(_) => unreachable!("handled by the attempt"),
+            Outcome::Reentered(entry, sent_at, waited) => {
+                let hold = entry.take();
+                // Our key was deleted by the re-entering transaction: the lease we put it
+                // on has nothing of ours left.
+                match lease {
+                    KeyLease::Own(mut own) => own.revoke_in_background(),
+                    KeyLease::Shared(shared) => {
+                        self.conn.shared.unclaim_key(&my_key);
+                        drop(shared);
+                    }
+                }
+                let token = u64::try_from(hold.rev).map_err(|_| Error::Protocol {
+                    op: "acquire",
+                    what: "a negative revision",
+                })?;
+                let (held, lost) = Reentered::start(hold);
+                // Not kept alive: the hold lives on another grant's lease, which the
+                // watchdog's extend (a read of the holding key) checks every ttl/3.
+                let grant = Grant::new(token, Box::new(held), sent_at).with_lost(lost);
+                Ok(Some(if waited { grant.after_wait() } else { grant }))
+            }
             Outcome::Busy => {
                 // Revoking our own lease deletes our key, before the caller can try again.
                 match lease {
@@ -322,7 +350,11 @@ impl EtcdBackend {
                 drop(watch);
                 let sent_at = lease.renewed_at();
                 let shared = matches!(lease, KeyLease::Shared(_));
-                let (held, lost) = EtcdHeld::start(&self.conn, key, my_key, rev, seen, lease);
+                let owner = opts
+                    .owner
+                    .map(|owner| Hold::first(&self.conn, key, &my_key, rev, owner));
+                let (mut held, lost) = EtcdHeld::start(&self.conn, key, my_key, rev, seen, lease);
+                held.owner = owner;
                 let token = u64::try_from(rev).map_err(|_| Error::Protocol {
                     op: "acquire",
                     what: "a negative revision",

@@ -192,7 +192,8 @@ impl Harness for EtcdHarness {
     /// granted that is alive on the server. Not residue: a client's idle shared lease (one
     /// per ttl) that the server confirms holds no key: it is no lock state, and it lingers
     /// one ttl for the client's next acquire, then is revoked (`tests/shared_lease.rs`
-    /// checks the linger ends).
+    /// checks the linger ends). An owner's hold count lives in its holding key's value, so
+    /// no key of its own is left to report.
     async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError> {
         let mut raw = self.raw().await;
         let name = self.config().lock_name(prefix);
