@@ -138,6 +138,8 @@ pub const TOUCH_EVERY: Duration = Duration::from_secs(1);
 /// changed behind the handle's back (its answer lost, its future dropped) is still ours
 /// to renew, release and proclaim again. A value that is not a token of ours (another
 /// library's) matches only itself.
+#[doc(hidden)]
+#[macro_export]
 macro_rules! base_lua {
     () => {
         r"
@@ -202,6 +204,8 @@ end
 /// together and no later waiter passes them. With `only_new`, it calls only those whose
 /// turn came by one permit freeing or one waiter ahead leaving (`held + i == n - 1`): the
 /// others were called when their turn came.
+#[doc(hidden)]
+#[macro_export]
 macro_rules! queue_lua {
     () => {
         r"
