@@ -181,7 +181,77 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("holder's session killed -> held {}", percentiles(freed));
     elections(&a, &b, &format!("{prefix}e"), rounds).await?;
+    reentry(&a, &b, &format!("{prefix}r"), rounds).await?;
     permits(&a, &b, &format!("{prefix}p"), rounds, &mut raw).await
+}
+
+/// A reentrant hold: the first entry, a re-entry in the same client and in another, their
+/// releases (the count down), the last release in the first client (the unlock too), and
+/// how long a plain waiter takes to get the key after the owner's last release in the other
+/// client (the notification to the first client, its check, its unlock, the grant).
+async fn reentry(
+    a: &dlock_postgres::PostgresLock,
+    b: &dlock_postgres::PostgresLock,
+    key: &str,
+    rounds: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .owner("job-7");
+    let plain = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Wait::For(Duration::from_secs(10)));
+    let mut samples: [Vec<Duration>; 7] = Default::default();
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let first = a.try_acquire(key, &opts).await?.expect("free");
+        samples[0].push(t.elapsed());
+        let t = Instant::now();
+        let again = a.try_acquire(key, &opts).await?.expect("re-entry");
+        samples[1].push(t.elapsed());
+        let t = Instant::now();
+        let other = b.try_acquire(key, &opts).await?.expect("re-entry");
+        samples[2].push(t.elapsed());
+        let t = Instant::now();
+        again.release().await?;
+        samples[3].push(t.elapsed());
+        let t = Instant::now();
+        other.release().await?;
+        samples[4].push(t.elapsed());
+        let t = Instant::now();
+        first.release().await?;
+        samples[5].push(t.elapsed());
+        // The last release in the other client: a plain waiter of the first client.
+        let first = a.try_acquire(key, &opts).await?.expect("free");
+        let other = b.try_acquire(key, &opts).await?.expect("re-entry");
+        first.release().await?;
+        let waiter = {
+            let (a, key) = (a.clone(), key.to_owned());
+            tokio::spawn(async move {
+                let lease = a.acquire(&key, &plain).await;
+                (Instant::now(), lease)
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let t = Instant::now();
+        other.release().await?;
+        let (at, lease) = waiter.await?;
+        samples[6].push(at.duration_since(t));
+        lease?.release().await?;
+    }
+    let names = [
+        "owner try_acquire, key free     ",
+        "re-entry, same client           ",
+        "re-entry, another client        ",
+        "release, count down (first)     ",
+        "release, count down (another)   ",
+        "last release, first client      ",
+        "last release, other -> waiter   ",
+    ];
+    for (name, samples) in names.iter().zip(samples) {
+        println!("{name}{}", percentiles(samples));
+    }
+    Ok(())
 }
 
 /// An election: a campaign on a free key, a proclaim, `leader()` from another client, a

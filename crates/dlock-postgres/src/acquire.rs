@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use dlock_core::raw::carrier::Granted;
 use dlock_core::raw::{Deadline, Grant};
-use dlock_core::{LockOptions, Mode, Result};
+use dlock_core::{LockOptions, Mode, Owner, Result};
 use futures::Future;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
@@ -67,12 +67,15 @@ impl Reply {
 }
 
 /// Why a waiting statement was stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum Why {
     /// The server stayed silent past the lock timeout and the response timeout.
     Silent,
     /// The caller dropped the acquire future.
     CallerGone,
+    /// An owner's wait: its owner took the key meanwhile (in another client), and this
+    /// acquire re-entered that hold.
+    Reentered(Grant),
 }
 
 /// What the first try of an acquire found.
@@ -94,6 +97,8 @@ pub(crate) struct Attempt {
     shares_carrier: bool,
     /// A candidate's value (an election campaign), published with the grant.
     value: Option<Arc<str>>,
+    /// A reentrant hold's owner (see `crate::reentry`).
+    owner: Option<Owner>,
     idle_ms: u64,
     deadline: Deadline,
     reply: Reply,
@@ -115,6 +120,7 @@ impl Attempt {
             mode: opts.mode,
             shares_carrier: opts.auto_renew,
             value: None,
+            owner: opts.owner,
             idle_ms: millis(ttl),
             deadline,
             reply: Reply(None),
@@ -152,17 +158,61 @@ impl Attempt {
             id,
             mode: self.mode,
             value: self.value.clone(),
+            owner: self.owner,
         };
+        if let Some(owner) = self.owner
+            && self.inner.anchors.holds(id).await
+        {
+            // This client holds the key's lock for a reentrant hold: re-enter it (if it is
+            // this owner's and its count is above zero), else wait on a connection of its
+            // own, never stacking the lock on the holder connection.
+            return match self.reenter(id, owner).await {
+                Some(Ok(None)) if self.deadline.may_wait() => First::Busy(lock),
+                Some(answer) => First::Answer(answer),
+                None => First::Answer(Ok(None)),
+            };
+        }
         match self.take_now(lock.clone()).await {
-            Some(Ok(None)) if self.deadline.may_wait() => First::Busy(lock),
+            Some(Ok(Some(grant))) => First::Answer(Ok(Some(self.owned(id, grant)))),
+            Some(Ok(None)) => {
+                // Busy: held by this owner in another client? Re-enter.
+                let answer = match self.owner {
+                    Some(owner) => self.reenter(id, owner).await,
+                    None => Some(Ok(None)),
+                };
+                match answer {
+                    Some(Ok(None)) if self.deadline.may_wait() => First::Busy(lock),
+                    Some(answer) => First::Answer(answer),
+                    None => First::Answer(Ok(None)),
+                }
+            }
             Some(answer) => First::Answer(answer),
             None => First::Answer(Ok(None)),
+        }
+    }
+
+    /// Re-enter `owner`'s hold of lock `id` within the deadline (`None`: it passed first).
+    async fn reenter(&self, id: i32, owner: Owner) -> Option<Answer> {
+        let reenter = self.inner.reenter(&self.key, id, owner, self.ttl);
+        self.deadline.run(reenter).await
+    }
+
+    /// A grant of a new hold: for an owner, the first of a reentrant hold.
+    fn owned(&self, id: i32, grant: Grant) -> Grant {
+        match self.owner {
+            Some(owner) => self.inner.anchor(&self.key, id, owner, self.ttl, grant),
+            None => grant,
         }
     }
 
     /// Take `lock` without waiting on a holder connection shared with other holds, within
     /// the deadline (`None`: it passed first).
     pub(crate) async fn take_now(&self, lock: Advisory) -> Option<Answer> {
+        if self.inner.anchors.holds(lock.id).await {
+            // A holder connection of this client holds the key for a reentrant hold, and
+            // would take it again (the server stacks a session's advisory locks): busy.
+            return Some(Ok(None));
+        }
         let inner = self.inner.clone();
         let open = || open_session(inner.clone());
         let tried =
@@ -204,7 +254,7 @@ impl Attempt {
             let sql = self.inner.sql.wait_take(&lock, self.idle_ms, millis(wait));
             let sent_at = Instant::now();
             let silent = sent_at + wait + self.inner.config.response_timeout;
-            match self.guarded(&mut lent, &sql, silent).await {
+            match self.guarded(&mut lent, &sql, silent, lock.id).await {
                 Ok(Ok(rows)) => {
                     self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
                     return match token(&rows)? {
@@ -224,9 +274,13 @@ impl Attempt {
                     let answer = match why {
                         Why::CallerGone => Ok(None),
                         Why::Silent => Err(self.inner.no_answer("acquire").into()),
+                        Why::Reentered(grant) => Ok(Some(grant.after_wait())),
                     };
                     // Answer at once, then put the connection right.
-                    let _ = self.reply.send(answer);
+                    if let Some(grant) = self.reply.send(answer) {
+                        let mut held = grant.held;
+                        let _ = held.release().await;
+                    }
                     self.settle(lent, &lock, late).await;
                     return Ok(None);
                 }
@@ -237,25 +291,35 @@ impl Attempt {
         Ok(None)
     }
 
-    /// Run the waiting `sql` on `lent` until it answers, the server stays silent until
-    /// `silent`, or the caller goes away; in the last two cases cancel it on the server
-    /// and return what it answered after the cancel, if it did.
+    /// Run the waiting `sql` (for lock `id`) on `lent` until it answers, the server stays
+    /// silent until `silent`, the caller goes away, or (an owner's wait) the owner's hold
+    /// taken meanwhile elsewhere is re-entered; in the last three cases cancel it on the
+    /// server and return what it answered after the cancel, if it did.
     async fn guarded(
         &mut self,
         lent: &mut Lent,
         sql: &str,
         silent: Instant,
+        id: i32,
     ) -> std::result::Result<Rows, Stopped> {
         let pid = lent.pid();
         let inner = &self.inner;
+        let (owner, key, ttl) = (self.owner, &self.key, self.ttl);
         let reply = &mut self.reply;
         let run = run_raw(lent, sql, "acquire");
         tokio::pin!(run);
+        let reentered = async {
+            match owner {
+                Some(owner) => inner.reentered(key, id, owner, ttl).await,
+                None => std::future::pending().await,
+            }
+        };
         let why = tokio::select! {
             biased;
             out = &mut run => return Ok(out),
             () = sleep_until(silent) => Why::Silent,
             () = reply.gone() => Why::CallerGone,
+            grant = reentered => Why::Reentered(grant),
         };
         let late = inner.interrupt(pid, run.as_mut()).await;
         tracing::debug!(pid, ?why, finished = late.is_some(), "wait stopped");
@@ -279,6 +343,7 @@ impl Attempt {
     /// The wait was granted: the connection becomes a holder connection carrying the hold,
     /// a hand-off ([`Grant::after_wait`]).
     fn granted(&self, lent: Lent, lock: Advisory, token: u64, sent_at: Instant) -> Answer {
+        let id = lock.id;
         let session = PgSession::holding(self.inner.clone(), lent, lock.clone());
         let carriers = &self.inner.carriers;
         let granted = Granted {
@@ -290,7 +355,9 @@ impl Attempt {
             sent_at,
         };
         // Granted by the server's queue after the first try found the key busy.
-        Ok(Some(carriers.adopt(session, granted).after_wait()))
+        Ok(Some(
+            self.owned(id, carriers.adopt(session, granted).after_wait()),
+        ))
     }
 }
 

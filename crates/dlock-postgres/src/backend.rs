@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{
     Capabilities, Expiry, Fencing, Inspection, KeyStatus, Leader, LockError, LockOptions,
-    LockStats, Mode, Observe, Result, WaiterView, Wakeup,
+    LockStats, Mode, Observe, Reentry, Result, WaiterView, Wakeup,
 };
 use futures::TryStreamExt;
 use futures::stream::BoxStream;
@@ -70,6 +70,13 @@ pub(crate) struct Inner {
     pub(crate) leader_waits: PermitWaits,
     /// The election table exists (made at connect when missing, if the role may).
     pub(crate) elections: AtomicBool,
+    /// This client's reentrant holds whose lock it holds (see `crate::reentry`).
+    pub(crate) anchors: crate::reentry::Anchors,
+    /// First clients that keep a reentrant hold for other clients' leases, and the listener
+    /// that tells them its count reached zero.
+    pub(crate) owner_waits: PermitWaits,
+    /// The owner table exists (made at connect when missing, if the role may).
+    pub(crate) reentry: AtomicBool,
 }
 
 impl PostgresBackend {
@@ -122,11 +129,16 @@ impl PostgresBackend {
             permit_waits: PermitWaits::new(sql.permit_channel()),
             leader_waits: PermitWaits::new(sql.leader_channel()),
             elections: AtomicBool::new(false),
+            anchors: crate::reentry::Anchors::default(),
+            owner_waits: PermitWaits::new(sql.owner_channel()),
+            reentry: AtomicBool::new(false),
             sql,
         };
         inner.prepare().await?;
         let elections = inner.prepare_elections().await;
         inner.elections.store(elections, Ordering::Relaxed);
+        let reentry = inner.prepare_owners().await;
+        inner.reentry.store(reentry, Ordering::Relaxed);
         Ok(Self {
             inner: Arc::new(inner),
         })
@@ -199,6 +211,15 @@ impl Backend for PostgresBackend {
                 }
             } else {
                 Observe::Unsupported
+            },
+            // The count in a committed row of the owner table, the lock in the session of
+            // the first client, which keeps it until the count is zero; when that session
+            // ends the key frees whatever the count (see the crate docs, Reentrant holds).
+            // Without the owner table (the role could not create it), none.
+            reentrant: if self.inner.reentry.load(Ordering::Relaxed) {
+                Reentry::FirstSession
+            } else {
+                Reentry::Unsupported
             },
             // max_held: none (the default): as many keys as memory allows, many per
             // holder connection; the server's lock table bounds all sessions together.

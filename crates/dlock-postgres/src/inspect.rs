@@ -30,6 +30,9 @@ pub(crate) struct LockRow {
     pub(crate) addr: Option<String>,
     /// A leader's value and term (its row in the election table), on its hold's row.
     pub(crate) leader: Option<(String, i64)>,
+    /// A reentrant hold's owner, count and token (its row in the owner table), on its
+    /// hold's row.
+    pub(crate) owner: Option<(String, i32, i64)>,
 }
 
 impl LockRow {
@@ -42,10 +45,19 @@ impl LockRow {
             wait_start_us: row.try_get(4)?,
             application: row.try_get(5)?,
             addr: row.try_get(6)?,
-            leader: match row.len() > 7 {
+            leader: match has(row, "leader_value") {
                 true => row
-                    .try_get::<Option<String>, _>(7)?
-                    .zip(row.try_get::<Option<i64>, _>(8)?),
+                    .try_get::<Option<String>, _>("leader_value")?
+                    .zip(row.try_get::<Option<i64>, _>("leader_term")?),
+                false => None,
+            },
+            owner: match has(row, "owner_id") {
+                true => {
+                    let id = row.try_get::<Option<String>, _>("owner_id")?;
+                    let holds = row.try_get::<Option<i32>, _>("owner_holds")?;
+                    let token = row.try_get::<Option<i64>, _>("owner_token")?;
+                    id.zip(holds).zip(token).map(|((i, h), t)| (i, h, t))
+                }
                 false => None,
             },
         })
@@ -75,6 +87,12 @@ impl LockRow {
     }
 }
 
+/// Whether `row` has a column named `name`.
+fn has(row: &PgRow, name: &str) -> bool {
+    use sqlx::Column;
+    row.columns().iter().any(|c| c.name() == name)
+}
+
 /// The status of `key` from its lock rows (holders first, then waiters in line).
 ///
 /// A key is known to be a semaphore when one of its slots other than 0 shows: its slot-0
@@ -92,6 +110,11 @@ pub(crate) fn status(key: &str, rows: &[LockRow]) -> KeyStatus {
             if let Some((value, term)) = &row.leader {
                 holder.who = Some(value.clone());
                 holder.fencing_token = u64::try_from(*term).ok();
+            }
+            // A reentrant hold shows its owner and count, and its token.
+            if let Some((owner, holds, token)) = &row.owner {
+                holder.who = Some(format!("{owner} (held {holds} times) in {}", row.who()));
+                holder.fencing_token = u64::try_from(*token).ok();
             }
             status.holders.push(holder);
         } else if let Some(waiters) = &mut status.waiters {
@@ -118,7 +141,8 @@ impl Inner {
     /// Who holds `key` and who waits: one statement on a side connection.
     pub(crate) async fn inspect(&self, key: &str) -> Result<KeyStatus> {
         let elections = self.elections.load(std::sync::atomic::Ordering::Relaxed);
-        let sql = self.sql.inspect(elections);
+        let owners = self.reentry.load(std::sync::atomic::Ordering::Relaxed);
+        let sql = self.sql.inspect(elections, owners);
         let rows = self.side("inspect", &sql, Some(key)).await?;
         let rows = rows
             .iter()
@@ -155,7 +179,20 @@ mod tests {
             application: Some(format!("app{slot}@host:1")),
             addr: None,
             leader: None,
+            owner: None,
         }
+    }
+
+    #[test]
+    fn a_reentrant_hold_shows_its_owner_count_and_token() {
+        let mut r = row(0, false, true);
+        r.owner = Some(("job-7".to_owned(), 3, 42));
+        let status = status("k", &[r]);
+        assert_eq!(
+            status.holders[0].who.as_deref(),
+            Some("job-7 (held 3 times) in app0@host:1")
+        );
+        assert_eq!(status.holders[0].fencing_token, Some(42));
     }
 
     #[test]

@@ -116,8 +116,8 @@ impl PgSession {
         }
     }
 
-    /// A candidate's try failed on the server after it may have taken the lock (its row
-    /// could not be written: the statement rolled back, but a session-level advisory lock
+    /// A candidate's (or an owner's) try failed on the server after it may have taken the
+    /// lock (its row could not be written: the statement rolled back, but a session-level advisory lock
     /// stays taken). The session held no lock of the key before (a client takes a key once
     /// at a time), so unlock it; if even that fails, the session cannot be trusted.
     async fn campaign_failed(&mut self, lock: &Advisory, e: Error) -> Failure {
@@ -165,7 +165,7 @@ impl Session for PgSession {
         }
         let rows = match rows {
             Ok(rows) => rows,
-            Err(e) if lock.value.is_some() && !e.is_connection_lost() => {
+            Err(e) if (lock.value.is_some() || lock.owner.is_some()) && !e.is_connection_lost() => {
                 return Err(self.campaign_failed(lock, e).await);
             }
             Err(e) => return Err(Self::failure(e.lock_table_full())),

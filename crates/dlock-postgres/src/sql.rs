@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_core::Mode;
+use dlock_core::{Mode, Owner};
 
 /// One advisory lock as a hold takes it: the key's id and the mode. Shared and exclusive
 /// holds of a key take the same lock (`namespace`, `id`), in PostgreSQL's share and
@@ -18,6 +18,10 @@ pub(crate) struct Advisory {
     /// A candidate's hold (exclusive): the value it publishes in the election table when
     /// granted; its release deletes the row. `None` for every other hold.
     pub(crate) value: Option<Arc<str>>,
+    /// A reentrant hold's first grant (exclusive): the owner whose row (count 1) the
+    /// granting statement writes in the owner table; its release deletes the row (see
+    /// `crate::reentry`). `None` for every other hold.
+    pub(crate) owner: Option<Owner>,
 }
 
 impl Advisory {
@@ -27,6 +31,7 @@ impl Advisory {
             id,
             mode,
             value: None,
+            owner: None,
         }
     }
 
@@ -49,12 +54,14 @@ pub(crate) fn slot_class(namespace: i32, slot: i32) -> i32 {
 /// The statements of one configuration.
 #[derive(Debug, Clone)]
 pub(crate) struct Sql {
-    table: String,
+    pub(crate) table: String,
     /// The election table: one row per key with a leader (see [`upsert`](Self::upsert)).
     elect: String,
+    /// The owner table: one row per reentrant hold (see `crate::reentry`).
+    pub(crate) owners: String,
     id_seq: String,
-    fence_seq: String,
-    namespace: i32,
+    pub(crate) fence_seq: String,
+    pub(crate) namespace: i32,
 }
 
 /// Milliseconds for a `set_config` of a duration setting: rounded up, at least 1 (0 would
@@ -69,7 +76,7 @@ pub(crate) fn millis(d: Duration) -> u64 {
 /// `value` as a text expression made of hex digits only:
 /// `convert_from(decode('…', 'hex'), 'UTF8')`. Nothing in the value reaches the statement's
 /// text as itself, whatever `standard_conforming_strings` says.
-fn text_literal(value: &str) -> String {
+pub(crate) fn text_literal(value: &str) -> String {
     let mut hex = String::with_capacity(value.len() * 2);
     for byte in value.bytes() {
         let _ = write!(hex, "{byte:02x}");
@@ -82,6 +89,7 @@ impl Sql {
         Self {
             table: table.to_owned(),
             elect: format!("{table}_elect"),
+            owners: format!("{table}_owner"),
             id_seq: format!("{table}_id"),
             fence_seq: format!("{table}_fence"),
             namespace,
@@ -150,6 +158,9 @@ impl Sql {
         if let Some(value) = &lock.value {
             return self.try_campaign(id, value, idle_ms);
         }
+        if let Some(owner) = &lock.owner {
+            return self.try_owned(id, owner, idle_ms);
+        }
         self.take_if(
             &format!("pg_try_advisory_lock{suffix}({ns}, {id})"),
             idle_ms,
@@ -210,6 +221,13 @@ impl Sql {
                 sql,
                 "; SELECT set_config('lock_timeout', '0', true); {}",
                 self.publish(id, value)
+            );
+        }
+        if let Some(owner) = &lock.owner {
+            let _ = write!(
+                sql,
+                "; SELECT set_config('lock_timeout', '0', true); {}",
+                self.own_after_wait(id, owner)
             );
         }
         sql
@@ -419,6 +437,9 @@ impl Sql {
     /// notifies the key's observers at commit.
     pub(crate) fn unlock(&self, lock: &Advisory) -> String {
         let (ns, id) = (self.namespace, lock.id);
+        if lock.owner.is_some() {
+            return self.unlock_owned(id);
+        }
         match lock.value {
             None => format!("SELECT pg_advisory_unlock{}({ns}, {id})", lock.suffix()),
             Some(_) => format!(
@@ -459,24 +480,31 @@ impl Sql {
     /// rows when the key has no row in the table (it was never locked) or nobody holds or
     /// waits for it.
     ///
-    /// With `elections` (the election table exists), two more columns: the value and term
-    /// of a leader's row, on the row of the session that holds the key's own lock
-    /// exclusively with that pid in the election table.
-    pub(crate) fn inspect(&self, elections: bool) -> String {
-        let (columns, join) = if elections {
-            (
-                ", e.value, e.token",
-                format!(
-                    "LEFT JOIN {elect} e ON e.ns = {ns} AND e.id = k.id AND e.pid = l.pid \
-                       AND e.started = pg_postmaster_start_time() AND l.granted AND l.mode = 'ExclusiveLock' AND {slot} = 0 ",
-                    elect = self.elect,
-                    ns = self.namespace,
-                    slot = self.slot_of_lock(),
-                ),
+    /// With `elections` (the election table exists), two more columns (`leader_value`,
+    /// `leader_term`): the value and term of a leader's row, on the row of the session that
+    /// holds the key's own lock exclusively with that pid in the election table. With
+    /// `owners` (the owner table exists), three more (`owner_id`, `owner_holds`,
+    /// `owner_token`): a reentrant hold's row, on the row of its session, the same way.
+    pub(crate) fn inspect(&self, elections: bool, owners: bool) -> String {
+        let on = |alias: &str| {
+            format!(
+                "{alias}.ns = {ns} AND {alias}.id = k.id AND {alias}.pid = l.pid \
+                   AND {alias}.started = pg_postmaster_start_time() AND l.granted \
+                   AND l.mode = 'ExclusiveLock' AND {slot} = 0 ",
+                ns = self.namespace,
+                slot = self.slot_of_lock(),
             )
-        } else {
-            ("", String::new())
         };
+        let (mut columns, mut join) = (String::new(), String::new());
+        if elections {
+            columns.push_str(", e.value AS leader_value, e.token AS leader_term");
+            let _ = write!(join, "LEFT JOIN {} e ON {}", self.elect, on("e"));
+        }
+        if owners {
+            columns
+                .push_str(", o.owner AS owner_id, o.holds AS owner_holds, o.token AS owner_token");
+            let _ = write!(join, "LEFT JOIN {} o ON {}", self.owners, on("o"));
+        }
         format!(
             "SELECT {slot} AS slot, l.mode = 'ShareLock', l.granted, l.pid, \
                (extract(epoch FROM l.waitstart) * 1000000)::int8, \
@@ -510,6 +538,9 @@ impl Sql {
     /// of a candidate granted just before the stop, its observers notified).
     pub(crate) fn unlock_all(&self, lock: &Advisory) -> String {
         let all = "SELECT pg_advisory_unlock_all(), set_config('idle_session_timeout', '0', false)";
+        if lock.owner.is_some() {
+            return format!("{}; {all}", self.forget_owned(lock.id));
+        }
         match lock.value {
             None => all.to_owned(),
             Some(_) => format!(

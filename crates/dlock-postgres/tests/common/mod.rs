@@ -260,6 +260,46 @@ impl Harness for PostgresHarness {
             .bind(self.config.namespace)
             .fetch_all(&mut admin)
             .await?;
+        let mut left: Vec<String> = rows
+            .iter()
+            .map(|r| r.try_get::<String, _>(0))
+            .collect::<std::result::Result<_, _>>()?;
+        left.extend(self.owner_rows(prefix, false).await?);
+        Ok(left)
+    }
+}
+
+impl PostgresHarness {
+    /// The owner table's rows (reentrant holds' counts) of the keys starting with `prefix`,
+    /// as `name (owner row: OWNER, count N)`. Without `stale`, a row whose session has
+    /// ended (a crashed or killed holder: ignored by the backend, replaced by the key's
+    /// next owner hold, deleted at the next connect) is left out; every other row is a
+    /// hold's, live or left behind.
+    pub async fn owner_rows(&self, prefix: &str, stale: bool) -> Result<Vec<String>, BoxError> {
+        let mut admin = self.admin().await?;
+        let owners = format!("{}_owner", self.config.table);
+        let exists: bool =
+            sqlx::query_scalar(&format!("SELECT to_regclass('{owners}') IS NOT NULL"))
+                .fetch_one(&mut admin)
+                .await?;
+        if !exists {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT k.name || ' (owner row: ' || o.owner || ', count ' || o.holds || ')' \
+             FROM {owners} o JOIN {table} k ON k.id = o.id \
+             WHERE o.ns = $2 AND left(k.name, length($1)) = $1 \
+             AND ($3 OR (o.started = pg_postmaster_start_time() \
+               AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = o.pid))) \
+             ORDER BY k.name",
+            table = self.config.table
+        );
+        let rows = sqlx::query(&sql)
+            .bind(prefix)
+            .bind(self.config.namespace)
+            .bind(stale)
+            .fetch_all(&mut admin)
+            .await?;
         Ok(rows
             .iter()
             .map(|r| r.try_get::<String, _>(0))

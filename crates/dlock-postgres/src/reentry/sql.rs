@@ -1,0 +1,271 @@
+//! The statements of reentrant holds: the owner table `{table}_owner`, one row per hold
+//! (`ns`, `id`: the key; `owner`; `pid`, `started`: the session that holds the key's lock,
+//! in this run of the server; `token`; `holds`: the count; `expires`: how long the leases
+//! of other clients keep the hold once the first client's are gone).
+//!
+//! A row is trusted only while `pg_locks` shows its session holding the key's lock
+//! exclusively (and it was written in this run of the server): a row left by a session that
+//! ended (a crash) is ignored, and overwritten by the key's next owner hold.
+
+use std::time::Duration;
+
+use crate::sql::{Sql, millis, text_literal};
+
+impl Sql {
+    /// The channel a release that brings a hold's count to zero notifies (payload: the
+    /// key's id), for the first client, which keeps the lock until then.
+    pub(crate) fn owner_channel(&self) -> String {
+        // As unsigned, so that the name has no '-'.
+        format!("dlock_owners_{}", self.namespace as u32)
+    }
+
+    /// Whether the owner table exists.
+    pub(crate) fn owners_exist(&self) -> String {
+        format!("SELECT to_regclass('{}') IS NOT NULL", self.owners)
+    }
+
+    /// Create the owner table, serialised as [`create`](Self::create) is.
+    pub(crate) fn create_owners(&self) -> String {
+        format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({ns}, 0); \
+             CREATE TABLE IF NOT EXISTS {owners} (\
+               ns integer NOT NULL, \
+               id integer NOT NULL, \
+               owner text NOT NULL, \
+               pid integer NOT NULL, \
+               started timestamptz NOT NULL, \
+               token bigint NOT NULL, \
+               holds integer NOT NULL, \
+               expires timestamptz, \
+               PRIMARY KEY (ns, id)); \
+             COMMIT",
+            ns = self.namespace,
+            owners = self.owners,
+        )
+    }
+
+    /// Row `o`'s session holds the key's lock exclusively, in this run of the server.
+    fn owner_holds(&self) -> String {
+        format!(
+            "o.started = pg_postmaster_start_time() \
+             AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' \
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+               AND l.classid = ({ns})::oid AND l.objid = (o.id)::oid AND l.objsubid = 2 \
+               AND l.mode = 'ExclusiveLock' AND l.granted AND l.pid = o.pid)",
+            ns = self.namespace,
+        )
+    }
+
+    /// The row of key `id` for a hold of this session with `token` (an expression).
+    fn owner_row(&self, id: i32, owner: &str, token: &str) -> String {
+        format!(
+            "INSERT INTO {owners} (ns, id, owner, pid, started, token, holds, expires) \
+             SELECT {ns}, {id}, {owner}, pg_backend_pid(), pg_postmaster_start_time(), {token}, \
+               1, NULL",
+            owners = self.owners,
+            ns = self.namespace,
+            owner = text_literal(owner),
+        )
+    }
+
+    /// Replace a row left by a hold that is gone.
+    fn owner_conflict(&self) -> &'static str {
+        " ON CONFLICT (ns, id) DO UPDATE SET owner = EXCLUDED.owner, pid = EXCLUDED.pid, \
+           started = EXCLUDED.started, token = EXCLUDED.token, holds = 1, expires = NULL"
+    }
+
+    /// An owner's first try: the lock, the token and the hold's row (count 1, replacing a
+    /// row a gone hold left), in one statement, and the owner channel notified (at commit)
+    /// for the owner's waiters in other clients, which re-enter. One row: the token (NULL:
+    /// busy), the idle timeout, the notification.
+    pub(crate) fn try_owned(&self, id: i32, owner: &dlock_core::Owner, idle_ms: u64) -> String {
+        format!(
+            "WITH t AS (SELECT CASE WHEN pg_try_advisory_lock({ns}, {id}) \
+               THEN nextval('{fence}') END AS token OFFSET 0), \
+             w AS ({row} FROM t WHERE t.token IS NOT NULL{conflict}) \
+             SELECT t.token, CASE WHEN t.token IS NOT NULL THEN \
+               set_config('idle_session_timeout', '{idle_ms}', false) END, \
+               CASE WHEN t.token IS NOT NULL THEN pg_notify('{channel}', '{id}') END \
+             FROM t",
+            ns = self.namespace,
+            fence = self.fence_seq,
+            row = self.owner_row(id, owner.as_str(), "t.token"),
+            conflict = self.owner_conflict(),
+            channel = self.owner_channel(),
+        )
+    }
+
+    /// After an owner's wait was granted, in the same transaction: the hold's row (the
+    /// token `currval` of the fencing sequence, taken by this session's grant), the owner
+    /// channel notified as by [`try_owned`](Self::try_owned). One row: the token.
+    pub(crate) fn own_after_wait(&self, id: i32, owner: &dlock_core::Owner) -> String {
+        format!(
+            "WITH w AS ({row}{conflict} RETURNING token) \
+             SELECT w.token, pg_notify('{channel}', '{id}') FROM w",
+            row = self.owner_row(
+                id,
+                owner.as_str(),
+                &format!("currval('{}')", self.fence_seq)
+            ),
+            conflict = self.owner_conflict(),
+            channel = self.owner_channel(),
+        )
+    }
+
+    /// The first client gives the hold's lock back (its count is zero): the row goes with
+    /// it. One row: whether the lock was held.
+    pub(crate) fn unlock_owned(&self, id: i32) -> String {
+        format!(
+            "WITH d AS (DELETE FROM {owners} WHERE ns = {ns} AND id = {id} \
+               AND pid = pg_backend_pid()) \
+             SELECT pg_advisory_unlock({ns}, {id})",
+            owners = self.owners,
+            ns = self.namespace,
+        )
+    }
+
+    /// After a stopped owner's wait: the row a grant just before the stop may have written.
+    pub(crate) fn forget_owned(&self, id: i32) -> String {
+        format!(
+            "DELETE FROM {} WHERE ns = {} AND id = {id} AND pid = pg_backend_pid()",
+            self.owners, self.namespace
+        )
+    }
+
+    /// `$1` = owner: re-enter its hold of key `id`, if it has a live one: the count up by
+    /// one, and the other clients' lease kept for `ttl` more (never less than before). One
+    /// row: the hold's token; none when the owner holds nothing.
+    pub(crate) fn reenter(&self, id: i32, ttl: Duration) -> String {
+        format!(
+            "UPDATE {owners} o SET holds = o.holds + 1, \
+               expires = greatest(o.expires, now() + {ms} * interval '1 millisecond') \
+             WHERE o.ns = {ns} AND o.id = {id} AND o.owner = $1 AND o.holds > 0 AND {held} \
+             RETURNING o.token",
+            owners = self.owners,
+            ns = self.namespace,
+            ms = millis(ttl),
+            held = self.owner_holds(),
+        )
+    }
+
+    /// `$1` = owner: one lease of hold `token` of key `id` released, the count down by one.
+    /// One row: the count left (none: the hold is gone); with `notify`, a count of zero
+    /// notifies the first client (at commit), which keeps the lock until then.
+    pub(crate) fn release_owned(&self, id: i32, token: u64, notify: bool) -> String {
+        let tell = if notify {
+            format!(
+                ", CASE WHEN u.holds = 0 THEN pg_notify('{}', '{id}') END",
+                self.owner_channel()
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "WITH u AS (UPDATE {owners} o SET holds = o.holds - 1 \
+               WHERE o.ns = {ns} AND o.id = {id} AND o.token = {token} AND o.owner = $1 \
+                 AND o.holds > 0 AND {held} \
+               RETURNING o.holds) \
+             SELECT u.holds{tell} FROM u",
+            owners = self.owners,
+            ns = self.namespace,
+            held = self.owner_holds(),
+        )
+    }
+
+    /// `$1` = owner: a lease of another client checks hold `token` of key `id` is still
+    /// live and keeps it `ttl` more once the first client's leases are gone (never less
+    /// than before). One row while it is.
+    pub(crate) fn extend_owned(&self, id: i32, token: u64, ttl: Duration) -> String {
+        format!(
+            "UPDATE {owners} o SET \
+               expires = greatest(o.expires, now() + {ms} * interval '1 millisecond') \
+             WHERE o.ns = {ns} AND o.id = {id} AND o.token = {token} AND o.owner = $1 \
+               AND o.holds > 0 AND {held} \
+             RETURNING 1",
+            owners = self.owners,
+            ns = self.namespace,
+            ms = millis(ttl),
+            held = self.owner_holds(),
+        )
+    }
+
+    /// The first client, whose own leases are gone: is hold `token` of key `id` over (its
+    /// count zero, the other clients' leases expired, or its row gone)? Ending it here
+    /// (count zero) is atomic with a re-entry, which needs a count above zero. One row:
+    /// whether to give the lock back.
+    pub(crate) fn owned_over(&self, id: i32, token: u64) -> String {
+        format!(
+            "WITH u AS (UPDATE {owners} o SET holds = 0 \
+               WHERE o.ns = {ns} AND o.id = {id} AND o.token = {token} \
+                 AND (o.holds <= 0 OR o.expires IS NULL OR o.expires < now()) \
+               RETURNING 1) \
+             SELECT EXISTS (SELECT 1 FROM u) OR NOT EXISTS (SELECT 1 FROM {owners} \
+               WHERE ns = {ns} AND id = {id} AND token = {token})",
+            owners = self.owners,
+            ns = self.namespace,
+        )
+    }
+
+    /// Delete hold `token`'s row of key `id` if its session ended: a first client whose
+    /// session was lost tidies up after it.
+    pub(crate) fn forget_gone(&self, id: i32, token: u64) -> String {
+        format!(
+            "DELETE FROM {owners} o WHERE o.ns = {ns} AND o.id = {id} AND o.token = {token} \
+               AND NOT ({held})",
+            owners = self.owners,
+            ns = self.namespace,
+            held = self.owner_holds(),
+        )
+    }
+
+    /// Delete the namespace's rows whose hold is gone (their session ended): run at
+    /// connect. A live hold's row is never touched (its session holds the lock before the
+    /// row is visible, and until it is deleted).
+    pub(crate) fn sweep_owners(&self) -> String {
+        format!(
+            "DELETE FROM {owners} o WHERE o.ns = {ns} AND NOT ({held})",
+            owners = self.owners,
+            ns = self.namespace,
+            held = self.owner_holds(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sql::Advisory;
+    use dlock_core::{Mode, Owner};
+
+    #[test]
+    fn an_owner_reaches_the_statements_as_hex_digits_or_a_parameter() {
+        let sql = Sql::new("dlock_keys", 9);
+        let mut lock = Advisory::new(7, Mode::Exclusive);
+        lock.owner = Some(Owner::new("job'7"));
+        for statement in [sql.try_take(&lock, 1), sql.wait_take(&lock, 1, 1)] {
+            assert!(!statement.contains("job'7"), "{statement}");
+            assert!(
+                statement.contains("INSERT INTO dlock_keys_owner"),
+                "{statement}"
+            );
+        }
+        let release = sql.release(&lock);
+        assert!(
+            release.contains("DELETE FROM dlock_keys_owner")
+                && release.contains("pg_advisory_unlock(9, 7)")
+                && release.contains("idle_session_timeout"),
+            "{release}"
+        );
+        assert!(
+            sql.unlock_all(&lock)
+                .contains("DELETE FROM dlock_keys_owner")
+        );
+        let reenter = sql.reenter(7, Duration::from_secs(2));
+        assert!(reenter.contains("o.owner = $1") && reenter.contains("2000 * interval"));
+        assert!(
+            sql.release_owned(7, 42, true)
+                .contains("pg_notify('dlock_owners_9', '7')")
+        );
+        assert!(!sql.release_owned(7, 42, false).contains("pg_notify"));
+    }
+}

@@ -1,0 +1,366 @@
+//! Reentrant holds on PostgreSQL, beyond the shared suite: the count row of the owner table
+//! (cleaned up, a crashed holder's row ignored and replaced, swept at connect), the first
+//! client keeping the advisory lock for other clients' leases (never stacked under another
+//! hold of the key), concurrent entries from tasks of two clients, and the other clients'
+//! leases expiring when they stop renewing.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::PostgresHarness;
+use dlock_core::{DistributedLock, Lease, LockOptions, Reentry, Wait};
+use futures::future::join_all;
+use tokio::time::{Instant, sleep, timeout};
+
+fn harness() -> PostgresHarness {
+    PostgresHarness::from_env()
+}
+
+async fn client(h: &PostgresHarness) -> Arc<dyn DistributedLock> {
+    h.must_client().await
+}
+
+fn owned(id: &str) -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(3)).owner(id)
+}
+
+fn plain() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(3))
+}
+
+async fn take(client: &dyn DistributedLock, key: &str, opts: &LockOptions) -> Lease {
+    client
+        .try_acquire(key, opts)
+        .await
+        .expect("try_acquire")
+        .unwrap_or_else(|| panic!("{key} should be free (or the owner's)"))
+}
+
+async fn busy(client: &dyn DistributedLock, key: &str, why: &str) {
+    let got = client
+        .try_acquire(key, &plain())
+        .await
+        .expect("try_acquire");
+    assert!(got.is_none(), "{key} should be held: {why}");
+}
+
+/// The owner rows of `key`, stale ones too.
+async fn rows(h: &PostgresHarness, key: &str) -> Vec<String> {
+    h.owner_rows(key, true).await.expect("owner rows")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_session_is_declared_and_the_row_goes_with_the_hold() {
+    let h = harness();
+    let a = client(&h).await;
+    assert_eq!(a.capabilities().reentrant, Reentry::FirstSession);
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-row");
+    let first = take(&*a, &key, &owned("job-1")).await;
+    let second = take(&*a, &key, &owned("job-1")).await;
+    assert_eq!(first.fencing_token(), second.fencing_token());
+    assert_eq!(
+        rows(&h, &key).await,
+        [format!("{key} (owner row: job-1, count 2)")]
+    );
+    // One session holds the key, once (the re-entry did not stack the advisory lock).
+    assert_eq!(h.sessions_on(&key, true).await.unwrap().len(), 1);
+    let status = a.inspect(&key).await.unwrap();
+    assert_eq!(status.holders.len(), 1);
+    let who = status.holders[0].who.clone().unwrap_or_default();
+    assert!(who.starts_with("job-1 (held 2 times) in "), "{who}");
+    assert_eq!(status.holders[0].fencing_token, Some(first.fencing_token()));
+    first.release().await.unwrap();
+    assert_eq!(
+        rows(&h, &key).await,
+        [format!("{key} (owner row: job-1, count 1)")]
+    );
+    second.release().await.unwrap();
+    assert!(rows(&h, &key).await.is_empty());
+    h.assert_no_session_on(&key).await;
+    // An owner id with quotes reaches the server as data.
+    let odd = take(&*a, &key, &owned("it's-'x'")).await;
+    assert_eq!(
+        rows(&h, &key).await,
+        [format!("{key} (owner row: it's-'x', count 1)")]
+    );
+    odd.release().await.unwrap();
+    assert!(rows(&h, &key).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_holders_row_is_ignored_replaced_and_swept() {
+    let h = harness();
+    let (a, b) = (client(&h).await, client(&h).await);
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-stale");
+    let gone = take(&*a, &key, &owned("job-1")).await;
+    let _again = take(&*a, &key, &owned("job-1")).await;
+    let [pid] = h.sessions_on(&key, true).await.unwrap()[..] else {
+        panic!("one holder session");
+    };
+    h.kill_session(pid).await.unwrap();
+    timeout(Duration::from_secs(5), gone.lost())
+        .await
+        .expect("the first client's lease is lost with its session");
+    // The row (count 2) stays, ignored (unless a client of a test running meanwhile swept
+    // it at connect): the same owner in another client takes a new hold.
+    assert!(h.owner_rows(&key, false).await.unwrap().is_empty());
+    let next = take(&*b, &key, &owned("job-1")).await;
+    assert!(next.fencing_token() > gone.fencing_token());
+    assert_eq!(
+        rows(&h, &key).await,
+        [format!("{key} (owner row: job-1, count 1)")]
+    );
+    next.release().await.unwrap();
+    assert!(rows(&h, &key).await.is_empty());
+
+    // A row left by a killed session is swept by the next client's connect.
+    let gone = take(&*b, &key, &owned("job-2")).await;
+    let [pid] = h.sessions_on(&key, true).await.unwrap()[..] else {
+        panic!("one holder session");
+    };
+    h.kill_session(pid).await.unwrap();
+    assert!(rows(&h, &key).await.len() <= 1);
+    assert!(h.owner_rows(&key, false).await.unwrap().is_empty());
+    let _c = client(&h).await;
+    assert!(rows(&h, &key).await.is_empty(), "swept at connect");
+    drop(gone);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_client_keeps_the_lock_for_the_others_and_never_stacks_it() {
+    let h = harness();
+    let (a, b) = (client(&h).await, client(&h).await);
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-keep");
+    let first = take(&*a, &key, &owned("job-1")).await;
+    let token = first.fencing_token();
+    let holder = h.sessions_on(&key, true).await.unwrap();
+    let from_b = take(&*b, &key, &owned("job-1")).await;
+    assert_eq!(from_b.fencing_token(), token);
+    first.release().await.unwrap();
+    sleep(Duration::from_millis(200)).await;
+    // The first client keeps the key's lock in its session for b's lease.
+    assert_eq!(h.sessions_on(&key, true).await.unwrap(), holder);
+    busy(&*b, &key, "the second client's lease counts").await;
+    // The first client itself: a plain hold, or another owner, is not granted on the
+    // session that keeps the lock (the server would stack it); it waits on its own.
+    busy(
+        &*a,
+        &key,
+        "the first client keeps the lock for another client",
+    )
+    .await;
+    assert!(
+        a.try_acquire(&key, &owned("job-2"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The owner re-enters in the first client: its lease joins the kept lock. (Before the
+    // plain waiter below, which takes the client's local turn on the key.)
+    let back = take(&*a, &key, &owned("job-1")).await;
+    assert_eq!(back.fencing_token(), token);
+    back.release().await.unwrap();
+    let waiter = {
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move {
+            let lease = a
+                .acquire(&key, &plain().wait(Wait::For(Duration::from_secs(10))))
+                .await
+                .expect("the plain waiter gets the key after the owner's last lease");
+            (lease.fencing_token(), Instant::now(), lease)
+        })
+    };
+    sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "b's lease still counts");
+    let released = Instant::now();
+    from_b.release().await.unwrap();
+    let (next, at, lease) = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter is granted")
+        .unwrap();
+    assert!(next > token);
+    assert!(
+        at.duration_since(released) < Duration::from_secs(1),
+        "woken by the notification, not the re-check: {:?}",
+        at.duration_since(released)
+    );
+    assert_eq!(h.sessions_on(&key, true).await.unwrap().len(), 1);
+    assert!(rows(&h, &key).await.is_empty());
+    lease.release().await.unwrap();
+    h.assert_no_session_on(&key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_entries_of_two_clients_share_one_hold() {
+    const TASKS: usize = 8;
+    let h = harness();
+    let (a, b, c) = (client(&h).await, client(&h).await, client(&h).await);
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-many");
+    let entries: Vec<_> = (0..2 * TASKS)
+        .map(|i| {
+            let client = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let key = key.clone();
+            tokio::spawn(async move {
+                client
+                    .acquire(
+                        &key,
+                        &owned("job-1").wait(Wait::For(Duration::from_secs(10))),
+                    )
+                    .await
+                    .expect("every entry of the owner is granted")
+            })
+        })
+        .collect();
+    let mut leases: Vec<Lease> = join_all(entries)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let token = leases[0].fencing_token();
+    assert!(
+        leases.iter().all(|l| l.fencing_token() == token),
+        "one hold: {:?}",
+        leases.iter().map(Lease::fencing_token).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        rows(&h, &key).await,
+        [format!("{key} (owner row: job-1, count {})", 2 * TASKS)]
+    );
+    // Released concurrently, all but one: the key stays held.
+    let last = leases.pop().unwrap();
+    let releases = leases.into_iter().map(|l| async move { l.release().await });
+    for result in join_all(releases).await {
+        result.expect("release");
+    }
+    busy(&*c, &key, "one lease still counts").await;
+    assert_eq!(
+        rows(&h, &key).await,
+        [format!("{key} (owner row: job-1, count 1)")]
+    );
+    last.release().await.unwrap();
+    let next = c
+        .acquire(&key, &plain().wait(Wait::For(Duration::from_secs(2))))
+        .await
+        .expect("the key frees after the last release");
+    assert!(next.fencing_token() > token);
+    next.release().await.unwrap();
+    assert!(rows(&h, &key).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_clients_counts_that_stop_renewing_expire() {
+    let h = harness();
+    let (a, b, c) = (client(&h).await, client(&h).await, client(&h).await);
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-expire");
+    let first = take(&*a, &key, &owned("job-1")).await;
+    // A lease of another client that is never renewed nor released (its process died):
+    // its entry counts until its ttl after the last renewal. (Its client keeps its local
+    // turn on the key: a third client waits.)
+    let short = owned("job-1")
+        .ttl(Duration::from_millis(1500))
+        .auto_renew(false);
+    let remote = take(&*b, &key, &short).await;
+    std::mem::forget(remote);
+    let released = Instant::now();
+    first.release().await.unwrap();
+    busy(&*a, &key, "the other client's entry still counts").await;
+    let next = c
+        .acquire(&key, &plain().wait(Wait::For(Duration::from_secs(10))))
+        .await
+        .expect("the key frees once the other client's entry expired");
+    let after = released.elapsed();
+    assert!(
+        after >= Duration::from_millis(1000) && after < Duration::from_secs(4),
+        "freed {after:?} after the first client's release (entry ttl 1.5 s, re-check 1 s)"
+    );
+    assert!(rows(&h, &key).await.is_empty());
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_one_owner_in_two_clients_share_the_hold_one_of_them_gets() {
+    let h = harness();
+    let (a, b, c) = (client(&h).await, client(&h).await, client(&h).await);
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-waiters");
+    let other = take(&*c, &key, &owned("job-2")).await;
+    let before = other.fencing_token();
+    let waiters: Vec<_> = [a.clone(), b.clone()]
+        .into_iter()
+        .map(|client| {
+            let key = key.clone();
+            tokio::spawn(async move {
+                let lease = client
+                    .acquire(
+                        &key,
+                        &owned("job-1").wait(Wait::For(Duration::from_secs(10))),
+                    )
+                    .await
+                    .expect("both waiters of the owner get the key");
+                (lease, Instant::now())
+            })
+        })
+        .collect();
+    sleep(Duration::from_millis(300)).await;
+    assert!(waiters.iter().all(|w| !w.is_finished()));
+    let released = Instant::now();
+    other.release().await.unwrap();
+    let got: Vec<(Lease, Instant)> = join_all(waiters)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        got[0].0.fencing_token(),
+        got[1].0.fencing_token(),
+        "one hold"
+    );
+    assert!(got[0].0.fencing_token() > before);
+    for (_, at) in &got {
+        let after = at.duration_since(released);
+        assert!(
+            after < Duration::from_millis(900),
+            "granted {after:?} after the release"
+        );
+    }
+    assert_eq!(
+        rows(&h, &key).await,
+        [format!("{key} (owner row: job-1, count 2)")]
+    );
+    // The loser's wait was cancelled: one session holds the key, nobody waits.
+    assert_eq!(h.sessions_on(&key, true).await.unwrap().len(), 1);
+    assert!(h.sessions_on(&key, false).await.unwrap().is_empty());
+    for (lease, _) in got {
+        lease.release().await.unwrap();
+    }
+    h.assert_no_session_on(&key).await;
+    assert!(rows(&h, &key).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_hold_outlives_its_first_leases_ttl_while_another_client_renews() {
+    let h = harness();
+    let (a, b, c) = (client(&h).await, client(&h).await, client(&h).await);
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-unpinged");
+    // The first lease is not renewed: its holder connection is its own, nobody pings it.
+    let short = owned("job-1")
+        .ttl(Duration::from_millis(1500))
+        .auto_renew(false);
+    let first = take(&*a, &key, &short).await;
+    let holder = h.sessions_on(&key, true).await.unwrap();
+    let from_b = take(&*b, &key, &owned("job-1")).await;
+    first.release().await.unwrap();
+    // Well past the first lease's ttl: the first client keeps the session alive for b.
+    sleep(Duration::from_secs(4)).await;
+    assert_eq!(h.sessions_on(&key, true).await.unwrap(), holder);
+    assert!(!from_b.is_lost());
+    busy(&*c, &key, "b's auto-renewed lease counts").await;
+    from_b.release().await.unwrap();
+    let next = c
+        .acquire(&key, &plain().wait(Wait::For(Duration::from_secs(2))))
+        .await
+        .expect("the key frees after b's release");
+    next.release().await.unwrap();
+    assert!(rows(&h, &key).await.is_empty());
+}
