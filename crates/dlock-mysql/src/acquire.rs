@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use dlock_core::raw::{Deadline, Grant};
-use dlock_core::{LockError, LockOptions, Mode, Result};
+use dlock_core::{LockError, LockOptions, Mode, Owner, Result};
 use futures::Future;
 use sqlx::Row;
 use tokio::sync::oneshot;
@@ -93,6 +93,9 @@ pub(crate) enum Step {
     Stopped { why: Why, late: Option<Batch> },
     /// Anything else.
     Failed(Error),
+    /// The owner's hold (taken meanwhile by another client) was entered again instead (or
+    /// looking failed).
+    Reentered(Result<Grant>),
 }
 
 pub(crate) enum Guarded {
@@ -107,11 +110,11 @@ pub(crate) enum Guarded {
 /// One acquire, running in its own task.
 pub(crate) struct Attempt {
     pub(crate) inner: Arc<Inner>,
-    key: String,
+    pub(crate) key: String,
     pub(crate) name: String,
     /// Exclusive (`FOR UPDATE`), shared (InnoDB's shared row lock), or a permit (a slot
     /// row's exclusive lock, see `permits`).
-    mode: Mode,
+    pub(crate) mode: Mode,
     /// The holding session's idle timeout, in seconds.
     idle: u32,
     pub(crate) deadline: Deadline,
@@ -125,6 +128,10 @@ pub(crate) struct Attempt {
     /// An election candidate's value, recorded as the hold's `who` in place of the
     /// client's description (see the crate docs' *Elections*).
     value: Option<String>,
+    /// A reentrant hold's owner (see `reentry`).
+    pub(crate) owner: Option<Owner>,
+    /// The lease's ttl.
+    pub(crate) ttl: Duration,
 }
 
 impl Attempt {
@@ -149,6 +156,8 @@ impl Attempt {
             sent_at: Instant::now(),
             waited: false,
             value: value.map(str::to_owned),
+            owner: opts.owner,
+            ttl: opts.ttl,
         }
     }
 
@@ -157,6 +166,19 @@ impl Attempt {
     /// back (saving a task hop on the uncontended path). Anything more (a wait, a restart,
     /// the tidy-up after a busy answer) continues in a task of its own.
     pub(crate) async fn run(mut self) {
+        // An owner whose hold this client keeps enters it again, with no lock statement.
+        if let Some(owner) = self.owner
+            && self
+                .inner
+                .keepers
+                .get(&self.name)
+                .is_some_and(|k| k.owner == owner)
+        {
+            match self.inner.reenter(&self.key, owner, self.ttl).await {
+                Ok(None) => {}
+                answer => return self.answer(answer).await,
+            }
+        }
         // The deadline covers getting a connection too; past it, the wait ran out.
         let lent = match self.deadline.run(self.inner.locks.get()).await {
             None => Ok(None),
@@ -201,6 +223,16 @@ impl Attempt {
                 Some(step) => step,
                 None => self.try_take(&mut lent, create).await,
             };
+            let step = match (step, self.owner) {
+                // Held: by the owner (in another client), which enters its hold again?
+                (Step::Busy, Some(owner)) => {
+                    match self.inner.reenter(&self.key, owner, self.ttl).await {
+                        Ok(None) => Step::Busy,
+                        answer => Step::Reentered(answer.map(|g| g.expect("matched above"))),
+                    }
+                }
+                (step, _) => step,
+            };
             let step = match step {
                 Step::Busy if self.deadline.may_wait() => {
                     self.waited = true;
@@ -239,6 +271,12 @@ impl Attempt {
                     return Ok(None);
                 }
                 Step::Failed(e) => return Err(e.into()),
+                Step::Reentered(answer) => {
+                    // Answer first; the roll-back only tidies the connection.
+                    self.answer(answer.map(Some)).await;
+                    let _ = self.inner.finish(lent, End::Rollback).await;
+                    return Ok(None);
+                }
             }
         }
         Err(LockError::backend(
@@ -290,6 +328,9 @@ impl Attempt {
     async fn wait_take(&mut self, lent: &mut Lent) -> Step {
         if let Mode::Permits(limit) = self.mode {
             return self.permit_wait(lent, limit).await;
+        }
+        if self.owner.is_some() {
+            return self.owner_wait(lent).await;
         }
         let deadline = match self.deadline {
             Deadline::At(at) => Some(at),
@@ -424,12 +465,16 @@ impl Attempt {
             },
         };
         let held = MysqlHeld::new(self.inner.clone(), self.key.clone(), lent, self.idle);
-        let grant = Grant::new(token, Box::new(held), sent_at);
-        Ok(Some(if self.waited {
-            grant.after_wait()
-        } else {
-            grant
-        }))
+        let mut grant = Grant::new(token, Box::new(held), sent_at);
+        grant.waited = self.waited;
+        match self.owner {
+            Some(owner) => self
+                .inner
+                .own(&self.key, owner, self.ttl, grant)
+                .await
+                .map(Some),
+            None => Ok(Some(grant)),
+        }
     }
 
     /// A token from the key's counter (side connection), then the keep on the holder.

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{
     Capabilities, Expiry, Fencing, Inspection, KeyStatus, Leader, LockError, LockOptions,
-    LockStats, Mode, Observe, Result, WaiterView, Wakeup,
+    LockStats, Mode, Observe, Reentry, Result, WaiterView, Wakeup,
 };
 use futures::StreamExt;
 use sqlx::mysql::MySqlRow;
@@ -27,6 +27,7 @@ use crate::election::OBSERVE_EVERY;
 use crate::error::Error;
 use crate::named::{NamedAttempt, NamedSession};
 use crate::pool::{Lent, Pool};
+use crate::reentry::Keepers;
 use crate::sql::{self, Server, Sql, Tokens};
 use dlock_core::raw::carrier::Carriers;
 
@@ -53,6 +54,8 @@ pub(crate) struct Inner {
     pub(crate) wakeups: AtomicU64,
     /// Named mode's holder connections, each carrying many holds.
     pub(crate) carriers: Carriers<NamedSession>,
+    /// The owners' holds this client took first (see `reentry`).
+    pub(crate) keepers: Keepers,
 }
 
 impl MysqlBackend {
@@ -105,6 +108,7 @@ impl MysqlBackend {
             config,
             wakeups: AtomicU64::new(0),
             carriers: Carriers::new(NAME),
+            keepers: Keepers::default(),
         };
         let (tokens, server) = inner.prepare_tables().await?;
         inner.sql = Sql::new(&inner.config.table, tokens, server);
@@ -185,6 +189,11 @@ impl Backend for MysqlBackend {
             election: Observe::Polled {
                 every: OBSERVE_EVERY,
             },
+            // Both modes: the lock stays in the session of the client that took it first
+            // (only that session can let it go), the owner and count in a committed row
+            // beside it; that client keeps the session while other clients' leases count,
+            // and its end frees the key whatever the count (see *Reentrant holds*).
+            reentrant: Reentry::FirstSession,
             ..Default::default()
         }
     }
@@ -399,22 +408,23 @@ impl Inner {
         let mut tables = self.side("connect", &self.sql.describe_tables()).await?;
         // Tables of an older version may lack the permit slots, the holds or the
         // leaders' values: created here too.
-        if tables.len() < 5 {
+        if tables.len() < 6 {
             self.side("create tables", &self.sql.create_tables())
                 .await?;
             tables = self.side("connect", &self.sql.describe_tables()).await?;
         }
-        if tables.len() < 5 {
+        if tables.len() < 6 {
             return Err(LockError::backend(
                 NAME,
                 "create tables",
                 format!(
-                    "tables `{}`, `{}`, `{}`, `{}` and `{}` are not visible after CREATE TABLE",
+                    "tables `{}`, `{}`, `{}`, `{}`, `{}` and `{}` are not visible after CREATE TABLE",
                     self.config.table,
                     self.config.fence_table(),
                     self.config.slots_table(),
                     self.sql.held,
-                    self.sql.value
+                    self.sql.value,
+                    self.sql.owner
                 ),
             ));
         }

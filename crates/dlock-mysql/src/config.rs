@@ -247,6 +247,11 @@ impl MysqlConfig {
         format!("{}_value", self.table)
     }
 
+    /// The table holding the owner and count of each reentrant hold: `{table}_owner`.
+    pub fn owner_table(&self) -> String {
+        format!("{}_owner", self.table)
+    }
+
     /// Check what `from_url` cannot: values set directly on the fields.
     pub(crate) fn validate(&self) -> Result<()> {
         check_table(&self.table)?;

@@ -58,6 +58,20 @@ fn micros(at: Option<u64>) -> Option<SystemTime> {
     at.map(|us| SystemTime::UNIX_EPOCH + Duration::from_micros(us))
 }
 
+/// The last column of a holder row: a reentrant hold's owner and count, from its
+/// `{table}_owner` row (`NULL` for any other hold).
+const OWNER_COLUMN: &str =
+    "CAST(CONCAT('owner ', o.owner, ', held ', o.entries, ' times') AS CHAR)";
+
+/// Add a reentrant hold's owner and count (the row's last column) to its `who`.
+fn with_owner(holder: &mut HolderStatus, row: &MySqlRow) -> Result<(), Error> {
+    let owner: Option<String> = row.try_get(6).map_err(Error::sql("inspect"))?;
+    if let (Some(owner), Some(who)) = (owner, holder.who.as_mut()) {
+        who.push_str(&format!(" ({owner})"));
+    }
+    Ok(())
+}
+
 /// `who` of a session the server shows: its connection id and client address.
 fn session(id: u64, user: Option<&str>, host: Option<&str>) -> String {
     match (user, host) {
@@ -141,12 +155,15 @@ impl Sql {
     pub(crate) fn inspect_rows(&self, name: &str) -> String {
         format!(
             "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED;\
-             SELECT CAST(conn AS UNSIGNED), CAST(mode AS CHAR), CAST(permits AS UNSIGNED), \
-                    token, CAST(UNIX_TIMESTAMP(since) * 1000000 AS UNSIGNED), \
-                    CAST(who AS CHAR) \
-             FROM `{h}` WHERE name = {n} ORDER BY since, conn;\
+             SELECT CAST(h.conn AS UNSIGNED), CAST(h.mode AS CHAR), CAST(h.permits AS UNSIGNED), \
+                    h.token, CAST(UNIX_TIMESTAMP(h.since) * 1000000 AS UNSIGNED), \
+                    CAST(h.who AS CHAR), {owner} \
+             FROM `{h}` h LEFT JOIN `{o}` o ON o.name = h.name AND o.token = h.token \
+             WHERE h.name = {n} ORDER BY h.since, h.conn;\
              {waiters}",
             h = self.held,
+            o = self.owner,
+            owner = OWNER_COLUMN,
             n = literal(name),
             waiters = Self::running_with(&format!("WHERE name = {}", literal(name))),
         )
@@ -172,16 +189,19 @@ impl Sql {
         format!(
             "SELECT CAST(l.id AS UNSIGNED), CAST(p.USER AS CHAR), CAST(p.HOST AS CHAR), \
                     f.fence, CAST(UNIX_TIMESTAMP(f.granted_at) * 1000000 AS UNSIGNED), \
-                    CAST(v.value AS CHAR) \
+                    CAST(v.value AS CHAR), {owner} \
              FROM (SELECT IS_USED_LOCK({l}) AS id) l \
              LEFT JOIN information_schema.PROCESSLIST p ON p.ID = l.id \
              LEFT JOIN `{f}` f ON f.name = {r} AND f.holder = l.id \
              LEFT JOIN `{v}` v ON v.name = {r} AND v.conn = l.id \
+             LEFT JOIN `{o}` o ON o.name = {r} AND o.token = f.fence \
              WHERE l.id IS NOT NULL;\
              {waiters}",
             l = literal(lock),
             f = self.fence,
             v = self.value,
+            o = self.owner,
+            owner = OWNER_COLUMN,
             r = literal(row),
             waiters = Self::running_with(&format!("GET_LOCK({}, ", literal(lock))),
         )
@@ -232,8 +252,8 @@ impl Sql {
         rows: &[MySqlRow],
     ) -> Result<KeyStatus, Error> {
         let mut status = KeyStatus::new(key, true);
-        // Each row of the first query has six columns, of the second three.
-        let (holds, others): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.len() == 6);
+        // Each row of the first query has seven columns, of the second three.
+        let (holds, others): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.len() == 7);
         for row in holds {
             let conn: u64 = row.try_get(0).map_err(Error::sql("inspect"))?;
             let mode: String = row.try_get(1).map_err(Error::sql("inspect"))?;
@@ -250,6 +270,7 @@ impl Sql {
                 Some(who) if !who.is_empty() => who,
                 _ => session(conn, None, None),
             });
+            with_owner(&mut holder, row)?;
             status.holders.push(holder);
         }
         let waiters = status.waiters.get_or_insert_with(Vec::new);
@@ -273,7 +294,7 @@ impl Sql {
         rows: &[MySqlRow],
     ) -> Result<KeyStatus, Error> {
         let mut status = KeyStatus::new(key, true);
-        let (holds, others): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.len() == 6);
+        let (holds, others): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.len() == 7);
         for row in holds {
             let id: u64 = row.try_get(0).map_err(Error::sql("inspect"))?;
             let user: Option<String> = row.try_get(1).map_err(Error::sql("inspect"))?;
@@ -285,6 +306,7 @@ impl Sql {
             // A leader shows its value; any other holder, its session.
             holder.who =
                 Some(value.unwrap_or_else(|| session(id, user.as_deref(), host.as_deref())));
+            with_owner(&mut holder, row)?;
             status.holders.push(holder);
         }
         let call = format!("SELECT GET_LOCK({}, ", literal(lock));

@@ -51,10 +51,11 @@
 //!
 //! # Protocol, `mode=row`
 //!
-//! Five tables, created if missing: `{table}` (default `dlock_locks`) with one row per key
+//! Six tables, created if missing: `{table}` (default `dlock_locks`) with one row per key
 //! ever locked, kept for the key's next use, `{table}_slots` (permit slots, see
 //! *Permits*), `{table}_held` (each hold's own uncommitted row, see *Inspecting*),
-//! `{table}_value` (named-mode leaders' values, see *Elections*), and
+//! `{table}_value` (named-mode leaders' values, see *Elections*), `{table}_owner`
+//! (reentrant holds' owners and counts, both modes, see *Reentrant holds*), and
 //! `{table}_fence` (per-key counters on
 //! MySQL 8; on MariaDB the latest named-mode holder); and on MariaDB a sequence,
 //! `{table}_seq`, the source of every token (created starting above every counter of
@@ -450,6 +451,102 @@
 //! uncontended rounds on one key): row mode `campaign` + `resign` 391 µs, `proclaim` 142
 //! µs, `leader` 231 µs; named mode 659 µs, 171 µs, 160 µs.
 //!
+//! # Reentrant holds
+//!
+//! [`LockOptions::owner`](dlock_core::LockOptions::owner) (both modes, exclusive only). The
+//! lock stays what it is (row mode: the row lock of the first client's open transaction;
+//! named mode: the `GET_LOCK` of its holder connection), and a **committed** row of
+//! `{table}_owner` beside it keeps `(name, owner, token, entries, expires)`: the owner,
+//! the hold (its fencing token: the sequence, or MySQL 8's per-key counter, never hands a
+//! token out twice, so it names one continuous hold), the count of the hold's leases not
+//! released yet, and the latest end of a lease of another client. The row is written in
+//! autocommit on side connections, never by the holding transaction, so that every client
+//! sees and changes it. Every statement on it is owner-checked by owner, token,
+//! `entries > 0` and **the hold being current**: row mode, the hold's uncommitted
+//! `{table}_held` record with that token exists (a `READ UNCOMMITTED` read inside the
+//! `UPDATE`, which takes no lock on it); named mode, the key's `{table}_fence` row has that
+//! token and names the connection `IS_USED_LOCK` names. So a lease of an earlier hold never
+//! touches a later one, and the row of a crashed holder (stale) is never taken for a hold.
+//! - **First acquire** (key free): the acquire above, then on a side connection `INSERT …
+//!   ON DUPLICATE KEY UPDATE` of the row with one entry (it replaces any stale row: the
+//!   key was free). Row mode: 2 round trips (3 on a key's first use); named mode: 3.
+//! - **Re-entry**: one batch on a side connection: `UPDATE {table}_owner SET entries =
+//!   entries + 1, token = LAST_INSERT_ID(token), expires = GREATEST(expires, NOW(6) + ttl)
+//!   WHERE` *owner check*, `SELECT ROW_COUNT(), LAST_INSERT_ID()` (matched: granted at once
+//!   with the hold's token), then the row is marked ended and deleted if its hold is gone
+//!   (stale). It runs in a task of its own, which releases the entry if the caller gave
+//!   up meanwhile. In the client that holds the lock: 1 round trip, no lock statement. From
+//!   another client the lock is tried first (it may be free): 2 (`NOWAIT` or `GET_LOCK(…,
+//!   0)`, busy, then the re-entry; row mode's `ROLLBACK` of the try follows the answer).
+//! - **Waiting**: an owner that finds the key held by someone else waits as any acquire
+//!   does, woken by the server's grant, but in rounds of 1 s (row mode: the session's
+//!   `innodb_lock_wait_timeout = 1`, so a round ends on the server without a kill; named
+//!   mode: `GET_LOCK(name, 1)`), each followed by a re-entry: the owner may have taken the
+//!   key meanwhile in another client just after this acquire looked (a plain wait would
+//!   then last until that hold ends). 2 statements a second per waiting owner acquire.
+//! - **Release**: one batch on a side connection: `UPDATE … SET entries =
+//!   LAST_INSERT_ID(entries - 1) WHERE` *owner check* and `SELECT ROW_COUNT(),
+//!   LAST_INSERT_ID()`; no row matched: [`NotHeld`](dlock_core::LockError::NotHeld). Entries
+//!   left: 1 round trip. None left in the client that holds the lock: the row's `DELETE`
+//!   (side connection) and the lock's release (`ROLLBACK` / `RELEASE_LOCK`) at once: 2
+//!   round trips, the key free after them. None left in another client: 1 round trip, and
+//!   the holding client frees the key at its next poll (below), within 100 ms and 2 round
+//!   trips.
+//! - **Renewal** (every ttl/3; owner grants are never kept alive by a carrier, since each
+//!   lease's renewal is its owner check): a lease of the client that holds the lock renews
+//!   that session (row mode: the ping on the holding connection, `SET SESSION wait_timeout`
+//!   to the longest ttl asked, at once when a re-entry in that client asks for a longer
+//!   one, which costs it a second round trip; named mode: the carrier's keep); a lease of
+//!   another client sends `UPDATE … SET expires = GREATEST(expires, NOW(6) + ttl) WHERE`
+//!   *owner check* (1 round trip; no row matched: `NotHeld`, and `lost()` fires). No
+//!   renewal shortens anything.
+//! - **The first client's leases all released, others' still counting**: only the session
+//!   that holds a row lock or a named lock can let it go, so that client keeps the session
+//!   (its lock connection stays out of the pool, or its carrier keeps the lock) and a task
+//!   polls every 100 ms on a side connection: `UPDATE … SET entries = 0 WHERE … AND expires
+//!   < NOW(6)` (every other lease stopped renewing a ttl ago: a crashed client's entries
+//!   stop counting) and `SELECT entries`; at zero (or no row) it deletes the row and lets
+//!   the lock go. It also renews the session every third of the longest ttl. A lease of
+//!   that client entering again stops the poll.
+//! - **Crash**: the first client's session ends and the server frees the key at once,
+//!   whatever the count; the owner's leases in other clients see `NotHeld` at their next
+//!   renewal (a third of their ttl at the latest) and delete the stale row. A crash leaves
+//!   the row only when no lease of another client remains: it is ignored, and replaced or
+//!   deleted by the key's next owner acquire.
+//!
+//! **[`Reentry::FirstSession`](dlock_core::Reentry::FirstSession)**, not `AnyLease`: the
+//! lock is a row lock of one open transaction, or a named lock of one session, and only
+//! that session can keep or release it; when it ends (crash, kill, idle timeout) the
+//! server frees the key at once, and nothing another client does can keep it. Fence what
+//! the owner's other leases write.
+//!
+//! **A restarted process with the same owner id** continues the hold (enters it again,
+//! with the same token, and releases what it enters) while the process that took it first
+//! still runs: the hold lives in that process's session. If the restarted process was that
+//! first one, its session ended with it and the key was freed: its next acquire takes a
+//! new hold, with a new token. Entries of the dead process are never released: they count
+//! while the first client's own leases live, and stop counting a ttl after their last
+//! renewal once only the poll keeps the hold.
+//!
+//! | owner operation | round trips |
+//! |---|---|
+//! | first acquire, key free | row 2 (3 on a key's first use), named 3 |
+//! | re-entry from the client that holds the lock | 1 |
+//! | re-entry from another client | 2 |
+//! | an owner's wait | the wait, in 1 s rounds with 1 re-entry each |
+//! | release, entries left | 1 |
+//! | last release, in the client that holds the lock | 2 (row delete and unlock at once: 1 after the first) |
+//! | last release, in another client | 1; the key frees at the holder's next poll (≤ 100 ms + 2) |
+//! | renewal | holding client: 1 ping (named: the carrier's keep); another client: 1 |
+//!
+//! Plain holds are unchanged: no statement is added to them (in named mode an acquire of a
+//! key this client keeps for an owner waits for that hold to end before `GET_LOCK`, which
+//! the holding session would grant it again).
+//!
+//! `inspect` shows one exclusive holder with the hold's token; its `who` (the holding
+//! client's, as for any hold) ends with ` (owner job-7, held 3 times)`, read from the
+//! hold's row (a `LEFT JOIN` on name and token in the same statement, no round trip).
+//!
 //! # Capabilities
 //!
 //! Both modes, except `max_held`, `Some(max_connections)` in row mode and `None` in named
@@ -466,6 +563,7 @@
 //! | permits | row mode: yes; named mode: no | a row lock on one of N slot rows; `GET_LOCK` cannot wait for any one of N names. The declared wake-up is the mutex's: a permit waiter is woken by the server only when the slot it waits on frees, and otherwise finds a freed slot by its re-scan within 1 s (see *Permits*) |
 //! | max key length | 1024 bytes | longer names are hashed to 255 bytes in the table |
 //! | inspect | who: yes; waiters: listed; list: yes (both modes) | row mode: each hold's uncommitted `{table}_held` row carries its `holder_description` (a leader's value); named mode: the holding connection's id and address (a leader's value). Waiters: the process list's running waits, in no promised order (not a queue: see *Inspecting*). Named mode lists no key longer than its shortened name |
+//! | reentrant | first session (both modes) | the lock stays in the session of the client that took it; the owner and count in a committed `{table}_owner` row (see *Reentrant holds*) |
 //! | election | polled, every 250 ms (both modes) | the value beside the hold (see *Elections*); MySQL cannot wake a client when a row or a named lock changes, so observers read the leader, one round trip, every 250 ms |
 //!
 //! **ttl rounding**: `wait_timeout` counts whole seconds, so the server keeps a silent
@@ -566,6 +664,10 @@
 //! - `{table}_fence`: on MySQL 8 one counter per key ever locked (the counter must never
 //!   go back), with the latest holder's connection id and grant time; on MariaDB the same
 //!   per key locked in named mode. Delete fence rows only of keys retired for good.
+//! - `{table}_owner`: nothing once every reentrant hold has ended (its last release, or
+//!   its poll, deletes the row). A hold whose first client crashed with no lease left in
+//!   another client leaves its row, stale (its hold is gone, so no statement takes it for
+//!   one), until the key's next owner acquire replaces or deletes it.
 //!
 //! Who holds a key in row mode, by hand: `SET TRANSACTION ISOLATION LEVEL READ
 //! UNCOMMITTED; SELECT conn, held_key, who FROM {table}_held` (`KILL <conn>` breaks the
@@ -649,6 +751,7 @@ mod inspect;
 mod named;
 mod permits;
 mod pool;
+mod reentry;
 mod sql;
 mod tls;
 

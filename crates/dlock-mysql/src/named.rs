@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::raw::carrier::{Failure, Granted, Session};
 use dlock_core::raw::{Deadline, Grant};
-use dlock_core::{LockOptions, Result};
+use dlock_core::{LockOptions, Owner, Result};
 use sha2::{Digest, Sha256};
 use sqlx::{Connection, Row};
 use tokio::sync::oneshot;
@@ -25,6 +25,7 @@ use crate::backend::{Batch, Inner, run_into};
 use crate::election::NamedLeadership;
 use crate::error::Error;
 use crate::pool::Lent;
+use crate::reentry::OWNER_ROUND;
 use crate::sql::{self, LOCK_WAIT_ROUND, Sql, literal};
 
 /// Longest `GET_LOCK` name MySQL 8 accepts.
@@ -243,6 +244,10 @@ pub(crate) struct NamedAttempt {
     shared: bool,
     deadline: Deadline,
     reply: Reply,
+    /// A reentrant hold's owner (see `reentry`).
+    owner: Option<Owner>,
+    /// The grant entered the owner's hold again (it is not a new hold).
+    reentered: bool,
 }
 
 impl NamedAttempt {
@@ -263,11 +268,23 @@ impl NamedAttempt {
             shared: opts.auto_renew,
             deadline,
             reply: Reply::new(reply),
+            owner: opts.owner,
+            reentered: false,
         }
     }
 
     pub(crate) async fn run(mut self) {
         let mut answer = self.take().await;
+        if let Some(owner) = self.owner
+            && !self.reentered
+            && let Ok(Some(grant)) = answer
+        {
+            answer = self
+                .inner
+                .own(&self.key, owner, self.ttl, grant)
+                .await
+                .map(Some);
+        }
         if self.lock.value.is_some() {
             // A leadership proclaims on a side connection (see `election`).
             answer = answer.map(|granted| {
@@ -283,7 +300,30 @@ impl NamedAttempt {
         }
     }
 
+    /// Enter the owner's hold again, if the owner holds the key now (in any client).
+    async fn reenter(&mut self) -> Result<Option<Grant>> {
+        let Some(owner) = self.owner else {
+            return Ok(None);
+        };
+        let grant = self.inner.reenter(&self.key, owner, self.ttl).await?;
+        self.reentered = grant.is_some();
+        Ok(grant)
+    }
+
     async fn take(&mut self) -> Answer {
+        // A hold this client keeps for an owner: its session may carry this take too, and
+        // `GET_LOCK` on the session that holds a lock takes it again. The owner enters its
+        // hold again; anyone else waits for the hold to end.
+        if let Some(keeper) = self.inner.keepers.get(self.lock.row()) {
+            if Some(keeper.owner) == self.owner
+                && let Some(grant) = self.reenter().await?
+            {
+                return Ok(Some(grant));
+            }
+            if !self.deadline.may_wait() || self.deadline.run(keeper.ended()).await.is_none() {
+                return Ok(None);
+            }
+        }
         let inner = self.inner.clone();
         let tried = self.inner.carriers.try_take(
             &self.key,
@@ -296,6 +336,9 @@ impl NamedAttempt {
             return Ok(None);
         };
         if let Some(grant) = tried? {
+            return Ok(Some(grant));
+        }
+        if let Some(grant) = self.reenter().await? {
             return Ok(Some(grant));
         }
         if !self.deadline.may_wait() {
@@ -316,8 +359,12 @@ impl NamedAttempt {
             Deadline::TryOnce | Deadline::Never => None,
         };
         loop {
-            let round = deadline.map_or(LOCK_WAIT_ROUND, |at| {
-                sql::idle_seconds(at.saturating_duration_since(Instant::now())).min(LOCK_WAIT_ROUND)
+            let longest = match self.owner {
+                Some(_) => OWNER_ROUND,
+                None => LOCK_WAIT_ROUND,
+            };
+            let round = deadline.map_or(longest, |at| {
+                sql::idle_seconds(at.saturating_duration_since(Instant::now())).min(longest)
             });
             let sql = format!("SELECT GET_LOCK({}, {round})", literal(&self.lock.name));
             let sent_at = Instant::now();
@@ -378,7 +425,19 @@ impl NamedAttempt {
                             .after_wait(),
                     ));
                 }
-                // The round ran out.
+                // The round ran out: the owner may hold the key now, in another client.
+                Some(0) if self.owner.is_some() => match self.reenter().await {
+                    Ok(Some(grant)) => {
+                        lent.give_back();
+                        return Ok(Some(grant));
+                    }
+                    Ok(None) if self.deadline.may_wait() => {}
+                    Ok(None) => {
+                        lent.give_back();
+                        return Ok(None);
+                    }
+                    Err(e) => return Err(e),
+                },
                 Some(0) if self.deadline.may_wait() => {}
                 Some(0) => {
                     lent.give_back();

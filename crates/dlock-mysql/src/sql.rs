@@ -109,6 +109,8 @@ pub(crate) struct Sql {
     pub(crate) held: String,
     /// `{table}_value`: the value a named-mode leader publishes (see `named`).
     pub(crate) value: String,
+    /// `{table}_owner`: the owner and count of each reentrant hold (see `reentry`).
+    pub(crate) owner: String,
     pub(crate) tokens: Tokens,
     server: Server,
 }
@@ -124,6 +126,7 @@ impl Sql {
             slots: format!("{table}_slots"),
             held: format!("{table}_held"),
             value: format!("{table}_value"),
+            owner: format!("{table}_owner"),
             tokens,
             server,
         }
@@ -219,12 +222,21 @@ impl Sql {
                conn BIGINT UNSIGNED NOT NULL COMMENT 'CONNECTION_ID() of the leader, valid while IS_USED_LOCK names it',\
                token BIGINT UNSIGNED NOT NULL,\
                value VARBINARY({VALUE_WIDTH}) NOT NULL\
-             ) ENGINE=InnoDB COMMENT='dlock: the value of each named-mode election leader, deleted when it resigns'",
+             ) ENGINE=InnoDB COMMENT='dlock: the value of each named-mode election leader, deleted when it resigns';\
+             CREATE TABLE IF NOT EXISTS `{o}` (\
+               name VARBINARY({NAME_WIDTH}) NOT NULL PRIMARY KEY,\
+               owner VARBINARY(64) NOT NULL,\
+               token BIGINT UNSIGNED NOT NULL COMMENT 'the hold: its fencing token',\
+               entries INT UNSIGNED NOT NULL COMMENT 'leases of the hold not released yet',\
+               expires DATETIME(6) NOT NULL COMMENT 'the latest end of a lease of another client',\
+               since TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)\
+             ) ENGINE=InnoDB COMMENT='dlock: the owner and count of each reentrant hold, deleted when the hold ends'",
             t = self.table,
             f = self.fence,
             s = self.slots,
             h = self.held,
             v = self.value,
+            o = self.owner,
         )
     }
 
@@ -239,8 +251,9 @@ impl Sql {
              JOIN information_schema.COLUMNS c \
                ON c.TABLE_SCHEMA = t.TABLE_SCHEMA AND c.TABLE_NAME = t.TABLE_NAME \
               AND c.COLUMN_NAME = 'name' \
-             WHERE t.TABLE_SCHEMA = DATABASE() AND t.TABLE_NAME IN ('{}', '{}', '{}', '{}', '{}')",
-            self.table, self.fence, self.slots, self.held, self.value
+             WHERE t.TABLE_SCHEMA = DATABASE() \
+               AND t.TABLE_NAME IN ('{}', '{}', '{}', '{}', '{}', '{}')",
+            self.table, self.fence, self.slots, self.held, self.value, self.owner
         )
     }
 

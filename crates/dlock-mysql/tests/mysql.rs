@@ -275,7 +275,7 @@ async fn the_table_option_names_the_tables_and_unsafe_tables_are_refused() {
     let drop_tables = |t: &str| {
         format!(
             "DROP TABLE IF EXISTS `{t}`, `{t}_fence`, `{t}_seq`, `{t}_slots`, `{t}_held`, \
-             `{t}_value`"
+             `{t}_value`, `{t}_owner`"
         )
     };
 

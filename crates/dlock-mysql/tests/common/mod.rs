@@ -340,8 +340,9 @@ impl Harness for MysqlHarness {
     }
 
     /// Rows of keys, and permit slots (`name#slot`), starting with `prefix` that some
-    /// session still locks, and named-mode leaders' values (`value:name`) left in
-    /// `{table}_value`. Not residue: rows and slots nobody locks, which stay for the
+    /// session still locks, named-mode leaders' values (`value:name`) left in
+    /// `{table}_value`, and reentrant holds' rows left in `{table}_owner` (see
+    /// [`Self::owner_rows`]). Not residue: rows and slots nobody locks, which stay for the
     /// key's next use (one per key or slot ever locked, as the fence counters), and the
     /// fence table and token sequence.
     async fn residue(&self, prefix: &str) -> Result<Vec<String>, BoxError> {
@@ -361,11 +362,66 @@ impl Harness for MysqlHarness {
         for row in self.admin().await?.fetch_all(values.as_str()).await? {
             locked.push(row.try_get::<String, _>(0)?);
         }
+        locked.extend(self.owner_rows(prefix).await?);
         Ok(locked)
     }
 }
 
 impl MysqlHarness {
+    /// Reentrant holds' rows (`owner:name entries=n`) of keys starting with `prefix` in
+    /// `{table}_owner` whose hold is current (the key is still held) or ended (no entry
+    /// left, yet the row stays). Not residue: the row of a hold whose holder crashed
+    /// (stale: ignored, and overwritten by the key's next owner hold).
+    pub async fn owner_rows(&self, prefix: &str) -> Result<Vec<String>, BoxError> {
+        let escaped = row_name(prefix);
+        let t = &self.config.table;
+        let current = match self.config.mode {
+            LockMode::Row => format!(
+                "EXISTS (SELECT 1 FROM `{t}_held` h WHERE h.name = o.name AND h.token = o.token)"
+            ),
+            LockMode::Named => format!(
+                "EXISTS (SELECT 1 FROM `{t}_fence` f WHERE f.name = o.name AND f.fence = o.token \
+                 AND f.holder = IS_USED_LOCK(CONCAT('dlock:', \
+                   LEFT(SHA2(CONCAT('{t}', X'00', o.name), 256), 58))))"
+            ),
+        };
+        let sql = format!(
+            "SELECT CAST(CONCAT('owner:', o.name, ' entries=', o.entries) AS CHAR) \
+             FROM `{t}_owner` o WHERE LEFT(o.name, {}) = {} AND (o.entries = 0 OR {current})",
+            escaped.len(),
+            literal(&escaped)
+        );
+        let mut admin = self.admin().await?;
+        admin
+            .execute("SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")
+            .await?;
+        let rows = admin.fetch_all(sql.as_str()).await?;
+        Ok(rows
+            .iter()
+            .map(|r| r.try_get::<String, _>(0))
+            .collect::<std::result::Result<_, _>>()?)
+    }
+
+    /// Every row of `{table}_owner` for keys starting with `prefix`, stale ones too:
+    /// `(name, owner, token, entries)`.
+    pub async fn all_owner_rows(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, String, u64, u32)>, BoxError> {
+        let escaped = row_name(prefix);
+        let sql = format!(
+            "SELECT CAST(name AS CHAR), CAST(owner AS CHAR), token, entries \
+             FROM `{}_owner` WHERE LEFT(name, {}) = {} ORDER BY name",
+            self.config.table,
+            escaped.len(),
+            literal(&escaped)
+        );
+        let rows = self.admin().await?.fetch_all(sql.as_str()).await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
+            .collect()
+    }
+
     /// `what` of the rows of `table` whose name starts with `prefix`'s row name and that
     /// some session locks.
     async fn locked_rows(
