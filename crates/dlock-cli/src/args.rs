@@ -46,7 +46,8 @@ pub(crate) enum Cmd {
     /// than once, all the keys are taken or none, and the command also sees DLOCK_KEYS and
     /// DLOCK_FENCING_TOKENS: the keys in ascending order and their tokens, one per line
     /// each (a key with a newline cannot be told apart there); DLOCK_KEY and
-    /// DLOCK_FENCING_TOKEN are then the first of them. Losing any of the keys is losing
+    /// DLOCK_FENCING_TOKEN are then the first of them. With --owner (or DLOCK_OWNER) it
+    /// also sees DLOCK_OWNER. Losing any of the keys is losing
     /// the lease (--on-lost). Unless dlock
     /// is an interactive terminal's foreground job or --foreground is given, it runs in a
     /// process group of its own: SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to dlock, and the
@@ -213,6 +214,14 @@ pub(crate) struct LockArgs {
     /// semaphores refuse it (exit 64).
     #[arg(long, value_name = "N", value_parser = parse_permits)]
     permits: Option<u32>,
+    /// Take the hold as owner ID (a job id: 1 to 64 printable ASCII characters, no
+    /// spaces): a reentrant hold. While the owner holds the key, a `dlock run` or `hold`
+    /// with the same owner (a nested script of the same job, here or on another machine)
+    /// takes it at once, with the same fencing token, and the key frees when the owner's
+    /// last hold ends. The command sees DLOCK_OWNER, so nested runs inherit it. Exclusive
+    /// holds only; backends without reentrant holds refuse it (exit 64).
+    #[arg(long, env = "DLOCK_OWNER", value_name = "ID")]
+    pub(crate) owner: Option<String>,
 }
 
 /// The lease and the wait, for `run`, `hold` and `elect`.
@@ -276,10 +285,14 @@ impl LockArgs {
 
     pub(crate) fn options(&self) -> LockOptions {
         let opts = self.timing.options();
-        match (self.read, self.permits) {
+        let opts = match (self.read, self.permits) {
             (true, _) => opts.shared(),
             (false, Some(n)) => opts.permits(n),
             (false, None) => opts,
+        };
+        match &self.owner {
+            Some(id) => opts.owner(id),
+            None => opts,
         }
     }
 }

@@ -28,6 +28,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<u8, LockError> {
     let held = Held::Keys {
         set,
         several: args.lock.several_keys(),
+        owner: args.lock.owner.clone(),
     };
     run_under(held, &args.command, signals).await
 }
@@ -57,7 +58,11 @@ pub(crate) async fn elect(args: ElectArgs) -> Result<u8, LockError> {
 /// What the command runs under: the keys of `dlock run`, or the leadership of `dlock
 /// elect`.
 enum Held {
-    Keys { set: LeaseSet, several: bool },
+    Keys {
+        set: LeaseSet,
+        several: bool,
+        owner: Option<String>,
+    },
     Leader { key: String, leading: Leadership },
 }
 
@@ -89,7 +94,15 @@ impl Held {
     /// DLOCK_TERM and DLOCK_VALUE.
     fn environment(&self) -> Vec<(&'static str, String)> {
         match self {
-            Self::Keys { set, several } => environment(set.leases(), *several),
+            Self::Keys {
+                set,
+                several,
+                owner,
+            } => {
+                let mut env = environment(set.leases(), *several);
+                env.extend(owner.iter().map(|id| ("DLOCK_OWNER", id.clone())));
+                env
+            }
             Self::Leader { key, leading } => vec![
                 ("DLOCK_KEY", key.clone()),
                 ("DLOCK_FENCING_TOKEN", leading.term().to_string()),
