@@ -57,6 +57,8 @@ pub(crate) struct Config {
     pub(crate) key_sets: Option<usize>,
     /// Every hold a campaign in the key's election (the election workload).
     pub(crate) election: bool,
+    /// Every hold reentrant, entered again and left lease by lease (the reentry workload).
+    pub(crate) reentry: bool,
 }
 
 /// Timings derived from the backend's expiry and the ttl.
@@ -167,6 +169,7 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
         .chain(cfg.permits.map(|n| format!("--permits={n}")))
         .chain(cfg.key_sets.map(|k| format!("--key-sets={k}")))
         .chain(cfg.election.then(|| "--election".to_owned()))
+        .chain(cfg.reentry.then(|| "--reentry".to_owned()))
         .collect(),
     };
     for _ in 0..cfg.workers.max(1) {

@@ -112,6 +112,13 @@ struct Cli {
     /// --key-sets, and no shared holds.
     #[arg(long, conflicts_with_all = ["permits", "key_sets"])]
     election: bool,
+    /// A reentrant workload: every hold is taken under the task's own owner id
+    /// (`LockOptions::owner`), entered again once or twice (each re-entry must get the
+    /// hold's token), and given back lease by lease in a random order with a fenced write
+    /// after each, so a key freed before its last lease shows as two holders. The backend
+    /// must declare reentrant holds (`Capabilities::reentrant`); exclusive holds only.
+    #[arg(long, conflicts_with_all = ["permits", "key_sets", "election"])]
+    reentry: bool,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -190,6 +197,7 @@ fn main() -> ExitCode {
         permits: cli.permits,
         key_sets,
         election: cli.election,
+        reentry: cli.reentry,
     };
     let report = match runtime.block_on(coordinator::run(cfg)) {
         Ok(report) => report,

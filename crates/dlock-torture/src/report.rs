@@ -107,6 +107,8 @@ pub(crate) struct Report {
     pub(crate) longest_set_stall_ms: Option<f64>,
     pub(crate) holds_per_key: BTreeMap<String, usize>,
     pub(crate) leases_lost: usize,
+    /// Re-entries into reentrant holds that got the hold's token (the reentry workload).
+    pub(crate) reentries: u64,
     pub(crate) writes_accepted: usize,
     pub(crate) writes_rejected: usize,
     pub(crate) acquire_errors: BTreeMap<String, u64>,
@@ -234,6 +236,7 @@ impl Report {
                 (Some(n), _) => format!("semaphore of {n} permits"),
                 (None, Some(k)) => format!("key sets of up to {k}"),
                 (None, None) if i.cfg.election => "elections".to_owned(),
+                (None, None) if i.cfg.reentry => "reentrant holds".to_owned(),
                 (None, None) => "locks".to_owned(),
             },
             holds: i.analysis.holds,
@@ -248,6 +251,7 @@ impl Report {
             longest_set_stall_ms: i.sets.map(|s| ms(s.longest_stall)),
             holds_per_key,
             leases_lost: i.holds.iter().filter(|h| h.lost_at.is_some()).count(),
+            reentries: i.state.reentries,
             writes_accepted: accepted,
             writes_rejected: i.state.log.len() - accepted,
             acquire_errors: i.state.acquire_errors.clone(),
@@ -310,6 +314,13 @@ impl Report {
             errors,
             self.violations.len()
         );
+        if self.workload == "reentrant holds" {
+            let _ = writeln!(
+                md,
+                "Reentrant holds: {} re-entries got their hold's token; each hold was left lease by lease with a fenced write after each.\n",
+                self.reentries
+            );
+        }
         if let Some(n) = self.permits {
             let most = self
                 .most_permit_holders

@@ -81,6 +81,8 @@ pub(crate) struct State {
     pub(crate) log: Vec<WriteRec>,
     pub(crate) acquire_errors: BTreeMap<String, u64>,
     pub(crate) release_outcomes: BTreeMap<String, u64>,
+    /// Re-entries into reentrant holds that kept the hold's token.
+    pub(crate) reentries: u64,
     /// When each dead worker process was reaped, and how it ended.
     exits: HashMap<u32, (u64, &'static str)>,
     /// The first few acquire error messages of each kind, for the report.
@@ -140,6 +142,7 @@ impl State {
                     },
                 );
             }
+            Msg::Reentered { .. } => self.reentries += 1,
             Msg::Write { hold, key, token } => {
                 return Some(WriteReply {
                     accepted: self.write(key, hold, token),

@@ -26,6 +26,8 @@ pub(crate) enum Msg {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         set: Option<u64>,
     },
+    /// The holder entered its reentrant hold once more and got the hold's token.
+    Reentered { hold: u64 },
     /// A write to the fenced store, carrying the hold's token (answered).
     Write { hold: u64, key: String, token: u64 },
     /// The lease's `lost()` fired (or `is_lost()` was seen) at `at`.

@@ -60,6 +60,10 @@ pub(crate) struct WorkerArgs {
     /// Every hold a campaign in the key's election, publishing this task's name.
     #[arg(long)]
     pub(crate) election: bool,
+    /// Every hold reentrant: taken under this task's own owner id, entered again once or
+    /// twice, and given back lease by lease in a random order.
+    #[arg(long)]
+    pub(crate) reentry: bool,
 }
 
 /// How long a worker keeps trying to connect (the server may be down when it is spawned).
@@ -187,12 +191,18 @@ async fn contend(
 ) -> Result<(), String> {
     let store = Store::connect(args.store, args.process).await?;
     let opts = LockOptions::new().ttl(args.ttl).wait(Wait::For(args.wait));
-    let read_share = if client.capabilities().shared && !args.election {
+    let read_share = if client.capabilities().shared && !args.election && !args.reentry {
         args.read_share.clamp(0.0, 1.0)
     } else {
         0.0
     };
     let new_hold = || (u64::from(args.process) << 32) | ids.fetch_add(1, Ordering::Relaxed);
+    // Each task its own owner: two tasks sharing one would share their holds.
+    let owner = format!("torture-{}", new_hold());
+    let opts = match args.reentry {
+        true => opts.owner(&owner),
+        false => opts,
+    };
     while !*stop.borrow() {
         // The draws in the order the single-key workload has always made them.
         let keys: Vec<String> = if let Some(most) = args.key_sets {
@@ -264,6 +274,17 @@ async fn contend(
             }
         };
         let at = now_ns();
+        let mut taken = taken;
+        let mut entries = Vec::new();
+        if let (true, Taken::One(first)) = (args.reentry, &mut taken) {
+            entries = enter_again(&*client, first, &opts, &mut rng).await;
+            // Half the time the first lease goes first: the hold is not the first lease's.
+            if let Some(entry) = entries.first_mut()
+                && rng.random_bool(0.5)
+            {
+                std::mem::swap(first, entry);
+            }
+        }
         let plan = Plan::draw(&mut rng, args.ttl);
         // One hold per key (a set's keys in the order they were taken), each with its token.
         let leases = match &taken {
@@ -293,6 +314,9 @@ async fn contend(
                 })
                 .await?;
         }
+        for _ in &entries {
+            store.send(&Msg::Reentered { hold: holds[0].0 }).await?;
+        }
         // A set is watched key by key: its `lost()` is the first of its leases' signals,
         // and each key's hold is told of its own loss.
         let watchers: Vec<_> = leases
@@ -311,6 +335,9 @@ async fn contend(
                     break 'section;
                 }
             }
+        }
+        if let Some((hold, key, token)) = holds.first() {
+            leave_early(entries, &taken, &store, (*hold, key, *token)).await?;
         }
         let at = now_ns();
         for (hold, ..) in &holds {
@@ -332,6 +359,48 @@ async fn contend(
                 .await?;
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..=20))).await;
+    }
+    Ok(())
+}
+
+/// Enter the key of `first` under its owner once or twice more, at once: the leases of
+/// the re-entries that kept the hold's token. One with another token is a new hold after
+/// the first was lost unseen (a fault): given back, not used.
+async fn enter_again(
+    client: &dyn DistributedLock,
+    first: &dlock::Lease,
+    opts: &LockOptions,
+    rng: &mut StdRng,
+) -> Vec<dlock::Lease> {
+    let mut entries = Vec::new();
+    for _ in 0..rng.random_range(1..=2) {
+        match client.acquire(first.key(), &opts.wait(Wait::No)).await {
+            Ok(lease) if lease.fencing_token() == first.fencing_token() => entries.push(lease),
+            Ok(other) => {
+                let _ = other.release().await;
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    entries
+}
+
+/// Give back the hold's re-entries one by one, writing under its token after each while
+/// no lease of the hold was told it is lost: the hold must stay exclusive until its last
+/// lease (`last`) goes.
+async fn leave_early(
+    entries: Vec<dlock::Lease>,
+    last: &Taken,
+    store: &Store,
+    (hold, key, token): (u64, &str, u64),
+) -> Result<(), String> {
+    for entry in entries {
+        let lost = entry.is_lost();
+        let _ = entry.release().await;
+        if lost || last.is_lost() || !store.write(hold, key, token).await? {
+            break;
+        }
     }
     Ok(())
 }
