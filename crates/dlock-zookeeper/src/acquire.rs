@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::raw::{Backend, Deadline, Grant};
 use dlock_core::{
-    Capabilities, Expiry, Fencing, Inspection, KeyStatus, Leader, LockStats, Mode, Observe, Result,
-    WaiterView, Wakeup,
+    Capabilities, Expiry, Fencing, Inspection, KeyStatus, Leader, LockStats, Mode, Observe, Owner,
+    Reentry, Result, WaiterView, Wakeup,
 };
 use futures::stream::BoxStream;
 use tokio::time::Instant;
@@ -20,6 +20,7 @@ use crate::NAME;
 use crate::contender::Contender;
 use crate::error::{Error, is_session_over};
 use crate::nodes;
+use crate::reentry;
 use crate::request::retry;
 use crate::session::ZookeeperBackend;
 
@@ -66,6 +67,9 @@ impl Backend for ZookeeperBackend {
             election: Observe::Woken {
                 recheck: crate::election::RECHECK,
             },
+            // The owner and count live in the holding node's data; the node is ephemeral
+            // on the session that created it (see the crate docs' Reentrant holds).
+            reentrant: Reentry::FirstSession,
             ..Default::default()
         }
     }
@@ -130,7 +134,7 @@ impl ZookeeperBackend {
             };
             let taken = match opts.mode {
                 Mode::Permits(limit) => self.take_permit(&client, key, &dir, limit, budget).await,
-                mode => self.take(&client, key, &dir, mode, value, budget).await,
+                _ => self.take(&client, key, &dir, opts, value, budget).await,
             };
             match taken {
                 Ok(grant) => return Ok(grant),
@@ -181,17 +185,80 @@ impl ZookeeperBackend {
         client: &zk::Client,
         key: &str,
         dir: &str,
-        mode: Mode,
+        opts: &dlock_core::LockOptions,
         value: Option<&str>,
         budget: Budget,
     ) -> Result<Option<Grant>, zk::Error> {
+        let (mode, owner) = (opts.mode, opts.owner);
         let sent_at = Instant::now();
-        let mut contender = Contender::new(client, self.acl(), key, dir, mode, self.config.curator);
+        if let Some(owner) = owner
+            && let Some(grant) = self
+                .reenter_known(client, key, owner, budget, sent_at)
+                .await?
+        {
+            return Ok(Some(grant));
+        }
+        let mut contender =
+            Contender::new(client, self.acl(), key, dir, mode, self.config.curator).owned(owner);
         if let Some(value) = value {
             contender = contender.campaigning(value);
         }
-        match self.queue(client, contender, budget).await? {
-            Some(held) => held.into_grant(key, sent_at).map(Some),
+        let (node, waited) = match (self.queue_for(client, contender, budget).await?, owner) {
+            (Some(Queued::Holds(held)), None) => return held.into_grant(key, sent_at).map(Some),
+            (Some(Queued::Holds(held)), Some(_)) => {
+                let waited = held.waited();
+                (held.into_hold(), waited)
+            }
+            (Some(Queued::Reentered(node, waited)), _) => (node, waited),
+            (None, _) => return Ok(None),
+        };
+        let owner = owner.expect("only an owner's node is a reentrant hold");
+        let grant = reentry::grant(client, &self.hints, key, node, owner, sent_at)?;
+        Ok(Some(match waited {
+            true => grant.after_wait(),
+            false => grant,
+        }))
+    }
+
+    /// Re-enter `owner`'s hold of `key` through the node this client last saw hold it, if
+    /// any and if it still does: `getData` and `setData` (see [`reentry::raise`]), two round
+    /// trips and no node of our own.
+    async fn reenter_known(
+        &self,
+        client: &zk::Client,
+        key: &str,
+        owner: Owner,
+        budget: Budget,
+        sent_at: Instant,
+    ) -> Result<Option<Grant>, zk::Error> {
+        let Some((path, czxid)) = self.hints.get(key, owner) else {
+            return Ok(None);
+        };
+        let Some(stat) = reentry::raise(client, &path, czxid, owner, budget.until()).await? else {
+            self.hints.forget(key, &path);
+            return Ok(None);
+        };
+        let node = reentry::HoldNode {
+            path,
+            czxid,
+            kept: stat.ephemeral_owner == client.session_id().0,
+        };
+        reentry::grant(client, &self.hints, key, node, owner, sent_at).map(Some)
+    }
+
+    /// [`queue_for`](Self::queue_for) for a contender without an owner (a semaphore's
+    /// mutex): it holds or gives up.
+    pub(crate) async fn queue(
+        &self,
+        client: &zk::Client,
+        me: Contender,
+        budget: Budget,
+    ) -> Result<Option<Contender>, zk::Error> {
+        match self.queue_for(client, me, budget).await? {
+            Some(Queued::Holds(me)) => Ok(Some(*me)),
+            Some(Queued::Reentered { .. }) => Err(zk::Error::UnexpectedError(
+                "a contender without an owner re-entered a hold".to_owned(),
+            )),
             None => Ok(None),
         }
     }
@@ -199,13 +266,17 @@ impl ZookeeperBackend {
     /// Queue `me` in its directory until its node holds it in its mode, and return it then
     /// (`None`: the deadline came, or `try_acquire` found it held; our node is deleted).
     /// Create our node, then until it holds, watch the node it waits for (exclusive: the
-    /// one just before it; shared: the last exclusive one before it).
-    pub(crate) async fn queue(
+    /// one just before it; shared: the last exclusive one before it). An owner's node
+    /// re-enters the holder instead when the holder's data names its owner, and may watch
+    /// the holder too (see [`owner_turn`](Self::owner_turn) and
+    /// [Reentrant holds](crate#reentrant-holds)). A change of the watched node's data only
+    /// sets the watch again.
+    pub(crate) async fn queue_for(
         &self,
         client: &zk::Client,
         mut me: Contender,
         budget: Budget,
-    ) -> Result<Option<Contender>, zk::Error> {
+    ) -> Result<Option<Queued>, zk::Error> {
         let dir = me.dir().to_owned();
         let dir = dir.as_str();
         let mut listed = Some(me.create(budget).await?);
@@ -234,28 +305,68 @@ impl ZookeeperBackend {
                 continue;
             };
             let Some(blocker) = nodes::waits_for(&order, position) else {
-                return Ok(Some(me));
+                return Ok(Some(Queued::Holds(Box::new(me))));
             };
-            if !budget.deadline.may_wait() {
-                me.withdraw().await;
-                return Ok(None);
-            }
-            me.note_wait();
-            let blocker = format!("{dir}/{}", order[blocker].name);
-            let watcher = match retry(client, budget.until(), || {
-                client.get_and_watch_data(&blocker)
-            })
-            .await
-            {
-                // Gone already: look again at once.
-                Err(zk::Error::NoNode) => continue,
-                watched => watched?.2,
-            };
-            let event = tokio::select! {
-                event = watcher.changed() => event,
-                () = budget.deadline.reached() => {
+            let may_wait = budget.deadline.may_wait();
+            let predecessor = format!("{dir}/{}", order[blocker].name);
+            let (mut watcher, also) = match me.owner() {
+                Some(owner) if order[0].mode == Mode::Exclusive => {
+                    let turn = self.owner_turn(client, &mut me, owner, &order, blocker, budget);
+                    match turn.await? {
+                        OwnerTurn::Relist => continue,
+                        OwnerTurn::Reentered(queued) => return Ok(Some(queued)),
+                        OwnerTurn::GiveUp => {
+                            me.withdraw().await;
+                            return Ok(None);
+                        }
+                        OwnerTurn::Wait(watcher, also) => (watcher, also),
+                    }
+                }
+                _ if !may_wait => {
                     me.withdraw().await;
                     return Ok(None);
+                }
+                _ => match retry(client, budget.until(), || {
+                    client.get_and_watch_data(&predecessor)
+                })
+                .await
+                {
+                    // Gone already: look again at once.
+                    Err(zk::Error::NoNode) => continue,
+                    watched => (watched?.2, None),
+                },
+            };
+            me.note_wait();
+            // The holder's watch, for an owner behind a node of its own owner: any event
+            // means look again.
+            let also = async move {
+                match also {
+                    Some(also) => also.changed().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(also);
+            let event = loop {
+                let event = tokio::select! {
+                    event = watcher.changed() => event,
+                    event = &mut also => break event,
+                    () = budget.deadline.reached() => {
+                        me.withdraw().await;
+                        return Ok(None);
+                    }
+                };
+                if event.event_type != EventType::NodeDataChanged {
+                    break event;
+                }
+                // Only the data changed (an owner's count, a proclaim): the node still
+                // holds or waits; watch it again without looking at the queue.
+                match retry(client, budget.until(), || {
+                    client.get_and_watch_data(&predecessor)
+                })
+                .await
+                {
+                    Err(zk::Error::NoNode) => break event,
+                    watched => watcher = watched?.2,
                 }
             };
             self.wakeups.fetch_add(1, Ordering::Relaxed);
@@ -265,6 +376,105 @@ impl ZookeeperBackend {
             }
         }
     }
+}
+
+impl ZookeeperBackend {
+    /// An owner's node that does not hold, behind `order[blocker]`, with an exclusive
+    /// holder `order[0]`: read the holder's data and re-enter it if it is our owner's hold.
+    /// Otherwise wait on the node just before ours (its data read with the holder's, in
+    /// the same round trip), and also on the holder when that node is our owner's: when
+    /// the key passes to it, we re-enter at once.
+    async fn owner_turn(
+        &self,
+        client: &zk::Client,
+        me: &mut Contender,
+        owner: Owner,
+        order: &[nodes::Node],
+        blocker: usize,
+        budget: Budget,
+    ) -> Result<OwnerTurn, zk::Error> {
+        let dir = me.dir().to_owned();
+        let holder = format!("{dir}/{}", order[0].name);
+        let predecessor = format!("{dir}/{}", order[blocker].name);
+        let (may_wait, until) = (budget.deadline.may_wait(), budget.until());
+        let behind = blocker != 0 && may_wait;
+        let read_holder = async {
+            match blocker == 0 && may_wait {
+                true => retry(client, until, || client.get_and_watch_data(&holder))
+                    .await
+                    .map(|(data, stat, watcher)| (data, stat, Some(watcher))),
+                false => retry(client, until, || client.get_data(&holder))
+                    .await
+                    .map(|(data, stat)| (data, stat, None)),
+            }
+        };
+        let read_predecessor = async {
+            match behind {
+                true => {
+                    Some(retry(client, until, || client.get_and_watch_data(&predecessor)).await)
+                }
+                false => None,
+            }
+        };
+        let (read, ahead) = tokio::join!(read_holder, read_predecessor);
+        let (data, stat, holder_watch) = match read {
+            Err(zk::Error::NoNode) => return Ok(OwnerTurn::Relist),
+            read => read?,
+        };
+        if reentry::is_owners(&data, owner) {
+            let ours = me.path().expect("a queued contender has its node");
+            if !reentry::reenter(client, &holder, &data, &stat, &ours, until).await? {
+                return Ok(OwnerTurn::Relist);
+            }
+            me.forget();
+            let node = reentry::HoldNode {
+                path: holder,
+                czxid: stat.czxid,
+                kept: stat.ephemeral_owner == client.session_id().0,
+            };
+            return Ok(OwnerTurn::Reentered(Queued::Reentered(node, me.waited())));
+        }
+        if !may_wait {
+            return Ok(OwnerTurn::GiveUp);
+        }
+        let Some(ahead) = ahead else {
+            // The holder is just before us: its watch is the one to wait on.
+            let watcher = holder_watch.expect("watched when it is our predecessor");
+            return Ok(OwnerTurn::Wait(watcher, None));
+        };
+        let (ahead_data, _, watcher) = match ahead {
+            Err(zk::Error::NoNode) => return Ok(OwnerTurn::Relist),
+            ahead => ahead?,
+        };
+        if !reentry::is_owners(&ahead_data, owner) {
+            return Ok(OwnerTurn::Wait(watcher, None));
+        }
+        match retry(client, until, || client.get_and_watch_data(&holder)).await {
+            Err(zk::Error::NoNode) => Ok(OwnerTurn::Relist),
+            watched => Ok(OwnerTurn::Wait(watcher, Some(watched?.2))),
+        }
+    }
+}
+
+/// What an owner's waiting node does next (see [`ZookeeperBackend::owner_turn`]).
+enum OwnerTurn {
+    /// Something changed meanwhile: list the directory again.
+    Relist,
+    /// The holder was our owner's: re-entered.
+    Reentered(Queued),
+    /// `try_acquire`, and the key is another's.
+    GiveUp,
+    /// Wait on the node before ours, and on the holder too when that node is our owner's.
+    Wait(zk::OneshotWatcher, Option<zk::OneshotWatcher>),
+}
+
+/// What queueing a contender ends with.
+pub(crate) enum Queued {
+    /// Our node holds the key.
+    Holds(Box<Contender>),
+    /// Our owner's hold on another node was re-entered (and our node deleted); whether we
+    /// waited first.
+    Reentered(reentry::HoldNode, bool),
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::raw::Grant;
-use dlock_core::{Mode, holder_description};
+use dlock_core::{Mode, Owner, holder_description};
 use tokio::time::Instant;
 use zookeeper_client::{self as zk, Acls, CreateMode};
 
@@ -16,6 +16,7 @@ use crate::config::CuratorRecipe;
 use crate::error::{is_session_over, is_uncertain};
 use crate::held::{ZookeeperHeld, watch_lease, watch_node};
 use crate::nodes;
+use crate::reentry::{self, OwnerData};
 use crate::request::{MAX_RETRIES, delete, retry};
 use crate::session::connected;
 
@@ -44,6 +45,9 @@ pub(crate) struct Contender {
     /// An election candidate's value: our node is then a `latch-` node carrying it (see
     /// [Elections](crate#elections)).
     value: Option<Arc<str>>,
+    /// A reentrant hold's owner: our node's data then carries the owner and count (see
+    /// [Reentrant holds](crate#reentrant-holds)).
+    owner: Option<Owner>,
     node: Option<Node>,
     /// A create went out whose outcome is unknown.
     unsure: bool,
@@ -87,6 +91,7 @@ impl Contender {
             curator,
             parent: Parent::Base,
             value: None,
+            owner: None,
             node: None,
             unsure: false,
             waited: false,
@@ -104,6 +109,24 @@ impl Contender {
     pub(crate) fn campaigning(mut self, value: &str) -> Self {
         self.value = Some(value.into());
         self
+    }
+
+    /// The same, for a reentrant hold of `owner` (nothing changes for `None`).
+    pub(crate) fn owned(mut self, owner: Option<Owner>) -> Self {
+        self.owner = owner;
+        self
+    }
+
+    /// The owner of the reentrant hold we queue for, if any.
+    pub(crate) fn owner(&self) -> Option<Owner> {
+        self.owner
+    }
+
+    /// The path of our node, once created.
+    pub(crate) fn path(&self) -> Option<String> {
+        self.node
+            .as_ref()
+            .map(|n| format!("{}/{}", self.dir, n.name))
     }
 
     /// The directory our node goes in.
@@ -136,6 +159,7 @@ impl Contender {
             curator: self.curator,
             parent: self.parent,
             value: self.value.clone(),
+            owner: self.owner,
             node: None,
             unsure: false,
             waited: self.waited,
@@ -177,7 +201,13 @@ impl Contender {
             Parent::Semaphore => &[],
         };
         let value = self.value.clone();
-        let who = value.as_deref().unwrap_or(holder_description()).as_bytes();
+        let owned = self
+            .owner
+            .map(|owner| OwnerData::first(owner, holder_description()));
+        let who = match &owned {
+            Some(data) => data.as_slice(),
+            None => value.as_deref().unwrap_or(holder_description()).as_bytes(),
+        };
         for _ in 0..MAX_RETRIES {
             self.unsure = true;
             let dir = make_dir.then(|| self.client.create(&self.dir, dir_data, &container));
@@ -342,18 +372,33 @@ impl Contender {
         let path = format!("{}/{}", self.dir, node.name);
         let until = Instant::now() + WITHDRAW_BOUND;
         // The directory stays, for the container reaper (see `create`).
-        match delete(&self.client, &path, until).await {
-            Ok(_) => self.node = None,
+        let deleted = match self.owner {
+            Some(owner) => reentry::discard(&self.client, &path, owner, until).await,
+            None => delete(&self.client, &path, until).await.map(drop),
+        };
+        match deleted {
+            Ok(()) => self.node = None,
             Err(e) => {
                 tracing::debug!(backend = NAME, path, error = %e, "withdrawal continues in the background");
             }
         }
     }
 
-    /// Our node is gone already; nothing to clean up.
-    fn forget(&mut self) {
+    /// Our node is gone already (or deleted by a re-entry); nothing to clean up.
+    pub(crate) fn forget(&mut self) {
         self.node = None;
         self.unsure = false;
+    }
+
+    /// Our node, which holds the key, as a reentrant hold's node (the caller makes the
+    /// grant, see [`reentry::grant`]).
+    pub(crate) fn into_hold(mut self) -> reentry::HoldNode {
+        let node = self.node.take().expect("a held contender has its node");
+        reentry::HoldNode {
+            path: format!("{}/{}", self.dir, node.name),
+            czxid: node.czxid,
+            kept: true,
+        }
     }
 
     /// The grant of our node, which holds the key. A negative czxid (no ZooKeeper hands one
@@ -405,6 +450,7 @@ impl Drop for Contender {
         let dir = std::mem::take(&mut self.dir);
         let name = self.node.take().map(|n| n.name);
         let prefix = nodes::protected_prefix(&self.uuid);
+        let owner = self.owner;
         dlock_core::raw::spawn_cleanup(async move {
             let until = Instant::now() + client.session_timeout() * 2;
             let names = match name {
@@ -419,7 +465,11 @@ impl Drop for Contender {
             };
             for name in names {
                 let path = format!("{dir}/{name}");
-                if let Err(e) = delete(&client, &path, until).await {
+                let deleted = match owner {
+                    Some(owner) => reentry::discard(&client, &path, owner, until).await,
+                    None => delete(&client, &path, until).await.map(drop),
+                };
+                if let Err(e) = deleted {
                     tracing::warn!(backend = NAME, path, error = %e, "could not delete an abandoned lock node; it goes when the session ends");
                 }
             }
@@ -430,7 +480,7 @@ impl Drop for Contender {
 /// The fencing token: the lock node's czxid, the zxid of the transaction that created it.
 /// Zxids only grow (across leader changes too), and a later holder's node was created after
 /// every earlier holder's.
-fn token(czxid: i64) -> Option<u64> {
+pub(crate) fn token(czxid: i64) -> Option<u64> {
     u64::try_from(czxid).ok()
 }
 

@@ -277,9 +277,14 @@ fn since(ctime: i64) -> Option<SystemTime> {
 }
 
 /// A node's data as its holder's description: dlock's `NAME@HOST:PID`, Curator's IP
-/// address, kazoo's identifier; `None` when empty.
+/// address, kazoo's identifier; for a reentrant hold, its owner and count first
+/// (`job-7 (held 3 times) by NAME@HOST:PID`); `None` when empty.
 fn who(data: &[u8]) -> Option<String> {
-    let text = String::from_utf8_lossy(data);
+    let described = crate::reentry::describe(data);
+    let text = match &described {
+        Some(described) => described.as_str().into(),
+        None => String::from_utf8_lossy(data),
+    };
     let who: String = text
         .trim()
         .chars()

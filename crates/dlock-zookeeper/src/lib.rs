@@ -314,6 +314,89 @@
 //! when the set deletes its node on release, or when it gives the key back because a later
 //! key stayed busy (before `acquire_all` returns).
 //!
+//! # Reentrant holds
+//!
+//! An acquire with [`LockOptions::owner`](dlock_core::LockOptions::owner) takes a reentrant
+//! hold ([`Owner`](dlock_core::Owner)): exclusive, with the mutex recipe above and the
+//! same node names, so Curator and kazoo still exclude it (and it them). **Where the owner
+//! and count live**: in the data of the node that holds the key, nowhere else:
+//! `dlock-owner/1 {count} {owner} {write id} NAME@HOST:PID`, a tag no plain hold, Curator
+//! (an IP address) or kazoo (its identifier) writes, so no other node is ever re-entered.
+//! Every change of the count is a compare-and-set on the node's data version, so two
+//! changes never both apply to one count. The token is the node's `czxid`, as for any
+//! hold; a later hold of the same owner is another node, with another path and `czxid`,
+//! and every lease is checked against both (an earlier hold's lease gets `NotHeld`).
+//! `inspect` shows one exclusive holder, `who` = `job-7 (held 3 times) by NAME@HOST:PID`.
+//!
+//! - **First acquire**: as a plain one (step 1), the create writing the data with count 1:
+//!   one round trip when the key is free.
+//! - **Re-entry** (this client or any other, same owner): the create + listing (1) shows
+//!   another node first; `getData` of that holder (1): its data names our owner, so one
+//!   `multi` (1) sets its count +1 (version-checked) and deletes our queued node (version
+//!   0: it never held). Three round trips, granted at once with the holder's `czxid`. A
+//!   changed version (another lease moved the count) or a vanished holder fails the whole
+//!   `multi`: list again. After a lost connection, our node's absence says the `multi`
+//!   applied.
+//! - **Re-entry through a client that knows the hold**: each client remembers, per key,
+//!   the node its last owner grant was on (until its release frees or misses it). An
+//!   acquire of that owner first reads that node (`getData`) and, if it is still there
+//!   with the same `czxid` and owner, raises its count with `setData` at the version read:
+//!   two round trips, one write, no node of its own. A hint gone stale (the hold ended
+//!   through another client) costs one `getData` (`NoNode`), once, before the steps above.
+//! - **Waiting**: a holder of another owner (or a plain or shared hold) makes an owner
+//!   wait as usual, watching the node just before its own; its `getData` goes out with the
+//!   holder's (one round trip). When that node is a queued node of the same owner, the
+//!   waiter watches the holder too, so when the key passes to its owner it is woken and
+//!   re-enters at once (a release then wakes those waiters as well: only chains of one
+//!   owner's waiters cost more than one wake-up per release). A change of a watched
+//!   node's data (a count) is watched again without listing, and is not a wake-up: a
+//!   waiter behind an owner hold is woken only by its deletion.
+//! - **Release**: `getData`, then `setData` count −1 with the version read, or at count 1
+//!   `delete` with that version (any session may delete it): two round trips, retried on
+//!   a version conflict. The key frees only at zero; the write id in the data tells after
+//!   a lost connection whether our `setData` applied. (If the count moved again before we
+//!   could look, that cannot be told: the call fails with `Unavailable`, and the count may
+//!   stay one too high, keeping the hold until the first client's session ends.)
+//!   Curator's revocation request (`__REVOKE__` written to the holder's node) wipes an
+//!   owner's count: its leases then get `NotHeld`, and the node stays until its session
+//!   ends; do not revoke owner holds.
+//! - **Renewal**: a lease whose holding node is ephemeral on its own client's session (the
+//!   first one, and re-entries through that session) is kept alive by the session, as a
+//!   plain hold: no request. A re-entry from another session is **not** kept alive: each
+//!   renewal (the watchdog's, every ttl/3) is one `getData` that checks the node is still
+//!   there with the same `czxid` and our owner; an `exists` watch on the node fires its
+//!   `lost()` as soon as the node is deleted. Nothing is ever shortened: the node has no ttl.
+//! - **A queued owner node that gives up** (timeout, cancellation, `try_acquire`) is
+//!   deleted with version 0; if that fails because another lease re-entered it in the
+//!   instant it held, its count is lowered instead.
+//!
+//! **Declared [`Reentry::FirstSession`](dlock_core::Reentry::FirstSession)**: the node is
+//! ephemeral on the session that created it (ZooKeeper has no other way to tie a node to
+//! a live client), so the hold lives as long as that session, whatever the count: when
+//! that client closes or crashes the server deletes the node (at once, or one session
+//! timeout after its last heartbeat) and every lease of the owner elsewhere is lost (its
+//! watch, or its next renewal, says so). While the first client lives, its session keeps
+//! the node after its own leases are released, as long as other leases count, and the last
+//! release anywhere deletes it. **A restarted process with the same owner id** re-enters
+//! (and can release) a hold that another live client of the owner still keeps; the hold
+//! of a process that died is gone with its session (a new acquire takes the key anew, with
+//! a new token), so nothing it counted is left over. The entries of an owner's *other*
+//! client that dies are never released: they keep the count above zero, so the hold then
+//! lasts until the first client's session ends (or until a process of the owner releases
+//! as many extra entries). Nothing but the holding node is ever written: no count node to
+//! clean up (`tests/reentry.rs`).
+//!
+//! | operation (measured, `tests/reentry.rs`) | round trips | requests |
+//! |---|---|---|
+//! | first acquire, key free | 1 | `create` node (count 1) + `getChildren`, pipelined |
+//! | re-entry, a client that saw the hold granted | 2 | `getData` of the node it was granted on; `setData` +1 (version-checked) |
+//! | re-entry, a client that never did | 3 | `create` + `getChildren`; `getData` holder; `multi` (`setData` +1, `delete` ours) |
+//! | `try_acquire`, another owner (or a plain hold) holds it | 3 | `create` + `getChildren`; `getData` holder; `delete` ours (version 0) |
+//! | `extend`, lease on the node's own session | 0 | none |
+//! | `extend`, lease from another session | 1 | `getData` |
+//! | `release`, count above 1 | 2 | `getData`; `setData` −1 |
+//! | `release`, count 1 | 2 | `getData`; `delete` (version-checked) |
+//!
 //! # Inspecting
 //!
 //! [`DistributedLock::inspect`](dlock_core::DistributedLock::inspect) and
@@ -339,8 +422,9 @@
 //!   waiters. A key used both ways shows both.
 //! - For each: `fencing_token` is the node's `czxid` (the token its holder got), `since`
 //!   the node's `ctime` (the server's clock), `ttl_left` `None` (the session keeps the
-//!   node), `who` the node's data: `NAME@HOST:PID` for a dlock client, Curator's IP
-//!   address, nothing for kazoo's default (`None`).
+//!   node), `who` the node's data: `NAME@HOST:PID` for a dlock client (for a reentrant
+//!   hold, `{owner} (held {n} times) by NAME@HOST:PID`), Curator's IP address, nothing for
+//!   kazoo's default (`None`).
 //!
 //! **`list(prefix)`**, two round trips (three when a semaphore is among the keys):
 //! `getChildren` of the base path; each child name is decoded back into its key
@@ -378,11 +462,12 @@
 //! | fencing | strict | the node's `czxid`: zxids only grow, across leader elections and restarts |
 //! | expiry | session (`ttl` not used) | the ephemeral node lives as long as the session; a silent holder loses it one session timeout after its last heartbeat |
 //! | releases on disconnect | no | a closed connection is not a closed session: the session (and the lock) survives until it times out, so a client can move to another member |
-//! | wake-up | notification, one per release | only the next contender watches the holder's node; a writer's release that admits readers wakes those readers; a permit's release wakes the one acquirer counting leases, whose admission wakes the next in the mutex queue |
+//! | wake-up | notification, one per release | only the next contender watches the holder's node; a writer's release that admits readers wakes those readers; a permit's release wakes the one acquirer counting leases, whose admission wakes the next in the mutex queue; an owner's waiter queued behind a waiting node of its own owner also watches the holder (see [Reentrant holds](#reentrant-holds)); a count change wakes nobody |
 //! | max key length | 1024 bytes | the default; long keys are shortened with a digest |
 //! | inspect: who | yes | every lock and lease node dlock creates carries its holder's `NAME@HOST:PID` (other clients' nodes: what they wrote, Curator's IP address; kazoo's none) |
 //! | inspect: waiters | queue | contenders wait in sequence order behind the holders; a semaphore's waiters are its `locks` queue |
 //! | election | woken, recheck 1 s | Curator's `LeaderLatch` (`latch-` nodes carrying the value); a persistent recursive watch on the key directory wakes observers on every change, coalesced (see [Elections](#elections)); on ZooKeeper 3.5 (no `addWatch`) observers poll every second although this still says woken |
+//! | reentrant | first session | the owner and count in the holding node's data, changed by compare-and-set; the node lives with the session that created it (see [Reentrant holds](#reentrant-holds)) |
 //! | inspect: list | yes | the base path's children are the key directories, named by the key's reversible encoding (a shortened name: the key is the directory's data) |
 //!
 //! # URL
@@ -638,6 +723,7 @@ mod error;
 mod held;
 mod inspect;
 mod nodes;
+mod reentry;
 mod request;
 mod semaphore;
 mod session;

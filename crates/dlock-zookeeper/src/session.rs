@@ -27,6 +27,8 @@ pub struct ZookeeperBackend {
     session_id: AtomicI64,
     session_timeout_ms: AtomicU64,
     pub(crate) wakeups: AtomicU64,
+    /// The node each key's reentrant hold was last granted on, per owner.
+    pub(crate) hints: Arc<crate::reentry::Hints>,
 }
 
 impl ZookeeperBackend {
@@ -64,6 +66,7 @@ impl ZookeeperBackend {
             session_timeout_ms: AtomicU64::new(0),
             session: tokio::sync::Mutex::new(client.clone()),
             wakeups: AtomicU64::new(0),
+            hints: Arc::default(),
         };
         backend.note_session(&client);
         Ok(backend)

@@ -5,17 +5,14 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::ZookeeperHarness;
+use common::proxy::{delaying_proxy, timed};
 use dlock_conformance::Harness;
 use dlock_core::{Election, Leader, LockOptions, Wait};
 use futures::StreamExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::{Instant, sleep};
 
 /// Large against the server's and this machine's own latency, so rounding is exact.
 const RTT: Duration = Duration::from_millis(200);
@@ -398,12 +395,6 @@ fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
     (at(0.5), at(0.99))
 }
 
-async fn timed<T>(op: impl Future<Output = T>) -> (T, Duration) {
-    let started = Instant::now();
-    let out = op.await;
-    (out, started.elapsed())
-}
-
 async fn wait_for_contenders(harness: &ZookeeperHarness, key: &str, n: usize) {
     let zk = harness.raw().await.expect("raw client");
     let dir = harness.config().key_dir(key);
@@ -412,54 +403,4 @@ async fn wait_for_contenders(harness: &ZookeeperHarness, key: &str, n: usize) {
         assert!(Instant::now() < deadline, "the waiter never queued");
         sleep(Duration::from_millis(2)).await;
     }
-}
-
-/// A proxy to `upstream` that delays every byte by `delay` in each direction, keeping order.
-async fn delaying_proxy(upstream: SocketAddr, delay: Duration) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let Ok(server) = TcpStream::connect(upstream).await else {
-                    return;
-                };
-                let (client_rx, client_tx) = client.into_split();
-                let (server_rx, server_tx) = server.into_split();
-                tokio::select! {
-                    () = delayed(client_rx, server_tx, delay) => {}
-                    () = delayed(server_rx, client_tx, delay) => {}
-                }
-            });
-        }
-    });
-    addr
-}
-
-async fn delayed(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    delay: Duration,
-) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
-    let writer = async move {
-        while let Some((at, bytes)) = rx.recv().await {
-            sleep_until(at).await;
-            if to.write_all(&bytes).await.is_err() {
-                return;
-            }
-        }
-    };
-    let reader = async move {
-        let mut buf = [0u8; 16 * 1024];
-        while let Ok(n @ 1..) = from.read(&mut buf).await {
-            if tx
-                .send((Instant::now() + delay, buf[..n].to_vec()))
-                .is_err()
-            {
-                return;
-            }
-        }
-    };
-    tokio::join!(writer, reader);
 }

@@ -4,6 +4,7 @@
 
 #[cfg(feature = "tls")]
 pub mod private;
+pub mod proxy;
 
 use std::sync::Arc;
 use std::time::Duration;
