@@ -9,7 +9,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::raw::backend::{Grant, Held};
-use crate::raw::gate::GatePermit;
+use crate::raw::gate::{GatePermit, HoldLost};
 use crate::raw::watchdog;
 use crate::telemetry::Labels;
 use crate::{ErrorKind, Expiry, LockError, LockOptions, Mode, Result};
@@ -67,6 +67,9 @@ pub(crate) struct LeaseState {
     /// What the lease's figures are labelled with, and when it was granted.
     labels: Labels,
     granted_at: Instant,
+    /// A reentrant hold's leases in this client, told when this one is lost, and the
+    /// hold's token.
+    hold_lost: Option<(HoldLost, u64)>,
 }
 
 /// The current ttl and the last instant the server may still consider the lease alive.
@@ -173,6 +176,9 @@ impl LeaseState {
             }
         });
         if changed {
+            if let Some((hold, token)) = &self.hold_lost {
+                hold.announce(*token, &reason);
+            }
             tracing::warn!(backend = self.backend, key = %self.key, %reason, "lease lost");
             self.labels.lost(&reason);
             self.labels.lease_ended(self.granted_at.elapsed());
@@ -245,6 +251,26 @@ impl Lease {
             labels.handoff();
         }
         labels.lease_started();
+        // An owner's leases of one hold in this client are lost together.
+        let hold_lost = opts
+            .owner
+            .map(|_| (permit.hold_lost(), grant.fencing_token));
+        let lost = match (&hold_lost, grant.lost) {
+            (Some((hold, token)), own) => {
+                let siblings = hold.wait(*token);
+                Some(match own {
+                    Some(own) => Box::pin(async move {
+                        futures::future::select(own, siblings)
+                            .await
+                            .factor_first()
+                            .0
+                    })
+                        as futures::future::BoxFuture<'static, LostReason>,
+                    None => siblings,
+                })
+            }
+            (None, own) => own,
+        };
         let state = Arc::new(LeaseState {
             backend,
             key: Arc::from(key),
@@ -258,9 +284,10 @@ impl Lease {
             }),
             labels,
             granted_at: Instant::now(),
+            hold_lost,
         });
         let renews = opts.auto_renew && !grant.kept_alive;
-        let watchdog = tokio::spawn(watchdog::run(state.clone(), renews, grant.lost));
+        let watchdog = tokio::spawn(watchdog::run(state.clone(), renews, lost));
         Self {
             state,
             token: grant.fencing_token,

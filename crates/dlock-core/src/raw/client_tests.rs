@@ -156,3 +156,77 @@ async fn a_prompt_grant_is_not_confirmed() {
     let lease = lock.try_acquire("k", &opts).await.unwrap();
     assert!(lease.is_some_and(|l| !l.is_lost()));
 }
+
+/// A reentrant backend whose first grant carries a loss signal the test fires, and whose
+/// re-entries carry none (and renew fine): only their sibling can tell them.
+#[derive(Debug, Default)]
+struct OneSignal {
+    lose_first: Mutex<Option<tokio::sync::oneshot::Receiver<LostReason>>>,
+}
+
+#[derive(Debug)]
+struct Fine;
+
+#[async_trait]
+impl Held for Fine {
+    async fn extend(&mut self, _ttl: Duration) -> Result<()> {
+        Ok(())
+    }
+    async fn release(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Backend for OneSignal {
+    const NAME: &'static str = "one-signal";
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            reentrant: crate::Reentry::AnyLease,
+            ..Capabilities::default()
+        }
+    }
+
+    async fn inspect(&self, key: &str) -> Result<crate::KeyStatus> {
+        Ok(crate::KeyStatus::new(key, false))
+    }
+
+    async fn list(&self, _prefix: &str) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    async fn acquire(
+        &self,
+        _key: &str,
+        _opts: &LockOptions,
+        _deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        let grant = Grant::new(7, Box::new(Fine), Instant::now());
+        Ok(Some(match self.lose_first.lock().unwrap().take() {
+            Some(lost) => grant.with_lost(Box::pin(async move {
+                lost.await.unwrap_or(LostReason::NotHeld)
+            })),
+            None => grant,
+        }))
+    }
+}
+
+#[tokio::test]
+async fn an_owners_leases_in_one_client_are_lost_together() {
+    let (lose, lost) = tokio::sync::oneshot::channel();
+    let client = LockClient::new(OneSignal {
+        lose_first: Mutex::new(Some(lost)),
+    });
+    let opts = LockOptions::new().owner("job").wait(Wait::No);
+    let first = client.acquire("k", &opts).await.unwrap();
+    let second = client.acquire("k", &opts).await.unwrap();
+    assert_eq!(second.fencing_token(), first.fencing_token());
+    assert!(!second.is_lost());
+    lose.send(LostReason::NotHeld).unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(5), second.lost())
+        .await
+        .expect("the re-entry hears of its hold's loss from the first lease");
+    assert_eq!(reason, LostReason::NotHeld);
+    assert!(first.is_lost());
+}

@@ -14,9 +14,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use tokio::sync::{Notify, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock as Queue};
+use futures::future::BoxFuture;
+use tokio::sync::{Notify, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock as Queue, watch};
 
-use crate::{Deadline, Mode, Owner};
+use crate::{Deadline, LostReason, Mode, Owner};
 
 #[derive(Debug, Default)]
 pub(crate) struct Gate {
@@ -66,6 +67,7 @@ impl Gate {
             waited,
             turn: Arc::new(Turn {
                 calls: tokio::sync::Mutex::new(()),
+                hold_lost: HoldLost::default(),
                 _guard: guard,
                 queue,
             }),
@@ -172,6 +174,9 @@ enum Guard {
 struct Turn {
     /// Joined tasks ask the server one at a time.
     calls: tokio::sync::Mutex<()>,
+    /// The last hold of the turn that was lost, by its token: every lease of a hold is
+    /// lost with it.
+    hold_lost: HoldLost,
     // Field order matters: the guard is released before the queue reference tidies up.
     _guard: Guard,
     queue: QueueRef,
@@ -203,6 +208,43 @@ impl GatePermit {
     /// Ask the server alone among the tasks that joined this turn.
     pub(crate) async fn call_alone(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.turn.calls.lock().await
+    }
+
+    /// Where the leases of this turn's holds tell each other that a hold was lost.
+    pub(crate) fn hold_lost(&self) -> HoldLost {
+        self.turn.hold_lost.clone()
+    }
+}
+
+/// Shared by the leases an owner holds a key with in one client: when one of them learns
+/// that the hold (known by its fencing token) is lost, all of them are told at once, so a
+/// lease whose own check would come later (a re-entry that is not kept alive, or one left
+/// after the lease that carried the session's signal was released) hears it as soon as
+/// any of them does.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HoldLost(Arc<watch::Sender<Option<(u64, LostReason)>>>);
+
+impl HoldLost {
+    /// Tell the other leases that the hold with `token` is lost.
+    pub(crate) fn announce(&self, token: u64, reason: &LostReason) {
+        self.0.send_replace(Some((token, reason.clone())));
+    }
+
+    /// Resolves when a lease announces that the hold with `token` is lost.
+    pub(crate) fn wait(&self, token: u64) -> BoxFuture<'static, LostReason> {
+        let mut lost = self.0.subscribe();
+        Box::pin(async move {
+            loop {
+                if let Some((t, reason)) = &*lost.borrow_and_update()
+                    && *t == token
+                {
+                    return reason.clone();
+                }
+                if lost.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        })
     }
 }
 
