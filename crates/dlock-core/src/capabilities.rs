@@ -112,7 +112,9 @@ impl Default for Capabilities {
 /// raises the hold's count, kept atomically on the server; each release lowers it, and the
 /// key frees when the count reaches zero. Every owner-checked step compares the owner and
 /// the hold itself, so a lease of an earlier hold of the same owner can never lower the
-/// count of a later one ([`NotHeld`](crate::LockError::NotHeld)). Reentrant holds are
+/// count of a later one ([`NotHeld`](crate::LockError::NotHeld)). The owner's leases of
+/// one hold in one client are lost together: the first of them to learn of the loss tells
+/// the others. Reentrant holds are
 /// exclusive: an owner with a shared or permit mode, or on a campaign, is refused before
 /// any I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
