@@ -293,6 +293,48 @@ fn sets_inspect_and_elections(server: &Server) {
     assert_eq!(lock.leader(&key).expect("leader"), None);
 }
 
+/// Threads of one owner re-enter its hold at once, with its token, and the key frees with
+/// the last release.
+fn threads_of_one_owner_reenter(server: &Server) {
+    let (lock, other) = (server.connect(), server.connect());
+    let key = unique_key("blocking-owner");
+    let opts = LockOptions::new().owner("blocking-job").wait(Wait::No);
+    let first = lock.acquire(&key, &opts).expect("the owner takes the key");
+    let token = first.fencing_token();
+    let entries: Vec<blocking::Lease> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                s.spawn(|| {
+                    lock.acquire(&key, &opts)
+                        .expect("a thread of the owner re-enters")
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    assert!(entries.iter().all(|l| l.fencing_token() == token));
+    first.release().expect("release");
+    assert!(
+        other
+            .try_acquire(&key, &LockOptions::new())
+            .expect("try")
+            .is_none()
+    );
+    for lease in entries {
+        lease.release().expect("release");
+    }
+    let next = other
+        .acquire(
+            &key,
+            &LockOptions::new().wait(Wait::For(Duration::from_secs(5))),
+        )
+        .expect("the key frees with the owner's last release");
+    next.release().expect("release");
+}
+
 /// Stamp the tests for one backend.
 macro_rules! backend {
     ($name:ident, $var:literal, $default:literal, $setup:literal) => {
@@ -319,6 +361,10 @@ macro_rules! backend {
             #[test]
             fn sets_inspect_and_elections() {
                 super::sets_inspect_and_elections(&server());
+            }
+            #[test]
+            fn threads_of_one_owner_reenter() {
+                super::threads_of_one_owner_reenter(&server());
             }
         }
     };
