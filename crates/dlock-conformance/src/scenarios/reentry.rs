@@ -49,6 +49,18 @@ async fn reenter(client: &dyn DistributedLock, key: &str, opts: &LockOptions, to
     lease
 }
 
+/// `client` takes `key` within a hand-off (it was just freed) and gives it back: the
+/// token it got.
+async fn takes_after_release(cx: &Ctx, client: &dyn DistributedLock, key: &str, why: &str) -> u64 {
+    let lease = client
+        .acquire(key, &waiting(cx, SLACK + cx.harness().handoff_bound()))
+        .await
+        .unwrap_or_else(|e| panic!("{why}: {e}"));
+    let token = lease.fencing_token();
+    lease.release().await.expect("release");
+    token
+}
+
 /// Wait (up to `bound`) until `lease` is lost.
 async fn lost_within(lease: &Lease, bound: Duration, what: &str) {
     timeout(bound, lease.lost())
@@ -116,26 +128,21 @@ pub async fn reentry_keeps_the_key_until_the_last_release(cx: Ctx) {
     while entries.len() > 1 {
         // The first lease goes first: the hold is not the first lease's.
         entries.remove(0).release().await.expect("release");
-        must_be_held(&*b, &key, &cx_opts(&cx), "the owner still counts").await;
+        must_be_held(&*b, &key, &super::opts(&cx), "the owner still counts").await;
         must_be_held(&*b, &key, &owned(&cx, "job-2"), "another owner").await;
     }
     drop(entries);
-    let next = b
-        .acquire(&key, &waiting(&cx, SLACK + cx.harness().handoff_bound()))
-        .await
-        .expect("the key frees with the owner's last lease (dropped)");
+    let next = takes_after_release(
+        &cx,
+        &*b,
+        &key,
+        "the key frees with the owner's last lease (dropped)",
+    )
+    .await;
     if b.capabilities().fencing.is_ordered() {
-        assert!(
-            next.fencing_token() > token,
-            "a later holder's token is higher"
-        );
+        assert!(next > token, "a later holder's token is higher");
     }
-    next.release().await.expect("release");
     cx.finish().await;
-}
-
-fn cx_opts(cx: &Ctx) -> LockOptions {
-    opts(cx)
 }
 
 /// Another owner (in another client, and in the owner's own client) and a plain holder
@@ -237,14 +244,16 @@ pub async fn reentry_from_a_second_client(cx: Ctx) {
     // The tasks' leases were dropped: the hold stays while `from_b` counts.
     first.release().await.expect("release");
     sleep(Duration::from_millis(300)).await;
-    must_be_held(&*c, &key, &cx_opts(&cx), "the second client's lease counts").await;
+    must_be_held(
+        &*c,
+        &key,
+        &super::opts(&cx),
+        "the second client's lease counts",
+    )
+    .await;
     assert!(!from_b.is_lost(), "the second client's lease is not lost");
     from_b.release().await.expect("release");
-    let next = c
-        .acquire(&key, &waiting(&cx, SLACK + cx.harness().handoff_bound()))
-        .await
-        .expect("the key frees after the owner's last lease");
-    next.release().await.expect("release");
+    takes_after_release(&cx, &*c, &key, "the key frees after the owner's last lease").await;
     cx.finish().await;
 }
 
@@ -275,7 +284,13 @@ pub async fn reentry_from_a_second_process(cx: Ctx) {
         Reentry::AnyLease => {
             // Past the crash bound the key is still held: this process's lease renews it.
             sleep(crash_bound).await;
-            must_be_held(&*other, &key, &cx_opts(&cx), "a live lease of the owner").await;
+            must_be_held(
+                &*other,
+                &key,
+                &super::opts(&cx),
+                "a live lease of the owner",
+            )
+            .await;
             assert!(!lease.is_lost(), "the live process's lease is not lost");
             lease.release().await.expect("release");
             let next = other
@@ -316,7 +331,13 @@ pub async fn crashed_owner_frees_the_key_whatever_its_count(cx: Ctx) {
         .spawn_holder(cx.test(), &key, &owned(&cx, "job-1"))
         .await
         .unwrap_or_else(|e| panic!("{}", cx.unreachable_message(&e)));
-    must_be_held(&*other, &key, &cx_opts(&cx), "the owner process holds it").await;
+    must_be_held(
+        &*other,
+        &key,
+        &super::opts(&cx),
+        "the owner process holds it",
+    )
+    .await;
     holder.kill().await;
     let killed = Instant::now();
     let bound = other.capabilities().crash_release_bound(cx.harness().ttl()) + SLACK;
@@ -373,17 +394,19 @@ pub async fn stale_owner_lease_is_not_held(cx: Ctx) {
     must_be_held(
         &*a,
         &key,
-        &cx_opts(&cx),
+        &opts(&cx),
         "the later hold's second lease counts",
     )
     .await;
     assert!(!second.is_lost());
     second.release().await.expect("release");
-    let next = a
-        .acquire(&key, &waiting(&cx, SLACK + cx.harness().handoff_bound()))
-        .await
-        .expect("the key frees after the later hold's last lease");
-    next.release().await.expect("release");
+    takes_after_release(
+        &cx,
+        &*a,
+        &key,
+        "the key frees after the later hold's last lease",
+    )
+    .await;
     cx.finish().await;
 }
 
