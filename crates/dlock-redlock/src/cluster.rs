@@ -91,6 +91,32 @@ impl Cluster {
     }
 }
 
+/// The nodes' answers to a renewal: how many renewed, which no longer had the hold (by
+/// index), and the failures.
+pub(crate) struct Renewed {
+    pub(crate) extended: usize,
+    pub(crate) missing: Vec<usize>,
+    pub(crate) failures: Vec<NodeError>,
+}
+
+impl Renewed {
+    pub(crate) fn of(answers: Vec<(usize, Result<bool, NodeError>)>) -> Self {
+        let mut out = Self {
+            extended: 0,
+            missing: Vec::new(),
+            failures: Vec::new(),
+        };
+        for (i, answer) in answers {
+            match answer {
+                Ok(true) => out.extended += 1,
+                Ok(false) => out.missing.push(i),
+                Err(e) => out.failures.push(e),
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

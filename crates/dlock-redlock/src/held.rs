@@ -60,16 +60,11 @@ impl Held for RedlockHeld {
                 .get_or_insert_with(|| HeldKey::new(names, token));
             self.cluster.renew(renewal, ttl).await
         };
-        let mut extended = 0;
-        let mut missing = Vec::new();
-        let mut failures = Vec::new();
-        for (i, answer) in answers {
-            match answer {
-                Ok(true) => extended += 1,
-                Ok(false) => missing.push(i),
-                Err(e) => failures.push(e),
-            }
-        }
+        let crate::cluster::Renewed {
+            extended,
+            missing,
+            failures,
+        } = crate::cluster::Renewed::of(answers);
         if extended >= self.quorum {
             self.ttl = ttl;
             if !missing.is_empty() {

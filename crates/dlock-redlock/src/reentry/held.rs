@@ -46,16 +46,11 @@ impl Held for OwnedHeld {
         let answers = c
             .on(&c.all(), limit, "extend", |n| entry.renew(n, hold, ttl))
             .await;
-        let mut extended = 0;
-        let mut missing = Vec::new();
-        let mut failures = Vec::new();
-        for (i, answer) in answers {
-            match answer {
-                Ok(true) => extended += 1,
-                Ok(false) => missing.push(i),
-                Err(e) => failures.push(e),
-            }
-        }
+        let crate::cluster::Renewed {
+            extended,
+            missing,
+            failures,
+        } = crate::cluster::Renewed::of(answers);
         if extended >= c.quorum {
             self.ttl = ttl;
             if !missing.is_empty() {
