@@ -111,6 +111,7 @@ impl Step {
             Step::Lock(Workload::Spread, n) => format!("spread ×{n}"),
             Step::Lock(Workload::ReadMostly, n) => format!("read-mostly ×{n}"),
             Step::Lock(Workload::Semaphore, n) => format!("semaphore ×{n}"),
+            Step::Lock(Workload::Reentrant, _) => "reentrant".into(),
             Step::Sets(n) => format!("sets ×{n}"),
             Step::Elections(n) => format!("elections ×{n}"),
             Step::HoldMany(n) => format!("hold-many {n}"),
@@ -136,6 +137,7 @@ fn steps(kind: Kind, clients: &[usize]) -> Vec<Step> {
     }
     out.extend(raw_ns.iter().map(|&n| Step::Raw(RawOp::Cycle, n)));
     out.push(Step::Lock(Workload::Uncontended, 1));
+    out.push(Step::Lock(Workload::Reentrant, 1));
     out.extend(multi.iter().map(|&n| Step::Lock(Workload::Contended, n)));
     out.extend(multi.iter().map(|&n| Step::Lock(Workload::Spread, n)));
     out.extend(multi.iter().map(|&n| Step::Lock(Workload::ReadMostly, n)));
@@ -240,6 +242,7 @@ async fn measure(
                 Workload::Spread => Scenario::Spread,
                 Workload::ReadMostly => Scenario::ReadMostly,
                 Workload::Semaphore => Scenario::Semaphore,
+                Workload::Reentrant => Scenario::Reentrant,
             };
             let mut r = ScenarioResult::new(scenario, n);
             r.permits = workload.permits(n);
@@ -407,6 +410,9 @@ async fn main() -> ExitCode {
                     r.permits = Workload::Semaphore.permits(n);
                     r
                 }
+                Step::Lock(Workload::Reentrant, n) if !capabilities.reentrant.is_supported() => {
+                    ScenarioResult::new(Scenario::Reentrant, n).unsupported()
+                }
                 // Not a failure: the backend says so itself, and the table names it.
                 Step::Elections(n) if capabilities.election == dlock::Observe::Unsupported => {
                     ScenarioResult::new(Scenario::Elections, n).unsupported()
@@ -528,6 +534,7 @@ mod tests {
                 "raw cycle ×8",
                 "raw cycle ×32",
                 "uncontended",
+                "reentrant",
                 "contended ×8",
                 "contended ×32",
                 "spread ×8",
@@ -553,6 +560,7 @@ mod tests {
                 "raw cycle ×1",
                 "raw cycle ×2",
                 "uncontended",
+                "reentrant",
                 "contended ×2",
                 "spread ×2",
                 "read-mostly ×2",

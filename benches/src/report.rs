@@ -144,6 +144,8 @@ pub(crate) enum Scenario {
     /// One client holding `--hold-many` keys.
     #[serde(rename = "hold_many")]
     HoldMany,
+    /// One client re-entering a key its owner holds.
+    Reentrant,
 }
 
 impl Scenario {
@@ -158,6 +160,7 @@ impl Scenario {
             Scenario::Sets => "sets",
             Scenario::Elections => "elections",
             Scenario::HoldMany => "hold-many",
+            Scenario::Reentrant => "reentrant",
         }
     }
 }
@@ -388,10 +391,12 @@ impl BackendReport {
                 | Scenario::Semaphore
                 | Scenario::Sets
                 | Scenario::Elections => None,
-                Scenario::Uncontended | Scenario::Contended => match (r.p50_us, raw_p50) {
-                    (Some(lock), Some(raw)) if raw > 0.0 => Some(lock / raw),
-                    _ => None,
-                },
+                Scenario::Uncontended | Scenario::Contended | Scenario::Reentrant => {
+                    match (r.p50_us, raw_p50) {
+                        (Some(lock), Some(raw)) if raw > 0.0 => Some(lock / raw),
+                        _ => None,
+                    }
+                }
                 Scenario::Spread | Scenario::ReadMostly => raw_rates
                     .iter()
                     .find(|(n, _)| *n == r.clients)

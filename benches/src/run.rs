@@ -166,6 +166,9 @@ pub(crate) enum Workload {
     ReadMostly,
     /// N clients, one key, every hold one of N/4 permits (a semaphore).
     Semaphore,
+    /// One client, one key held under an owner for the whole run: every hold a re-entry
+    /// of that hold (acquire with the owner + release).
+    Reentrant,
 }
 
 impl Workload {
@@ -267,12 +270,16 @@ async fn lock_with(
         Workload::Spread => "spread",
         Workload::ReadMostly => "read-mostly",
         Workload::Semaphore => "semaphore",
+        Workload::Reentrant => "reentrant",
     };
     let key_of = |i: usize| match workload {
         Workload::Spread => format!("{}/{name}{clients}/{i}", plan.prefix),
         _ => format!("{}/{name}{clients}", plan.prefix),
     };
-    let opts = plan.options();
+    let opts = match workload {
+        Workload::Reentrant => plan.options().owner("lockbench"),
+        _ => plan.options(),
+    };
     let permits = workload.permits(clients);
     let hold = match permits {
         Some(_) => plan.hold.max(SEMAPHORE_MIN_HOLD),
@@ -286,6 +293,14 @@ async fn lock_with(
             let (lock, key) = (lock.clone(), key_of(i));
             tokio::spawn(async move {
                 let mut rec = TaskRecord::default();
+                // The owner's hold that every cycle re-enters.
+                let _held = match workload {
+                    Workload::Reentrant => match lock.acquire(&key, &opts).await {
+                        Ok(lease) => Some(lease),
+                        Err(e) => return (rec, Err(format!("client {i}: acquire: {e}"))),
+                    },
+                    _ => None,
+                };
                 for n in 0.. {
                     let call = Instant::now();
                     if call >= window.stop {
@@ -388,7 +403,18 @@ async fn lock_with(
     if workload != Workload::Spread {
         measure.most_at_once = crate::stats::most_at_once(&all_holds);
     }
-    let violations = history.check(ordered_tokens);
+    // Re-entries of one hold share its token: checked for that, not for order.
+    if workload == Workload::Reentrant {
+        let tokens: std::collections::BTreeSet<u64> =
+            history.holds().iter().map(|h| h.token).collect();
+        if tokens.len() > 1 {
+            return Err(LockFailure {
+                error: format!("the re-entries of one hold got {} tokens", tokens.len()),
+                overlaps: 0,
+            });
+        }
+    }
+    let violations = history.check(ordered_tokens && workload != Workload::Reentrant);
     if !violations.is_empty() {
         // Too many permit holders at once is the semaphore's overlap.
         let overlaps = violations

@@ -171,3 +171,12 @@ async fn a_semaphore_over_its_cap_is_a_failure_not_a_number() {
         failure.error
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reentrant_run_re_enters_one_hold() {
+    let m = lock("memory://lockbench-test", Workload::Reentrant, 1, &plan())
+        .await
+        .unwrap_or_else(|f| panic!("{}", f.error));
+    assert!(m.count > 0 && m.cycle.count() > 0);
+    assert_eq!(m.most_at_once, 1, "re-entries follow each other");
+}

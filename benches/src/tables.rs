@@ -145,6 +145,7 @@ impl Report {
             }
         }
         self.semaphore_table(s);
+        self.reentrant_table(s);
         self.sets_table(s);
         self.elections_table(s);
     }
@@ -186,6 +187,53 @@ impl Report {
                     Status::Failed => format!("{} | | | | ", failed_cell(r)),
                 };
                 let _ = writeln!(s, "| {} | {} | {permits} | {cells} |", b.backend, r.clients);
+            }
+        }
+    }
+
+    /// One client re-entering a key its owner holds: what a re-entry (acquire with the
+    /// owner + release, the count raised and lowered on the server) costs, against the
+    /// raw round trip and a plain uncontended acquire + release.
+    fn reentrant_table(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "\n### Reentrant holds: one client re-entering a key its owner holds\n\n\
+             Each cycle re-enters the hold (the same fencing token) and releases the entry; \
+             *× uncontended*: against a plain acquire + release of a free key in the same run.\n"
+        );
+        let _ = writeln!(
+            s,
+            "| backend | cycles/s | × raw | × uncontended | p50 | p99 |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+        for b in &self.backends {
+            let plain = b
+                .results
+                .iter()
+                .find(|r| r.scenario == Scenario::Uncontended && r.ok())
+                .and_then(|r| r.p50_us);
+            for r in b
+                .results
+                .iter()
+                .filter(|r| r.scenario == Scenario::Reentrant)
+            {
+                let vs_plain = match (r.p50_us, plain) {
+                    (Some(re), Some(plain)) if plain > 0.0 => Some(re / plain),
+                    _ => None,
+                };
+                let cells = match r.status {
+                    Status::Ok => format!(
+                        "{} | {} | {} | {} | {}",
+                        fmt_rate(r.per_sec),
+                        fmt_ratio(r.ratio_to_raw),
+                        fmt_ratio(vs_plain),
+                        fmt_us(r.p50_us),
+                        fmt_us(r.p99_us),
+                    ),
+                    Status::Unsupported => "no reentrant holds | | | | ".into(),
+                    Status::Failed => format!("{} | | | | ", failed_cell(r)),
+                };
+                let _ = writeln!(s, "| {} | {cells} |", b.backend);
             }
         }
     }
