@@ -500,6 +500,16 @@
 //!   another client sends `UPDATE … SET expires = GREATEST(expires, NOW(6) + ttl) WHERE`
 //!   *owner check* (1 round trip; no row matched: `NotHeld`, and `lost()` fires). No
 //!   renewal shortens anything.
+//! - **Loss in the client that holds the lock**: every lease of the hold there (the
+//!   first, a re-entry, the ones left after the first was released) carries that session's
+//!   loss signal: the lock's own (named mode's carrier), the hold's end, and the session's
+//!   idle timeout that could have run out since the last renewal of the session that
+//!   succeeded, whichever lease sent it (a tenth of the longest ttl and 2 ms before). So
+//!   each hears the loss before the server can give the key away, as a plain hold does
+//!   (a re-entry's own timing starts at its statement on a side connection, later than the
+//!   session's idle clock). A re-entry there whose statement is not answered by that
+//!   instant answers [`Unavailable`](dlock_core::LockError::Unavailable) (its task
+//!   releases the entry if it counted). No round trip.
 //! - **The first client's leases all released, others' still counting**: only the session
 //!   that holds a row lock or a named lock can let it go, so that client keeps the session
 //!   (its lock connection stays out of the pool, or its carrier keeps the lock) and a task

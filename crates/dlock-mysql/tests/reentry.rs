@@ -98,6 +98,8 @@ both_modes!(
     a_lease_that_stops_renewing_stops_counting,
     cancelled_reentries_leave_no_entry,
     a_longer_ttl_in_the_holding_client_keeps_its_session,
+    a_reentry_left_after_the_first_lease_hears_a_partition_in_time,
+    a_reentry_stuck_in_a_partition_answers_before_the_key_frees,
 );
 
 async fn first_session_is_declared_and_the_row_goes_with_the_hold(h: MysqlHarness) {
@@ -340,4 +342,143 @@ async fn a_longer_ttl_in_the_holding_client_keeps_its_session(h: MysqlHarness) {
     longer.release().await.expect("release");
     frees_within(&*c, &key, Duration::from_secs(1)).await;
     no_owner_rows(&h, &key).await;
+}
+
+/// When `lease` is told it is lost (spawned: the test goes on meanwhile).
+fn lost_at(lease: &Lease) -> tokio::task::JoinHandle<Instant> {
+    let mut signal = lease.lost_signal();
+    tokio::spawn(async move {
+        signal.lost().await;
+        Instant::now()
+    })
+}
+
+/// When a client of its own (not cut) gets `key`, waiting up to `bound`.
+async fn taken_at(h: &MysqlHarness, key: &str, bound: Duration) -> Instant {
+    let b = client(h).await;
+    let lease = b
+        .acquire(key, &LockOptions::new().wait(Wait::For(bound)))
+        .await
+        .unwrap_or_else(|e| panic!("{key} frees within {bound:?}: {e}"));
+    let at = Instant::now();
+    lease.release().await.expect("release");
+    at
+}
+
+/// A re-entry taken well after the holding session's last renewal, left alone once the
+/// first lease is released, is told of a partition before another client can take the key:
+/// the session's idle clock runs from its last renewal, not from the re-entry (a statement
+/// on a side connection).
+async fn a_reentry_left_after_the_first_lease_hears_a_partition_in_time(h: MysqlHarness) {
+    let key = unique_key("left-cut");
+    let (a, cut) = h
+        .partitioned_client()
+        .await
+        .expect("a client behind a proxy");
+    let ttl = Duration::from_secs(6);
+    let first = a
+        .acquire(&key, &owned("job-1").ttl(ttl))
+        .await
+        .expect("acquire");
+    // The first lease renews the session between 1.5 s and 2 s; the next renewal comes
+    // after 3 s. The re-entry comes between the two, the first lease goes, the network too.
+    sleep(Duration::from_millis(2900)).await;
+    let again = a
+        .acquire(&key, &owned("job-1").ttl(ttl).wait(Wait::No))
+        .await
+        .expect("re-enter");
+    assert_eq!(again.fencing_token(), first.fencing_token());
+    first.release().await.expect("release");
+    cut.cut();
+    let lost = lost_at(&again);
+    let taken = taken_at(&h, &key, Duration::from_secs(20)).await;
+    let lost = timeout(Duration::from_secs(10), lost)
+        .await
+        .expect("the re-entry is told")
+        .unwrap();
+    assert!(
+        lost < taken,
+        "the re-entry was told {:?} after another client took the key",
+        lost - taken
+    );
+    cut.heal();
+    let _ = again.release().await;
+}
+
+/// A re-entry in the client that holds the lock, whose statement a partition swallows,
+/// answers no later than the instant the holding session may have ended (by when the
+/// hold's leases were told): the caller is not kept waiting past its hold's end.
+async fn a_reentry_stuck_in_a_partition_answers_before_the_key_frees(h: MysqlHarness) {
+    let key = unique_key("stuck-cut");
+    let (a, cut) = h
+        .partitioned_client()
+        .await
+        .expect("a client behind a proxy");
+    let ttl = Duration::from_secs(2);
+    let first = a
+        .acquire(&key, &owned("job-1").ttl(ttl))
+        .await
+        .expect("acquire");
+    let lost = lost_at(&first);
+    cut.cut();
+    let reentry = {
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move {
+            let answer = a
+                .acquire(&key, &owned("job-1").ttl(ttl).wait(Wait::No))
+                .await;
+            (answer.map(|l| l.fencing_token()), Instant::now())
+        })
+    };
+    let taken = taken_at(&h, &key, Duration::from_secs(20)).await;
+    let lost = timeout(Duration::from_secs(10), lost)
+        .await
+        .expect("the first lease is told")
+        .unwrap();
+    assert!(lost < taken, "told {:?} late", lost - taken);
+    let (answer, answered) = timeout(Duration::from_secs(10), reentry)
+        .await
+        .expect("the re-entry answers")
+        .unwrap();
+    assert!(
+        answer.is_err(),
+        "no re-entry through a partition: {answer:?}"
+    );
+    assert!(
+        answered < taken,
+        "the re-entry answered {:?} after another client took the key",
+        answered - taken
+    );
+    cut.heal();
+    let _ = first.release().await;
+}
+
+/// Leases of an owner's hold still held when their runtime shuts down: their clean-up
+/// tasks are dropped unrun, which must not start others without end (a stack overflow),
+/// and the key frees once the session is gone.
+#[test]
+fn owner_leases_dropped_at_runtime_shutdown_do_not_respawn_their_cleanup() {
+    let h = MysqlHarness::from_env();
+    let key = unique_key("shutdown");
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let rt = runtime();
+    rt.block_on(async {
+        let a = client(&h).await;
+        let first = a.acquire(&key, &owned("job-1")).await.expect("acquire");
+        let again = a.acquire(&key, &owned("job-1")).await.expect("re-enter");
+        tokio::spawn(async move {
+            let _kept = (a, first, again);
+            std::future::pending::<()>().await
+        });
+    });
+    drop(rt);
+    runtime().block_on(async {
+        frees_within(&*client(&h).await, &key, Duration::from_secs(10)).await;
+    });
 }

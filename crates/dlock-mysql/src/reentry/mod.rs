@@ -14,6 +14,16 @@
 //! session through it; when they are all released while leases of other clients still
 //! count, it keeps the session and polls the count every [`POLL_EVERY`] until it reaches
 //! zero (or every other lease stopped renewing), then deletes the row and lets go.
+//!
+//! Every lease of the hold in that client, the first or a re-entry, carries the session's
+//! loss signal ([`Keeper::session_lost`]): the lock's own signal (named mode's holder
+//! connection), the hold's end, or the session's idle timeout that could have run out since
+//! the last renewal of the session that succeeded, whichever lease sent it. A re-entry's
+//! own timing starts at its statement on a side connection, later than the session's idle
+//! clock: without the shared signal, a re-entry left alone after the first lease's release
+//! would hear of a partition only after the server could give the key away. A re-entry
+//! whose statement is not answered by then answers unavailable (its statement, if it counted,
+//! is released).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -24,6 +34,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::raw::{Grant, Held};
 use dlock_core::{ErrorKind, LockError, LostReason, Owner, Result};
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use sqlx::Row;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -99,6 +111,17 @@ pub(crate) struct Keeper {
     local: AtomicUsize,
     polling: AtomicBool,
     ended: watch::Sender<bool>,
+    /// When the last command on the holding session that succeeded was sent: the server
+    /// keeps the session at least the longest ttl after it.
+    alive: watch::Sender<Instant>,
+    /// The lock's own loss signal (named mode's holder connection; never in row mode).
+    lock_lost: Shared<BoxFuture<'static, LostReason>>,
+}
+
+/// How long before the session's idle timeout could end it its leases are told: the
+/// watchdog's safety margin (a tenth of the ttl and 2 ms).
+fn safety_margin(ttl: Duration) -> Duration {
+    ttl / 10 + Duration::from_millis(2)
 }
 
 impl Keeper {
@@ -112,6 +135,40 @@ impl Keeper {
         LockError::not_held(NAME, &self.key, LostReason::SessionEnded(why.to_owned()))
     }
 
+    /// Resolves when the session holding the lock is gone or may be: its own loss signal,
+    /// or its idle timeout could have run out since the last renewal that succeeded (by
+    /// any lease of this client), or (with `ended`) the hold ended. Every lease of the hold
+    /// in this client carries it, so each hears the loss before the server can give the key
+    /// away, whichever lease renewed last.
+    pub(crate) fn session_lost(self: &Arc<Self>, ended: bool) -> BoxFuture<'static, LostReason> {
+        let keeper = self.clone();
+        Box::pin(async move {
+            let mut alive = keeper.alive.subscribe();
+            let mut end = keeper.ended.subscribe();
+            let mut lock_lost = keeper.lock_lost.clone();
+            loop {
+                if ended && *end.borrow_and_update() {
+                    return LostReason::SessionEnded("the owner's hold ended".to_owned());
+                }
+                let since = *alive.borrow_and_update();
+                let ttl = keeper.longest_ttl();
+                let at = since + ttl.saturating_sub(safety_margin(ttl));
+                tokio::select! {
+                    reason = &mut lock_lost => return reason,
+                    () = tokio::time::sleep_until(at) => {
+                        return LostReason::Unreachable(format!(
+                            "the session holding the lock was not renewed for {:?}: its idle \
+                             timeout could end it",
+                            at.saturating_duration_since(since)
+                        ));
+                    }
+                    _ = alive.changed() => {}
+                    _ = end.changed() => {}
+                }
+            }
+        })
+    }
+
     /// Renew the session that holds the lock (a lease of this client renews).
     /// The session's idle timeout, once set, is the longest ttl asked (never shortened).
     async fn extend(&self, inner: &Arc<Inner>, ttl: Duration) -> Result<()> {
@@ -120,9 +177,11 @@ impl Keeper {
             return Err(self.not_held("the owner's hold has ended"));
         };
         let ttl = self.longest_ttl().max(ttl);
+        let sent = Instant::now();
         let result = lock.extend(ttl).await;
         if result.is_ok() {
             *self.ttl.lock().unwrap_or_else(|e| e.into_inner()) = ttl;
+            self.alive.send_modify(|at| *at = (*at).max(sent));
         }
         if result
             .as_ref()
@@ -279,6 +338,13 @@ impl Held for OwnerHeld {
 
     async fn release(&mut self) -> Result<()> {
         self.released = true;
+        self.leave().await
+    }
+}
+
+impl OwnerHeld {
+    /// One entry less (see [`Held::release`]).
+    async fn leave(&mut self) -> Result<()> {
         let inner = self.inner.clone();
         let sql = inner
             .sql
@@ -332,10 +398,12 @@ impl Drop for OwnerHeld {
             owner: self.owner,
             token: self.token,
             keeper: self.keeper.take(),
-            released: false,
+            // Its own drop must not spawn again: a runtime shutting down drops the task
+            // unrun, which would spawn another, without end.
+            released: true,
         };
         dlock_core::raw::spawn_cleanup(async move {
-            let _ = orphan.release().await;
+            let _ = orphan.leave().await;
         });
     }
 }
@@ -350,6 +418,10 @@ impl Inner {
         owner: Owner,
         ttl: Duration,
     ) -> Result<Option<Grant>> {
+        let keeper = self
+            .keepers
+            .get(&row_name(key))
+            .filter(|k| k.owner == owner);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (inner, key) = (self.clone(), key.to_owned());
         let spawned = dlock_core::raw::spawn_cleanup(async move {
@@ -362,13 +434,28 @@ impl Inner {
         if !spawned {
             return Err(LockError::backend(NAME, "acquire", "no tokio runtime"));
         }
-        rx.await.unwrap_or_else(|_| {
+        let no_answer = |_| {
             Err(LockError::backend(
                 NAME,
                 "acquire",
                 "the re-entry task ended without an answer",
             ))
-        })
+        };
+        // In the client that holds the lock, the answer is not awaited past the instant
+        // the session may have ended (its leases are told then): the task releases the
+        // entry if it counted.
+        let Some(keeper) = keeper else {
+            return rx.await.unwrap_or_else(no_answer);
+        };
+        tokio::select! {
+            biased;
+            answer = rx => answer.unwrap_or_else(no_answer),
+            reason = keeper.session_lost(false) => Err(LockError::unavailable(
+                NAME,
+                "acquire",
+                format!("re-entering a hold whose session may have ended: {reason}"),
+            )),
+        }
     }
 
     async fn reenter_now(
@@ -399,6 +486,7 @@ impl Inner {
             }
         }
         tracing::debug!(key, token, owner = owner.as_str(), "re-entered");
+        let lost = keeper.as_ref().map(|k| k.session_lost(true));
         let held = OwnerHeld {
             inner: self.clone(),
             key: key.to_owned(),
@@ -408,7 +496,9 @@ impl Inner {
             keeper,
             released: false,
         };
-        Ok(Some(Grant::new(token, Box::new(held), sent_at)))
+        let mut grant = Grant::new(token, Box::new(held), sent_at);
+        grant.lost = lost;
+        Ok(Some(grant))
     }
 
     /// `grant` is a new hold of `key` by `owner`: record it (one entry), keep its lock in
@@ -456,8 +546,13 @@ impl Inner {
             local: AtomicUsize::new(1),
             polling: AtomicBool::new(false),
             ended: watch::Sender::new(false),
+            alive: watch::Sender::new(sent_at),
+            lock_lost: lost
+                .unwrap_or_else(|| std::future::pending().boxed())
+                .shared(),
         });
         self.keepers.map().insert(name.clone(), keeper.clone());
+        let session_lost = keeper.session_lost(true);
         let lease = OwnerHeld {
             inner: self.clone(),
             key: key.to_owned(),
@@ -469,7 +564,7 @@ impl Inner {
         };
         // Not kept alive: every lease renews (its renewal is the owner check).
         let mut grant = Grant::new(token, Box::new(lease), sent_at);
-        grant.lost = lost;
+        grant.lost = Some(session_lost);
         grant.waited = waited;
         Ok(grant)
     }
