@@ -275,16 +275,6 @@ async fn contend(
         };
         let at = now_ns();
         let mut taken = taken;
-        let mut entries = Vec::new();
-        if let (true, Taken::One(first)) = (args.reentry, &mut taken) {
-            entries = enter_again(&*client, first, &opts, &mut rng).await;
-            // Half the time the first lease goes first: the hold is not the first lease's.
-            if let Some(entry) = entries.first_mut()
-                && rng.random_bool(0.5)
-            {
-                std::mem::swap(first, entry);
-            }
-        }
         let plan = Plan::draw(&mut rng, args.ttl);
         // One hold per key (a set's keys in the order they were taken), each with its token.
         let leases = match &taken {
@@ -314,16 +304,29 @@ async fn contend(
                 })
                 .await?;
         }
-        for _ in &entries {
-            store.send(&Msg::Reentered { hold: holds[0].0 }).await?;
-        }
         // A set is watched key by key: its `lost()` is the first of its leases' signals,
         // and each key's hold is told of its own loss.
-        let watchers: Vec<_> = leases
+        let mut watchers: Vec<_> = leases
             .iter()
             .zip(&holds)
             .map(|(lease, (hold, ..))| watch_lost(lease.lost_signal(), store.clone(), *hold))
             .collect();
+        let mut entries = Vec::new();
+        if let (true, Taken::One(first)) = (args.reentry, &mut taken) {
+            entries = enter_again(&*client, first, &opts, &mut rng).await;
+            for _ in &entries {
+                store.send(&Msg::Reentered { hold: holds[0].0 }).await?;
+            }
+            // Half the time the first lease goes first: the hold is not the first lease's.
+            // The lease left for last is watched too (an owner's leases in one client are
+            // lost together; the first one's watch ends with its release).
+            if let Some(entry) = entries.first_mut()
+                && rng.random_bool(0.5)
+            {
+                std::mem::swap(first, entry);
+                watchers.push(watch_lost(first.lost_signal(), store.clone(), holds[0].0));
+            }
+        }
         // The critical section: a few writes (a reader or a permit holder only waits), a
         // little apart; each write of a set goes to every key of the set, with that key's
         // token. The holder stops at the first loss of any key or rejected write.
