@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     pub(crate) shared_leases: SharedLeases,
     /// The watch stream on held keys.
     pub(crate) keys: HeldKeys,
+    /// What keeps each owner hold's key of this client alive, for its re-entries here.
+    pub(crate) owner_holds: crate::reentry::OwnerHolds,
 }
 
 impl Shared {

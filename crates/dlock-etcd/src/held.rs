@@ -20,7 +20,7 @@ use crate::connection::Conn;
 use crate::error::{Error, not_held};
 use crate::keywatch::HeldWatch;
 use crate::lease::{KeyLease, LeaseHandle, whole_seconds};
-use crate::reentry::{Hold, keep_until_freed};
+use crate::reentry::{Hold, Keeping, Life, keep_until_freed};
 use crate::shared::{SharedLease, SharedUse, State, delete_in_background};
 
 /// A held key: our etcd key, its create revision (the fencing token) and its lease.
@@ -37,6 +37,9 @@ pub(crate) struct EtcdHeld {
     _watch: HeldWatch,
     /// A reentrant hold's count, for a hold taken under an owner (see [`crate::reentry`]).
     pub(crate) owner: Option<Hold>,
+    /// An owner hold's key in the client's registry: what keeps it alive, for the
+    /// client's re-entries of the hold.
+    pub(crate) keeping: Option<Keeping>,
 }
 
 impl fmt::Debug for EtcdHeld {
@@ -123,6 +126,7 @@ impl EtcdHeld {
             shared,
             _watch: watch,
             owner: None,
+            keeping: None,
         };
         (held, lost)
     }
@@ -159,6 +163,9 @@ impl EtcdHeld {
             return Err(not_held(&self.key));
         }
         self.shared.send_replace(shared_of(&fresh));
+        if let Some(keeping) = &self.keeping {
+            keeping.set(Life::of(&fresh));
+        }
         // The old lease holds our key no more: an own one is revoked (in the background,
         // when dropped); a shared one is left, and revoked if we were its last user.
         self.lease = Some(fresh);
@@ -169,21 +176,27 @@ impl EtcdHeld {
 /// An owner hold's first grant leaves it: lower the count; at zero (`H` deleted) or when
 /// `H` is not the hold any more, leave the lease as a released key does, else keep it until
 /// the last entry's release deletes `H`. `Ok(false)`: not held.
-async fn leave_owner_hold(conn: &Conn, mut hold: Hold, lease: KeyLease) -> Result<bool, Error> {
+async fn leave_owner_hold(
+    conn: &Conn,
+    mut hold: Hold,
+    lease: KeyLease,
+    keeping: Option<Keeping>,
+) -> Result<bool, Error> {
     let held = match hold.leave("release").await {
         Ok(Some(0)) => true,
         Ok(None) => false,
         Ok(Some(_)) => {
-            keep_until_freed(conn.clone(), hold, lease);
+            keep_until_freed(conn.clone(), hold, lease, keeping);
             return Ok(true);
         }
         Err(e) => {
             // Whether the count went down is not known: keep the key's lease until the
             // key goes.
-            keep_until_freed(conn.clone(), hold, lease);
+            keep_until_freed(conn.clone(), hold, lease, keeping);
             return Err(e);
         }
     };
+    drop(keeping);
     match lease {
         KeyLease::Own(mut own) => own.revoke_in_background(),
         KeyLease::Shared(shared) => {
@@ -199,8 +212,9 @@ impl Drop for EtcdHeld {
         // An owner hold dropped unreleased leaves its entry in the background.
         if let (Some(hold), Some(lease)) = (self.owner.take(), self.lease.take()) {
             let conn = self.conn.clone();
+            let keeping = self.keeping.take();
             dlock_core::raw::spawn_cleanup(async move {
-                let _ = leave_owner_hold(&conn, hold, lease).await;
+                let _ = leave_owner_hold(&conn, hold, lease, keeping).await;
             });
             return;
         }
@@ -220,7 +234,8 @@ impl Held for EtcdHeld {
             return Err(not_held(&self.key));
         };
         if let Some(hold) = self.owner.take() {
-            return match leave_owner_hold(&self.conn, hold, lease).await? {
+            let keeping = self.keeping.take();
+            return match leave_owner_hold(&self.conn, hold, lease, keeping).await? {
                 true => Ok(()),
                 false => Err(not_held(&self.key)),
             };
@@ -305,6 +320,22 @@ impl Held for EtcdHeld {
                     own.keep_alive("extend"),
                     still_ours(&self.conn, &self.my_key, self.rev)
                 );
+                // This client's re-entries of an owner hold follow its lease's renewals.
+                if let Some(keeping) = &self.keeping {
+                    match &alive {
+                        Ok(()) => keeping.set(Life::Own {
+                            renewed_at: own.renewed_at,
+                            ttl: Duration::from_secs(own.asked.unsigned_abs()),
+                        }),
+                        Err(e) if e.is_lease_gone() => {
+                            keeping.set(Life::Gone(LostReason::SessionEnded(format!(
+                                "the lease {:x} expired or was revoked",
+                                own.id
+                            ))));
+                        }
+                        Err(_) => {}
+                    }
+                }
                 match alive {
                     Err(e) if e.is_lease_gone() => return Err(not_held(&self.key)),
                     Err(e) => return Err(e.into()),

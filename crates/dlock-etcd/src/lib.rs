@@ -306,10 +306,23 @@
 //!   another process): the acquire's transaction, then one transaction raising the count
 //!   and deleting the key it just queued. 2 round trips, 2 commits (a third, and so on,
 //!   per concurrent change of the count). It runs in a task of its own: an acquire dropped
-//!   meanwhile leaves the count as it was. Its grant has no key or lease: it is **not
-//!   kept alive**, and its renewal (every ttl/3) is one linearizable read checking the
-//!   holding key still has its create revision and owner; its `lost()` is the key's
-//!   deletion (the client's watch on held keys).
+//!   meanwhile leaves the count as it was. Its grant has no key or lease of its own.
+//!   - **In the client whose lease the holding key is on** (the first client: the
+//!     client registers each owner key before it puts it), the grant lives exactly as
+//!     long as that lease: it is kept alive with it (no renewal, no request of its own),
+//!     and its `lost()` is that lease's signal, the one a plain hold of the client gets:
+//!     the shared lease's keeper's, a tenth of the ttl before the server may expire the
+//!     lease; on an own lease (auto-renew off), the same instant counted from its last
+//!     keep-alive, sent by the first grant's renewals or, once that grant is released,
+//!     by the client keeping the lease. So it is told before another client can take the
+//!     key even when no other lease of the hold is left in the client. A manual extend
+//!     checks that lease's state, then reads the key (one round trip, as before).
+//!   - **In another client**, it is **not kept alive**: its renewal (every ttl/3) is one
+//!     linearizable read checking the holding key still has its create revision and
+//!     owner; it learns of a loss at its next check.
+//!
+//!   Either way its `lost()` also fires on the key's deletion (the client's watch on
+//!   held keys).
 //! - **Release**: one transaction lowering the count, or deleting the key when it is the
 //!   last entry (1 round trip when no other entry changed the count since this grant last
 //!   saw it; else one more per change). Any client may delete the key: the last release,
@@ -326,8 +339,9 @@
 //!
 //! Declared [`Reentry::FirstSession`](dlock_core::Reentry): the hold lives on the lease of
 //! the client that created the key. When that client crashes or is cut off, its lease
-//! expires and the key goes whatever the count (a ttl, as for any crashed holder); the
-//! other clients' entries learn it from the watch or at their next check. A restarted
+//! expires and the key goes whatever the count (a ttl, as for any crashed holder); that
+//! client's own entries are told before (its lease's signal), the other clients' entries
+//! learn it from the watch or at their next check. A restarted
 //! process with the same owner id can re-enter, and release, entries it left while the
 //! first client lives (their count is on the server); if the restarted process *was* the
 //! first client, its hold ends with its old lease, within a ttl, and a re-entry meanwhile

@@ -24,7 +24,7 @@ use crate::connection::Conn;
 use crate::error::Error;
 use crate::held::EtcdHeld;
 use crate::lease::KeyLease;
-use crate::reentry::{Hold, Reentered};
+use crate::reentry::{Hold, Keeping, Life, Reentered};
 use crate::shared::delete_in_background;
 
 /// HTTP/2 keep-alive ping interval on busy connections, so a dead connection under a
@@ -233,7 +233,7 @@ impl EtcdBackend {
     ) -> Result<Option<Grant>> {
         // A shared lease found gone is replaced once by a fresh one.
         let mut rounds = 0;
-        let (my_key, lease, outcome) = loop {
+        let (my_key, lease, outcome, keeping) = loop {
             let join = KeyLease::for_options(&self.conn, opts);
             let lease = match deadline {
                 Deadline::TryOnce => join.await?,
@@ -257,6 +257,15 @@ impl EtcdBackend {
                     .shared
                     .claim_key(format!("{name}{:x}", shared.lease.id)),
             };
+            // An owner's key is registered before it is put: a re-entry of this client
+            // that finds it holding (even before this attempt returns) lives on its lease.
+            let keeping = opts.owner.map(|_| {
+                let life = match &lease {
+                    KeyLease::Shared(shared) => Life::Shared(shared.lease.clone()),
+                    KeyLease::Own(_) => Life::Taking,
+                };
+                Keeping::start(&self.conn, &my_key, life)
+            });
             let mut pending = Pending {
                 conn: &self.conn,
                 my_key: my_key.clone(),
@@ -292,7 +301,7 @@ impl EtcdBackend {
                 (Outcome::LeaseGone, _) => {
                     return Err(Error::LeaseGone { op: "acquire" }.into());
                 }
-                (outcome, lease) => break (my_key, lease, outcome),
+                (outcome, lease) => break (my_key, lease, outcome, keeping),
             }
         };
         match outcome {
@@ -313,10 +322,17 @@ impl EtcdBackend {
                     op: "acquire",
                     what: "a negative revision",
                 })?;
-                let (held, lost) = Reentered::start(hold);
-                // Not kept alive: the hold lives on another grant's lease, which the
-                // watchdog's extend (a read of the holding key) checks every ttl/3.
-                let grant = Grant::new(token, Box::new(held), sent_at).with_lost(lost);
+                // The holding key on a lease of this client: the re-entry lives exactly
+                // as long as that lease, and is kept alive with it, its lost signal that
+                // lease's. Else (another client's) not kept alive: the watchdog's extend
+                // (a read of the holding key) checks it every ttl/3.
+                let life = self.conn.shared.owner_holds.life(&hold.etcd_key);
+                let local = life.is_some();
+                let (held, lost) = Reentered::start(hold, life);
+                let mut grant = Grant::new(token, Box::new(held), sent_at).with_lost(lost);
+                if local {
+                    grant = grant.kept_alive();
+                }
                 Ok(Some(if waited { grant.after_wait() } else { grant }))
             }
             Outcome::Busy => {
@@ -353,8 +369,12 @@ impl EtcdBackend {
                 let owner = opts
                     .owner
                     .map(|owner| Hold::first(&self.conn, key, &my_key, rev, owner));
+                if let Some(keeping) = &keeping {
+                    keeping.set(Life::of(&lease));
+                }
                 let (mut held, lost) = EtcdHeld::start(&self.conn, key, my_key, rev, seen, lease);
                 held.owner = owner;
+                held.keeping = keeping;
                 let token = u64::try_from(rev).map_err(|_| Error::Protocol {
                     op: "acquire",
                     what: "a negative revision",

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::EtcdHarness;
+use dlock_conformance::Harness as _;
 use dlock_core::{DistributedLock, Lease, LockOptions, Wait};
 use etcd_client::PutOptions;
 use futures::future::join_all;
@@ -281,4 +282,60 @@ async fn an_owner_hold_on_its_own_lease_and_foreign_values() {
     );
     raw.lease_revoke(lease).await.expect("revoke");
     harness.assert_clean(&other).await;
+}
+
+/// A re-entry in the client whose lease the holding key is on lives exactly as long as
+/// that lease: cut that client off, and the re-entry's `lost()` fires before another
+/// client can take the key, as a plain hold's does (the conformance scenario
+/// `lost_fires_before_partitioned_lease_is_taken`), also once the first lease of the hold
+/// is released and only the re-entry is left. The re-entry asks for a longer ttl than the
+/// key's lease has, so nothing but that lease's own signal can fire it in time. The same
+/// with the key on a lease of its own (auto-renew off): kept alive by the first client
+/// once the first lease is released, else left to expire (then cutting the client off
+/// changes nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reentry_in_the_first_client_is_lost_before_its_cut_off_lease_is_taken() {
+    let harness = EtcdHarness::from_env();
+    for (release_first, own_lease) in [(true, false), (false, false), (true, true), (false, true)] {
+        let (a, cut) = harness
+            .partitioned_client()
+            .await
+            .expect("a client through the proxy");
+        let b = harness.lock().await;
+        let key = fresh_key("cut");
+        let opts = owned("job-13").ttl(Duration::from_secs(2));
+        let first = enter(&*a, &key, &opts.auto_renew(!own_lease)).await;
+        let second = enter(&*a, &key, &opts.ttl(Duration::from_secs(30))).await;
+        assert_eq!(first.fencing_token(), second.fencing_token());
+        let first = match release_first {
+            true => {
+                first.release().await.expect("release");
+                None
+            }
+            false => Some(first),
+        };
+        cut.cut();
+        let newer = b
+            .acquire(
+                &key,
+                &LockOptions::new()
+                    .ttl(Duration::from_secs(4))
+                    .wait(Wait::For(Duration::from_secs(20))),
+            )
+            .await
+            .expect("the cut-off client's key frees");
+        assert!(
+            second.is_lost(),
+            "another client took the key but the cut-off re-entry was not told before \
+             (first lease released: {release_first}, own lease: {own_lease})"
+        );
+        if let Some(first) = &first {
+            assert!(first.is_lost());
+        }
+        assert!(newer.fencing_token() > second.fencing_token());
+        newer.release().await.expect("release");
+        cut.heal();
+        drop((first, second));
+        harness.assert_clean(&key).await;
+    }
 }
