@@ -193,7 +193,7 @@ impl Attempt {
 
     /// Re-enter `owner`'s hold of lock `id` within the deadline (`None`: it passed first).
     async fn reenter(&self, id: i32, owner: Owner) -> Option<Answer> {
-        let reenter = self.inner.reenter(&self.key, id, owner, self.ttl);
+        let reenter = self.inner.reenter(&self.key, id, owner, self.ttl, None);
         self.deadline.run(reenter).await
     }
 
@@ -310,7 +310,7 @@ impl Attempt {
         tokio::pin!(run);
         let reentered = async {
             match owner {
-                Some(owner) => inner.reentered(key, id, owner, ttl).await,
+                Some(owner) => inner.reentered(key, id, owner, ttl, pid).await,
                 None => std::future::pending().await,
             }
         };

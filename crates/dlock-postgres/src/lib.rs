@@ -384,7 +384,13 @@
 //!   advisory locks), 2 from another client (its try finds the key busy first). An owner
 //!   waiting for a key someone else holds waits in the server's queue as any acquire, and
 //!   re-enters at once when its owner takes the key meanwhile elsewhere (woken by that
-//!   grant's notification; re-checked every second).
+//!   grant's notification; re-checked every second), never the hold of its own waiting
+//!   session (`o.pid <>` it: granted, that hold is the wait's own). A re-entry's statement
+//!   runs in a task of its own, so an acquire that stops waiting for it (its deadline, its
+//!   wait granted, dropped) never leaves an entry counted without a lease. The client
+//!   that holds the lock never re-enters a hold whose holder connection it has told lost
+//!   (the server may still show the session for a moment): such an acquire finds the key
+//!   busy, as a plain one would.
 //! - **Release**: `UPDATE … SET holds = holds - 1`, 1 round trip; the release that brings
 //!   the count to zero in the first client then gives the lock back on its holder
 //!   connection with the row (`DELETE` + `pg_advisory_unlock`, 1 more). A release in

@@ -364,3 +364,195 @@ async fn a_kept_hold_outlives_its_first_leases_ttl_while_another_client_renews()
     next.release().await.unwrap();
     assert!(rows(&h, &key).await.is_empty());
 }
+
+/// An owner's wait granted by the server's queue is a new hold with count 1: the waiter
+/// never re-enters the hold of its own waiting session. (Its re-entry loop, woken by its
+/// own grant's notification or re-checking, once re-entered it: an entry nobody held kept
+/// the key past the last release, and the owner's next acquire shared the old token; or
+/// the stopped wait gave back the hold whose re-entry it handed out.) Made certain here:
+/// the owner row is held locked while the waiter is granted, so that its batch and its
+/// re-entry loop both wait for the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_owners_granted_wait_never_reenters_its_own_hold() {
+    let h = harness();
+    let (a, b) = (client(&h).await, client(&h).await);
+    // Three rounds: which of the batch and the re-entry gets the row first is the server's
+    // choice.
+    for _ in 0..3 {
+        own_wait_round(&h, &a, &b).await;
+    }
+}
+
+async fn own_wait_round(
+    h: &PostgresHarness,
+    a: &Arc<dyn DistributedLock>,
+    b: &Arc<dyn DistributedLock>,
+) {
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-own-wait");
+    let other = take(&**b, &key, &plain()).await;
+    let before = other.fencing_token();
+    let waiter = {
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move {
+            a.acquire(
+                &key,
+                &owned("job-1").wait(Wait::For(Duration::from_secs(20))),
+            )
+            .await
+            .expect("the owner's wait is granted")
+        })
+    };
+    let pid = loop {
+        if let [pid] = h.sessions_on(&key, false).await.unwrap()[..] {
+            break pid;
+        }
+        sleep(Duration::from_millis(20)).await;
+    };
+    let id = h.id_of(&key).await.unwrap().expect("the key's id");
+    let owners = format!("{}_owner", h.config().table);
+    let ns = h.config().namespace;
+    // A row for the waiting session, as its grant writes it, then locked.
+    let mut admin = h.admin().await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {owners} (ns, id, owner, pid, started, token, holds, expires) \
+         VALUES ($1, $2, 'job-1', $3, pg_postmaster_start_time(), 1, 1, NULL) \
+         ON CONFLICT (ns, id) DO UPDATE SET owner = 'job-1', pid = $3, holds = 1, \
+           started = pg_postmaster_start_time()"
+    ))
+    .bind(ns)
+    .bind(id)
+    .bind(pid)
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    sqlx::query("BEGIN").execute(&mut admin).await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM {owners} WHERE ns = $1 AND id = $2 FOR UPDATE"
+    ))
+    .bind(ns)
+    .bind(id)
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    other.release().await.unwrap();
+    // Granted, the waiter's batch waits for the row; its re-entry loop re-checks (every
+    // second) meanwhile.
+    sleep(Duration::from_millis(2500)).await;
+    assert!(!waiter.is_finished());
+    sqlx::query("COMMIT").execute(&mut admin).await.unwrap();
+    let lease = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("granted")
+        .unwrap();
+    assert!(lease.fencing_token() > before);
+    // Anything the waiter's re-entry loop did has landed by now.
+    sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        rows(h, &key).await,
+        [format!("{key} (owner row: job-1, count 1)")]
+    );
+    busy(&**b, &key, "the granted wait holds the key").await;
+    assert!(!lease.is_lost());
+    let token = lease.fencing_token();
+    lease.release().await.unwrap();
+    let next = take(&**a, &key, &owned("job-1")).await;
+    assert!(next.fencing_token() > token, "a new hold");
+    next.release().await.unwrap();
+    assert!(rows(h, &key).await.is_empty());
+    h.assert_no_session_on(&key).await;
+}
+
+/// An acquire that stops waiting for its re-entry (here its deadline passes while the
+/// re-entry's `UPDATE` waits for the row) leaves no entry counted: the re-entry runs to
+/// its end in a task of its own and gives back the entry nobody took. (Dropped mid-
+/// statement, it once left an entry nobody held, which kept the key past the last release
+/// until its ttl.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reentry_given_up_mid_statement_counts_nothing() {
+    let h = harness();
+    let (a, b, c) = (client(&h).await, client(&h).await, client(&h).await);
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-dropped");
+    let first = take(&*a, &key, &owned("job-1")).await;
+    let id = h.id_of(&key).await.unwrap().expect("the key's id");
+    let owners = format!("{}_owner", h.config().table);
+    let mut admin = h.admin().await.unwrap();
+    sqlx::query("BEGIN").execute(&mut admin).await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM {owners} WHERE ns = $1 AND id = $2 FOR UPDATE"
+    ))
+    .bind(h.config().namespace)
+    .bind(id)
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    // b's re-entry waits for the row past its acquire's deadline.
+    let gave_up = b
+        .acquire(
+            &key,
+            &owned("job-1").wait(Wait::For(Duration::from_millis(500))),
+        )
+        .await;
+    assert!(
+        gave_up.is_err(),
+        "the re-entry could not be answered in time"
+    );
+    sqlx::query("COMMIT").execute(&mut admin).await.unwrap();
+    sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        rows(&h, &key).await,
+        [format!("{key} (owner row: job-1, count 1)")]
+    );
+    first.release().await.unwrap();
+    // The last release frees the key at once.
+    let next = c
+        .acquire(&key, &plain().wait(Wait::For(Duration::from_millis(500))))
+        .await
+        .expect("the key is free after the last release");
+    next.release().await.unwrap();
+    assert!(rows(&h, &key).await.is_empty());
+}
+
+/// A late grant of an owner's wait whose holder connection is told lost at once (measured
+/// from the waiting statement, its idle timeout may have passed) is not handed out, and the
+/// acquire's next try does not re-enter it either (the server still showed the session for
+/// a moment): it waits again, as a plain acquire does, and gets a live hold. (It once
+/// re-entered the hold just told lost: a lease lost at birth, and the key another client's
+/// a moment later.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hold_told_lost_is_never_reentered() {
+    let h = harness();
+    let (a, b, c) = (client(&h).await, client(&h).await, client(&h).await);
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-told-lost");
+    let ttl = Duration::from_millis(1500);
+    let other = take(&*b, &key, &plain().ttl(ttl)).await;
+    let waiter = {
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move {
+            a.acquire(
+                &key,
+                &owned("job-1")
+                    .ttl(ttl)
+                    .wait(Wait::For(Duration::from_secs(10))),
+            )
+            .await
+            .expect("the owner's wait is granted")
+        })
+    };
+    // Longer than the ttl: the grant comes after the waiting statement's idle timeout.
+    sleep(Duration::from_millis(2000)).await;
+    other.release().await.unwrap();
+    let lease = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("granted")
+        .unwrap();
+    sleep(Duration::from_millis(300)).await;
+    assert!(!lease.is_lost(), "the lease handed out was lost at once");
+    busy(&*c, &key, "the owner's lease holds the key").await;
+    assert_eq!(
+        rows(&h, &key).await,
+        [format!("{key} (owner row: job-1, count 1)")]
+    );
+    lease.release().await.unwrap();
+    h.assert_no_session_on(&key).await;
+    assert!(rows(&h, &key).await.is_empty());
+}

@@ -100,6 +100,13 @@ impl Anchor {
         LockError::not_held(NAME, &self.key, LostReason::NotHeld)
     }
 
+    /// Whether the holder connection's loss was already told (the server may still show
+    /// the session holding the key for a moment, until it ends it): no lease of the hold
+    /// is handed out any more.
+    fn is_lost(&self) -> bool {
+        self.lost.clone().now_or_never().is_some()
+    }
+
     /// A lease of this hold, in this client (already counted).
     fn lease(self: &Arc<Self>, inner: &Arc<Inner>, sent_at: Instant) -> Grant {
         let held = Local {
@@ -283,16 +290,58 @@ impl Inner {
     }
 
     /// Re-enter `owner`'s hold of `key` (lock `id`), if it has a live one, in any client:
-    /// one statement on a side connection. `None`: the owner holds nothing.
+    /// one statement on a side connection. `None`: the owner holds nothing. `waiting`: the
+    /// session of this acquire's own wait, whose hold (a grant racing this re-entry) is
+    /// never re-entered: it is this acquire's.
+    ///
+    /// The statement and the lease run in a task of their own: a caller that stops waiting
+    /// (its deadline, a granted wait, a dropped acquire) never leaves an entry counted
+    /// without a lease (the lease nobody took is released).
     pub(crate) async fn reenter(
         self: &Arc<Self>,
         key: &str,
         id: i32,
         owner: Owner,
         ttl: Duration,
+        waiting: Option<i32>,
+    ) -> Result<Option<Grant>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (inner, key) = (self.clone(), key.to_owned());
+        tokio::spawn(async move {
+            let answer = inner.reenter_now(&key, id, owner, ttl, waiting).await;
+            if let Err(Ok(Some(grant))) = tx.send(answer) {
+                // Nobody took it: its lease's drop releases the entry.
+                drop(grant);
+            }
+        });
+        rx.await.unwrap_or_else(|_| {
+            Err(Error::Unexpected {
+                op: "acquire",
+                what: "the re-entry task ended without an answer".into(),
+            }
+            .into())
+        })
+    }
+
+    async fn reenter_now(
+        self: &Arc<Self>,
+        key: &str,
+        id: i32,
+        owner: Owner,
+        ttl: Duration,
+        waiting: Option<i32>,
     ) -> Result<Option<Grant>> {
         let sent_at = Instant::now();
-        let sql = self.sql.reenter(id, ttl);
+        if let Some(anchor) = self.anchors.get(id)
+            && anchor.owner == owner
+            && anchor.is_lost()
+        {
+            // This client's hold of the owner was told lost: no more leases of it, though
+            // the server may still show it for a moment (a plain acquire would find the
+            // key busy, as this one does, and wait for it).
+            return Ok(None);
+        }
+        let sql = self.sql.reenter(id, ttl, waiting);
         let rows = self.side("acquire", &sql, Some(owner.as_str())).await?;
         let Some(row) = rows.first() else {
             return Ok(None);
@@ -308,7 +357,13 @@ impl Inner {
                 state.local += 1;
                 state.ttl = state.ttl.max(ttl);
             }
-            return Ok(Some(anchor.lease(self, sent_at)));
+            let lease = anchor.lease(self, sent_at);
+            if anchor.is_lost() {
+                // Told lost meanwhile: the entry goes back with the lease (its drop).
+                drop(lease);
+                return Ok(None);
+            }
+            return Ok(Some(lease));
         }
         let held = Remote {
             inner: self.clone(),
@@ -325,18 +380,22 @@ impl Inner {
 impl Inner {
     /// An owner's wait for a key held by someone else: resolves once `owner` takes the key
     /// meanwhile (another client's first grant of an owner hold notifies the owner
-    /// channel; re-checked every [`RECHECK`]) and this acquire re-entered its hold.
+    /// channel; re-checked every [`RECHECK`]) and this acquire re-entered its hold. The hold
+    /// of the waiting session (`waiting`) is never re-entered: granted, it is this wait's
+    /// own (its notification wakes this loop as another's would), and the wait stopped for
+    /// a re-entry gives it back.
     pub(crate) async fn reentered(
         self: &Arc<Self>,
         key: &str,
         id: i32,
         owner: Owner,
         ttl: Duration,
+        waiting: i32,
     ) -> Grant {
         let registration = self.owner_waits.register(id);
         self.owner_waits.listening(self).await;
         loop {
-            match self.reenter(key, id, owner, ttl).await {
+            match self.reenter(key, id, owner, ttl, Some(waiting)).await {
                 Ok(Some(grant)) => return grant,
                 Ok(None) => {}
                 Err(e) => tracing::debug!(key, error = %e, "a waiting owner could not re-enter"),

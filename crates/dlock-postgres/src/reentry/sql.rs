@@ -132,14 +132,20 @@ impl Sql {
         )
     }
 
-    /// `$1` = owner: re-enter its hold of key `id`, if it has a live one: the count up by
-    /// one, and the other clients' lease kept for `ttl` more (never less than before). One
-    /// row: the hold's token; none when the owner holds nothing.
-    pub(crate) fn reenter(&self, id: i32, ttl: Duration) -> String {
+    /// `$1` = owner: re-enter its hold of key `id`, if it has a live one (not held by
+    /// session `not_pid`: an owner's own wait): the count up by one, and the other clients'
+    /// lease kept for `ttl` more (never less than before). One row: the hold's token; none
+    /// when the owner holds nothing.
+    pub(crate) fn reenter(&self, id: i32, ttl: Duration, not_pid: Option<i32>) -> String {
+        let not_pid = match not_pid {
+            Some(pid) => format!(" AND o.pid <> {pid}"),
+            None => String::new(),
+        };
         format!(
             "UPDATE {owners} o SET holds = o.holds + 1, \
                expires = greatest(o.expires, now() + {ms} * interval '1 millisecond') \
-             WHERE o.ns = {ns} AND o.id = {id} AND o.owner = $1 AND o.holds > 0 AND {held} \
+             WHERE o.ns = {ns} AND o.id = {id} AND o.owner = $1 AND o.holds > 0{not_pid} \
+               AND {held} \
              RETURNING o.token",
             owners = self.owners,
             ns = self.namespace,
@@ -260,8 +266,13 @@ mod tests {
             sql.unlock_all(&lock)
                 .contains("DELETE FROM dlock_keys_owner")
         );
-        let reenter = sql.reenter(7, Duration::from_secs(2));
+        let reenter = sql.reenter(7, Duration::from_secs(2), None);
         assert!(reenter.contains("o.owner = $1") && reenter.contains("2000 * interval"));
+        assert!(!reenter.contains("o.pid <>"));
+        assert!(
+            sql.reenter(7, Duration::from_secs(2), Some(41))
+                .contains("AND o.pid <> 41")
+        );
         assert!(
             sql.release_owned(7, 42, true)
                 .contains("pg_notify('dlock_owners_9', '7')")
