@@ -63,7 +63,10 @@ enum Held {
         several: bool,
         owner: Option<String>,
     },
-    Leader { key: String, leading: Leadership },
+    Leader {
+        key: String,
+        leading: Leadership,
+    },
 }
 
 impl Held {
