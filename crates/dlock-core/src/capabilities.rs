@@ -114,7 +114,9 @@ impl Default for Capabilities {
 /// the hold itself, so a lease of an earlier hold of the same owner can never lower the
 /// count of a later one ([`NotHeld`](crate::LockError::NotHeld)). The owner's leases of
 /// one hold in one client are lost together: the first of them to learn of the loss tells
-/// the others. Reentrant holds are
+/// the others. An owner's release is sent once: one whose future is dropped after it was
+/// sent is not repeated (a repeat could lower the count twice), so if it did not reach the
+/// server its entry keeps the key until the hold ends. Reentrant holds are
 /// exclusive: an owner with a shared or permit mode, or on a campaign, is refused before
 /// any I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

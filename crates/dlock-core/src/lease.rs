@@ -70,6 +70,8 @@ pub(crate) struct LeaseState {
     /// A reentrant hold's leases in this client, told when this one is lost, and the
     /// hold's token.
     hold_lost: Option<(HoldLost, u64)>,
+    /// A release was sent for this lease (an owner's, whose release is not repeated).
+    release_sent: std::sync::atomic::AtomicBool,
 }
 
 /// The current ttl and the last instant the server may still consider the lease alive.
@@ -176,7 +178,12 @@ impl LeaseState {
             }
         });
         if changed {
-            if let Some((hold, token)) = &self.hold_lost {
+            // The server said the hold is gone, or it could not be kept: the hold's other
+            // leases here are lost with it. A lease whose own ttl ran out (taken without
+            // auto-renew) says nothing about the hold its siblings keep renewing.
+            if let Some((hold, token)) = &self.hold_lost
+                && reason != LostReason::Expired
+            {
                 hold.announce(*token, &reason);
             }
             tracing::warn!(backend = self.backend, key = %self.key, %reason, "lease lost");
@@ -285,6 +292,7 @@ impl Lease {
             labels,
             granted_at: Instant::now(),
             hold_lost,
+            release_sent: std::sync::atomic::AtomicBool::new(false),
         });
         let renews = opts.auto_renew && !grant.kept_alive;
         let watchdog = tokio::spawn(watchdog::run(state.clone(), renews, lost));
@@ -422,7 +430,13 @@ impl Lease {
         };
         // The handle stays in place until the server answers: if this future is dropped
         // meanwhile, Drop sends the release again (it is owner-checked, so repeating it is
-        // harmless).
+        // harmless), except an owner's: a release that went through lowered its hold's
+        // count, and a second one could free the key under another lease of the owner.
+        // Not sent again, an entry whose release did not go through keeps the key until
+        // the hold ends (its other leases, then its ttl or session).
+        self.state
+            .release_sent
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let result = held.release().await;
         *slot = None;
         drop(slot);
@@ -458,9 +472,17 @@ impl Drop for Lease {
             watchdog.abort();
             let taken = slot.take();
             drop(slot);
-            if let Some(mut held) = taken {
-                let result = held.release().await;
-                tracing::debug!(backend = state.backend, key = %state.key, ?result, "released on drop");
+            let sent = state.hold_lost.is_some()
+                && state.release_sent.load(std::sync::atomic::Ordering::SeqCst);
+            match taken {
+                Some(_) if sent => {
+                    tracing::warn!(backend = state.backend, key = %state.key, "an owner's release was cut off before the server answered: not sent again (a repeat could lower the hold's count twice)");
+                }
+                Some(mut held) => {
+                    let result = held.release().await;
+                    tracing::debug!(backend = state.backend, key = %state.key, ?result, "released on drop");
+                }
+                None => {}
             }
             state.mark_released();
             drop(permit);

@@ -260,12 +260,12 @@ impl State {
                 w.owner
                     .is_some_and(|o| slot.live().any(|h| h.owner.is_some_and(|(ho, _)| ho == o)))
             }) {
-                let waiter = slot
-                    .waiters
-                    .remove(at)
-                    .expect("a waiter at a found position");
-                let owner = waiter.owner.expect("an owner's waiter");
-                let granted = Self::reenter(slot, owner, waiter.ttl).expect("the owner holds");
+                let (owner, ttl) = (slot.waiters[at].owner, slot.waiters[at].ttl);
+                // The hold may have run out since it was looked at: then it is not entered.
+                let Some(granted) = owner.and_then(|o| Self::reenter(slot, o, ttl)) else {
+                    break;
+                };
+                let waiter = slot.waiters.remove(at).expect("a waiter at a found position");
                 if let Err(granted) = waiter.grant.send(granted) {
                     Self::leave(slot, granted.id);
                 }
@@ -339,6 +339,9 @@ impl State {
             .find(|h| h.expires_at > at && h.owner.is_some_and(|(o, _)| o == owner))?;
         let (_, count) = holder.owner.as_mut().expect("found by its owner");
         *count += 1;
+        // The signals of leases already released (their receivers gone) are dropped here,
+        // so a long-lived hold keeps one per live lease.
+        holder.lost.retain(|lost| !lost.is_closed());
         holder.expires_at = holder.expires_at.max(at + ttl);
         let (lost_tx, lost) = oneshot::channel();
         holder.lost.push(lost_tx);

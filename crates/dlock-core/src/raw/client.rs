@@ -140,9 +140,18 @@ impl<B: Backend> LockClient<B> {
             },
         };
         loop {
-            let alone = match joined {
-                true => Some(permit.call_alone().await),
-                false => None,
+            // A joined task asks the server after the owner's other tasks, within its own
+            // deadline (one of them may be waiting on the server for a hold that was lost).
+            let alone = match (joined, deadline) {
+                (false, _) => None,
+                (true, Deadline::TryOnce) => match permit.try_call_alone() {
+                    Some(alone) => Some(alone),
+                    None => return Ok(None),
+                },
+                (true, _) => match deadline.run(permit.call_alone()).await {
+                    Some(alone) => Some(alone),
+                    None => return Ok(None),
+                },
             };
             let granted = match value {
                 Some(value) => self.backend.campaign(key, value, opts, deadline).await?,

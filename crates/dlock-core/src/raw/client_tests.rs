@@ -230,3 +230,158 @@ async fn an_owners_leases_in_one_client_are_lost_together() {
     assert_eq!(reason, LostReason::NotHeld);
     assert!(first.is_lost());
 }
+
+#[tokio::test]
+async fn a_re_entry_whose_own_ttl_runs_out_does_not_take_its_siblings_with_it() {
+    let client = LockClient::new(OneSignal::default());
+    let opts = LockOptions::new().owner("job").wait(Wait::No);
+    let kept = client.acquire("k", &opts).await.unwrap();
+    let short = client
+        .acquire("k", &opts.auto_renew(false).ttl(LockOptions::MIN_TTL))
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(5), short.lost())
+        .await
+        .expect("a lease without renewal runs out");
+    assert_eq!(reason, LostReason::Expired);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!kept.is_lost(), "the renewed lease of the hold is not lost");
+}
+
+/// A reentrant backend whose first acquire grants and whose later ones wait on the server
+/// until the test lets them go (a re-entry of a hold that was lost meanwhile).
+#[derive(Debug, Default)]
+struct SecondWaits {
+    calls: AtomicUsize,
+    go: tokio::sync::Notify,
+}
+
+#[async_trait]
+impl Backend for SecondWaits {
+    const NAME: &'static str = "second-waits";
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            reentrant: crate::Reentry::AnyLease,
+            ..Capabilities::default()
+        }
+    }
+
+    async fn inspect(&self, key: &str) -> Result<crate::KeyStatus> {
+        Ok(crate::KeyStatus::new(key, false))
+    }
+
+    async fn list(&self, _prefix: &str) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    async fn acquire(
+        &self,
+        _key: &str,
+        _opts: &LockOptions,
+        deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) > 0
+            && deadline.run(self.go.notified()).await.is_none()
+        {
+            return Ok(None);
+        }
+        Ok(Some(Grant::new(7, Box::new(Fine), Instant::now())))
+    }
+}
+
+#[tokio::test]
+async fn a_joined_try_acquire_does_not_wait_behind_another_task_of_its_owner() {
+    let client = LockClient::new(SecondWaits::default());
+    let opts = LockOptions::new().owner("job");
+    let _first = client.acquire("k", &opts.wait(Wait::No)).await.unwrap();
+    let waiting = {
+        let client = client.clone();
+        tokio::spawn(async move { client.acquire("k", &opts).await.map(|l| l.fencing_token()) })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let tried = tokio::time::timeout(Duration::from_secs(5), client.try_acquire("k", &opts))
+        .await
+        .expect("try_acquire answers at once");
+    assert!(tried.unwrap().is_none());
+    let bounded = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.acquire("k", &opts.wait(Wait::For(Duration::from_millis(200)))),
+    )
+    .await
+    .expect("a bounded acquire keeps its deadline");
+    assert_eq!(bounded.unwrap_err().kind(), ErrorKind::Timeout);
+    client.backend().go.notify_waiters();
+    assert_eq!(waiting.await.unwrap().unwrap(), 7);
+}
+
+/// A reentrant backend whose releases reach the server (counted) and never answer.
+#[derive(Debug, Default)]
+struct SilentRelease {
+    releases: Arc<AtomicUsize>,
+}
+
+#[derive(Debug)]
+struct Unanswered(Arc<AtomicUsize>);
+
+#[async_trait]
+impl Held for Unanswered {
+    async fn extend(&mut self, _ttl: Duration) -> Result<()> {
+        Ok(())
+    }
+    async fn release(&mut self) -> Result<()> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        std::future::pending().await
+    }
+}
+
+#[async_trait]
+impl Backend for SilentRelease {
+    const NAME: &'static str = "silent-release";
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            reentrant: crate::Reentry::AnyLease,
+            ..Capabilities::default()
+        }
+    }
+
+    async fn inspect(&self, key: &str) -> Result<crate::KeyStatus> {
+        Ok(crate::KeyStatus::new(key, false))
+    }
+
+    async fn list(&self, _prefix: &str) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    async fn acquire(
+        &self,
+        _key: &str,
+        _opts: &LockOptions,
+        _deadline: Deadline,
+    ) -> Result<Option<Grant>> {
+        let held = Unanswered(self.releases.clone());
+        Ok(Some(Grant::new(7, Box::new(held), Instant::now())))
+    }
+}
+
+#[tokio::test]
+async fn an_owners_release_cut_off_after_it_was_sent_is_not_sent_again() {
+    for (owner, sent) in [(true, 1), (false, 2)] {
+        let client = LockClient::new(SilentRelease::default());
+        let releases = client.backend().releases.clone();
+        let opts = match owner {
+            true => LockOptions::new().owner("job"),
+            false => LockOptions::new(),
+        };
+        let lease = client.acquire("k", &opts.wait(Wait::No)).await.unwrap();
+        let cut = tokio::time::timeout(Duration::from_millis(50), lease.release()).await;
+        assert!(cut.is_err(), "the release is never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            releases.load(Ordering::SeqCst),
+            sent,
+            "owner {owner}: a plain release is sent again on drop, an owner's is not"
+        );
+    }
+}

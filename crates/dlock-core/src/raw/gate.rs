@@ -11,7 +11,7 @@
 //! the hold's count), one at a time, while everyone else queues until the owner's last
 //! lease of the key in this client is gone.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 
 use futures::future::BoxFuture;
@@ -84,6 +84,9 @@ impl Gate {
         owner: Owner,
         deadline: Deadline,
     ) -> Option<OwnerTurn> {
+        // One place in the key's queue for the whole wait, however often it is woken.
+        let queued = self.enter(key, Mode::Exclusive, deadline);
+        tokio::pin!(queued);
         loop {
             let changed = self.owned_changed.notified();
             tokio::pin!(changed);
@@ -95,7 +98,7 @@ impl Gate {
                 }));
             }
             tokio::select! {
-                permit = self.enter(key, Mode::Exclusive, deadline) => {
+                permit = &mut queued => {
                     return permit.map(OwnerTurn::First);
                 }
                 () = changed => {}
@@ -107,9 +110,18 @@ impl Gate {
     /// queued behind it.
     pub(crate) fn hold_as(&self, key: &str, owner: Owner, permit: &GatePermit) {
         let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-        owned.insert(Arc::from(key), (owner, Arc::downgrade(&permit.turn)));
+        let turn = Arc::downgrade(&permit.turn);
+        let known = owned
+            .get(key)
+            .is_some_and(|(o, t)| *o == owner && t.ptr_eq(&turn));
+        if !known {
+            owned.insert(Arc::from(key), (owner, turn));
+        }
         drop(owned);
-        self.owned_changed.notify_waiters();
+        // Only a new owner's turn can let queued tasks of that owner in.
+        if !known {
+            self.owned_changed.notify_waiters();
+        }
     }
 
     fn owned_turn(&self, key: &str, owner: Owner) -> Option<Arc<Turn>> {
@@ -210,6 +222,11 @@ impl GatePermit {
         self.turn.calls.lock().await
     }
 
+    /// As [`call_alone`](Self::call_alone), if no other task of the turn is asking now.
+    pub(crate) fn try_call_alone(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        self.turn.calls.try_lock().ok()
+    }
+
     /// Where the leases of this turn's holds tell each other that a hold was lost.
     pub(crate) fn hold_lost(&self) -> HoldLost {
         self.turn.hold_lost.clone()
@@ -221,13 +238,22 @@ impl GatePermit {
 /// lease whose own check would come later (a re-entry that is not kept alive, or one left
 /// after the lease that carried the session's signal was released) hears it as soon as
 /// any of them does.
+///
+/// Every hold of the turn that was lost is remembered (by token) for the turn's life, so
+/// an announcement is never overwritten before every lease of its hold has read it.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct HoldLost(Arc<watch::Sender<Option<(u64, LostReason)>>>);
+pub(crate) struct HoldLost(Arc<watch::Sender<BTreeMap<u64, LostReason>>>);
 
 impl HoldLost {
     /// Tell the other leases that the hold with `token` is lost.
     pub(crate) fn announce(&self, token: u64, reason: &LostReason) {
-        self.0.send_replace(Some((token, reason.clone())));
+        self.0.send_if_modified(|lost| {
+            let new = !lost.contains_key(&token);
+            if new {
+                lost.insert(token, reason.clone());
+            }
+            new
+        });
     }
 
     /// Resolves when a lease announces that the hold with `token` is lost.
@@ -235,9 +261,7 @@ impl HoldLost {
         let mut lost = self.0.subscribe();
         Box::pin(async move {
             loop {
-                if let Some((t, reason)) = &*lost.borrow_and_update()
-                    && *t == token
-                {
+                if let Some(reason) = lost.borrow_and_update().get(&token) {
                     return reason.clone();
                 }
                 if lost.changed().await.is_err() {
