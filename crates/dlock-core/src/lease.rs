@@ -155,22 +155,24 @@ impl LeaseState {
     }
 
     fn mark_released(&self) {
-        let ended = self.status.send_if_modified(|s| {
+        self.status.send_if_modified(|s| {
             let was_held = *s == Status::Held;
             if was_held {
+                // The figure first, as for a loss.
+                self.labels.lease_ended(self.granted_at.elapsed());
                 *s = Status::Released;
             }
             was_held
         });
-        if ended {
-            self.labels.lease_ended(self.granted_at.elapsed());
-        }
     }
 
     /// Mark the lease lost (once; later reasons are ignored).
     pub(crate) fn lose(&self, reason: LostReason) {
         let changed = self.status.send_if_modified(|s| {
             if *s == Status::Held {
+                // The figures first: whoever sees the lease lost sees them recorded.
+                self.labels.lost(&reason);
+                self.labels.lease_ended(self.granted_at.elapsed());
                 *s = Status::Lost(reason.clone());
                 true
             } else {
@@ -187,8 +189,6 @@ impl LeaseState {
                 hold.announce(*token, &reason);
             }
             tracing::warn!(backend = self.backend, key = %self.key, %reason, "lease lost");
-            self.labels.lost(&reason);
-            self.labels.lease_ended(self.granted_at.elapsed());
         }
     }
 
