@@ -129,7 +129,8 @@ pub enum Reentry {
     /// renews: the key stays held while any of them lives, in whichever client or
     /// process, and frees a ttl after the last renewal when the count never reaches zero
     /// (a crashed process's entries are never released). A restarted process with the
-    /// same owner id can re-enter and release a hold its previous run left, within the ttl.
+    /// same owner id can re-enter a hold its previous run left, within the ttl, and carry
+    /// on under it; it cannot release the previous run's entries.
     AnyLease,
     /// The hold lives in the session (or connection) of the client that took it first:
     /// the count lives on the server beside it, but when that client closes or crashes,
