@@ -298,6 +298,32 @@ end
     };
 }
 
+/// The end of an acquire script whose key is busy: call the next waiter if the head of
+/// the queue changed, queue the caller when it asked to wait (`ARGV[4]`, with its ticket
+/// `ARGV[5]` and queue lease `ARGV[8]`), and answer `{pttl or -2, holder or head, is_first}`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! busy_answer_lua {
+    () => {
+        r"call_next(before, first, token, ARGV[7], now)
+if ARGV[4] == '1' then
+  local ticket = ARGV[5]
+  if ticket == '' then ticket = string.format('%.0f', now) end
+  enqueue(token, ticket, now, tonumber(ARGV[8]))
+  first = head()
+end
+local is_first = 0
+if first == token then is_first = 1 end
+local holder = redis.pcall('GET', KEYS[1])
+if not holder then
+  return {-2, first or '', is_first}
+end
+if type(holder) ~= 'string' then holder = '' end
+return {redis.call('PTTL', KEYS[1]), holder, is_first}
+"
+    };
+}
+
 #[macro_use]
 mod hold;
 mod claim;
@@ -374,22 +400,8 @@ if (not first or first == token) and redis.call('SET', KEYS[1], token, 'NX', 'PX
   if ARGV[9] == '1' then redis.call('PUBLISH', ARGV[7], '!leader') end
   return fence
 end
-call_next(before, first, token, ARGV[7], now)
-if ARGV[4] == '1' then
-  local ticket = ARGV[5]
-  if ticket == '' then ticket = string.format('%.0f', now) end
-  enqueue(token, ticket, now, tonumber(ARGV[8]))
-  first = head()
-end
-local is_first = 0
-if first == token then is_first = 1 end
-local holder = redis.pcall('GET', KEYS[1])
-if not holder then
-  return {-2, first or '', is_first}
-end
-if type(holder) ~= 'string' then holder = '' end
-return {redis.call('PTTL', KEYS[1]), holder, is_first}
-"
+",
+    busy_answer_lua!()
 );
 
 /// Refresh a waiter's queue entry (adding it back if it expired) and tell it whether its

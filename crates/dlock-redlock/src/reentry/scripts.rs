@@ -56,22 +56,8 @@ if (not first or first == token) and redis.call('SET', KEYS[1], token, 'NX', 'PX
   redis.call('PEXPIRE', KEYS[5], ARGV[2])
   return fence
 end
-call_next(before, first, token, ARGV[7], now)
-if ARGV[4] == '1' then
-  local ticket = ARGV[5]
-  if ticket == '' then ticket = string.format('%.0f', now) end
-  enqueue(token, ticket, now, tonumber(ARGV[8]))
-  first = head()
-end
-local is_first = 0
-if first == token then is_first = 1 end
-local holder = redis.pcall('GET', KEYS[1])
-if not holder then
-  return {-2, first or '', is_first}
-end
-if type(holder) ~= 'string' then holder = '' end
-return {redis.call('PTTL', KEYS[1]), holder, is_first}
-"
+",
+    dlock_redis::busy_answer_lua!()
 );
 
 /// Take one lease out of the owner's hold; with the last one, free the key. Leave the
