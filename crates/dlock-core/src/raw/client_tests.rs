@@ -157,108 +157,44 @@ async fn a_prompt_grant_is_not_confirmed() {
     assert!(lease.is_some_and(|l| !l.is_lost()));
 }
 
-/// A reentrant backend whose first grant carries a loss signal the test fires, and whose
-/// re-entries carry none (and renew fine): only their sibling can tell them.
+/// A reentrant backend for the owner paths, every grant token 7 with a handle that
+/// renews fine: `lose_first` gives the first grant a loss signal the test fires (the
+/// others get none: only a sibling can tell them); with `later_wait`, every acquire after
+/// the first waits on the "server" until `go` (a re-entry of a hold lost meanwhile); with
+/// `silent_release`, releases reach the server (counted) and are never answered.
 #[derive(Debug, Default)]
-struct OneSignal {
+struct Owned {
     lose_first: Mutex<Option<tokio::sync::oneshot::Receiver<LostReason>>>,
+    later_wait: bool,
+    silent_release: bool,
+    calls: AtomicUsize,
+    go: tokio::sync::Notify,
+    releases: Arc<AtomicUsize>,
 }
 
 #[derive(Debug)]
-struct Fine;
+struct OwnedHandle {
+    silent_release: bool,
+    releases: Arc<AtomicUsize>,
+}
 
 #[async_trait]
-impl Held for Fine {
+impl Held for OwnedHandle {
     async fn extend(&mut self, _ttl: Duration) -> Result<()> {
         Ok(())
     }
     async fn release(&mut self) -> Result<()> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        if self.silent_release {
+            std::future::pending::<()>().await;
+        }
         Ok(())
     }
 }
 
 #[async_trait]
-impl Backend for OneSignal {
-    const NAME: &'static str = "one-signal";
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            reentrant: crate::Reentry::AnyLease,
-            ..Capabilities::default()
-        }
-    }
-
-    async fn inspect(&self, key: &str) -> Result<crate::KeyStatus> {
-        Ok(crate::KeyStatus::new(key, false))
-    }
-
-    async fn list(&self, _prefix: &str) -> Result<Vec<String>> {
-        Ok(Vec::new())
-    }
-
-    async fn acquire(
-        &self,
-        _key: &str,
-        _opts: &LockOptions,
-        _deadline: Deadline,
-    ) -> Result<Option<Grant>> {
-        let grant = Grant::new(7, Box::new(Fine), Instant::now());
-        Ok(Some(match self.lose_first.lock().unwrap().take() {
-            Some(lost) => grant.with_lost(Box::pin(async move {
-                lost.await.unwrap_or(LostReason::NotHeld)
-            })),
-            None => grant,
-        }))
-    }
-}
-
-#[tokio::test]
-async fn an_owners_leases_in_one_client_are_lost_together() {
-    let (lose, lost) = tokio::sync::oneshot::channel();
-    let client = LockClient::new(OneSignal {
-        lose_first: Mutex::new(Some(lost)),
-    });
-    let opts = LockOptions::new().owner("job").wait(Wait::No);
-    let first = client.acquire("k", &opts).await.unwrap();
-    let second = client.acquire("k", &opts).await.unwrap();
-    assert_eq!(second.fencing_token(), first.fencing_token());
-    assert!(!second.is_lost());
-    lose.send(LostReason::NotHeld).unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(5), second.lost())
-        .await
-        .expect("the re-entry hears of its hold's loss from the first lease");
-    assert_eq!(reason, LostReason::NotHeld);
-    assert!(first.is_lost());
-}
-
-#[tokio::test]
-async fn a_re_entry_whose_own_ttl_runs_out_does_not_take_its_siblings_with_it() {
-    let client = LockClient::new(OneSignal::default());
-    let opts = LockOptions::new().owner("job").wait(Wait::No);
-    let kept = client.acquire("k", &opts).await.unwrap();
-    let short = client
-        .acquire("k", &opts.auto_renew(false).ttl(LockOptions::MIN_TTL))
-        .await
-        .unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(5), short.lost())
-        .await
-        .expect("a lease without renewal runs out");
-    assert_eq!(reason, LostReason::Expired);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!kept.is_lost(), "the renewed lease of the hold is not lost");
-}
-
-/// A reentrant backend whose first acquire grants and whose later ones wait on the server
-/// until the test lets them go (a re-entry of a hold that was lost meanwhile).
-#[derive(Debug, Default)]
-struct SecondWaits {
-    calls: AtomicUsize,
-    go: tokio::sync::Notify,
-}
-
-#[async_trait]
-impl Backend for SecondWaits {
-    const NAME: &'static str = "second-waits";
+impl Backend for Owned {
+    const NAME: &'static str = "owned";
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
@@ -282,17 +218,68 @@ impl Backend for SecondWaits {
         deadline: Deadline,
     ) -> Result<Option<Grant>> {
         if self.calls.fetch_add(1, Ordering::SeqCst) > 0
+            && self.later_wait
             && deadline.run(self.go.notified()).await.is_none()
         {
             return Ok(None);
         }
-        Ok(Some(Grant::new(7, Box::new(Fine), Instant::now())))
+        let handle = OwnedHandle {
+            silent_release: self.silent_release,
+            releases: self.releases.clone(),
+        };
+        let grant = Grant::new(7, Box::new(handle), Instant::now());
+        Ok(Some(match self.lose_first.lock().unwrap().take() {
+            Some(lost) => grant.with_lost(Box::pin(async move {
+                lost.await.unwrap_or(LostReason::NotHeld)
+            })),
+            None => grant,
+        }))
     }
 }
 
 #[tokio::test]
+async fn an_owners_leases_in_one_client_are_lost_together() {
+    let (lose, lost) = tokio::sync::oneshot::channel();
+    let client = LockClient::new(Owned {
+        lose_first: Mutex::new(Some(lost)),
+        ..Owned::default()
+    });
+    let opts = LockOptions::new().owner("job").wait(Wait::No);
+    let first = client.acquire("k", &opts).await.unwrap();
+    let second = client.acquire("k", &opts).await.unwrap();
+    assert_eq!(second.fencing_token(), first.fencing_token());
+    assert!(!second.is_lost());
+    lose.send(LostReason::NotHeld).unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(5), second.lost())
+        .await
+        .expect("the re-entry hears of its hold's loss from the first lease");
+    assert_eq!(reason, LostReason::NotHeld);
+    assert!(first.is_lost());
+}
+
+#[tokio::test]
+async fn a_re_entry_whose_own_ttl_runs_out_does_not_take_its_siblings_with_it() {
+    let client = LockClient::new(Owned::default());
+    let opts = LockOptions::new().owner("job").wait(Wait::No);
+    let kept = client.acquire("k", &opts).await.unwrap();
+    let short = client
+        .acquire("k", &opts.auto_renew(false).ttl(LockOptions::MIN_TTL))
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(5), short.lost())
+        .await
+        .expect("a lease without renewal runs out");
+    assert_eq!(reason, LostReason::Expired);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!kept.is_lost(), "the renewed lease of the hold is not lost");
+}
+
+#[tokio::test]
 async fn a_joined_try_acquire_does_not_wait_behind_another_task_of_its_owner() {
-    let client = LockClient::new(SecondWaits::default());
+    let client = LockClient::new(Owned {
+        later_wait: true,
+        ..Owned::default()
+    });
     let opts = LockOptions::new().owner("job");
     let _first = client.acquire("k", &opts.wait(Wait::No)).await.unwrap();
     let waiting = {
@@ -315,60 +302,13 @@ async fn a_joined_try_acquire_does_not_wait_behind_another_task_of_its_owner() {
     assert_eq!(waiting.await.unwrap().unwrap(), 7);
 }
 
-/// A reentrant backend whose releases reach the server (counted) and never answer.
-#[derive(Debug, Default)]
-struct SilentRelease {
-    releases: Arc<AtomicUsize>,
-}
-
-#[derive(Debug)]
-struct Unanswered(Arc<AtomicUsize>);
-
-#[async_trait]
-impl Held for Unanswered {
-    async fn extend(&mut self, _ttl: Duration) -> Result<()> {
-        Ok(())
-    }
-    async fn release(&mut self) -> Result<()> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        std::future::pending().await
-    }
-}
-
-#[async_trait]
-impl Backend for SilentRelease {
-    const NAME: &'static str = "silent-release";
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            reentrant: crate::Reentry::AnyLease,
-            ..Capabilities::default()
-        }
-    }
-
-    async fn inspect(&self, key: &str) -> Result<crate::KeyStatus> {
-        Ok(crate::KeyStatus::new(key, false))
-    }
-
-    async fn list(&self, _prefix: &str) -> Result<Vec<String>> {
-        Ok(Vec::new())
-    }
-
-    async fn acquire(
-        &self,
-        _key: &str,
-        _opts: &LockOptions,
-        _deadline: Deadline,
-    ) -> Result<Option<Grant>> {
-        let held = Unanswered(self.releases.clone());
-        Ok(Some(Grant::new(7, Box::new(held), Instant::now())))
-    }
-}
-
 #[tokio::test]
 async fn an_owners_release_cut_off_after_it_was_sent_is_not_sent_again() {
     for (owner, sent) in [(true, 1), (false, 2)] {
-        let client = LockClient::new(SilentRelease::default());
+        let client = LockClient::new(Owned {
+            silent_release: true,
+            ..Owned::default()
+        });
         let releases = client.backend().releases.clone();
         let opts = match owner {
             true => LockOptions::new().owner("job"),
