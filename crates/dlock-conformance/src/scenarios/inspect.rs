@@ -28,7 +28,7 @@ async fn inspect(client: &dyn DistributedLock, key: &str) -> KeyStatus {
 
 /// Inspect `key` until `done` says the status is what is awaited, at most
 /// [`SHOWS_WITHIN`]; the last status either way.
-async fn inspect_until(
+pub(super) async fn inspect_until(
     client: &dyn DistributedLock,
     key: &str,
     done: impl Fn(&KeyStatus) -> bool,
@@ -44,7 +44,7 @@ async fn inspect_until(
     }
 }
 
-fn waiting_count(status: &KeyStatus) -> usize {
+pub(super) fn waiting_count(status: &KeyStatus) -> usize {
     status.waiters.as_ref().map_or(0, Vec::len)
 }
 
