@@ -265,7 +265,10 @@ impl State {
                 let Some(granted) = owner.and_then(|o| Self::reenter(slot, o, ttl)) else {
                     break;
                 };
-                let waiter = slot.waiters.remove(at).expect("a waiter at a found position");
+                let waiter = slot
+                    .waiters
+                    .remove(at)
+                    .expect("a waiter at a found position");
                 if let Err(granted) = waiter.grant.send(granted) {
                     Self::leave(slot, granted.id);
                 }
