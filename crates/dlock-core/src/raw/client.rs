@@ -140,24 +140,14 @@ impl<B: Backend> LockClient<B> {
             },
         };
         loop {
-            // A joined task asks the server after the owner's other tasks, within its own
-            // deadline (one of them may be waiting on the server for a hold that was lost).
-            let alone = match (joined, deadline) {
-                (false, _) => None,
-                (true, Deadline::TryOnce) => match permit.try_call_alone() {
-                    Some(alone) => Some(alone),
-                    None => return Ok(None),
-                },
-                (true, _) => match deadline.run(permit.call_alone()).await {
-                    Some(alone) => Some(alone),
-                    None => return Ok(None),
-                },
-            };
             let granted = match value {
+                _ if joined => match self.reenter(key, opts, deadline, &permit).await? {
+                    Reentered::Granted(granted) => granted,
+                    Reentered::Busy => return Ok(None),
+                },
                 Some(value) => self.backend.campaign(key, value, opts, deadline).await?,
                 None => self.backend.acquire(key, opts, deadline).await?,
             };
-            drop(alone);
             let Some(grant) = granted else {
                 return Ok(None);
             };
@@ -210,6 +200,42 @@ impl<B: Backend> LockClient<B> {
             )));
         }
     }
+}
+
+impl<B: Backend> LockClient<B> {
+    /// A joined task's acquire: after the owner's other tasks of this client, one at a
+    /// time, within `deadline`. A re-entry of a live hold answers at once; if the hold is
+    /// gone (the server answers busy), the task waits on the server as any acquire, and
+    /// marks it, so that the owner's tasks that may not wait do not queue behind it.
+    async fn reenter(
+        &self,
+        key: &str,
+        opts: &LockOptions,
+        deadline: Deadline,
+        permit: &GatePermit,
+    ) -> Result<Reentered> {
+        let Some(_alone) = permit.call_alone(deadline).await else {
+            return Ok(Reentered::Busy);
+        };
+        if let Some(grant) = self.backend.acquire(key, opts, Deadline::TryOnce).await? {
+            return Ok(Reentered::Granted(Some(grant)));
+        }
+        if !deadline.may_wait() {
+            return Ok(Reentered::Granted(None));
+        }
+        let _waiting = permit.server_wait();
+        Ok(Reentered::Granted(
+            self.backend.acquire(key, opts, deadline).await?,
+        ))
+    }
+}
+
+/// What a joined task's turn to ask the server came to.
+enum Reentered {
+    /// It asked: the backend's answer.
+    Granted(Option<Grant>),
+    /// Another task of the owner waits on the server, and this one may not wait.
+    Busy,
 }
 
 /// The `primitive` label of a hold's figures: the mode, or `election` for a campaign.

@@ -219,7 +219,7 @@ impl Backend for Owned {
     ) -> Result<Option<Grant>> {
         if self.calls.fetch_add(1, Ordering::SeqCst) > 0
             && self.later_wait
-            && deadline.run(self.go.notified()).await.is_none()
+            && (deadline == Deadline::TryOnce || deadline.run(self.go.notified()).await.is_none())
         {
             return Ok(None);
         }

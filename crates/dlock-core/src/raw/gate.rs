@@ -67,6 +67,7 @@ impl Gate {
             waited,
             turn: Arc::new(Turn {
                 calls: tokio::sync::Mutex::new(()),
+                server_wait: watch::Sender::new(false),
                 hold_lost: HoldLost::default(),
                 _guard: guard,
                 queue,
@@ -186,6 +187,9 @@ enum Guard {
 struct Turn {
     /// Joined tasks ask the server one at a time.
     calls: tokio::sync::Mutex<()>,
+    /// The joined task asking now waits on the server (its hold was gone): a task that
+    /// may not wait does not queue behind it.
+    server_wait: watch::Sender<bool>,
     /// The last hold of the turn that was lost, by its token: every lease of a hold is
     /// lost with it.
     hold_lost: HoldLost,
@@ -217,19 +221,44 @@ pub(crate) struct GatePermit {
 }
 
 impl GatePermit {
-    /// Ask the server alone among the tasks that joined this turn.
-    pub(crate) async fn call_alone(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.turn.calls.lock().await
+    /// Ask the server alone among the tasks that joined this turn, within `deadline`: a
+    /// re-entry is quick, so even a task that may not wait queues behind one, but not
+    /// behind a task that waits on the server (see [`ServerWait`]).
+    pub(crate) async fn call_alone(
+        &self,
+        deadline: Deadline,
+    ) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        let mut waiting = self.turn.server_wait.subscribe();
+        let lock = self.turn.calls.lock();
+        match deadline {
+            Deadline::TryOnce => tokio::select! {
+                biased;
+                alone = lock => Some(alone),
+                _ = waiting.wait_for(|w| *w) => None,
+            },
+            _ => deadline.run(lock).await,
+        }
     }
 
-    /// As [`call_alone`](Self::call_alone), if no other task of the turn is asking now.
-    pub(crate) fn try_call_alone(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
-        self.turn.calls.try_lock().ok()
+    /// Mark, while the returned guard lives, that this task waits on the server.
+    pub(crate) fn server_wait(&self) -> ServerWait<'_> {
+        self.turn.server_wait.send_replace(true);
+        ServerWait(&self.turn.server_wait)
     }
 
     /// Where the leases of this turn's holds tell each other that a hold was lost.
     pub(crate) fn hold_lost(&self) -> HoldLost {
         self.turn.hold_lost.clone()
+    }
+}
+
+/// A joined task waiting on the server, for as long as it lives (also when its acquire
+/// is dropped).
+pub(crate) struct ServerWait<'a>(&'a watch::Sender<bool>);
+
+impl Drop for ServerWait<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(false);
     }
 }
 
