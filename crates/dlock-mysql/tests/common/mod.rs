@@ -249,6 +249,19 @@ pub fn row_name(k: &str) -> String {
     key::shorten(&key::escape(k, readable), 255)
 }
 
+/// The smallest name greater than every name starting with `prefix` (row names are
+/// ASCII), or `None` when there is none.
+fn upper_bound(prefix: &str) -> Option<String> {
+    let mut bytes = prefix.as_bytes().to_vec();
+    while let Some(last) = bytes.pop() {
+        if last < 0x7F {
+            bytes.push(last + 1);
+            return String::from_utf8(bytes).ok();
+        }
+    }
+    None
+}
+
 fn literal(name: &str) -> String {
     format!("X'{}'", hex(name))
 }
@@ -432,8 +445,19 @@ impl MysqlHarness {
     ) -> Result<Vec<String>, BoxError> {
         let escaped = row_name(prefix);
         let mut admin = self.admin().await?;
+        // A range of the primary key first, so the locking probe below scans (and, for a
+        // moment, locks) this prefix's rows only: a full scan would lock other scenarios'
+        // free rows too, and a `try_acquire` of one of them at that moment finds it busy.
+        let range = match upper_bound(&escaped) {
+            Some(upper) => format!(
+                "name >= {} AND name < {} AND ",
+                literal(&escaped),
+                literal(&upper)
+            ),
+            None => format!("name >= {} AND ", literal(&escaped)),
+        };
         let select = format!(
-            "SELECT CAST({what} AS CHAR) FROM `{table}` WHERE LEFT(name, {}) = {}",
+            "SELECT CAST({what} AS CHAR) FROM `{table}` WHERE {range}LEFT(name, {}) = {}",
             escaped.len(),
             literal(&escaped)
         );
@@ -446,7 +470,11 @@ impl MysqlHarness {
         if all.is_empty() {
             return Ok(all);
         }
-        // The rows nobody locks, locked for a moment and let go.
+        // The rows nobody locks, locked for a moment and let go; READ COMMITTED, so a row
+        // the range holds but the prefix does not match is let go at once.
+        admin
+            .execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .await?;
         admin.execute("BEGIN").await?;
         let free = admin
             .fetch_all(format!("{select} FOR UPDATE SKIP LOCKED").as_str())
