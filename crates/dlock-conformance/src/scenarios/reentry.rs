@@ -196,7 +196,14 @@ pub async fn another_owner_waits_then_gets_a_higher_token(cx: Ctx) {
         "nobody else gets a key its owner holds"
     );
     first.release().await.expect("release");
-    sleep(Duration::from_millis(300)).await;
+    let probe = cx.client().await;
+    must_be_held(
+        &*probe,
+        &key,
+        &super::opts(&cx),
+        "one of the owner's leases counts",
+    )
+    .await;
     assert!(
         waiters.iter().all(|w| !w.is_finished()),
         "nobody else gets the key while one of the owner's leases counts"
@@ -244,7 +251,9 @@ pub async fn reentry_from_a_second_client(cx: Ctx) {
                     .acquire(&key, &opts.wait(Wait::For(Duration::from_secs(20))))
                     .await
                     .expect("a task of the owner re-enters");
-                lease.fencing_token()
+                let token = lease.fencing_token();
+                lease.release().await.expect("release");
+                token
             })
         })
         .collect();
@@ -253,9 +262,8 @@ pub async fn reentry_from_a_second_client(cx: Ctx) {
         tokens.iter().all(|t| *t == token),
         "every entry of the owner has the hold's token {token}: {tokens:?}"
     );
-    // The tasks' leases were dropped: the hold stays while `from_b` counts.
+    // The tasks' leases were released: the hold stays while `from_b` counts.
     first.release().await.expect("release");
-    sleep(Duration::from_millis(300)).await;
     must_be_held(
         &*c,
         &key,
@@ -294,15 +302,18 @@ pub async fn reentry_from_a_second_process(cx: Ctx) {
     let crash_bound = a.capabilities().crash_release_bound(ttl) + SLACK;
     match reentry {
         Reentry::AnyLease => {
-            // Past the crash bound the key is still held: this process's lease renews it.
-            sleep(crash_bound).await;
-            must_be_held(
-                &*other,
-                &key,
-                &super::opts(&cx),
-                "a live lease of the owner",
-            )
-            .await;
+            // Held all through the crash bound: this process's lease renews it.
+            let mut every = tokio::time::interval(Duration::from_millis(250));
+            while killed.elapsed() < crash_bound {
+                every.tick().await;
+                must_be_held(
+                    &*other,
+                    &key,
+                    &super::opts(&cx),
+                    "a live lease of the owner",
+                )
+                .await;
+            }
             assert!(!lease.is_lost(), "the live process's lease is not lost");
             lease.release().await.expect("release");
             let next = other

@@ -270,8 +270,8 @@ async fn a_re_entry_whose_own_ttl_runs_out_does_not_take_its_siblings_with_it() 
         .await
         .expect("a lease without renewal runs out");
     assert_eq!(reason, LostReason::Expired);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!kept.is_lost(), "the renewed lease of the hold is not lost");
+    let told = tokio::time::timeout(Duration::from_millis(200), kept.lost()).await;
+    assert!(told.is_err(), "the renewed lease of the hold is not lost");
 }
 
 #[tokio::test]
@@ -286,7 +286,14 @@ async fn a_joined_try_acquire_does_not_wait_behind_another_task_of_its_owner() {
         let client = client.clone();
         tokio::spawn(async move { client.acquire("k", &opts).await.map(|l| l.fencing_token()) })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Until the waiting task waits on the "server": its quick re-entry, then its wait.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while client.backend().calls.load(Ordering::SeqCst) < 3 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the owner's other task waits on the server");
     let tried = tokio::time::timeout(Duration::from_secs(5), client.try_acquire("k", &opts))
         .await
         .expect("try_acquire answers at once");
@@ -317,7 +324,19 @@ async fn an_owners_release_cut_off_after_it_was_sent_is_not_sent_again() {
         let lease = client.acquire("k", &opts.wait(Wait::No)).await.unwrap();
         let cut = tokio::time::timeout(Duration::from_millis(50), lease.release()).await;
         assert!(cut.is_err(), "the release is never answered");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The dropped lease's background clean-up: done at once for the owner's (nothing
+        // sent); the plain one's repeat is sent, and never answered.
+        if owner {
+            assert!(crate::settle(Duration::from_secs(5)).await);
+        } else {
+            tokio::time::timeout(Duration::from_secs(5), async {
+                while releases.load(Ordering::SeqCst) < 2 {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .expect("the plain release is sent again");
+        }
         assert_eq!(
             releases.load(Ordering::SeqCst),
             sent,
