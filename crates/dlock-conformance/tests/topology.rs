@@ -1,7 +1,9 @@
 //! The two ways of running the test servers must agree: `scripts/backends`
 //! (native processes) and `docker/docker-compose.yml` (Docker) have to serve
 //! the same client ports, on 127.0.0.1 only, and the `DLOCK_*_URL` variables
-//! that `scripts/backends env` prints have to point at exactly those ports.
+//! that `scripts/backends env` prints have to point at exactly those ports
+//! (but for the servers a client finds through others: Redis Cluster nodes
+//! beyond the seeds, and the data nodes behind the Sentinels).
 //!
 //! Needs no servers: it only reads the two files.
 
@@ -9,7 +11,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::PathBuf;
 
-/// The topology from DESIGN.md ("Servers used by the tests").
+/// The topology of the test servers (README, "Servers for development and tests").
 const EXPECTED_PORTS: &[u16] = &[
     6379, // Redis
     7001, 7002, 7003, 7004, 7005, // Redlock
@@ -22,6 +24,17 @@ const EXPECTED_PORTS: &[u16] = &[
     6380,  // Redis for the torture run (restarted by it)
     3307,  // MySQL / MariaDB for the torture run (restarted by it)
     5433,  // PostgreSQL for the torture run (restarted by it)
+    7101, 7102, 7103, 7104, 7105, 7106, // Redis Cluster: 3 masters + 1 replica each
+    6391, 6392, // Redis Sentinel's data nodes (master name dlock)
+    26391, 26392, 26393, // Redis Sentinel's sentinels
+];
+
+/// Served ports that no URL names: a client discovers them. The cluster URL
+/// names three seed nodes (the client learns the others from `CLUSTER SLOTS`),
+/// the Sentinel URL names the sentinels (they tell where the master is).
+const DISCOVERED_PORTS: &[u16] = &[
+    7104, 7105, 7106, // Redis Cluster nodes beyond the seeds
+    6391, 6392, // Redis Sentinel's data nodes
 ];
 
 const BEGIN_MARK: &str = "# BEGIN CLIENT PORTS";
@@ -180,7 +193,7 @@ fn script_serves_the_documented_topology() {
         served,
         expected,
         "{}",
-        describe(&served, "scripts/backends", &expected, "DESIGN.md topology")
+        describe(&served, "scripts/backends", &expected, "README topology")
     );
 }
 
@@ -189,10 +202,22 @@ fn env_urls_point_at_the_served_ports() {
     let (_, script) = repo_file("scripts/backends");
     let served = script_ports(&script);
     let in_urls = env_url_ports(&script);
+    let discovered: BTreeSet<u16> = DISCOVERED_PORTS.iter().copied().collect();
+    assert!(
+        in_urls.is_disjoint(&discovered),
+        "a DLOCK_*_URL names a port listed as discovered: {:?}",
+        in_urls.intersection(&discovered).collect::<Vec<_>>()
+    );
+    let reachable: BTreeSet<u16> = in_urls.union(&discovered).copied().collect();
     assert_eq!(
         served,
-        in_urls,
+        reachable,
         "{}",
-        describe(&served, "port table", &in_urls, "DLOCK_*_URL exports")
+        describe(
+            &served,
+            "port table",
+            &reachable,
+            "DLOCK_*_URL exports + discovered ports"
+        )
     );
 }
