@@ -173,9 +173,11 @@ impl fmt::Display for Host {
 
 /// A lock URL taken apart: scheme, credentials, hosts, path and query options.
 ///
-/// `Debug` and `Display` never show the password (`Display` writes `***` in its place);
-/// [`expose`](Self::expose) writes the whole URL back for a client that needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `Debug` and `Display` never show the password, nor the value of an option whose name
+/// says it is a secret (see [`is_secret_option`], e.g. Redis Sentinel's
+/// `sentinel_password`): `Display` writes `***` in their place. [`expose`](Self::expose)
+/// writes the whole URL back for a client that needs it.
+#[derive(Clone, PartialEq, Eq)]
 pub struct LockUrl {
     scheme: String,
     username: Option<String>,
@@ -318,14 +320,92 @@ impl LockUrl {
     }
 
     fn render(&self, userinfo: Option<&str>) -> String {
+        self.render_with_tail(userinfo, &self.raw_tail)
+    }
+
+    fn render_with_tail(&self, userinfo: Option<&str>, tail: &str) -> String {
         let userinfo = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
         let hosts: Vec<String> = self.hosts.iter().map(Host::to_string).collect();
-        format!(
-            "{}://{userinfo}{}{}",
-            self.scheme,
-            hosts.join(","),
-            self.raw_tail
-        )
+        format!("{}://{userinfo}{}{tail}", self.scheme, hosts.join(","))
+    }
+
+    /// Path and query as written, with `***` for the value of every secret option.
+    fn redacted_tail(&self) -> String {
+        let Some((path, query)) = self.raw_tail.split_once('?') else {
+            return self.raw_tail.clone();
+        };
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) if is_secret_option(&percent_decoded_lossy(name)) => {
+                    format!("{name}=***")
+                }
+                _ => pair.to_owned(),
+            })
+            .collect();
+        format!("{path}?{}", pairs.join("&"))
+    }
+}
+
+/// Whether a query option's value is a secret that no log line, error or `Debug` output may
+/// show: its name (any case) contains `password`, `secret` or `token` (`sentinel_password`).
+pub fn is_secret_option(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["password", "secret", "token"]
+        .iter()
+        .any(|word| name.contains(word))
+}
+
+/// `text` percent-decoded, with invalid escapes and bytes kept as they are (for matching an
+/// option's name only).
+fn percent_decoded_lossy(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied(),
+            bytes.get(i + 2).copied(),
+        ) {
+            (b'%', Some(h), Some(l)) if hex(h).is_some() && hex(l).is_some() => {
+                let value = hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0);
+                out.push(u8::try_from(value).unwrap_or(b'?'));
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl fmt::Debug for LockUrl {
+    /// As `Display`, plus the parsed parts, with the password and secret options hidden.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let options: Vec<(&str, &str)> = self
+            .options
+            .iter()
+            .map(|(name, value)| {
+                let shown = if is_secret_option(name) {
+                    "***"
+                } else {
+                    value.as_str()
+                };
+                (name.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("LockUrl")
+            .field("url", &self.to_string())
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("hosts", &self.hosts)
+            .field("path", &self.path)
+            .field("options", &options)
+            .finish()
     }
 }
 
@@ -344,7 +424,7 @@ impl fmt::Display for LockUrl {
             (Some(_), None) => Some(user.to_owned()),
             (None, None) => None,
         };
-        f.write_str(&self.render(userinfo.as_deref()))
+        f.write_str(&self.render_with_tail(userinfo.as_deref(), &self.redacted_tail()))
     }
 }
 
@@ -374,6 +454,8 @@ pub fn redact(url: &str) -> String {
 pub fn default_port(scheme: &str) -> Option<u16> {
     Some(match scheme {
         "redis" | "rediss" | "redlock" | "redlocks" => 6379,
+        "redis+cluster" | "rediss+cluster" => 6379,
+        "redis+sentinel" | "rediss+sentinel" => 26379,
         "zk" | "zookeeper" | "zks" => 2181,
         "etcd" | "etcds" => 2379,
         "mysql" | "mariadb" => 3306,

@@ -175,6 +175,41 @@ fn display_and_debug_hide_the_password_and_expose_writes_it_back() {
     );
 }
 
+#[test]
+fn secret_options_are_hidden_like_the_password() {
+    let text =
+        "redis+sentinel://u:pw@s1:26379/m?sentinel_user=ops&sentinel_password=sek%2Frit&prefix=a";
+    let url = LockUrl::parse("redis", text, &[], 26379).unwrap();
+    assert_eq!(
+        url.to_string(),
+        "redis+sentinel://u:***@s1:26379/m?sentinel_user=ops&sentinel_password=***&prefix=a"
+    );
+    let debug = format!("{url:?}");
+    assert!(!debug.contains("sek") && !debug.contains("pw"), "{debug}");
+    assert!(debug.contains("sentinel_user"), "{debug}");
+    assert_eq!(url.expose(), text);
+    assert!(
+        !super::redact(text).contains("sek"),
+        "{}",
+        super::redact(text)
+    );
+    // A name written with escapes is matched decoded.
+    let escaped =
+        LockUrl::parse("redis", "redis://h/?SENTINEL%5FPASSWORD=sekrit", &[], 6379).unwrap();
+    assert!(!escaped.to_string().contains("sekrit"), "{escaped}");
+    for name in [
+        "sentinel_password",
+        "client_secret",
+        "auth_token",
+        "PASSWORD",
+    ] {
+        assert!(super::is_secret_option(name), "{name}");
+    }
+    for name in ["prefix", "sentinel_user", "ca", "ttl"] {
+        assert!(!super::is_secret_option(name), "{name}");
+    }
+}
+
 /// Found by fuzzing (fuzz/fuzz_targets/url.rs): with a default port of 0 (memory://,
 /// and `redact` of an unknown scheme) `expose()` wrote `memory://n:0`, which is refused.
 #[test]
