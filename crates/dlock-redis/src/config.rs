@@ -3,7 +3,9 @@
 //! The URL is taken apart by dlock-core's one URL layer ([`LockUrl`]);
 //! [`RedisConfig::for_host`] turns it into the settings of one server (`dlock-redlock` calls
 //! it once per node) and [`RedisConfig::with_option`] applies each query option through one
-//! [`ConfigKey`] spelling.
+//! [`ConfigKey`] spelling. `redis+sentinel://` and `redis+cluster://` URLs give a
+//! [`Topology`] beside those settings: the sentinels and the master's name, or the cluster's
+//! seed nodes.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -14,6 +16,9 @@ use dlock_core::raw::url::{Host, LockUrl};
 use dlock_core::{LockError, Result, Secret};
 
 use crate::NAME;
+
+mod topology;
+pub use topology::{SentinelConfig, Topology};
 
 /// The range every timeout option accepts.
 const TIMEOUTS: std::ops::RangeInclusive<Duration> =
@@ -55,11 +60,23 @@ pub struct RedisConfig {
     /// PEM file of the client certificate's private key (`key`). TLS only, and only with
     /// [`cert`](Self::cert). Its contents never appear in an error or in `Debug`.
     pub key: Option<PathBuf>,
+    /// One server (`redis://`, the default), a master found through Sentinel
+    /// (`redis+sentinel://`) or a Redis Cluster (`redis+cluster://`). With Sentinel or a
+    /// cluster, [`host`](Self::host) and [`port`](Self::port) are the first sentinel or seed
+    /// node's; the credentials, the timeouts and the TLS settings are the data nodes'.
+    pub topology: Topology,
+    /// Addresses to dial in place of those the servers announce (`CLUSTER SLOTS`, the
+    /// master the sentinels name): for a NAT, a port forward or a proxy between the client
+    /// and the servers. Each pair is (announced, dialled). Empty by default; not a URL
+    /// option. A TLS certificate is checked against the dialled host.
+    pub address_map: Vec<(Host, Host)>,
 }
 
 impl RedisConfig {
     /// The default port.
     pub const DEFAULT_PORT: u16 = 6379;
+    /// The default port of a sentinel.
+    pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
     /// The default key prefix.
     pub const DEFAULT_PREFIX: &'static str = "dlock:";
     /// The default connect timeout.
@@ -82,28 +99,38 @@ impl RedisConfig {
             ca: None,
             cert: None,
             key: None,
+            topology: Topology::Server,
+            address_map: Vec::new(),
         }
     }
 
     /// Parse `redis://[user:pass@]host[:port][/db][?option=value&…]` (or `rediss://` for
-    /// TLS). No network I/O.
+    /// TLS), `redis+sentinel://[user:pass@]host:port[,host:port…]/MASTER[?…]` or
+    /// `redis+cluster://[user:pass@]host:port[,host:port…][?…]` (each also with `rediss+`).
+    /// No network I/O.
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] naming what is wrong: the scheme, the port, the
-    /// database, an unknown option or a bad option value.
+    /// database or master name, an unknown option or a bad option value. Never the
+    /// password.
     pub fn from_url(url: &str) -> Result<Self> {
-        let url = LockUrl::parse(NAME, url, crate::SCHEMES, Self::DEFAULT_PORT)?;
-        match url.hosts() {
-            [host] => Self::for_host(NAME, &url, host),
-            [] => Err(LockError::invalid_config(
+        let url = LockUrl::parse(NAME, url, crate::SCHEMES, topology::default_port(url))?;
+        let Some(first) = url.hosts().first() else {
+            return Err(LockError::invalid_config(
                 NAME,
                 "the URL names no server (expected redis://host:port)",
-            )),
-            hosts => Err(LockError::invalid_config(
+            ));
+        };
+        match Topology::of_url(&url)? {
+            Some(topology) => Self::with_url(NAME, &url, first, 0, topology),
+            None if url.hosts().len() == 1 => Self::for_host(NAME, &url, first),
+            None => Err(LockError::invalid_config(
                 NAME,
                 format!(
-                    "a redis:// URL names one server, this one names {} (use redlock:// for several)",
-                    hosts.len()
+                    "a redis:// URL names one server, this one names {} (use redis+cluster:// \
+                     for a cluster, redis+sentinel:// for sentinels, redlock:// for independent \
+                     servers)",
+                    url.hosts().len()
                 ),
             )),
         }
@@ -128,11 +155,27 @@ impl RedisConfig {
                 )
             })?,
         };
+        Self::with_url(backend, url, host, db, Topology::Server)
+    }
+
+    /// The settings of `url` for `host` with database `db` and `topology`: TLS from the
+    /// scheme, the credentials and every query option, checked.
+    fn with_url(
+        backend: &'static str,
+        url: &LockUrl,
+        host: &Host,
+        db: i64,
+        topology: Topology,
+    ) -> Result<Self> {
         let config = Self {
-            tls: matches!(url.scheme(), "rediss" | "redlocks"),
+            tls: matches!(
+                url.scheme(),
+                "rediss" | "redlocks" | "rediss+sentinel" | "rediss+cluster"
+            ),
             username: url.username().map(str::to_owned),
             password: url.password().cloned(),
             db,
+            topology,
             ..Self::new(host.name.clone(), host.port)
         };
         url.options()
@@ -146,7 +189,8 @@ impl RedisConfig {
 
     /// Set one option by its URL query name: `prefix`, `connect_timeout` or
     /// `response_timeout` (durations as `250ms`, `5s`, `1.5s` or `2m`), `ca`, `cert` or
-    /// `key` (paths of PEM files; TLS only, checked by [`validate`](Self::validate)).
+    /// `key` (paths of PEM files; TLS only, checked by [`validate`](Self::validate)),
+    /// `sentinel_user` and `sentinel_password` (the sentinels' credentials; Sentinel only).
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] for an unknown key or a bad value, naming it.
@@ -162,12 +206,20 @@ impl RedisConfig {
             ConfigKey::Ca => self.ca = Some(path(key, value)?),
             ConfigKey::Cert => self.cert = Some(path(key, value)?),
             ConfigKey::Key => self.key = Some(path(key, value)?),
+            ConfigKey::SentinelUser => {
+                self.topology.sentinel_for(key)?.username =
+                    Some(value.to_owned()).filter(|u| !u.is_empty());
+            }
+            ConfigKey::SentinelPassword => {
+                self.topology.sentinel_for(key)?.password = Some(Secret::new(value))
+            }
         }
         Ok(self)
     }
 
     /// Check that the options fit together: `ca`, `cert` and `key` only with TLS
-    /// (`rediss://`, `redlocks://`), and `cert` and `key` together. Parsing a URL and
+    /// (`rediss://`, `redlocks://`, `rediss+…://`), and `cert` and `key` together; for a
+    /// cluster, database 0. Parsing a URL and
     /// building a client call it, so a config built field by field is checked too. No I/O:
     /// the files are read when the client is built.
     ///
@@ -189,7 +241,19 @@ impl RedisConfig {
                 "cert and key go together: give both or neither",
             ));
         }
-        Ok(())
+        self.topology.validate(self.db)
+    }
+
+    /// Where to dial the server that announces itself as `host:port` (see
+    /// [`address_map`](Self::address_map)).
+    pub fn dial(&self, host: &str, port: u16) -> (String, u16) {
+        self.address_map
+            .iter()
+            .find(|(from, _)| from.name == host && from.port == port)
+            .map_or_else(
+                || (host.to_owned(), port),
+                |(_, to)| (to.name.clone(), to.port),
+            )
     }
 
     /// The same settings for another server (used by `dlock-redlock` for its nodes).
@@ -223,6 +287,10 @@ pub(crate) enum ConfigKey {
     Cert,
     /// `key`: [`RedisConfig::key`], a path.
     Key,
+    /// `sentinel_user`: [`SentinelConfig::username`].
+    SentinelUser,
+    /// `sentinel_password`: [`SentinelConfig::password`].
+    SentinelPassword,
 }
 
 impl FromStr for ConfigKey {
@@ -236,11 +304,13 @@ impl FromStr for ConfigKey {
             "ca" => Ok(Self::Ca),
             "cert" => Ok(Self::Cert),
             "key" => Ok(Self::Key),
+            "sentinel_user" => Ok(Self::SentinelUser),
+            "sentinel_password" => Ok(Self::SentinelPassword),
             other => Err(LockError::invalid_config(
                 NAME,
                 format!(
                     "unknown option {other:?} (known: prefix, connect_timeout, \
-                     response_timeout, ca, cert, key)"
+                     response_timeout, ca, cert, key, sentinel_user, sentinel_password)"
                 ),
             )),
         }
@@ -274,193 +344,4 @@ pub(crate) fn named(backend: &'static str, e: LockError) -> LockError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use dlock_core::ErrorKind;
-
-    #[test]
-    fn good_urls() {
-        let base = RedisConfig::new("127.0.0.1", 6379);
-        let cases: Vec<(&str, RedisConfig)> = vec![
-            ("redis://127.0.0.1:6379", base.clone()),
-            ("redis://127.0.0.1", base.clone()),
-            ("redis://127.0.0.1:6379/", base.clone()),
-            (
-                "rediss://cache.example:6380/3",
-                RedisConfig {
-                    tls: true,
-                    db: 3,
-                    ..RedisConfig::new("cache.example", 6380)
-                },
-            ),
-            (
-                "REDIS://u:p%40ss@127.0.0.1:6379",
-                RedisConfig {
-                    username: Some("u".into()),
-                    password: Some("p@ss".into()),
-                    ..base.clone()
-                },
-            ),
-            (
-                "redis://:only-pass@127.0.0.1:6379",
-                RedisConfig {
-                    password: Some("only-pass".into()),
-                    ..base.clone()
-                },
-            ),
-            (
-                "redis://127.0.0.1:6379?prefix=",
-                RedisConfig {
-                    prefix: String::new(),
-                    ..base.clone()
-                },
-            ),
-            (
-                "redis://127.0.0.1:6379/1?prefix=app%3Alocks%3A&connect_timeout=250ms&response_timeout=3s",
-                RedisConfig {
-                    db: 1,
-                    prefix: "app:locks:".into(),
-                    connect_timeout: Duration::from_millis(250),
-                    response_timeout: Duration::from_secs(3),
-                    ..base.clone()
-                },
-            ),
-            (
-                "redis://127.0.0.1:6379?response_timeout=1500ms",
-                RedisConfig {
-                    response_timeout: Duration::from_millis(1500),
-                    ..base.clone()
-                },
-            ),
-            ("redis://[::1]:7000", RedisConfig::new("::1", 7000)),
-            (
-                "rediss://127.0.0.1:6380?ca=/etc/redis/ca.pem",
-                RedisConfig {
-                    tls: true,
-                    ca: Some("/etc/redis/ca.pem".into()),
-                    ..RedisConfig::new("127.0.0.1", 6380)
-                },
-            ),
-            (
-                "rediss://127.0.0.1:6380?cert=client.pem&key=%2Fsecrets%2Fclient.key&ca=ca.pem",
-                RedisConfig {
-                    tls: true,
-                    ca: Some("ca.pem".into()),
-                    cert: Some("client.pem".into()),
-                    key: Some("/secrets/client.key".into()),
-                    ..RedisConfig::new("127.0.0.1", 6380)
-                },
-            ),
-        ];
-        for (url, want) in cases {
-            let got = RedisConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
-            assert_eq!(got, want, "{url}");
-        }
-        assert_eq!(RedisConfig::new("::1", 7000).addr(), "[::1]:7000");
-    }
-
-    #[test]
-    fn bad_urls_are_invalid_config_without_the_password() {
-        let cases = [
-            ("", "not a URL"),
-            ("127.0.0.1:6379", "not a URL"),
-            ("http://127.0.0.1:6379", "scheme"),
-            ("redlock://a:1,b:2,c:3", "scheme"),
-            ("redis://", "no server"),
-            ("redis://127.0.0.1:notaport", "port"),
-            ("redis://127.0.0.1:0", "port"),
-            ("redis://127.0.0.1:70000", "port"),
-            ("redis://a:1,b:2", "one server"),
-            ("redis://127.0.0.1:6379/x", "database"),
-            ("redis://127.0.0.1:6379/-1", "database"),
-            ("redis://127.0.0.1:6379/0/1", "database"),
-            (
-                "redis://127.0.0.1:6379?nonsense=1",
-                "unknown option \"nonsense\"",
-            ),
-            (
-                "redis://127.0.0.1:6379?connect_timeout=forever",
-                "connect_timeout",
-            ),
-            (
-                "redis://127.0.0.1:6379?response_timeout=0ms",
-                "out of range",
-            ),
-            (
-                "redis://127.0.0.1:6379?response_timeout=1500",
-                "not a duration",
-            ),
-            ("redis://127.0.0.1:6379#frag", "fragment"),
-            ("redis://ho st:6379", "host name"),
-            ("redis://u:sekrit-pw@bad host:1", "host name"),
-            ("redis://u:sekrit-pw@127.0.0.1:6379?bogus=1", "bogus"),
-            ("redis://127.0.0.1:6379?ca=/ca.pem", "option ca is for TLS"),
-            (
-                "redis://127.0.0.1:6379?cert=/c.pem&key=/k.pem",
-                "option cert is for TLS",
-            ),
-            ("redis://127.0.0.1:6379?key=/k.pem", "option key is for TLS"),
-            (
-                "rediss://127.0.0.1:6379?cert=/c.pem",
-                "cert and key go together",
-            ),
-            (
-                "rediss://127.0.0.1:6379?key=/k.pem",
-                "cert and key go together",
-            ),
-            ("rediss://127.0.0.1:6379?ca=", "option ca needs a path"),
-            (
-                "rediss://127.0.0.1:6379?cert=&key=/k.pem",
-                "option cert needs a path",
-            ),
-        ];
-        for (url, needle) in cases {
-            let err = RedisConfig::from_url(url).expect_err(url);
-            assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");
-            let text = format!("{err} {err:?}");
-            assert!(text.contains(needle), "{url}: {text}");
-            assert!(!text.contains("sekrit"), "{url}: {text}");
-        }
-    }
-
-    #[test]
-    fn a_config_built_by_hand_is_validated() {
-        let plain = RedisConfig {
-            ca: Some("/ca.pem".into()),
-            ..RedisConfig::new("127.0.0.1", 6379)
-        };
-        let err = plain.validate().unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::InvalidConfig);
-        assert!(err.to_string().contains("option ca is for TLS"), "{err}");
-        let half = RedisConfig {
-            tls: true,
-            key: Some("/k.pem".into()),
-            ..RedisConfig::new("127.0.0.1", 6379)
-        };
-        let err = half.validate().unwrap_err();
-        assert!(
-            err.to_string().contains("cert and key go together"),
-            "{err}"
-        );
-        // Node::new checks too, naming the backend it was given, before any I/O.
-        let err = crate::server::Node::new(&half, "redlock").unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::InvalidConfig);
-        assert!(err.to_string().contains("redlock"), "{err}");
-    }
-
-    #[test]
-    fn debug_hides_the_password() {
-        let config = RedisConfig::from_url("redis://u:sekrit-pw@127.0.0.1:6379").unwrap();
-        let text = format!("{config:?}");
-        assert!(!text.contains("sekrit"), "{text}");
-        assert!(text.contains("redacted"), "{text}");
-    }
-
-    #[test]
-    fn the_shared_url_table_passes() {
-        dlock_conformance::urls::check_parser(
-            |password, host| format!("redis://app:{password}@{host}:6379/0?prefix=p"),
-            |url| RedisConfig::from_url(url).map(|c| format!("{c:?}")),
-        );
-    }
-}
+mod tests;

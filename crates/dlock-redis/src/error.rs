@@ -61,6 +61,18 @@ pub enum Error {
         /// The timeout that ran out.
         after: Duration,
     },
+    /// Sentinel named no master, or the server it named is not a master (yet): a failover
+    /// is under way, or the master's name is wrong. Retryable: the next request asks the
+    /// sentinels again.
+    #[error("{op} on {addr}: {why}")]
+    NoMaster {
+        /// The operation.
+        op: &'static str,
+        /// The master's name and the sentinels.
+        addr: Arc<str>,
+        /// What the sentinels said.
+        why: String,
+    },
     /// The server answered something this protocol never returns.
     #[error("{op} on {addr}: unexpected reply {reply}")]
     Reply {
@@ -100,6 +112,7 @@ impl Error {
             | Self::NotRedis { op, .. }
             | Self::Tls { op, .. }
             | Self::TimedOut { op, .. }
+            | Self::NoMaster { op, .. }
             | Self::Reply { op, .. } => op,
         }
     }
@@ -108,11 +121,12 @@ impl Error {
     /// a refusal or a reply that is not Redis.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            Self::TimedOut { .. } => true,
+            Self::TimedOut { .. } | Self::NoMaster { .. } => true,
             Self::Reply { .. } | Self::NotRedis { .. } | Self::Tls { .. } => false,
             Self::Redis { source, .. } => {
                 io_failure(source)
                     || source.is_connection_refusal()
+                    || source.kind() == RedisKind::ClusterConnectionNotFound
                     || matches!(
                         source.retry_method(),
                         // LOADING, BUSY, TRYAGAIN, MASTERDOWN, READONLY (failover under way).
@@ -126,9 +140,17 @@ impl Error {
     /// (a silent peer), or is out of step with the protocol.
     pub(crate) fn breaks_connection(&self) -> bool {
         match self {
-            Self::TimedOut { .. } | Self::NotRedis { .. } | Self::Tls { .. } => true,
+            Self::TimedOut { .. }
+            | Self::NotRedis { .. }
+            | Self::Tls { .. }
+            | Self::NoMaster { .. } => true,
             Self::Reply { .. } => false,
-            Self::Redis { source, .. } => io_failure(source),
+            // A master demoted to a replica (a Sentinel failover) answers writes with
+            // READONLY: reconnect, so the next request finds the new master.
+            Self::Redis { source, .. } => {
+                io_failure(source)
+                    || source.kind() == RedisKind::Server(redis::ServerErrorKind::ReadOnly)
+            }
         }
     }
 
@@ -206,6 +228,26 @@ mod tests {
             !text.contains("Incompatible"),
             "the raw parser message stays in the source: {text}"
         );
+    }
+
+    #[test]
+    fn a_demoted_master_or_no_master_is_unavailable_and_reconnects() {
+        let readonly = RedisError::from((
+            RedisKind::Server(redis::ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        ));
+        let err = Error::redis("acquire", &addr(), readonly);
+        assert!(err.breaks_connection(), "{err}");
+        assert!(err.is_unavailable(), "{err}");
+        let none = Error::NoMaster {
+            op: "connect",
+            addr: Arc::from("master dlock via 127.0.0.1:26379"),
+            why: "sentinel 127.0.0.1:26379 knows no master by that name".into(),
+        };
+        assert!(none.breaks_connection());
+        let e = none.into_lock_error("redis");
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        assert!(e.to_string().contains("master dlock"), "{e}");
     }
 
     #[cfg(feature = "tls")]

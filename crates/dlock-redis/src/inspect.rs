@@ -222,15 +222,26 @@ impl Node {
         if candidates.is_empty() {
             return Ok(candidates);
         }
-        let mut types = redis::pipe();
-        for name in &candidates {
-            types.cmd("TYPE").arg(name);
-        }
         let (id, mut conn) = self.connection().await?;
-        let kinds: Vec<String> = types
-            .query_async(&mut conn)
+        let kinds: Vec<String> = if self.is_cluster() {
+            // The names live on several masters: one `TYPE` each, routed by its key, all
+            // in flight at once on the one connection.
+            let conn = &conn;
+            futures::future::try_join_all(candidates.iter().map(|name| async move {
+                redis::cmd("TYPE")
+                    .arg(name)
+                    .query_async::<String>(&mut conn.clone())
+                    .await
+            }))
             .await
-            .map_err(|e| self.failure("list", id, e))?;
+        } else {
+            let mut types = redis::pipe();
+            for name in &candidates {
+                types.cmd("TYPE").arg(name);
+            }
+            types.query_async(&mut conn).await
+        }
+        .map_err(|e| self.failure("list", id, e))?;
         Ok(candidates
             .into_iter()
             .zip(kinds)

@@ -1,4 +1,5 @@
-//! A dlock backend for one Redis server.
+//! A dlock backend for Redis: one server, a master found through Sentinel, or a Redis
+//! Cluster (see *Topologies*).
 //!
 //! ```no_run
 //! # async fn demo() -> dlock_core::Result<()> {
@@ -15,7 +16,7 @@
 //!
 //! [`RedisLock`] is a [`dlock_core::raw::LockClient`]: it adds key checks, the per-process FIFO
 //! gate, the deadline and the renewal watchdog to the protocol below. A client keeps two
-//! connections to the server: one multiplexed connection for every request of every task,
+//! connections to the server (on a cluster, the command side is one connection per node): one multiplexed connection for every request of every task,
 //! and one subscriber connection (opened when an acquire first has to wait, or an election
 //! is first observed) on which its waiters are called and its election observers woken. Holding keeps no subscription and no task per key in this crate:
 //! one renewal task per server serves every held key.
@@ -376,9 +377,17 @@
 //! | `response_timeout` | `2s` | bound on each answer; a connection that times out is replaced |
 //! | `ca` | the system's roots | `rediss://` only: PEM file of the CA certificate(s) to trust *instead of* the system's roots |
 //! | `cert`, `key` | none | `rediss://` only, together: PEM files of a client certificate (chain) and its private key, for a server with `tls-auth-clients yes` |
+//! | `sentinel_user`, `sentinel_password` | none | `redis+sentinel://` only: the sentinels' own credentials (the URL's user and password are the data nodes') |
 //!
-//! An unknown option, a bad value, a second host, another scheme, `ca`, `cert` or `key`
-//! without TLS, or `cert` without `key` (or the reverse) is
+//! `redis+sentinel://` and `redis+cluster://` URLs (see *Topologies*) take the same
+//! options. A Sentinel URL names one or more sentinels (default port 26379) and the master
+//! as its path (`/mymaster`, no database: 0); a cluster URL one or more seed nodes and no
+//! path (a cluster has database 0 only).
+//!
+//! An unknown option, a bad value, a second host (for `redis://`), another scheme, `ca`,
+//! `cert` or `key` without TLS, `cert` without `key` (or the reverse), a Sentinel URL
+//! without a master name, a cluster URL with a path, or a `sentinel_…` option on another
+//! scheme is
 //! [`LockError::InvalidConfig`](dlock_core::LockError::InvalidConfig) before any network I/O.
 //! So is a `ca`, `cert` or `key` file that cannot be read, holds no PEM certificate or key,
 //! or a key that is not the certificate's: the files are read when the client is built,
@@ -410,6 +419,126 @@
 //! *after* the first `rediss://` client gets an error from `install_default` (one default
 //! per process), as it would after redis-rs had installed one itself.
 //!
+//! # Topologies
+//!
+//! ```text
+//! redis://[user:password@]host[:port][/db][?…]                        one server
+//! redis+sentinel://[user:password@]host[:port][,host[:port]…]/MASTER[?…]   Sentinel (port 26379)
+//! redis+cluster://[user:password@]host[:port][,host[:port]…][?…]      Redis Cluster
+//! rediss://…, rediss+sentinel://…, rediss+cluster://…                  the same over TLS
+//! ```
+//!
+//! The protocol above is the same on all three: the same scripts, keys and tokens, the same
+//! round trips per operation. The user and password of the URL are the data nodes' (an ACL
+//! user, `AUTH user password`); the options (`prefix`, the timeouts, `ca`, `cert`, `key`)
+//! apply to every connection. Credentials never appear in errors, logs or `Debug`: errors
+//! name a server as `host:port`, a Sentinel setup as `master NAME via host:port,…` and a
+//! cluster as `cluster host:port,…`.
+//!
+//! **Sentinel** (`redis+sentinel://`). The hosts are the sentinels, the path the master's
+//! name. Every (re)connect of the command connection and of the subscriber connection asks
+//! all the sentinels at once (`SENTINEL MASTER`, each bounded by half of `connect_timeout`)
+//! and, once a majority of them and the watched one (below) answered, takes the master
+//! named with the newest configuration epoch: a sentinel hears of a switch from the others
+//! only every couple of seconds, so the first to answer may still name the old master, and
+//! the epoch comes in the same reply (a sentinel that refuses `SENTINEL MASTER` is asked
+//! `get-master-addr-by-name`; its answer ranks below any epoch). The client connects to
+//! that master and checks with `ROLE` that it is a master (one that is not, a failover
+//! under way, is `Unavailable` and asked again on the next request); a user without
+//! `ROLE` (it is `@admin`) gets `NOPERM`, and then the sentinels are trusted (a demoted
+//! master still refuses writes, `READONLY`). A least-privilege user needs `+@read +@write
+//! +@scripting +@pubsub +@connection +time` (the scripts read the server clock). Sentinels
+//! take no password unless the options
+//! `sentinel_user` and `sentinel_password` are given (hidden from `Debug` like the
+//! password). With `rediss+sentinel://` the sentinels are spoken to over TLS too, with the
+//! same `ca`, `cert` and `key`.
+//!
+//! A failover: each client listens on one sentinel's `+switch-master` channel (one more
+//! connection per client, opened with the first command connection, falling over to the
+//! next sentinel when it breaks) and, when the sentinels announce a new master for its
+//! name, drops its command and subscriber connections at once; the next connect waits for
+//! that sentinel's answer, so it reaches the announced master, and after each
+//! (re)subscription the master that sentinel names is compared with the one in use, so a
+//! switch announced while the watch reconnected is not missed. That matters: the old master
+//! keeps taking writes until the sentinels demote it (seconds later), and what it takes
+//! meanwhile is lost with its demotion. A request on a connection that breaks, or that a
+//! demoted master answers `READONLY`, fails (`Unavailable`: a renewal is retried by the
+//! watchdog, an acquire returns the error, a waiter re-tries once) and drops the
+//! connection too, so the next request asks the sentinels again and reaches the new master.
+//! The waiters' subscriber connection follows the same way: it is dropped, the waiters
+//! subscribe again (to the new master) and re-try. Costs: nothing per operation; one
+//! `SENTINEL MASTER` on each sentinel (at once) and one `ROLE` per (re)connect; one idle
+//! connection to a sentinel per client.
+//!
+//! **Cluster** (`redis+cluster://`). The hosts are seed nodes: any reachable one tells the
+//! cluster's layout. Commands go over redis-rs's cluster connection (one multiplexed
+//! connection per node, each reconnected on its own: one node's error or timeout never
+//! drops the client's connections to the others), which sends each script to the master
+//! of its keys' hash slot and refreshes the slot map after a `MOVED`. redis-rs's own
+//! re-sends are off (it would send a script again after an I/O error, when it may have
+//! run): a request is sent again only after an answer that proves it did not run (`MOVED`,
+//! `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`), after a short growing
+//! pause, within `response_timeout`; an I/O error or a timeout is `Unavailable` (outcome
+//! unknown), as on one server. `connect_timeout` bounds each node's connect. The scripts
+//! are loaded on every node when the client connects, node by node and best effort (a node
+//! that is down or hangs delays nothing); a node that lacks one (a promoted replica, a
+//! restart) answers `NOSCRIPT`, and the call is sent again as `EVAL` to that key's node
+//! only, which runs it and keeps it.
+//!
+//! - *Slots.* A script may only touch keys of one hash slot. Every lock's names are in its
+//!   lock key's slot: `{<prefix><key>}:fence` hashes `<prefix><key>`, as the lock key itself
+//!   does, unless the lock key contains a `}` (the tag of `{…}` ends at the first `}`). Such
+//!   keys are not refused: on a cluster their companion names get a short hash tag of the
+//!   lock key's slot in front (`{s4711}{<prefix><key>}:fence`, see
+//!   [`Names::in_cluster`](server::Names::in_cluster)), so the lock key keeps its name and
+//!   every script still touches one slot. The prefix may contain braces for the same
+//!   reason. (These names differ from a single server's, so a key with a `}` has other
+//!   fence, queue and hold names on a cluster than on one server: only the lock key is
+//!   shared with other libraries anyway.)
+//! - *Renewals* are batched per client as on one server, but one script call carries only
+//!   keys of one slot: a batch is split by slot and the parts sent at once (in parallel),
+//!   each answering its own keys. N held keys spread over S slots cost up to min(N, S)
+//!   requests per renewal round instead of N / 512.
+//! - *Key sets* (`acquire_all`) are taken key by key anyway: each key's script runs on its
+//!   own slot's master.
+//! - *Pub/sub.* A cluster delivers a classic `PUBLISH` to every node, so the subscriber
+//!   connection goes to the first seed node that accepts it (falling over to the next
+//!   seed when it breaks) and hears every release, whichever master ran it. The cost: each
+//!   release that calls a waiter is one message on the cluster bus to every node (sharded
+//!   pub/sub, `SPUBLISH`, would keep it on the key's shard, but needs a subscriber
+//!   connection per shard that follows slot moves; not done).
+//! - *`list`* `SCAN`s every master (the masters from `CLUSTER SLOTS`), then sends one
+//!   `TYPE` per name (all in flight at once, each routed to its key's master).
+//!   `inspect` is one script on the key's master.
+//! - *Failover.* A master that dies is replaced by its replica within the cluster's node
+//!   timeout; requests to its slots fail meanwhile (`Unavailable`, retried as above) and
+//!   then go to the new master. The other masters keep serving, except that with
+//!   `cluster-require-full-coverage yes` (Redis's default) every node answers `CLUSTERDOWN`
+//!   from when the master is marked failed until its replica is promoted (about a second),
+//!   which requests ride out by re-sending within `response_timeout`. A master that hangs
+//!   instead (its connections stay open) keeps its slots for a client until the client's
+//!   slot map is refreshed (a `MOVED` answer) or the node answers again.
+//!
+//! **What a failover can lose.** Replication is asynchronous in both topologies: a key
+//! granted (or renewed, or released) just before the master fails may not have reached
+//! the replica that takes over. A lease whose key was lost that way fails its next renewal
+//! (`NotHeld`) and fires `lost()`, but between the failover and that renewal (up to a third
+//! of the ttl) another client may take the key. So the capabilities declare
+//! `faults.member_down` as [`Fenced`](dlock_core::FaultSafety::Fenced), not `Exclusive`:
+//! fencing tokens still rise, because a grant's token is `max(counter + 1, master clock in
+//! µs)` and the new master's clock is past every earlier grant (a failover takes seconds,
+//! far more than the clock skew between hosts kept by NTP). With clocks further apart than
+//! the failover takes, tokens could go back: that is why fencing is declared best effort.
+//! A manual `CLUSTER FAILOVER` waits for the replica to catch up and loses nothing;
+//! `SENTINEL FAILOVER` does not wait (in testing, one that followed another failover
+//! before the demoted master had re-synced promoted a replica without a key granted 600 ms
+//! earlier). `min-replicas-to-write` on the masters narrows the window; nothing in Redis
+//! closes it. Everything else in *Capabilities* is the same on all three topologies.
+//!
+//! Addresses the servers announce (`CLUSTER SLOTS`, the master the sentinels name) are
+//! dialled as announced, unless [`RedisConfig::address_map`] maps them elsewhere (a NAT, a
+//! port forward, a proxy).
+//!
 //! # Failure modes
 //!
 //! - **Partition or black-holed server**: every request fails after the response timeout
@@ -429,9 +558,9 @@
 //!   later notices it at its next refresh, within 1 s).
 //! - **Waiter crash or partition**: its queue entry expires 3 s after its last refresh;
 //!   the waiters behind it are held up at most 4 s.
-//! - **Failover to a replica** (Sentinel, managed Redis): replication is asynchronous, so a
-//!   lock acquired just before the failover can be granted again. Use the fencing token, or
-//!   Redlock over independent servers.
+//! - **Failover to a replica** (Sentinel, a cluster, managed Redis): replication is
+//!   asynchronous, so a lock acquired just before the failover can be granted again. Use
+//!   the fencing token, or Redlock over independent servers (see *Topologies*).
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
@@ -455,14 +584,22 @@ pub mod server;
 use dlock_core::Result;
 use dlock_core::raw::LockClient;
 
-pub use config::RedisConfig;
+pub use config::{RedisConfig, SentinelConfig, Topology};
 pub use lock::RedisBackend;
 
 /// The Redis lock: a [`LockClient`] of a [`RedisBackend`].
 pub type RedisLock = LockClient<RedisBackend>;
 
-/// URL schemes this backend serves: `redis://` and `rediss://` (TLS).
-pub const SCHEMES: &[&str] = &["redis", "rediss"];
+/// URL schemes this backend serves: `redis://` (one server), `redis+sentinel://` (the master
+/// Sentinel names), `redis+cluster://` (a Redis Cluster), each with an `s` for TLS.
+pub const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+];
 
 pub(crate) const NAME: &str = "redis";
 

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::NAME;
-use crate::config::RedisConfig;
+use crate::config::{RedisConfig, Topology};
 use crate::node::{Attempt, Node, Queueing};
 use crate::renew::HeldKey;
 use crate::scripts::{self, Names};
@@ -41,6 +41,15 @@ pub struct RedisBackend {
     node: Node,
     prefix: String,
     wakeups: Arc<AtomicU64>,
+    topology: Kind,
+}
+
+/// The deployment behind a backend, for its capabilities and key checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Server,
+    Sentinel,
+    Cluster,
 }
 
 impl RedisBackend {
@@ -54,10 +63,16 @@ impl RedisBackend {
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         let node = Node::new(&config, NAME)?;
         node.connect().await?;
+        let topology = match config.topology {
+            Topology::Server => Kind::Server,
+            Topology::Sentinel(_) => Kind::Sentinel,
+            Topology::Cluster { .. } => Kind::Cluster,
+        };
         Ok(Self {
             node,
             prefix: config.prefix,
             wakeups: Arc::default(),
+            topology,
         })
     }
 }
@@ -71,10 +86,20 @@ impl Backend for RedisBackend {
             // One queue per key on the server, served in order of arrival.
             fair: true,
             fencing: Fencing::BestEffort {
-                why: "the token is a per-key counter in the server's memory, floored by the \
-                      server clock in microseconds: it keeps increasing across a restart \
-                      without persistence or a failover only while the server clock never \
-                      steps back",
+                why: match self.topology {
+                    Kind::Server => {
+                        "the token is a per-key counter in the server's memory, floored by \
+                         the server clock in microseconds: it keeps increasing across a \
+                         restart without persistence or a failover only while the server \
+                         clock never steps back"
+                    }
+                    Kind::Sentinel | Kind::Cluster => {
+                        "the token is a per-key counter in the master's memory, replicated \
+                         asynchronously and floored by the master's clock in microseconds: \
+                         across a failover it keeps increasing only while the new master's \
+                         clock is not behind the old one's by more than the failover took"
+                    }
+                },
             },
             expiry: Expiry::Ttl,
             releases_on_disconnect: false,
@@ -91,6 +116,9 @@ impl Backend for RedisBackend {
             },
             // A restart without persistence or a failover loses held keys (another client may
             // take one before its holder's next renewal); the clock floor keeps tokens rising.
+            // With Sentinel or a cluster, a failover promotes a replica that may lack a key
+            // granted just before (replication is asynchronous): the same promise, with
+            // the new master's clock as the floor (see the crate docs, *Topologies*).
             faults: dlock_core::Faults {
                 holder_paused: dlock_core::FaultSafety::Fenced,
                 server_restart: dlock_core::FaultSafety::Fenced,
@@ -136,7 +164,7 @@ impl Backend for RedisBackend {
     }
 
     async fn leader_changes(&self, key: &str) -> Result<Option<BoxStream<'static, Result<()>>>> {
-        let names = Names::new(&self.prefix, key);
+        let names = self.names(key);
         // On the client's one subscriber connection, beside its waiters; confirmed by the
         // server before this returns, so no change published afterwards is missed.
         let (notices, heard) = mpsc::channel(OBSERVER_BACKLOG);
@@ -158,7 +186,7 @@ impl Backend for RedisBackend {
     }
 
     async fn inspect(&self, key: &str) -> Result<KeyStatus> {
-        let names = Names::new(&self.prefix, key);
+        let names = self.names(key);
         let (status, hold) = self.node.inspect_hold(&names).await?;
         let mut status = status.key_status(key);
         crate::reentry::show_hold(&mut status, hold);
@@ -203,6 +231,15 @@ async fn next_change(
 }
 
 impl RedisBackend {
+    /// The names of `key`'s lock: on a cluster, all in the lock key's hash slot (see
+    /// [`Names::in_cluster`]).
+    fn names(&self, key: &str) -> Names {
+        match self.topology {
+            Kind::Cluster => Names::in_cluster(&self.prefix, key),
+            Kind::Server | Kind::Sentinel => Names::new(&self.prefix, key),
+        }
+    }
+
     /// Take `key` as `acquire` does; with a `value`, as an election candidate: the value
     /// rides in the token in place of the holder description, and the grant and the
     /// hold's release and proclaims wake the election's observers.
@@ -217,7 +254,7 @@ impl RedisBackend {
         let leader = value.is_some();
         // An owner's hold (exclusive: the core refuses owners with other modes).
         let owner = opts.owner.as_ref().map(dlock_core::Owner::as_str);
-        let names = Names::new(&self.prefix, key);
+        let names = self.names(key);
         let token = match value {
             Some(value) => scripts::new_campaign_token(value),
             None => scripts::token_for(opts.mode),

@@ -16,16 +16,18 @@ use redis::{
 };
 use tokio::sync::mpsc;
 
-use crate::config::{RedisConfig, named};
+use crate::config::{RedisConfig, Topology, named};
 use crate::error::Error;
 
 use crate::renew::Renewals;
-use crate::scripts;
 use crate::subscriber::{Notice, Subscriber, Subscription};
 
 mod calls;
+mod endpoint;
 pub(crate) use calls::queue_keys;
 pub use calls::{Attempt, Queueing};
+pub(crate) use endpoint::Endpoint;
+pub use endpoint::{ClusterCommands, Connection};
 
 /// A connection being opened (or open), shared by every caller that needs it meanwhile.
 pub(crate) type Connecting<T> = Shared<BoxFuture<'static, Result<T, Error>>>;
@@ -42,18 +44,20 @@ pub struct Node {
 
 pub(crate) struct Inner {
     addr: Arc<str>,
-    client: Client,
+    endpoint: Arc<Endpoint>,
     connect_timeout: Duration,
     connection_config: AsyncConnectionConfig,
     slot: Mutex<Slot>,
     subscriber: Subscriber,
     pub(crate) renewals: Renewals,
+    /// Whether the Sentinel watch (see [`endpoint::watch_switches`]) was started.
+    watching: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
 struct Slot {
     id: u64,
-    conn: Option<Connecting<MultiplexedConnection>>,
+    conn: Option<Connecting<Connection>>,
 }
 
 impl Node {
@@ -67,62 +71,33 @@ impl Node {
     /// the `tls` feature is off.
     pub fn new(config: &RedisConfig, backend: &'static str) -> Result<Self> {
         config.validate().map_err(|e| named(backend, e))?;
-        let addr = if config.tls {
-            if !cfg!(feature = "tls") {
-                return Err(LockError::invalid_config(
-                    backend,
-                    "TLS URLs need the `tls` feature of dlock-redis",
-                ));
-            }
-            ConnectionAddr::TcpTls {
-                host: config.host.clone(),
-                port: config.port,
-                insecure: false,
-                tls_params: None,
-            }
-        } else {
-            ConnectionAddr::Tcp(config.host.clone(), config.port)
-        };
-        let mut redis_info = RedisConnectionInfo::default().set_db(config.db);
-        if let Some(user) = &config.username {
-            redis_info = redis_info.set_username(user);
-        }
-        if let Some(password) = &config.password {
-            redis_info = redis_info.set_password(password.expose());
-        }
-        let info: ConnectionInfo = addr
-            .into_connection_info()
-            .map_err(|e| LockError::InvalidConfig {
-                backend,
-                message: "the server address is not usable".into(),
-                source: Some(Box::new(e)),
-            })?
-            .set_redis_settings(redis_info)
-            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
-        let client = client(config, info, backend)?;
-        let addr: Arc<str> = Arc::from(config.addr());
+        let endpoint = Arc::new(Endpoint::new(config, backend)?);
+        let addr: Arc<str> = Arc::from(describe(config));
         let connection_config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             .set_response_timeout(Some(config.response_timeout));
         Ok(Self {
             inner: Arc::new(Inner {
                 subscriber: Subscriber::new(
-                    client.clone(),
+                    endpoint.clone(),
                     addr.clone(),
+                    connection_config.clone(),
                     config.connect_timeout,
                     config.response_timeout,
                 ),
                 addr,
-                client,
+                endpoint,
                 connect_timeout: config.connect_timeout,
                 connection_config,
                 slot: Mutex::default(),
                 renewals: Renewals::default(),
+                watching: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
 
-    /// The server, `host:port`.
+    /// The server, `host:port`; for Sentinel `master NAME via` the sentinels, for a cluster
+    /// `cluster` and its seed nodes.
     pub fn addr(&self) -> &str {
         &self.inner.addr
     }
@@ -171,22 +146,45 @@ impl Node {
     }
 
     /// The error for a failed request on connection `id`; a broken connection is dropped,
-    /// so the next request opens a new one.
+    /// so the next request opens a new one. Never a cluster's: one node's failure says
+    /// nothing about the others, and redis-rs reconnects to that node by itself.
     pub(crate) fn failure(&self, op: &'static str, id: u64, e: redis::RedisError) -> Error {
         let e = Error::redis(op, &self.inner.addr, e);
-        if e.breaks_connection() {
+        if e.breaks_connection() && !self.is_cluster() {
             self.drop_connection(id);
         }
         e
     }
 
     /// The command connection itself, for tools and test harnesses that need commands this
-    /// crate does not wrap (`DEL`, `CLIENT KILL`, …).
+    /// crate does not wrap (`DEL`, `CLIENT KILL`, …). One server's (or the master's, with
+    /// Sentinel); a cluster has none: see [`command_connection`](Self::command_connection).
+    ///
+    /// # Errors
+    /// The connection could not be opened, or the node is a cluster.
+    pub async fn raw_connection(&self) -> Result<MultiplexedConnection, Error> {
+        match self.connection().await? {
+            (_, Connection::Server(conn)) => Ok(conn),
+            (_, Connection::Cluster(_)) => Err(Error::Reply {
+                op: "connect",
+                addr: self.inner.addr.clone(),
+                reply: "a cluster has no single command connection (see command_connection)".into(),
+            }),
+        }
+    }
+
+    /// The command connection, whatever the topology: commands on a cluster's are routed
+    /// by their keys.
     ///
     /// # Errors
     /// The connection could not be opened.
-    pub async fn raw_connection(&self) -> Result<MultiplexedConnection, Error> {
+    pub async fn command_connection(&self) -> Result<Connection, Error> {
         self.connection().await.map(|(_, conn)| conn)
+    }
+
+    /// Whether this node is a Redis Cluster (keys of one request must share a hash slot).
+    pub fn is_cluster(&self) -> bool {
+        self.inner.endpoint.is_cluster()
     }
 
     /// The keys whose names start with `prefix` (a `SCAN`, so it does not block the server),
@@ -203,22 +201,61 @@ impl Node {
             glob.push(c);
         }
         glob.push('*');
+        self.keys_matching(&glob).await
+    }
+
+    /// The keys whose names match the `SCAN` pattern `glob` (`*`, `?`, `[…]`, `\`
+    /// escapes), on every master of a cluster.
+    ///
+    /// # Errors
+    /// The server could not be reached or refused.
+    pub async fn keys_matching(&self, glob: &str) -> Result<Vec<String>, Error> {
         let (id, mut conn) = self.connection().await?;
+        let masters = conn
+            .masters()
+            .await
+            .map_err(|e| self.failure("scan", id, e))?;
         let mut keys = Vec::new();
+        match masters {
+            None => self.scan(id, &mut conn, glob, None, &mut keys).await?,
+            Some(masters) => {
+                for (host, port) in &masters {
+                    self.scan(id, &mut conn, glob, Some((host, *port)), &mut keys)
+                        .await?;
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    /// `SCAN` one server (on a cluster, the master at `host:port`) for the names matching
+    /// `glob`, adding them to `keys`.
+    async fn scan(
+        &self,
+        id: u64,
+        conn: &mut Connection,
+        glob: &str,
+        node: Option<(&str, u16)>,
+        keys: &mut Vec<String>,
+    ) -> Result<(), Error> {
         let mut cursor: u64 = 0;
         loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
                 .arg("MATCH")
-                .arg(&glob)
+                .arg(glob)
                 .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
+                .arg(1000);
+            let reply = match node {
+                Some((host, port)) => conn.on_node(cmd, host, port).await,
+                None => cmd.query_async(conn).await,
+            };
+            let (next, batch): (u64, Vec<String>) = reply
+                .and_then(|v| redis::from_redis_value(v).map_err(Into::into))
                 .map_err(|e| self.failure("scan", id, e))?;
             keys.extend(batch);
             if next == 0 {
-                return Ok(keys);
+                return Ok(());
             }
             cursor = next;
         }
@@ -238,7 +275,7 @@ impl Node {
     }
 
     /// The command connection, opening it if there is none or the last attempt failed.
-    pub(crate) async fn connection(&self) -> Result<(u64, MultiplexedConnection), Error> {
+    pub(crate) async fn connection(&self) -> Result<(u64, Connection), Error> {
         let (id, connecting) = {
             let mut slot = self.slot();
             let usable = slot
@@ -248,10 +285,34 @@ impl Node {
             if !usable {
                 slot.id += 1;
                 slot.conn = Some(self.open().boxed().shared());
+                self.watch();
             }
             (slot.id, slot.conn.clone().expect("just set"))
         };
         connecting.await.map(|conn| (id, conn))
+    }
+
+    /// With Sentinel, start (once, from a runtime) the task that hears the sentinels
+    /// announce a new master and then drops this node's connections.
+    fn watch(&self) {
+        use std::sync::atomic::Ordering;
+        if let Endpoint::Sentinel(sentinels) = &*self.inner.endpoint
+            && !self.inner.watching.swap(true, Ordering::SeqCst)
+        {
+            tokio::spawn(endpoint::watch_switches(
+                sentinels.watch(),
+                self.inner.addr.clone(),
+                self.inner_weak(),
+            ));
+        }
+    }
+
+    /// Drop the command connection and the subscriber connection (the master changed):
+    /// the next request asks the sentinels again, and waiters subscribe again.
+    pub(crate) fn reset_connections(&self) {
+        tracing::debug!(server = %self.inner.addr, "the master changed: reconnecting");
+        self.slot().conn = None;
+        self.inner.subscriber.reset();
     }
 
     /// Forget connection `id` (if it is still the current one), so the next call reopens.
@@ -263,27 +324,13 @@ impl Node {
         }
     }
 
-    fn open(&self) -> impl Future<Output = Result<MultiplexedConnection, Error>> + Send + 'static {
-        let client = self.inner.client.clone();
+    fn open(&self) -> impl Future<Output = Result<Connection, Error>> + Send + 'static {
+        let endpoint = self.inner.endpoint.clone();
         let config = self.inner.connection_config.clone();
         let addr = self.inner.addr.clone();
         let limit = self.inner.connect_timeout;
         async move {
-            let connect = async {
-                let mut conn = client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await
-                    .map_err(|e| Error::redis("connect", &addr, e))?;
-                let mut load = redis::pipe();
-                for source in scripts::SOURCES {
-                    load.cmd("SCRIPT").arg("LOAD").arg(source);
-                }
-                load.query_async::<Vec<String>>(&mut conn)
-                    .await
-                    .map_err(|e| Error::redis("connect", &addr, e))?;
-                Ok(conn)
-            };
-            match tokio::time::timeout(limit, connect).await {
+            match tokio::time::timeout(limit, endpoint.open(&addr, &config)).await {
                 Ok(result) => result,
                 Err(_) => Err(Error::timed_out("connect", &addr, limit)),
             }
@@ -308,6 +355,67 @@ impl Node {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// How errors and logs name the server(s) of `config` (never with credentials): `host:port`,
+/// `master NAME via host:port,…` or `cluster host:port,…`.
+fn describe(config: &RedisConfig) -> String {
+    let list = |hosts: &[dlock_core::raw::url::Host]| {
+        hosts
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    match &config.topology {
+        Topology::Server => config.addr(),
+        Topology::Sentinel(sentinel) => {
+            format!(
+                "master {} via {}",
+                sentinel.master,
+                list(&sentinel.sentinels)
+            )
+        }
+        Topology::Cluster { seeds } => format!("cluster {}", list(seeds)),
+    }
+}
+
+/// The redis-rs client of the one server `config` names (its host and port; for Sentinel
+/// and a cluster, each sentinel's, seed's or master's in turn).
+pub(crate) fn client_for(config: &RedisConfig, backend: &'static str) -> Result<Client> {
+    let addr = if config.tls {
+        if !cfg!(feature = "tls") {
+            return Err(LockError::invalid_config(
+                backend,
+                "TLS URLs need the `tls` feature of dlock-redis",
+            ));
+        }
+        ConnectionAddr::TcpTls {
+            host: config.host.clone(),
+            port: config.port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(config.host.clone(), config.port)
+    };
+    let mut redis_info = RedisConnectionInfo::default().set_db(config.db);
+    if let Some(user) = &config.username {
+        redis_info = redis_info.set_username(user);
+    }
+    if let Some(password) = &config.password {
+        redis_info = redis_info.set_password(password.expose());
+    }
+    let info: ConnectionInfo = addr
+        .into_connection_info()
+        .map_err(|e| LockError::InvalidConfig {
+            backend,
+            message: "the server address is not usable".into(),
+            source: Some(Box::new(e)),
+        })?
+        .set_redis_settings(redis_info)
+        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    client(config, info, backend)
 }
 
 /// The redis-rs client for `info`; with TLS, after making sure rustls has a crypto

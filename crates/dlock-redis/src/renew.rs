@@ -121,9 +121,21 @@ impl Node {
     /// The server could not be reached, timed out, refused the script or answered
     /// something else than a status per key: the outcome for every key is unknown.
     pub async fn renew_many(&self, keys: &[(HeldKey, Duration)]) -> Result<Vec<bool>, Error> {
-        let statuses = self
-            .extend_many(keys.iter().map(|(key, ttl)| (key, scripts::millis(*ttl))))
-            .await?;
+        let groups = self.slot_groups(keys.iter().map(|(key, _)| key));
+        let mut statuses = vec![0; keys.len()];
+        let answers = futures::future::join_all(groups.iter().map(|group| {
+            self.extend_many(
+                group
+                    .iter()
+                    .map(|&i| (&keys[i].0, scripts::millis(keys[i].1))),
+            )
+        }))
+        .await;
+        for (group, answer) in groups.iter().zip(answers) {
+            for (&i, status) in group.iter().zip(answer?) {
+                statuses[i] = status;
+            }
+        }
         statuses
             .into_iter()
             .map(|status| match status {
@@ -134,8 +146,46 @@ impl Node {
             .collect()
     }
 
-    /// Renew `batch` in one request and answer each renewal.
+    /// The indices of `keys` grouped by hash slot, each group in order, when this node is
+    /// a cluster (a script may only touch keys of one slot); one group of all otherwise.
+    fn slot_groups<'k>(&self, keys: impl Iterator<Item = &'k HeldKey>) -> Vec<Vec<usize>> {
+        if !self.is_cluster() {
+            return vec![keys.enumerate().map(|(i, _)| i).collect()];
+        }
+        let mut groups: Vec<(redis::cluster_routing::Slot, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.enumerate() {
+            let slot = redis::cluster_routing::Slot::for_key(key.key());
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, group)) => group.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        groups.into_iter().map(|(_, group)| group).collect()
+    }
+
+    /// Renew `batch` and answer each renewal: one request, or on a cluster one per hash
+    /// slot (in parallel), each answering its own renewals.
     async fn renew_batch(&self, batch: &mut Vec<Renewal>) {
+        let groups = self.slot_groups(batch.iter().map(|r| &r.key));
+        if groups.len() <= 1 {
+            return self.renew_slot(batch).await;
+        }
+        let mut parts: Vec<Vec<Renewal>> =
+            groups.iter().map(|g| Vec::with_capacity(g.len())).collect();
+        let mut owner = vec![0; batch.len()];
+        for (n, group) in groups.iter().enumerate() {
+            for &i in group {
+                owner[i] = n;
+            }
+        }
+        for (renewal, n) in batch.drain(..).zip(owner) {
+            parts[n].push(renewal);
+        }
+        futures::future::join_all(parts.iter_mut().map(|part| self.renew_slot(part))).await;
+    }
+
+    /// Renew `batch` (keys of one hash slot) in one request and answer each renewal.
+    async fn renew_slot(&self, batch: &mut Vec<Renewal>) {
         let result = self
             .extend_many(batch.iter().map(|r| (&r.key, r.ttl_ms)))
             .await;

@@ -14,88 +14,8 @@ use std::time::Duration;
 
 use redis::Script;
 
-/// The names one lock uses on the server.
-///
-/// | what | name |
-/// |---|---|
-/// | lock key (value: the holder's token) | `<prefix><key>` |
-/// | fence counter | `{<prefix><key>}:fence` |
-/// | release channel | `{<prefix><key>}:released` |
-/// | waiters' queue (score: enqueue ticket) | `{<prefix><key>}:queue` |
-/// | waiters' expiries (score: µs, server clock) | `{<prefix><key>}:waiters` |
-/// | an owner's reentrant hold (hash: owner, hold, fence, entries) | `{<prefix><key>}:hold` |
-///
-/// The user's key is used verbatim, so with an empty prefix the lock key is exactly the
-/// name another library (redis-py, redsync, node-redlock) would use for the same lock: the
-/// two exclude each other. The fence key carries the lock key as its hash tag, so both sit
-/// in one cluster slot (unless the key itself contains `}`). With a non-empty prefix that
-/// does not start with `{`, no lock key can be another lock's fence, queue or waiters key;
-/// with any other prefix (the empty one included), [`Names::check`] refuses the few keys
-/// that would be.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Names {
-    /// The lock key.
-    pub key: String,
-    /// The fence counter.
-    pub fence: String,
-    /// The pub/sub channel on which the next waiter is called (each message is the token
-    /// of the waiter whose turn it is), and election observers are woken (`!leader`).
-    pub channel: String,
-    /// The queue of waiters: a sorted set of waiter tokens by enqueue ticket.
-    pub queue: String,
-    /// When each waiter's entry expires: a sorted set of waiter tokens by µs of the
-    /// server clock.
-    pub waiters: String,
-    /// An owner's reentrant hold of the key: a hash of the owner id, the hold's random
-    /// part, its fencing token and one field per entry (see `scripts/hold.rs`); it
-    /// expires with the lock key and is deleted with it.
-    pub hold: String,
-}
-
-/// The suffixes of the names a lock keeps beside its lock key (`{<lock key>}<suffix>`).
-const SIDE_KEYS: [&str; 4] = ["}:fence", "}:queue", "}:waiters", "}:hold"];
-
-impl Names {
-    /// Refuse `key` if under `prefix` its lock key would be another lock's fence counter,
-    /// queue or waiters key (`{<prefix><other key>}:fence`, …), so that one lock can
-    /// never reset another's counter or queue or be blocked by it. Only reachable with a prefix that is empty or starts
-    /// with `{`.
-    ///
-    /// # Errors
-    /// [`LockError::InvalidKey`](dlock_core::LockError::InvalidKey) for such a key.
-    pub fn check(prefix: &str, key: &str) -> dlock_core::Result<()> {
-        // With a prefix that does not start with `{` no lock key starts with `{`: nothing to
-        // check, and nothing to allocate on every acquire.
-        if !prefix.is_empty() && !prefix.starts_with('{') {
-            return Ok(());
-        }
-        let lock = format!("{prefix}{key}");
-        let side_shaped = lock.starts_with(&format!("{{{prefix}"))
-            && SIDE_KEYS.iter().any(|suffix| lock.ends_with(suffix));
-        if side_shaped {
-            return Err(dlock_core::LockError::invalid_key(
-                key,
-                "under this key prefix the key names another lock's fence counter or queue \
-                 ({<prefix><key>}:fence, :queue, :waiters, :hold); use another key, or a prefix \
-                 such as dlock:",
-            ));
-        }
-        Ok(())
-    }
-
-    /// The names for `key` under `prefix`.
-    pub fn new(prefix: &str, key: &str) -> Self {
-        let lock = format!("{prefix}{key}");
-        Self {
-            fence: format!("{{{lock}}}:fence"),
-            channel: format!("{{{lock}}}:released"),
-            queue: format!("{{{lock}}}:queue"),
-            waiters: format!("{{{lock}}}:waiters"),
-            hold: format!("{{{lock}}}:hold"),
-            key: lock,
-        }
-    }
-}
+mod names;
+pub use names::Names;
 
 /// How long a fence counter outlives the grant that last set it. Tokens are floored by the
 /// server clock, so an expired counter does not make them go back (see [`ACQUIRE`]); the
@@ -121,209 +41,8 @@ pub const WAITER_LEASE: Duration = Duration::from_secs(3);
 /// (another library's release, an operator's `DEL`) is noticed within `TOUCH_EVERY`.
 pub const TOUCH_EVERY: Duration = Duration::from_secs(1);
 
-/// Lua shared by every script: the server clock, and the reader set. A reader's token
-/// starts with `r` (see [`new_reader_token`]) and a permit's with `p` and its limit (see
-/// [`new_permit_token`]), so a script tells the modes apart by the token alone. Readers
-/// and permit holders (*members*) hold the lock key as a sorted set of token by when its
-/// entry expires (µs of the server clock); the key itself expires with the longest-lived
-/// entry, so a plain `SET NX` sees it busy and the last crashed member frees it on its own.
-/// `reader_ttl` re-sets that expiry (the key vanishes with its last entry), and
-/// `extend_reader` renews one member's entry.
-///
-/// `ours(held, token)` is every writer's owner check: whether the value `held` read from
-/// the lock key (a `pcall` `GET`: not a string when the key is a reader set) is the hold
-/// of `token`. A writer's token is 32 random hex digits, a space and what it carries (the
-/// holder description, or an election candidate's value, which a proclaim replaces), so
-/// the check compares the random part, the *owner*, alone: a hold whose value a proclaim
-/// changed behind the handle's back (its answer lost, its future dropped) is still ours
-/// to renew, release and proclaim again. A value that is not a token of ours (another
-/// library's) matches only itself.
-#[doc(hidden)]
-#[macro_export]
-macro_rules! base_lua {
-    () => {
-        r"
-local function now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local function is_reader(token)
-  return string.byte(token, 1) == 114
-end
-local function is_permit(token)
-  return string.byte(token, 1) == 112
-end
-local function is_member(token)
-  return is_reader(token) or is_permit(token)
-end
-local function permit_limit(token)
-  return tonumber(string.match(token, '^p(%d+)%.'))
-end
-local function reader_ttl(key, now)
-  local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]
-  if top then
-    redis.call('PEXPIRE', key, string.format('%.0f', math.ceil((tonumber(top) - now) / 1000)))
-  end
-end
-local function owner(token)
-  local random = string.match(token, '^(%x+) ')
-  if random and #random == 32 then return random end
-  return nil
-end
-local function ours(held, token)
-  if type(held) ~= 'string' then return false end
-  if held == token then return true end
-  local mine = owner(token)
-  return mine ~= nil and owner(held) == mine
-end
-local function extend_reader(key, token, ttl_ms, now)
-  local score = redis.pcall('ZSCORE', key, token)
-  if type(score) ~= 'string' or tonumber(score) <= now then return 0 end
-  redis.call('ZADD', key, string.format('%.0f', now + tonumber(ttl_ms) * 1000), token)
-  reader_ttl(key, now)
-  return 1
-end
-"
-    };
-}
-
-/// Lua shared by the scripts that read the queue: `KEYS[1]` is the lock, `KEYS[2]` the
-/// fence counter, `KEYS[3]` the queue (score: the enqueue ticket), `KEYS[4]` the waiters'
-/// expiries (score: µs of the server clock). `prune` drops the expired waiters and answers
-/// the first one before and after; `enqueue` adds or refreshes a waiter; `holders` answers
-/// who holds the key (`none`, `readers`, `writer`), dropping expired readers first;
-/// `clear_ahead` whether no writer waits before the caller (a writer: whether it is first;
-/// a caller not in the queue: whether nobody waits); `call_turns` calls every waiter that
-/// may take the key now (the first one, and when it is a reader the run of readers behind
-/// it; with readers holding, only that run; when the first waiter wants a permit, every
-/// permit waiter whose turn it is); `grant_fence` issues the next fencing token.
-/// `count_members` answers how many members hold the key (`nil` when a writer does) and
-/// how many expired entries it dropped first; `call_permits` calls the permit waiters
-/// whose turn it is with `held` members holding: the waiter at rank `i` (from 0) with
-/// limit `n` may take a permit while `held + i < n`, so the first `n - held` waiters go
-/// together and no later waiter passes them. With `only_new`, it calls only those whose
-/// turn came by one permit freeing or one waiter ahead leaving (`held + i == n - 1`): the
-/// others were called when their turn came.
-#[doc(hidden)]
-#[macro_export]
-macro_rules! queue_lua {
-    () => {
-        r"
-local function head()
-  return redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-end
-local function prune(now)
-  local before = head()
-  if not before then return nil, nil end
-  local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, 1000)
-  if #dead == 0 then return before, before end
-  redis.call('ZREM', KEYS[3], unpack(dead))
-  redis.call('ZREM', KEYS[4], unpack(dead))
-  return before, head()
-end
-local function enqueue(token, ticket, now, lease_ms)
-  redis.call('ZADD', KEYS[3], 'NX', ticket, token)
-  redis.call('ZADD', KEYS[4], string.format('%.0f', now + lease_ms * 1000), token)
-  redis.call('PEXPIRE', KEYS[3], lease_ms)
-  redis.call('PEXPIRE', KEYS[4], lease_ms)
-end
-local function holders(now)
-  local kind = redis.call('TYPE', KEYS[1])['ok']
-  if kind == 'none' then return 'none' end
-  if kind ~= 'zset' then return 'writer' end
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  if redis.call('EXISTS', KEYS[1]) == 0 then return 'none' end
-  return 'readers'
-end
-local function clear_ahead(token)
-  local rank = redis.call('ZRANK', KEYS[3], token)
-  if not rank then return redis.call('EXISTS', KEYS[3]) == 0 end
-  if rank == 0 then return true end
-  if not is_reader(token) then return false end
-  for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, rank - 1)) do
-    if not is_reader(waiter) then return false end
-  end
-  return true
-end
-local function count_members(now)
-  local kind = redis.call('TYPE', KEYS[1])['ok']
-  if kind == 'none' then return 0, 0 end
-  if kind ~= 'zset' then return nil, 0 end
-  local expired = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  return redis.call('ZCARD', KEYS[1]), expired
-end
-local function call_permits(held, caller, channel, only_new)
-  if not held then return end
-  for i, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, 999)) do
-    local n = permit_limit(waiter)
-    if n and waiter ~= caller and held + i - 1 < n and (not only_new or held + i == n) then
-      redis.call('PUBLISH', channel, waiter)
-    end
-  end
-end
-local function call_turns(now, caller, channel)
-  local first = head()
-  if first and is_permit(first) then
-    local held = count_members(now)
-    return call_permits(held, caller, channel, false)
-  end
-  local kind = holders(now)
-  if kind == 'writer' then return end
-  for i, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, 999)) do
-    if not is_reader(waiter) then
-      if i == 1 and kind == 'none' and waiter ~= caller then
-        redis.call('PUBLISH', channel, waiter)
-      end
-      return
-    end
-    if waiter ~= caller then redis.call('PUBLISH', channel, waiter) end
-  end
-end
-local function call_next(before, after, caller, channel, now)
-  if after and after ~= before and after ~= caller then call_turns(now, caller, channel) end
-end
-local function grant_fence(now)
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-  local floor = tonumber(ARGV[6])
-  local fence
-  if floor > 0 then
-    fence = math.max(last + 1, floor, now - 1000000)
-  else
-    fence = math.max(last + 1, now)
-  end
-  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
-  return fence
-end
-"
-    };
-}
-
-/// The end of an acquire script whose key is busy: call the next waiter if the head of
-/// the queue changed, queue the caller when it asked to wait (`ARGV[4]`, with its ticket
-/// `ARGV[5]` and queue lease `ARGV[8]`), and answer `{pttl or -2, holder or head, is_first}`.
-#[doc(hidden)]
-#[macro_export]
-macro_rules! busy_answer_lua {
-    () => {
-        r"call_next(before, first, token, ARGV[7], now)
-if ARGV[4] == '1' then
-  local ticket = ARGV[5]
-  if ticket == '' then ticket = string.format('%.0f', now) end
-  enqueue(token, ticket, now, tonumber(ARGV[8]))
-  first = head()
-end
-local is_first = 0
-if first == token then is_first = 1 end
-local holder = redis.pcall('GET', KEYS[1])
-if not holder then
-  return {-2, first or '', is_first}
-end
-if type(holder) ~= 'string' then holder = '' end
-return {redis.call('PTTL', KEYS[1]), holder, is_first}
-"
-    };
-}
-
+#[macro_use]
+mod lua;
 #[macro_use]
 mod hold;
 mod claim;
@@ -574,6 +293,21 @@ pub(crate) const SOURCES: [&str; 11] = [
     election::PROCLAIM_LUA,
     election::EXTEND_LEADER_LUA,
 ];
+
+/// The source of the script of this crate whose SHA1 is `sha` (hex, as `EVALSHA` takes
+/// it), for sending it as `EVAL` to a cluster node that lacks it.
+pub(crate) fn source_of(sha: &str) -> Option<&'static str> {
+    static HASHES: LazyLock<Vec<(String, &'static str)>> = LazyLock::new(|| {
+        SOURCES
+            .iter()
+            .map(|source| (Script::new(source).get_hash().to_owned(), *source))
+            .collect()
+    });
+    HASHES
+        .iter()
+        .find(|(hash, _)| hash.eq_ignore_ascii_case(sha))
+        .map(|(_, source)| *source)
+}
 
 #[cfg(test)]
 mod tests;

@@ -48,7 +48,7 @@ pub use crate::error::Error as NodeError;
 pub use crate::gather::{TaskQueue, gather};
 pub use crate::inspect::{NodeHolder, NodeStatus, NodeWaiter};
 pub use crate::lock::InFlight;
-pub use crate::node::{Attempt, Node, Queueing};
+pub use crate::node::{Attempt, ClusterCommands, Connection, Node, Queueing};
 pub use crate::renew::HeldKey;
 pub use crate::scripts::{
     Names, TOUCH_EVERY, WAITER_LEASE, is_permit_token, is_reader_token, new_permit_token,

@@ -14,16 +14,17 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use redis::Client;
+use redis::AsyncConnectionConfig;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::Error;
-use crate::node::Connecting;
+use crate::node::{Connecting, Endpoint};
 
 pub(crate) struct Subscriber {
-    client: Client,
+    endpoint: Arc<Endpoint>,
     addr: Arc<str>,
+    connection_config: AsyncConnectionConfig,
     connect_timeout: Duration,
     response_timeout: Duration,
     state: Arc<Mutex<State>>,
@@ -164,14 +165,16 @@ impl State {
 
 impl Subscriber {
     pub(crate) fn new(
-        client: Client,
+        endpoint: Arc<Endpoint>,
         addr: Arc<str>,
+        connection_config: AsyncConnectionConfig,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Self {
         Self {
-            client,
+            endpoint,
             addr,
+            connection_config,
             connect_timeout,
             response_timeout,
             state: Arc::default(),
@@ -219,6 +222,21 @@ impl Subscriber {
         }
     }
 
+    /// Close the subscriber connection as if it broke (the master changed): every waiter
+    /// hears [`Event::Broken`], subscribes again on a new connection and re-tries.
+    pub(crate) fn reset(&self) {
+        let link = lock(&self.state).live_link();
+        if let Some(link) = link {
+            LinkTask {
+                id: link.id,
+                state: Arc::downgrade(&self.state),
+                health: link.health,
+                addr: self.addr.clone(),
+            }
+            .kill();
+        }
+    }
+
     /// The subscriber connection, opening it if there is none (or it broke).
     async fn link(&self) -> Result<Link, Error> {
         let connecting = {
@@ -238,17 +256,20 @@ impl Subscriber {
     }
 
     fn open(&self, id: u64) -> impl Future<Output = Result<Link, Error>> + Send + 'static {
-        let client = self.client.clone();
+        let endpoint = self.endpoint.clone();
+        let config = self.connection_config.clone();
         let addr = self.addr.clone();
         let (connect_timeout, response_timeout) = (self.connect_timeout, self.response_timeout);
         let state = Arc::downgrade(&self.state);
         async move {
-            let pubsub =
-                match tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await {
-                    Ok(Ok(pubsub)) => pubsub,
-                    Ok(Err(e)) => return Err(Error::redis("subscribe", &addr, e)),
-                    Err(_) => return Err(Error::timed_out("subscribe", &addr, connect_timeout)),
-                };
+            // The server, the master the sentinels name now, or a reachable seed node of
+            // a cluster (every node hears every PUBLISH).
+            let opening = endpoint.pubsub(&addr, &config, connect_timeout);
+            let pubsub = match tokio::time::timeout(connect_timeout, opening).await {
+                Ok(Ok(pubsub)) => pubsub,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(Error::timed_out("subscribe", &addr, connect_timeout)),
+            };
             let (sink, stream) = pubsub.split();
             let (requests, incoming) = mpsc::unbounded_channel();
             let (stop, stopped) = oneshot::channel();

@@ -96,6 +96,16 @@ impl RedlockConfig {
                     "every node must use the same key prefix",
                 ));
             }
+            // Each vote is one server's: a Sentinel group or a cluster is not a node.
+            if node.topology != dlock_redis::Topology::Server {
+                return Err(LockError::invalid_config(
+                    NAME,
+                    format!(
+                        "node {} is a Sentinel group or a Redis Cluster: Redlock's nodes are                          independent single servers",
+                        node.addr()
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -208,6 +218,18 @@ mod tests {
             assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{n} nodes: {err}");
         }
         assert_eq!(RedlockConfig { nodes: vec![] }.prefix(), "");
+    }
+
+    #[test]
+    fn a_sentinel_group_or_a_cluster_is_not_a_node() {
+        let mut config = RedlockConfig::from_url("redlock://a:1,b:2,c:3").unwrap();
+        config.nodes[1] = dlock_redis::RedisConfig::from_url("redis+cluster://b:2,b:3").unwrap();
+        let err = config.validate().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+        assert!(
+            err.to_string().contains("independent single servers"),
+            "{err}"
+        );
     }
 
     #[test]

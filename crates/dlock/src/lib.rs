@@ -20,6 +20,8 @@
 //! |---|---|---|---|
 //! | `memory://[NAME]` | in-process (tasks of one process) | `memory` | `dlock-memory` |
 //! | `redis://`, `rediss://` | one Redis server | `redis` | `dlock-redis` |
+//! | `redis+sentinel://`, `rediss+sentinel://` | the Redis master Sentinel names | `redis` | `dlock-redis` |
+//! | `redis+cluster://`, `rediss+cluster://` | a Redis Cluster | `redis` | `dlock-redis` |
 //! | `redlock://`, `redlocks://` | Redlock over independent Redis nodes | `redlock` | `dlock-redlock` |
 //! | `zk://`, `zookeeper://`, `zks://` | ZooKeeper | `zookeeper` | `dlock-zookeeper` |
 //! | `etcd://`, `etcds://` | etcd v3 | `etcd` | `dlock-etcd` |
@@ -62,7 +64,8 @@ pub use dlock_core::{
 pub enum Scheme {
     /// `memory://`
     Memory,
-    /// `redis://`, `rediss://` (TLS)
+    /// `redis://`, `rediss://` (TLS); `redis+sentinel://`, `redis+cluster://` (and their
+    /// `rediss+` forms): one Redis server, a master found through Sentinel, a Redis Cluster
     Redis,
     /// `redlock://`, `redlocks://` (TLS)
     Redlock,
@@ -82,6 +85,10 @@ impl Scheme {
         ("memory", Scheme::Memory),
         ("redis", Scheme::Redis),
         ("rediss", Scheme::Redis),
+        ("redis+sentinel", Scheme::Redis),
+        ("rediss+sentinel", Scheme::Redis),
+        ("redis+cluster", Scheme::Redis),
+        ("rediss+cluster", Scheme::Redis),
         ("redlock", Scheme::Redlock),
         ("redlocks", Scheme::Redlock),
         ("zk", Scheme::ZooKeeper),
@@ -212,6 +219,14 @@ mod tests {
     #[test]
     fn schemes_parse_case_insensitively() {
         assert_eq!(Scheme::parse("REDIS://h").unwrap(), Scheme::Redis);
+        for url in [
+            "redis+sentinel://h:26379/mymaster",
+            "Rediss+Sentinel://h/mymaster",
+            "redis+cluster://a:7000,b:7001",
+            "rediss+cluster://a:7000",
+        ] {
+            assert_eq!(Scheme::parse(url).unwrap(), Scheme::Redis, "{url}");
+        }
         assert_eq!(Scheme::parse("zookeeper://h").unwrap(), Scheme::ZooKeeper);
         assert_eq!(Scheme::parse("ZKS://h?ca=/c").unwrap(), Scheme::ZooKeeper);
         assert_eq!(Scheme::parse("mariadb://u:p@h/db").unwrap(), Scheme::MySql);

@@ -121,9 +121,29 @@ impl Node {
         } else if leader {
             call.arg("1");
         }
+        let attempt = self.attempt(&call).await?;
+        // On a cluster, the key held with exactly this token means an earlier send of this
+        // acquire ran though its answer was lost (a re-try after an I/O error or a
+        // timeout): the key is ours, but its fencing token is unknown. Never leave it
+        // locked for a full ttl: release it and try once more.
+        if let Attempt::Busy { holder, .. } = &attempt
+            && holder == token
+            && owner.is_none()
+            && std::ptr::eq(script, &*scripts::ACQUIRE)
+            && self.is_cluster()
+        {
+            tracing::debug!(server = %self.addr(), "the key holds our own token: releasing it and trying again");
+            self.release_as(names, token, true, leader).await?;
+            return self.attempt(&call).await;
+        }
+        Ok(attempt)
+    }
+
+    /// Send one acquire script call and read its answer.
+    async fn attempt(&self, call: &ScriptInvocation<'_>) -> Result<Attempt, Error> {
         // Taken: the fencing token, an integer; entered: `[fence, hold token]`; busy:
         // `[PTTL, holder, first]`.
-        let reply: redis::Value = self.invoke("acquire", &call).await?;
+        let reply: redis::Value = self.invoke("acquire", call).await?;
         if let redis::Value::Int(fence) = reply {
             return Ok(Attempt::Taken {
                 fence: u64::try_from(fence).map_err(|_| self.reply("acquire", fence))?,

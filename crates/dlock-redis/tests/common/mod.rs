@@ -4,20 +4,29 @@
 #![allow(dead_code, unused_imports, unreachable_pub)]
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_conformance::Harness;
-use dlock_core::{BoxError, DistributedLock, ErrorKind, Result};
-use dlock_redis::RedisConfig;
+use dlock_core::{BoxError, DistributedLock, ErrorKind, Lease, LockOptions, Result, Wait};
 use dlock_redis::server::{Names, Node};
+use dlock_redis::{RedisConfig, RedisLock};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
+use tokio::task::JoinHandle;
+
+pub mod backends;
+pub mod topology;
 
 pub use dlock_conformance::testkit::{unique_key, wrong_kind_of_server as not_redis_server};
 
 pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 
-pub struct RedisHarness {
+/// A harness of Redis: the URL under test and its settings. `K` is the topology it tests:
+/// `()` for the one server of `DLOCK_REDIS_URL`, [`topology::Kind`] for a cluster or
+/// Sentinel ([`topology::TopologyHarness`]); the clients below serve every topology.
+pub struct RedisHarness<K = ()> {
+    kind: K,
     url: String,
     config: RedisConfig,
 }
@@ -27,14 +36,29 @@ impl RedisHarness {
         let url = dlock_conformance::env_url("DLOCK_REDIS_URL", DEFAULT_URL);
         let config = RedisConfig::from_url(&url)
             .unwrap_or_else(|e| panic!("DLOCK_REDIS_URL={url:?} is not usable: {e}"));
-        Self { url, config }
+        Self {
+            kind: (),
+            url,
+            config,
+        }
     }
 
+    /// A raw connection to the server, for fault hooks and checks.
+    pub async fn admin(&self) -> Result<MultiplexedConnection, BoxError> {
+        admin(&self.config).await
+    }
+}
+
+impl<K> RedisHarness<K>
+where
+    Self: Harness,
+{
     pub fn config(&self) -> &RedisConfig {
         &self.config
     }
 
-    /// A client of the server under test; an unreachable server fails the test naming it.
+    /// A client of the server(s) under test; an unreachable server fails the test naming
+    /// it.
     pub async fn lock(&self) -> dlock_redis::RedisLock {
         self.lock_at(&self.url).await
     }
@@ -47,11 +71,6 @@ impl RedisHarness {
     /// The URL under test with one more query option.
     pub fn url_with_option(&self, option: &str) -> String {
         dlock_conformance::url_with_option(&self.url, option)
-    }
-
-    /// A raw connection to the server, for fault hooks and checks.
-    pub async fn admin(&self) -> Result<MultiplexedConnection, BoxError> {
-        admin(&self.config).await
     }
 }
 
@@ -94,7 +113,7 @@ pub async fn wait_for_subscriber(admin: &mut MultiplexedConnection, channel: &st
 }
 
 /// Poll (up to 10 s) until `n` waiters are in the queue of `names`' key.
-pub async fn until_queued(admin: &mut MultiplexedConnection, names: &Names, n: usize) {
+pub async fn until_queued(admin: &mut impl AsyncCommands, names: &Names, n: usize) {
     let started = tokio::time::Instant::now();
     loop {
         let queued: usize = admin.zcard(&names.queue).await.expect("ZCARD");
@@ -108,6 +127,45 @@ pub async fn until_queued(admin: &mut MultiplexedConnection, names: &Names, n: u
         );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+}
+
+/// `holder` takes the free `key` (ttl 5 s) and `waiter` waits for it (up to 10 s) in a task
+/// of its own: the holder's lease, and the task that ends with the waiter's.
+pub async fn take_with_a_waiter(
+    holder: &RedisLock,
+    waiter: RedisLock,
+    key: &str,
+) -> (Lease, JoinHandle<Result<Lease>>) {
+    let opts = LockOptions::new().ttl(Duration::from_secs(5));
+    let lease = holder
+        .try_acquire(key, &opts)
+        .await
+        .expect("try_acquire")
+        .expect("free");
+    let key = key.to_owned();
+    let waiting = tokio::spawn(async move {
+        let opts = opts.wait(Wait::For(Duration::from_secs(10)));
+        waiter.acquire(&key, &opts).await
+    });
+    (lease, waiting)
+}
+
+/// Release `lease` while `waiting` (see [`take_with_a_waiter`]) is queued for its key: the
+/// waiter's lease, which must come within a second, so by the release's call and not by
+/// the waiter's polling.
+pub async fn hand_over(lease: Lease, waiting: JoinHandle<Result<Lease>>) -> Lease {
+    let released = tokio::time::Instant::now();
+    lease.release().await.expect("release");
+    let next = waiting
+        .await
+        .expect("the waiter task")
+        .expect("the waiter gets the key");
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "the hand-off took {:?}: the call was not heard",
+        released.elapsed()
+    );
+    next
 }
 
 /// Poll (up to 10 s) until `n` clients listen on `channel`.
@@ -149,6 +207,15 @@ pub async fn set_foreign(admin: &mut MultiplexedConnection, key: &str, px: u64) 
         .await
         .expect("SET NX PX");
     set.is_some()
+}
+
+/// Delete a lock as an operator would (`break_lease`): its key, and an owner's hold with
+/// its hash (which would expire with the key anyway).
+pub async fn delete_lock(admin: &mut impl AsyncCommands, names: &Names) -> Result<(), BoxError> {
+    let deleted: i64 = admin.del(&names.key).await?;
+    assert_eq!(deleted, 1, "break_lease: {} was not held", names.key);
+    let _: i64 = admin.del(&names.hold).await?;
+    Ok(())
 }
 
 /// Delete the fence counter a test left (it outlives leases by design).
@@ -202,12 +269,7 @@ impl Harness for RedisHarness {
 
     async fn break_lease(&self, key: &str) -> Result<(), BoxError> {
         let names = Names::new(&self.config.prefix, key);
-        // An owner's hold goes with its hash (which would expire with the key anyway).
-        let mut admin = self.admin().await?;
-        let deleted: i64 = admin.del(&names.key).await?;
-        assert_eq!(deleted, 1, "break_lease: {} was not held", names.key);
-        let _: i64 = admin.del(&names.hold).await?;
-        Ok(())
+        delete_lock(&mut self.admin().await?, &names).await
     }
 
     /// Lock keys under `prefix`, the waiters' queues of those keys

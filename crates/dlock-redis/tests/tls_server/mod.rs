@@ -131,33 +131,93 @@ pub struct TlsRedis {
 impl TlsRedis {
     /// Start one and wait (at most 10 s) until it listens.
     pub fn start(certs: &Certificates, auth: ClientAuth) -> Self {
+        Self::start_with(certs, auth, &[])
+    }
+
+    /// A one-node Redis Cluster over TLS (`tls-cluster yes`, its bus on a port of its own)
+    /// that serves every slot once [`CLUSTER ADDSLOTSRANGE 0 16383`] is sent to it.
+    pub fn start_cluster_node(certs: &Certificates) -> Self {
+        let bus = free_port();
+        Self::start_with(
+            certs,
+            ClientAuth::Optional,
+            &[
+                "--cluster-enabled".into(),
+                "yes".into(),
+                "--tls-cluster".into(),
+                "yes".into(),
+                "--cluster-port".into(),
+                bus.to_string(),
+                "--cluster-config-file".into(),
+                format!("nodes-{bus}.conf"),
+            ],
+        )
+    }
+
+    /// A Sentinel over TLS (`redis-server CONF --sentinel`) watching the TLS master at
+    /// `master_port` under the name `name` (quorum 1).
+    pub fn start_sentinel(certs: &Certificates, name: &str, master_port: u16) -> Self {
+        let port = free_port();
+        let conf = certs.dir().join(format!("sentinel-{port}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "bind 127.0.0.1\nport 0\ntls-port {port}\ntls-cert-file server.pem\n\
+                 tls-key-file server.key\ntls-ca-cert-file ca.pem\ntls-replication yes\n\
+                 tls-auth-clients optional\nsentinel monitor {name} 127.0.0.1 {master_port} 1\n"
+            ),
+        )
+        .expect("write the sentinel's config");
+        Self::spawn(
+            certs,
+            port,
+            Command::new("redis-server")
+                .current_dir(certs.dir())
+                .arg(&conf)
+                .arg("--sentinel"),
+        )
+    }
+
+    /// [`start`](Self::start) with more `redis-server` arguments.
+    pub fn start_with(certs: &Certificates, auth: ClientAuth, extra: &[String]) -> Self {
+        let port = free_port();
+        Self::spawn(
+            certs,
+            port,
+            Command::new("redis-server")
+                .current_dir(certs.dir())
+                .args(["--bind", "127.0.0.1", "--port", "0"])
+                .args(["--tls-port", &port.to_string()])
+                .args([
+                    "--tls-cert-file",
+                    "server.pem",
+                    "--tls-key-file",
+                    "server.key",
+                ])
+                .args(["--tls-ca-cert-file", "ca.pem"])
+                .args([
+                    "--tls-auth-clients",
+                    match auth {
+                        ClientAuth::Optional => "optional",
+                        ClientAuth::Required => "yes",
+                    },
+                ])
+                .args(["--save", "", "--appendonly", "no"])
+                .args(["--dbfilename", &format!("dump-{port}.rdb")])
+                .args(extra),
+        )
+    }
+
+    /// Spawn `command` (a `redis-server` that will listen on `port`, logging to standard
+    /// output) and wait until it listens.
+    fn spawn(certs: &Certificates, port: u16, command: &mut Command) -> Self {
         require(
             "redis-server",
             "redis-server",
             "scripts/backends up redis installs it, or apt-get install redis-server",
         );
-        let port = free_port();
         let log = certs.dir().join(format!("redis-{port}.log"));
-        let child = Command::new("redis-server")
-            .current_dir(certs.dir())
-            .args(["--bind", "127.0.0.1", "--port", "0"])
-            .args(["--tls-port", &port.to_string()])
-            .args([
-                "--tls-cert-file",
-                "server.pem",
-                "--tls-key-file",
-                "server.key",
-            ])
-            .args(["--tls-ca-cert-file", "ca.pem"])
-            .args([
-                "--tls-auth-clients",
-                match auth {
-                    ClientAuth::Optional => "optional",
-                    ClientAuth::Required => "yes",
-                },
-            ])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(["--dbfilename", &format!("dump-{port}.rdb")])
+        let child = command
             .stdin(Stdio::null())
             .stdout(File::create(&log).expect("a log file"))
             .stderr(Stdio::null())
