@@ -87,11 +87,12 @@ impl Input<'_> {
 
     /// Whether fault `f` may leave a holder in `process` believing in a lease that another
     /// client was given: the backend does not declare it exclusive through `f`, and `f` hit
-    /// that holder (a pause of its process; a restart or a lost member hits everyone).
+    /// that holder (a pause of its process; a restart, a lost member or a failover hits
+    /// everyone).
     fn may_stale(&self, f: &FaultRec, process: u32) -> bool {
         let hit = match f.kind {
             FaultKind::Pause => f.victim.as_ref().is_some_and(|v| v.process == process),
-            FaultKind::Restart | FaultKind::Member => true,
+            FaultKind::Restart | FaultKind::Member | FaultKind::Failover => true,
             FaultKind::Kill | FaultKind::Partition => false,
         };
         hit && f.kind.declared(&self.caps.faults) != FaultSafety::Exclusive

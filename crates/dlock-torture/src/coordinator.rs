@@ -21,7 +21,7 @@ use rand::rngs::StdRng;
 
 use crate::check::{self, Violation};
 use crate::clock::{now_ns, ns};
-use crate::faults::FaultSet;
+use crate::faults::{FaultKind, FaultSet};
 use crate::key_sets;
 use crate::report::Report;
 use crate::servers::{self, ServerCtl, Target, UnitLocks};
@@ -108,23 +108,35 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
         return Err("memory:// lives inside one process; the torture run needs a lock server shared by processes".into());
     };
     let script = servers::find_script(cfg.backends_script.as_deref());
-    let units = units_of(&cfg, script.as_deref(), &addrs);
+    let group = plan::failover_group(target.scheme());
+    // A replicated Redis topology is one `scripts/backends` group, locked and failed over
+    // as a whole.
+    let units = match group {
+        Some(group) => vec![group.to_owned()],
+        None => units_of(&cfg, script.as_deref(), &addrs),
+    };
     let hint = if units.is_empty() {
         "start it".to_owned()
     } else {
         format!("scripts/backends up {}", units.join(" "))
     };
 
-    let plan = FaultPlan::new(&cfg.faults, script.is_some(), &addrs, &units)?;
+    let plan = match group {
+        Some(group) => FaultPlan::replicated(&cfg.faults, script.is_some(), group)?,
+        None => FaultPlan::new(&cfg.faults, script.is_some(), &addrs, &units)?,
+    };
     let (selected, not_injected) = (plan.selected, plan.not_injected);
+    let fails_over = selected.contains(&FaultKind::Failover);
     // Hold the units for the whole run (even with no server fault selected: another run's
     // restart would break this one's history).
-    let _locks = if plan.server_control {
+    let _locks = if plan.server_control || fails_over {
         Some(UnitLocks::take(&units, Duration::from_secs(30 * 60)).await?)
     } else {
         None
     };
-    let ctl = script.filter(|_| plan.server_control).map(ServerCtl::new);
+    let ctl = script
+        .filter(|_| plan.server_control || fails_over)
+        .map(ServerCtl::new);
     // Probe once the units are ours: another run may be restarting them until then.
     let probe = dlock::connect(&cfg.url)
         .await

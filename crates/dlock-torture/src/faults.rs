@@ -20,15 +20,19 @@ pub(crate) enum FaultKind {
     Restart,
     /// Stop a minority of the members for longer than a lease, then start them again.
     Member,
+    /// Promote a replica of the Redis primary (`scripts/backends failover`: a Sentinel
+    /// failover, or `CLUSTER FAILOVER` on a replica) while holders run.
+    Failover,
 }
 
 impl FaultKind {
-    pub(crate) const ALL: [FaultKind; 5] = [
+    pub(crate) const ALL: [FaultKind; 6] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
         FaultKind::Restart,
         FaultKind::Member,
+        FaultKind::Failover,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -38,17 +42,19 @@ impl FaultKind {
             FaultKind::Partition => "partition",
             FaultKind::Restart => "restart",
             FaultKind::Member => "member",
+            FaultKind::Failover => "failover",
         }
     }
 
     /// What the backend declares about exclusion through this fault. A crash and a
-    /// partition are part of the core contract: always exclusive.
+    /// partition are part of the core contract: always exclusive. A failover is a member
+    /// down as [`Faults::member_down`] describes it (a Redis primary that fails over).
     pub(crate) fn declared(self, faults: &Faults) -> FaultSafety {
         match self {
             FaultKind::Kill | FaultKind::Partition => FaultSafety::Exclusive,
             FaultKind::Pause => faults.holder_paused,
             FaultKind::Restart => faults.server_restart,
-            FaultKind::Member => faults.member_down,
+            FaultKind::Member | FaultKind::Failover => faults.member_down,
         }
     }
 }
@@ -83,7 +89,7 @@ impl FromStr for FaultSet {
                 .into_iter()
                 .find(|k| k.name() == name)
                 .ok_or_else(|| {
-                    format!("unknown fault {name:?} (all, none, or a list of kill, pause, partition, restart, member)")
+                    format!("unknown fault {name:?} (all, none, or a list of kill, pause, partition, restart, member, failover)")
                 })?;
             if !kinds.contains(&kind) {
                 kinds.push(kind);

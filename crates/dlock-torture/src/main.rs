@@ -67,7 +67,7 @@ struct Cli {
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     ttl: Duration,
     /// Faults to inject: all (every kind the topology allows), none, or a list of kill,
-    /// pause, partition, restart, member.
+    /// pause, partition, restart, member, failover.
     #[arg(long, default_value = "all")]
     faults: FaultSet,
     /// At most this many faults (default: one per 6 s of duration, at least one of each kind).

@@ -205,6 +205,12 @@ impl ServerCtl {
         Ok(())
     }
 
+    /// Fail the primary of `group` over to a replica (`scripts/backends failover GROUP`,
+    /// which returns once the new primary serves).
+    pub(crate) async fn failover(&self, group: &str) -> Result<(), String> {
+        self.run("failover", &[group.to_owned()]).await
+    }
+
     async fn run(&self, op: &str, units: &[String]) -> Result<(), String> {
         let out = tokio::process::Command::new(&self.script)
             .arg(op)

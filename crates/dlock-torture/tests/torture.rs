@@ -293,6 +293,40 @@ fn redis_key_sets() {
     key_sets("redis", &REDIS);
 }
 
+/// A replicated Redis topology: holders killed and paused, and the primary failed over (its
+/// servers are shared with other tests, so they are never stopped).
+const FAILOVER_FAULTS: &[&str] = &["kill", "pause", "failover"];
+
+const REDIS_SENTINEL: Case = Case {
+    env: "DLOCK_REDIS_SENTINEL_URL",
+    default: "redis+sentinel://dlock:dlock-secret@127.0.0.1:26391,127.0.0.1:26392,127.0.0.1:26393/dlock",
+    options: "",
+    setup: "redis-sentinel",
+    duration: "20s",
+    seed: 17,
+    faults: FAILOVER_FAULTS,
+};
+
+#[test]
+fn redis_sentinel() {
+    torture("redis_sentinel", &REDIS_SENTINEL);
+}
+
+const REDIS_CLUSTER: Case = Case {
+    env: "DLOCK_REDIS_CLUSTER_URL",
+    default: "redis+cluster://dlock:dlock-secret@127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103",
+    options: "",
+    setup: "redis-cluster",
+    duration: "20s",
+    seed: 18,
+    faults: FAILOVER_FAULTS,
+};
+
+#[test]
+fn redis_cluster() {
+    torture("redis_cluster", &REDIS_CLUSTER);
+}
+
 const REDLOCK: Case = Case {
     env: "DLOCK_REDLOCK_URL",
     default: "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005",

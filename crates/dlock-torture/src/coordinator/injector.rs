@@ -193,6 +193,14 @@ impl Injector<'_> {
                 ctl.start(&fault.units).await?;
                 fault.end = now_ns();
             }
+            FaultKind::Failover => {
+                let ctl = self.ctl.ok_or("no server control")?;
+                let group = self.units.first().ok_or("no replicated topology")?;
+                fault.units = vec![group.clone()];
+                fault.start = now_ns();
+                ctl.failover(group).await?;
+                fault.end = now_ns();
+            }
         }
         Ok(fault)
     }

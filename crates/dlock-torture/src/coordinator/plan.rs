@@ -35,6 +35,17 @@ pub(super) fn units_of(
     }
 }
 
+/// The `scripts/backends` group of a replicated Redis topology that the URL names
+/// (`redis+sentinel://`, `redis+cluster://`): its servers are shared by other tests, so the
+/// run never stops them; its member fault is a failover (`scripts/backends failover GROUP`).
+pub(super) fn failover_group(scheme: &str) -> Option<&'static str> {
+    match scheme {
+        "redis+sentinel" | "rediss+sentinel" => Some("redis-sentinel"),
+        "redis+cluster" | "rediss+cluster" => Some("redis-cluster"),
+        _ => None,
+    }
+}
+
 /// Which faults a run injects, and why the others are not.
 pub(super) struct FaultPlan {
     pub(super) selected: Vec<FaultKind>,
@@ -50,6 +61,48 @@ impl FaultPlan {
         addrs: &[std::net::SocketAddr],
         units: &[String],
     ) -> Result<Self, String> {
+        let (available, not_injected, server_control) = Self::possible(have_script, addrs, units);
+        Self::select(asked, available, not_injected, server_control)
+    }
+
+    /// For a replicated Redis topology (`group`, see [`failover_group`]): holders are
+    /// killed and paused, and the primary fails over; nothing else.
+    pub(super) fn replicated(
+        asked: &FaultSet,
+        have_script: bool,
+        group: &str,
+    ) -> Result<Self, String> {
+        let mut available = vec![FaultKind::Kill, FaultKind::Pause];
+        let mut not_injected = vec![
+            (
+                FaultKind::Partition,
+                "a Sentinel or Cluster client connects to the addresses its servers announce, past a proxy".to_owned(),
+            ),
+            (
+                FaultKind::Restart,
+                format!("the {group} servers are shared by other tests; they are never stopped"),
+            ),
+            (
+                FaultKind::Member,
+                format!("the {group} servers are shared by other tests; a failover stands for a member down"),
+            ),
+        ];
+        if have_script {
+            available.push(FaultKind::Failover);
+        } else {
+            not_injected.push((
+                FaultKind::Failover,
+                "scripts/backends not found (--backends-script)".to_owned(),
+            ));
+        }
+        Self::select(asked, available, not_injected, false)
+    }
+
+    fn possible(
+        have_script: bool,
+        addrs: &[std::net::SocketAddr],
+        units: &[String],
+    ) -> (Vec<FaultKind>, Vec<(FaultKind, String)>, bool) {
         let server_control = if addrs.is_empty() {
             Err("no server".to_owned())
         } else if !have_script {
@@ -82,6 +135,19 @@ impl FaultPlan {
             )),
             (Err(why), _) => not_injected.push((FaultKind::Member, why.clone())),
         }
+        not_injected.push((
+            FaultKind::Failover,
+            "not a replicated Redis topology (redis+sentinel://, redis+cluster://)".to_owned(),
+        ));
+        (available, not_injected, server_control.is_ok())
+    }
+
+    fn select(
+        asked: &FaultSet,
+        available: Vec<FaultKind>,
+        mut not_injected: Vec<(FaultKind, String)>,
+        server_control: bool,
+    ) -> Result<Self, String> {
         let selected = match asked {
             FaultSet::All => available,
             FaultSet::Only(kinds) => {
@@ -99,7 +165,7 @@ impl FaultPlan {
         Ok(Self {
             selected,
             not_injected,
-            server_control: server_control.is_ok(),
+            server_control,
         })
     }
 }
@@ -141,7 +207,13 @@ mod tests {
         ]);
         let many = FaultPlan::new(&FaultSet::All, true, &addrs(5), &five).unwrap();
         assert_eq!(many.selected.len(), 5);
-        assert!(many.not_injected.is_empty());
+        assert_eq!(
+            many.not_injected
+                .iter()
+                .map(|(k, _)| *k)
+                .collect::<Vec<_>>(),
+            [FaultKind::Failover]
+        );
 
         let shared = FaultPlan::new(&FaultSet::All, true, &addrs(1), &units(&["redis"])).unwrap();
         assert!(
@@ -161,5 +233,28 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.contains("no minority"), "{err}");
+    }
+
+    #[test]
+    fn a_replicated_redis_topology_fails_over_and_is_never_stopped() {
+        assert_eq!(failover_group("redis+sentinel"), Some("redis-sentinel"));
+        assert_eq!(failover_group("rediss+cluster"), Some("redis-cluster"));
+        assert_eq!(failover_group("redis"), None);
+        let plan = FaultPlan::replicated(&FaultSet::All, true, "redis-sentinel").unwrap();
+        assert_eq!(
+            plan.selected,
+            [FaultKind::Kill, FaultKind::Pause, FaultKind::Failover]
+        );
+        assert!(!plan.server_control);
+        let asked = "restart".parse().unwrap();
+        let err = FaultPlan::replicated(&asked, true, "redis-cluster")
+            .err()
+            .unwrap();
+        assert!(err.contains("never stopped"), "{err}");
+        let asked = "failover".parse().unwrap();
+        let err = FaultPlan::new(&asked, true, &addrs(1), &units(&["torture-redis"]))
+            .err()
+            .unwrap();
+        assert!(err.contains("not a replicated Redis topology"), "{err}");
     }
 }
