@@ -1,4 +1,5 @@
-//! The seven backends lockbench knows: their URLs, how to start them, and whether they answer.
+//! The backends lockbench knows (the seven, and Redis behind Sentinel and as a Cluster): their
+//! URLs, how to start them, and whether they answer.
 
 use std::fmt;
 use std::str::FromStr;
@@ -15,6 +16,12 @@ use serde::Serialize;
 pub(crate) enum Kind {
     Memory,
     Redis,
+    /// Redis through Sentinel (`redis+sentinel://`).
+    #[serde(rename = "redis-sentinel")]
+    RedisSentinel,
+    /// A Redis Cluster (`redis+cluster://`).
+    #[serde(rename = "redis-cluster")]
+    RedisCluster,
     Redlock,
     Zookeeper,
     Etcd,
@@ -23,9 +30,11 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 7] = [
+    pub(crate) const ALL: [Kind; 9] = [
         Kind::Memory,
         Kind::Redis,
+        Kind::RedisSentinel,
+        Kind::RedisCluster,
         Kind::Redlock,
         Kind::Zookeeper,
         Kind::Etcd,
@@ -37,6 +46,8 @@ impl Kind {
         match self {
             Kind::Memory => "memory",
             Kind::Redis => "redis",
+            Kind::RedisSentinel => "redis-sentinel",
+            Kind::RedisCluster => "redis-cluster",
             Kind::Redlock => "redlock",
             Kind::Zookeeper => "zookeeper",
             Kind::Etcd => "etcd",
@@ -50,6 +61,8 @@ impl Kind {
         match self {
             Kind::Memory => None,
             Kind::Redis => Some("DLOCK_REDIS_URL"),
+            Kind::RedisSentinel => Some("DLOCK_REDIS_SENTINEL_URL"),
+            Kind::RedisCluster => Some("DLOCK_REDIS_CLUSTER_URL"),
             Kind::Redlock => Some("DLOCK_REDLOCK_URL"),
             Kind::Zookeeper => Some("DLOCK_ZK_URL"),
             Kind::Etcd => Some("DLOCK_ETCD_URL"),
@@ -63,6 +76,12 @@ impl Kind {
         match self {
             Kind::Memory => "memory://lockbench",
             Kind::Redis => "redis://127.0.0.1:6379",
+            Kind::RedisSentinel => {
+                "redis+sentinel://dlock:dlock-secret@127.0.0.1:26391,127.0.0.1:26392,127.0.0.1:26393/dlock"
+            }
+            Kind::RedisCluster => {
+                "redis+cluster://dlock:dlock-secret@127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
+            }
             Kind::Redlock => {
                 "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005"
             }
@@ -86,6 +105,8 @@ impl Kind {
         match self {
             Kind::Memory => None,
             Kind::Redis => Some("scripts/backends up redis"),
+            Kind::RedisSentinel => Some("scripts/backends up redis-sentinel"),
+            Kind::RedisCluster => Some("scripts/backends up redis-cluster"),
             Kind::Redlock => Some("scripts/backends up redlock"),
             Kind::Zookeeper => Some("scripts/backends up zookeeper"),
             Kind::Etcd => Some("scripts/backends up etcd"),
@@ -98,7 +119,7 @@ impl Kind {
     pub(crate) fn compiled(self) -> bool {
         match self {
             Kind::Memory => cfg!(feature = "memory"),
-            Kind::Redis => cfg!(feature = "redis"),
+            Kind::Redis | Kind::RedisSentinel | Kind::RedisCluster => cfg!(feature = "redis"),
             Kind::Redlock => cfg!(feature = "redlock"),
             Kind::Zookeeper => cfg!(feature = "zookeeper"),
             Kind::Etcd => cfg!(feature = "etcd"),
@@ -121,6 +142,8 @@ impl FromStr for Kind {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
             "memory" | "mem" => Kind::Memory,
             "redis" => Kind::Redis,
+            "redis-sentinel" | "sentinel" => Kind::RedisSentinel,
+            "redis-cluster" | "cluster" => Kind::RedisCluster,
             "redlock" => Kind::Redlock,
             "zookeeper" | "zk" => Kind::Zookeeper,
             "etcd" => Kind::Etcd,
@@ -128,7 +151,7 @@ impl FromStr for Kind {
             "postgres" | "postgresql" | "pg" => Kind::Postgres,
             other => {
                 return Err(format!(
-                    "unknown backend {other:?} (expected all, or a list of: memory, redis, redlock, zookeeper, etcd, mysql, postgres)"
+                    "unknown backend {other:?} (expected all, or a list of: memory, redis, redis-sentinel, redis-cluster, redlock, zookeeper, etcd, mysql, postgres)"
                 ));
             }
         })
@@ -165,6 +188,12 @@ impl Parts {
             hosts: url.hosts().iter().map(ToString::to_string).collect(),
             url,
         })
+    }
+
+    /// The URL's path without its leading `/` (the master name of a Sentinel URL).
+    #[allow(dead_code)] // unused when Redis is compiled out
+    pub(crate) fn path(&self) -> &str {
+        self.url.path().trim_start_matches('/')
     }
 
     /// `scheme://[userinfo@]host[path and query]` for one host (`host:port`).

@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use crate::backends::{Kind, Parts};
+#[cfg(any(feature = "redis", feature = "redlock"))]
+use crate::raw::redis_connect;
 #[allow(unused_imports)] // unused when every server backend is compiled out
 use crate::raw::{bounded, err};
-#[cfg(any(feature = "redis", feature = "redlock"))]
-use crate::raw::{redis_connect, redis_node_urls};
 
 #[cfg(feature = "zookeeper")]
 pub(crate) async fn zk_connect(
@@ -97,8 +97,8 @@ pub(crate) async fn server_version(
     match kind {
         Kind::Memory => Ok("in-process (dlock-memory)".to_owned()),
         #[cfg(any(feature = "redis", feature = "redlock"))]
-        Kind::Redis | Kind::Redlock => {
-            let urls = redis_node_urls(&parts);
+        Kind::Redis | Kind::RedisSentinel | Kind::RedisCluster | Kind::Redlock => {
+            let urls = crate::raw::redis_data_urls(kind, &parts, timeout).await?;
             let mut versions = Vec::new();
             for url in &urls {
                 let mut con = redis_connect(url, timeout).await?;

@@ -5,6 +5,8 @@
 //! |---|---|---|
 //! | memory | — | uncontended `tokio::sync::Mutex` lock + unlock |
 //! | redis | `PING` | `SET key v NX PX 30000` + `DEL key` |
+//! | redis-sentinel | `PING` to the master Sentinel names | as redis, on that master |
+//! | redis-cluster | `PING` (a cluster connection) | as redis, through the cluster connection (to the key's master) |
 //! | redlock | `PING` to every node in parallel | `SET NX PX` on every node in parallel, then `DEL` on every node |
 //! | zookeeper | `exists /` | `create` ephemeral node + `delete` |
 //! | etcd | `get key` (linearizable read) | `put key` + `delete key` |
@@ -33,6 +35,11 @@ pub(crate) enum RawConn {
     #[cfg(feature = "redis")]
     Redis {
         con: redis::aio::MultiplexedConnection,
+        key: String,
+    },
+    #[cfg(feature = "redis")]
+    RedisCluster {
+        con: redis::cluster_async::ClusterConnection,
         key: String,
     },
     #[cfg(feature = "redlock")]
@@ -74,6 +81,8 @@ pub(crate) fn describe(kind: Kind) -> (Option<&'static str>, &'static str) {
     match kind {
         Kind::Memory => (None, "tokio Mutex lock+unlock"),
         Kind::Redis => (Some("PING"), "SET NX PX + DEL"),
+        Kind::RedisSentinel => (Some("PING (master)"), "SET NX PX + DEL on the master"),
+        Kind::RedisCluster => (Some("PING (cluster)"), "SET NX PX + DEL (cluster client)"),
         Kind::Redlock => (Some("PING ×N nodes"), "SET NX PX ×N + DEL ×N"),
         Kind::Zookeeper => (Some("exists /"), "create ephemeral + delete"),
         Kind::Etcd => (Some("get"), "put + delete"),
@@ -118,7 +127,7 @@ pub(crate) async fn redis_connect(
 
 /// `SET key v NX PX 30000`, which must succeed.
 #[cfg(any(feature = "redis", feature = "redlock"))]
-async fn redis_set(mut con: redis::aio::MultiplexedConnection, key: &str) -> Result<(), String> {
+async fn redis_set(mut con: impl redis::aio::ConnectionLike, key: &str) -> Result<(), String> {
     let set: Option<String> = redis::cmd("SET")
         .arg(key)
         .arg("lockbench")
@@ -134,7 +143,7 @@ async fn redis_set(mut con: redis::aio::MultiplexedConnection, key: &str) -> Res
 
 /// `DEL key`, which must delete it.
 #[cfg(any(feature = "redis", feature = "redlock"))]
-async fn redis_del(mut con: redis::aio::MultiplexedConnection, key: &str) -> Result<(), String> {
+async fn redis_del(mut con: impl redis::aio::ConnectionLike, key: &str) -> Result<(), String> {
     let deleted: i64 = redis::cmd("DEL")
         .arg(key)
         .query_async(&mut con)
@@ -147,7 +156,7 @@ async fn redis_del(mut con: redis::aio::MultiplexedConnection, key: &str) -> Res
 }
 
 #[cfg(any(feature = "redis", feature = "redlock"))]
-async fn redis_ping(con: &mut redis::aio::MultiplexedConnection) -> Result<(), String> {
+async fn redis_ping(con: &mut impl redis::aio::ConnectionLike) -> Result<(), String> {
     let pong: String = redis::cmd("PING").query_async(con).await.map_err(err)?;
     if pong != "PONG" {
         return Err(format!("PING answered {pong:?}"));
@@ -168,6 +177,124 @@ pub(crate) fn redis_node_urls(parts: &Parts) -> Vec<String> {
         .iter()
         .map(|h| parts.single(scheme, h, single))
         .collect()
+}
+
+/// The master a Sentinel URL's sentinels name now (`SENTINEL get-master-addr-by-name`, asked
+/// of each sentinel in turn), as a `redis://` URL with the URL's user and password.
+#[cfg(feature = "redis")]
+pub(crate) async fn sentinel_master_url(
+    parts: &Parts,
+    timeout: Duration,
+) -> Result<String, String> {
+    let master = parts.path();
+    if master.is_empty() {
+        return Err("a Sentinel URL names its master: redis+sentinel://host:port/MASTER".into());
+    }
+    let mut last = "no sentinel in the URL".to_owned();
+    for host in &parts.hosts {
+        let asked = async {
+            let mut con = redis_connect(&format!("redis://{host}"), timeout).await?;
+            let addr: Option<(String, u16)> = bounded(
+                timeout,
+                "SENTINEL get-master-addr-by-name",
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(master)
+                    .query_async(&mut con),
+            )
+            .await?;
+            addr.ok_or_else(|| format!("sentinel {host} does not know master {master:?}"))
+        };
+        match asked.await {
+            Ok((ip, port)) => return Ok(parts.single("redis", &format!("{ip}:{port}"), false)),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// The masters of a Redis Cluster (`CLUSTER NODES` of the first seed that answers), as
+/// `redis://` URLs with the URL's user and password.
+#[cfg(feature = "redis")]
+pub(crate) async fn cluster_master_urls(
+    parts: &Parts,
+    timeout: Duration,
+) -> Result<Vec<String>, String> {
+    let mut last = "no node in the URL".to_owned();
+    for host in &parts.hosts {
+        let asked = async {
+            let mut con = redis_connect(&parts.single("redis", host, false), timeout).await?;
+            bounded::<String, _>(
+                timeout,
+                "CLUSTER NODES",
+                redis::cmd("CLUSTER").arg("NODES").query_async(&mut con),
+            )
+            .await
+        };
+        match asked.await {
+            Ok(nodes) => {
+                // `<id> <ip:port@bus> <flags> …`: the masters that are not failing.
+                let masters: Vec<String> = nodes
+                    .lines()
+                    .filter_map(|line| {
+                        let mut fields = line.split_whitespace();
+                        let addr = fields.nth(1)?.split('@').next()?;
+                        let flags = fields.next()?;
+                        (flags.split(',').any(|f| f == "master") && !flags.contains("fail"))
+                            .then(|| parts.single("redis", addr, false))
+                    })
+                    .collect();
+                if masters.is_empty() {
+                    return Err(format!("{host}: CLUSTER NODES lists no master"));
+                }
+                return Ok(masters);
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// A cluster connection over a Cluster URL's seed nodes.
+#[cfg(feature = "redis")]
+async fn redis_cluster_connect(
+    parts: &Parts,
+    timeout: Duration,
+) -> Result<redis::cluster_async::ClusterConnection, String> {
+    let seeds: Vec<String> = parts
+        .hosts
+        .iter()
+        .map(|h| parts.single("redis", h, false))
+        .collect();
+    let client = redis::cluster::ClusterClientBuilder::new(seeds)
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        .build()
+        .map_err(err)?;
+    bounded(
+        timeout,
+        "redis cluster connect",
+        client.get_async_connection(),
+    )
+    .await
+}
+
+/// The URL of every data node of a Redis URL of any kind: the one server, each Redlock
+/// node, the master Sentinel names, a Cluster's masters.
+#[cfg(any(feature = "redis", feature = "redlock"))]
+pub(crate) async fn redis_data_urls(
+    kind: Kind,
+    parts: &Parts,
+    timeout: Duration,
+) -> Result<Vec<String>, String> {
+    let _ = timeout;
+    match kind {
+        #[cfg(feature = "redis")]
+        Kind::RedisSentinel => Ok(vec![sentinel_master_url(parts, timeout).await?]),
+        #[cfg(feature = "redis")]
+        Kind::RedisCluster => cluster_master_urls(parts, timeout).await,
+        _ => Ok(redis_node_urls(parts)),
+    }
 }
 
 impl RawConn {
@@ -194,6 +321,16 @@ impl RawConn {
                     key: format!("lockbench:{key}"),
                 })
             }
+            #[cfg(feature = "redis")]
+            Kind::RedisSentinel => Ok(RawConn::Redis {
+                con: redis_connect(&sentinel_master_url(&parts, timeout).await?, timeout).await?,
+                key: format!("lockbench:{key}"),
+            }),
+            #[cfg(feature = "redis")]
+            Kind::RedisCluster => Ok(RawConn::RedisCluster {
+                con: redis_cluster_connect(&parts, timeout).await?,
+                key: format!("lockbench:{key}"),
+            }),
             #[cfg(feature = "redlock")]
             Kind::Redlock => {
                 let urls = redis_node_urls(&parts);
@@ -263,6 +400,8 @@ impl RawConn {
             RawConn::Memory(_) => Ok(()),
             #[cfg(feature = "redis")]
             RawConn::Redis { con, .. } => redis_ping(con).await,
+            #[cfg(feature = "redis")]
+            RawConn::RedisCluster { con, .. } => redis_ping(con).await,
             #[cfg(feature = "redlock")]
             RawConn::Redlock { nodes, .. } => join_all(nodes.iter_mut().map(redis_ping))
                 .await
@@ -311,6 +450,11 @@ impl RawConn {
             }
             #[cfg(feature = "redis")]
             RawConn::Redis { con, key } => {
+                redis_set(con.clone(), key).await?;
+                redis_del(con.clone(), key).await
+            }
+            #[cfg(feature = "redis")]
+            RawConn::RedisCluster { con, key } => {
                 redis_set(con.clone(), key).await?;
                 redis_del(con.clone(), key).await
             }
@@ -381,6 +525,10 @@ impl RawConn {
             RawConn::Memory(_) => {}
             #[cfg(feature = "redis")]
             RawConn::Redis { mut con, key } => {
+                let _: Result<i64, _> = redis::cmd("DEL").arg(&key).query_async(&mut con).await;
+            }
+            #[cfg(feature = "redis")]
+            RawConn::RedisCluster { mut con, key } => {
                 let _: Result<i64, _> = redis::cmd("DEL").arg(&key).query_async(&mut con).await;
             }
             #[cfg(feature = "redlock")]

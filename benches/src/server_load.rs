@@ -66,9 +66,9 @@ impl Counter {
         Ok(Some(match kind {
             Kind::Memory => return Ok(None),
             #[cfg(any(feature = "redis", feature = "redlock"))]
-            Kind::Redis | Kind::Redlock => {
+            Kind::Redis | Kind::RedisSentinel | Kind::RedisCluster | Kind::Redlock => {
                 let mut nodes = Vec::new();
-                for node in crate::raw::redis_node_urls(&parts) {
+                for node in crate::raw::redis_data_urls(kind, &parts, timeout).await? {
                     nodes.push(crate::raw::redis_connect(&node, timeout).await?);
                 }
                 Counter::Redis(nodes)
