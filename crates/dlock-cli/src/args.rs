@@ -170,7 +170,8 @@ pub(crate) struct GuardArgs {
 pub(crate) struct UrlArgs {
     /// Lock service URL, e.g. redis://127.0.0.1:6379, zk://h:2181, etcd://h:2379,
     /// mysql://user:pass@h/db, postgres://user:pass@h/db,
-    /// redlock://h1:7001,h2:7002,h3:7003.
+    /// redlock://h1:7001,h2:7002,h3:7003, redis+sentinel://s1:26379,s2:26379/mymaster,
+    /// redis+cluster://n1:7000,n2:7000.
     ///
     /// Every user of the host can read --url with `ps`: pass a URL with a password with
     /// --url-file or DLOCK_URL_FILE (a file only the service user can read), or DLOCK_URL.

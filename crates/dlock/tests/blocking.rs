@@ -378,6 +378,18 @@ backend!(
 );
 backend!(redis, "DLOCK_REDIS_URL", "redis://127.0.0.1:6379", "redis");
 backend!(
+    redis_sentinel,
+    "DLOCK_REDIS_SENTINEL_URL",
+    "redis+sentinel://dlock:dlock-secret@127.0.0.1:26391,127.0.0.1:26392,127.0.0.1:26393/dlock",
+    "redis-sentinel"
+);
+backend!(
+    redis_cluster,
+    "DLOCK_REDIS_CLUSTER_URL",
+    "redis+cluster://dlock:dlock-secret@127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103",
+    "redis-cluster"
+);
+backend!(
     redlock,
     "DLOCK_REDLOCK_URL",
     "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005",
