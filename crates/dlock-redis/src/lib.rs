@@ -479,7 +479,10 @@
 //! run): a request is sent again only after an answer that proves it did not run (`MOVED`,
 //! `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`), after a short growing
 //! pause, within `response_timeout`; an I/O error or a timeout is `Unavailable` (outcome
-//! unknown), as on one server. `connect_timeout` bounds each node's connect. The scripts
+//! unknown), as on one server. An `ASK` is sent again to the slot's owner rather than
+//! followed with `ASKING` to the importing node (not done yet): a free key in a slot that
+//! is being migrated cannot be taken until that slot's migration ends.
+//! `connect_timeout` bounds each node's connect. The scripts
 //! are loaded on every node when the client connects, node by node and best effort (a node
 //! that is down or hangs delays nothing); a node that lacks one (a promoted replica, a
 //! restart) answers `NOSCRIPT`, and the call is sent again as `EVAL` to that key's node
@@ -516,8 +519,10 @@
 //!   `cluster-require-full-coverage yes` (Redis's default) every node answers `CLUSTERDOWN`
 //!   from when the master is marked failed until its replica is promoted (about a second),
 //!   which requests ride out by re-sending within `response_timeout`. A master that hangs
-//!   instead (its connections stay open) keeps its slots for a client until the client's
-//!   slot map is refreshed (a `MOVED` answer) or the node answers again.
+//!   or is cut off without a reset (its connections stay open) keeps its slots for a
+//!   client until the client's slot map is refreshed (a `MOVED` answer) or the node
+//!   answers again; a timeout does not refresh it yet, so requests for those slots keep
+//!   timing out after the replica took over (not done yet).
 //!
 //! **What a failover can lose.** Replication is asynchronous in both topologies: a key
 //! granted (or renewed, or released) just before the master fails may not have reached
