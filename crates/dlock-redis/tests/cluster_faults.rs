@@ -9,6 +9,10 @@
 //! - A client whose slot map went stale (a `CLUSTER FAILOVER` after it connected) still
 //!   acquires on every master at the first try: the `MOVED` answers are followed although
 //!   redis-rs's own re-sends are off.
+//! - A master that hangs is routed around once its replica takes over, although it never
+//!   answers `MOVED`.
+//! - A lease whose slot is resharded while it is held keeps renewing (following `ASK`)
+//!   and releases after the hand-over.
 //!
 //! The tests change the cluster's roles: they run one at a time, and leave the cluster
 //! formed and ok (`scripts/backends up redis-cluster`).
@@ -26,6 +30,21 @@ use tokio::time::Instant;
 
 /// The tests change the cluster's roles: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// This test's turn, the cluster formed and ok (`scripts/backends up redis-cluster`), and
+/// its masters now.
+async fn formed_cluster() -> (
+    tokio::sync::MutexGuard<'static, ()>,
+    TopologyHarness,
+    Vec<Master>,
+) {
+    dlock_conformance::init_tracing();
+    let serial = SERIAL.lock().await;
+    let harness = TopologyHarness::cluster();
+    backends::run(&["up", "redis-cluster"]).await;
+    let masters = masters(&harness).await;
+    (serial, harness, masters)
+}
 
 /// A master of the cluster: its port and the slot ranges it serves.
 #[derive(Debug, Clone)]
@@ -168,11 +187,7 @@ const WATCH: Duration = Duration::from_secs(6);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_master_does_not_cut_the_client_off_from_the_others() {
-    dlock_conformance::init_tracing();
-    let _serial = SERIAL.lock().await;
-    let harness = TopologyHarness::cluster();
-    backends::run(&["up", "redis-cluster"]).await;
-    let masters = masters(&harness).await;
+    let (_serial, harness, masters) = formed_cluster().await;
     let hung = masters.last().expect("two masters").clone();
     let healthy = masters[0].clone();
     let held_key = key_on(&harness, &healthy, "held").await;
@@ -193,7 +208,7 @@ async fn a_hung_master_does_not_cut_the_client_off_from_the_others() {
     // The client has a connection to the master that will hang.
     backends::acquire_and_release(&lock, &hung_key, &opts, "on the master that will hang").await;
 
-    let Connection::Cluster(mut admin) = harness.admin().await.expect("admin connection") else {
+    let Connection::Cluster(admin) = harness.admin().await.expect("admin connection") else {
         panic!("the cluster harness gave a single server's connection");
     };
     let stopped = Stopped(pid_of(hung.port));
@@ -293,11 +308,7 @@ async fn a_hung_master_does_not_cut_the_client_off_from_the_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_slot_map_still_acquires_at_the_first_try() {
-    dlock_conformance::init_tracing();
-    let _serial = SERIAL.lock().await;
-    let harness = TopologyHarness::cluster();
-    backends::run(&["up", "redis-cluster"]).await;
-    let masters = masters(&harness).await;
+    let (_serial, harness, masters) = formed_cluster().await;
     let mut keys = Vec::new();
     for (i, master) in masters.iter().enumerate() {
         keys.push(key_on(&harness, master, &format!("stale/{i}")).await);
@@ -332,6 +343,7 @@ async fn a_stale_slot_map_still_acquires_at_the_first_try() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_held_with_our_own_token_is_not_left_locked() {
     dlock_conformance::init_tracing();
+    let _serial = SERIAL.lock().await;
     let harness = TopologyHarness::cluster();
     let node = dlock_redis::server::Node::new(harness.config(), "redis").expect("a cluster node");
     node.connect().await.unwrap_or_else(|e| {
@@ -375,4 +387,275 @@ async fn a_key_held_with_our_own_token_is_not_left_locked() {
         "the key keeps the stale grant's ttl: {pttl} ms"
     );
     assert!(node.release(&names, &token, true).await.expect("release"));
+}
+
+/// How long after a master hangs its slots must be served again through its promoted
+/// replica: the test cluster's node timeout (2 s), the replica's election, and the
+/// client's fresh slot map.
+const ROUTED_AROUND: Duration = Duration::from_secs(20);
+
+/// A master that hangs (no reset, no answer: as one cut off from the network) is routed
+/// around once the cluster promotes its replica, although no answer of the hung master
+/// ever says `MOVED`: its keys can be taken again through the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_master_is_routed_around_once_its_replica_takes_over() {
+    let (_serial, harness, masters) = formed_cluster().await;
+    let hung = masters.last().expect("two masters").clone();
+    let key = key_on(&harness, &hung, "routed-around").await;
+    let lock = harness.lock().await;
+    let opts = LockOptions::new().ttl(Duration::from_secs(3));
+    // The client's slot map sends the key to the master that will hang.
+    backends::acquire_and_release(&lock, &key, &opts, "on the master that will hang").await;
+
+    let stopped = Stopped(pid_of(hung.port));
+    signal(stopped.0, "STOP");
+    let started = Instant::now();
+    let mut failed = 0;
+    let lease = loop {
+        match lock.try_acquire(&key, &opts).await {
+            Ok(Some(lease)) => break lease,
+            outcome => {
+                assert!(
+                    started.elapsed() < ROUTED_AROUND,
+                    "{key}, on the master on port {} that hangs, was not taken through its \
+                     promoted replica within {ROUTED_AROUND:?} ({failed} tries failed; last \
+                     {outcome:?})",
+                    hung.port
+                );
+                failed += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    eprintln!(
+        "{key} taken through the promoted replica {:?} after the master on port {} hung \
+         ({failed} tries failed meanwhile)",
+        started.elapsed(),
+        hung.port
+    );
+    lease
+        .release()
+        .await
+        .expect("release through the promoted replica");
+    tokio::task::spawn_blocking(move || drop(stopped))
+        .await
+        .expect("resuming the stopped master");
+}
+
+/// A connection to the master on `port` alone (not through the cluster's routing).
+async fn on_port(harness: &TopologyHarness, port: u16) -> redis::aio::MultiplexedConnection {
+    let config = dlock_redis::RedisConfig {
+        topology: dlock_redis::Topology::Server,
+        ..harness.config().at("127.0.0.1", port)
+    };
+    dlock_redis::server::Node::new(&config, "redis")
+        .expect("a node's settings")
+        .raw_connection()
+        .await
+        .unwrap_or_else(|e| panic!("connect to the cluster node on port {port}: {e}"))
+}
+
+/// A cluster node and its id.
+struct ClusterNode {
+    port: u16,
+    id: String,
+    conn: redis::aio::MultiplexedConnection,
+}
+
+impl ClusterNode {
+    async fn at(harness: &TopologyHarness, port: u16) -> Self {
+        let mut conn = on_port(harness, port).await;
+        let id: String = redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query_async(&mut conn)
+            .await
+            .expect("CLUSTER MYID");
+        Self { port, id, conn }
+    }
+
+    async fn setslot(&mut self, slot: u16, state: &str, id: &str) {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SETSLOT").arg(slot).arg(state);
+        if !id.is_empty() {
+            cmd.arg(id);
+        }
+        let _: () = cmd.query_async(&mut self.conn).await.unwrap_or_else(|e| {
+            panic!("CLUSTER SETSLOT {slot} {state} on port {}: {e}", self.port)
+        });
+    }
+}
+
+/// One slot moved from one master to another, step by step as `redis-cli --cluster
+/// reshard` moves it: the target imports it and the source migrates it, the keys move one
+/// batch at a time (`MIGRATE`), and the slot is handed over to the target. Set back to
+/// stable on both nodes when dropped unfinished (a failed test).
+struct Migration {
+    slot: u16,
+    from: ClusterNode,
+    to: ClusterNode,
+    /// `AUTH2 user password` for `MIGRATE`, the data nodes' credentials.
+    auth: Vec<String>,
+    finished: bool,
+}
+
+impl Migration {
+    async fn begin(harness: &TopologyHarness, slot: u16, from: u16, to: u16) -> Self {
+        let mut from = ClusterNode::at(harness, from).await;
+        let mut to = ClusterNode::at(harness, to).await;
+        to.setslot(slot, "IMPORTING", &from.id.clone()).await;
+        from.setslot(slot, "MIGRATING", &to.id.clone()).await;
+        let config = harness.config();
+        let auth = match (&config.username, &config.password) {
+            (Some(user), Some(password)) => {
+                vec!["AUTH2".into(), user.clone(), password.expose().to_owned()]
+            }
+            (None, Some(password)) => vec!["AUTH".into(), password.expose().to_owned()],
+            _ => Vec::new(),
+        };
+        Self {
+            slot,
+            from,
+            to,
+            auth,
+            finished: false,
+        }
+    }
+
+    /// Move every key of the slot to the target; how many moved.
+    async fn move_keys(&mut self) -> usize {
+        let mut moved = 0;
+        loop {
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(self.slot)
+                .arg(100)
+                .query_async(&mut self.from.conn)
+                .await
+                .expect("CLUSTER GETKEYSINSLOT");
+            if keys.is_empty() {
+                return moved;
+            }
+            let _: () = redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(self.to.port)
+                .arg("")
+                .arg(0)
+                .arg(5_000)
+                .arg(&self.auth)
+                .arg("KEYS")
+                .arg(&keys)
+                .query_async(&mut self.from.conn)
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("MIGRATE {} keys of slot {}: {e}", keys.len(), self.slot)
+                });
+            moved += keys.len();
+        }
+    }
+
+    /// Hand the slot over to the target: on the target, the source, then every other
+    /// master.
+    async fn finish(mut self, harness: &TopologyHarness, masters: &[Master]) {
+        let (slot, to) = (self.slot, self.to.id.clone());
+        self.to.setslot(slot, "NODE", &to).await;
+        self.from.setslot(slot, "NODE", &to).await;
+        for master in masters {
+            if master.port != self.from.port && master.port != self.to.port {
+                ClusterNode::at(harness, master.port)
+                    .await
+                    .setslot(slot, "NODE", &to)
+                    .await;
+            }
+        }
+        self.finished = true;
+    }
+}
+
+impl Drop for Migration {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        for port in [self.from.port, self.to.port] {
+            let _ = std::process::Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+                .args(["CLUSTER", "SETSLOT", &self.slot.to_string(), "STABLE"])
+                .output();
+        }
+    }
+}
+
+/// A lease whose slot is migrated to another master while it is held, as `redis-cli
+/// --cluster reshard` does it. Once its keys are on the target but the slot is not handed
+/// over yet (the source answers `ASK` for them), for longer than two ttls: the lease keeps
+/// renewing where its key is now, and another client is not granted its key. After the
+/// hand-over (the source answers `MOVED`), it releases, and the key is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_is_kept_while_its_slot_migrates() {
+    let (_serial, harness, masters) = formed_cluster().await;
+    let (source, target) = (masters[0].clone(), masters[1].clone());
+    let key = key_on(&harness, &source, "migrated").await;
+    let mut admin = harness.admin().await.expect("admin connection");
+    let names = dlock_redis::server::Names::in_cluster(&harness.config().prefix, &key);
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(&names.key)
+        .query_async(&mut admin)
+        .await
+        .expect("CLUSTER KEYSLOT");
+    let lock = harness.lock().await;
+    let other = harness.lock().await;
+    let ttl = Duration::from_secs(2);
+    let opts = LockOptions::new().ttl(ttl);
+    let lease = lock
+        .try_acquire(&key, &opts)
+        .await
+        .expect("acquire before the migration")
+        .expect("the key is free");
+
+    let mut migration = Migration::begin(&harness, slot, source.port, target.port).await;
+    let moved = migration.move_keys().await;
+    assert!(
+        moved >= 2,
+        "the lock key and its fence counter moved: {moved} keys"
+    );
+    eprintln!(
+        "slot {slot}: {moved} keys moved from port {} to port {}; not handed over yet",
+        source.port, target.port
+    );
+    let until = Instant::now() + 3 * ttl;
+    let mut refused = 0;
+    while Instant::now() < until {
+        assert!(
+            !lease.is_lost(),
+            "the lease was lost while its slot was being migrated"
+        );
+        if let Ok(Some(stolen)) = other.try_acquire(&key, &opts).await {
+            let _ = stolen.release().await;
+            panic!("another client was granted {key} while its slot was being migrated");
+        }
+        refused += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    migration.finish(&harness, &masters).await;
+    assert!(
+        !lease.is_lost(),
+        "the lease was lost when its slot was handed over"
+    );
+    lease
+        .release()
+        .await
+        .expect("release after the slot was handed over");
+    eprintln!("{refused} tries of another client refused meanwhile");
+    let again = other
+        .try_acquire(&key, &opts)
+        .await
+        .expect("acquire after the release")
+        .expect("the key is free after the release");
+    again.release().await.expect("release");
+
+    // The slot goes back where it was.
+    let mut back = Migration::begin(&harness, slot, target.port, source.port).await;
+    back.move_keys().await;
+    back.finish(&harness, &masters).await;
 }

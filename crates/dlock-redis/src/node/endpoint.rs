@@ -2,7 +2,8 @@
 //! sentinels names (asked again on every connect), or a Redis Cluster (redis-rs's cluster
 //! connection for commands, any reachable seed node for pub/sub).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection, PubSub};
@@ -31,17 +32,37 @@ pub enum Connection {
 
 /// The command side of a Redis Cluster: redis-rs's cluster connection (one multiplexed
 /// connection per node, reconnected per node), with redis-rs's own retries off. A request
-/// is sent again only after an answer that proves it did not run (`MOVED`, `ASK`,
-/// `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, no connection to send it on), after
-/// a short growing pause, within the response timeout; an I/O error or a timeout is
-/// returned as it is (the outcome is unknown: a script must not run twice). A script's
-/// `EVALSHA` that a node answers `NOSCRIPT` (a promoted replica, a restart) is sent again
-/// as `EVAL` to the same key's node, which runs it and caches it there.
+/// is sent again only after an answer that proves it did not run (`MOVED`, `TRYAGAIN`,
+/// `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, no connection to send it on), after a short
+/// growing pause, within the response timeout; an I/O error or a timeout is returned as it
+/// is (the outcome is unknown: a script must not run twice). Two answers are followed at
+/// once instead:
+/// - `ASK` (the key's slot is being migrated and the key is not on the source yet): the
+///   request goes to the node named, after `ASKING`, both in one write on that node's
+///   connection so that nothing else can take the `ASKING`;
+/// - `NOSCRIPT` (a promoted replica, a restart): a script's `EVALSHA` is sent again as
+///   `EVAL` to the same node, which runs it and caches it there.
+///
+/// A request that gets no answer at all (a master that hangs or is cut off without a
+/// reset: redis-rs would keep routing its slots to it, as no answer ever says `MOVED`)
+/// has the connection replaced in the background by a fresh one, with a fresh slot map,
+/// at most once a second: once the cluster has promoted the lost master's
+/// replica, requests go there.
 #[derive(Clone)]
 pub struct ClusterCommands {
-    conn: ClusterConnection,
+    shared: Arc<Remapped>,
     /// How long one request may take with its re-sends (the response timeout).
     budget: Duration,
+}
+
+/// The cluster connection in use, and what replaces it.
+struct Remapped {
+    conn: std::sync::Mutex<ClusterConnection>,
+    client: ClusterClient,
+    /// Bounds a replacement connection's connect.
+    connect_timeout: Duration,
+    /// Whether a replacement is being made (or the pause after one is running).
+    remapping: AtomicBool,
 }
 
 impl std::fmt::Debug for ClusterCommands {
@@ -52,32 +73,99 @@ impl std::fmt::Debug for ClusterCommands {
     }
 }
 
+/// The least time between two replacements of a cluster connection.
+pub(crate) const REMAP_PAUSE: Duration = Duration::from_secs(1);
+
 impl ClusterCommands {
-    /// redis-rs's cluster connection itself (no re-sends, no `NOSCRIPT` handling).
-    pub fn inner(&mut self) -> &mut ClusterConnection {
-        &mut self.conn
+    /// redis-rs's cluster connection in use now (no re-sends, no `ASK` or `NOSCRIPT`
+    /// handling); a clone, sharing its node connections.
+    pub fn inner(&self) -> ClusterConnection {
+        self.shared
+            .conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
-    /// Send `cmd`, again as long as the answer proves it did not run (see the type's
-    /// docs), and as `EVAL` after a `NOSCRIPT`.
+    /// Replace the connection in use by a fresh one in the background, unless one is being
+    /// made or was made less than [`REMAP_PAUSE`] ago.
+    fn remap(&self) {
+        if self.shared.remapping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let fresh =
+                tokio::time::timeout(shared.connect_timeout, shared.client.get_async_connection())
+                    .await;
+            match fresh {
+                Ok(Ok(conn)) => {
+                    tracing::debug!(
+                        "a cluster request got no answer: a fresh cluster connection (and slot map) is in use"
+                    );
+                    *shared.conn.lock().unwrap_or_else(PoisonError::into_inner) = conn;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "a cluster request got no answer; no fresh cluster connection either");
+                }
+                Err(_) => {
+                    tracing::debug!(
+                        "a cluster request got no answer; no fresh cluster connection within the connect timeout"
+                    );
+                }
+            }
+            tokio::time::sleep(REMAP_PAUSE).await;
+            shared.remapping.store(false, Ordering::SeqCst);
+        });
+    }
+
+    /// Send `cmd`, again as long as the answer proves it did not run, to the node an `ASK`
+    /// names, and as `EVAL` after a `NOSCRIPT` (see the type's docs).
     async fn request(&mut self, cmd: &Cmd) -> redis::RedisResult<Value> {
         let started = tokio::time::Instant::now();
         let mut pause = FIRST_PAUSE;
         let mut eval: Option<Cmd> = None;
+        let mut asked: Option<SingleNodeRoutingInfo> = None;
         loop {
             let left = self.budget.saturating_sub(started.elapsed());
             let sending = eval.as_ref().unwrap_or(cmd);
-            let answer =
-                match tokio::time::timeout(left, self.conn.req_packed_command(sending)).await {
-                    Ok(answer) => answer,
-                    Err(_) => return Err(timed_out()),
-                };
+            let mut conn = self.inner();
+            let send = async {
+                match asked.take() {
+                    Some(node) => {
+                        let mut pipe = redis::pipe();
+                        pipe.cmd("ASKING").add_command(sending.clone());
+                        let mut answers = conn.route_pipeline(pipe, 1, 1, node).await?;
+                        answers.pop().ok_or_else(|| {
+                            redis::RedisError::from((
+                                redis::ErrorKind::Parse,
+                                "no answer after ASKING",
+                            ))
+                        })
+                    }
+                    None => conn.req_packed_command(sending).await,
+                }
+            };
+            let answer = match tokio::time::timeout(left, send).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    self.remap();
+                    return Err(timed_out());
+                }
+            };
             let error = match answer {
                 Ok(Value::ServerError(e)) => redis::RedisError::from(e),
                 Err(e) => e,
                 ok => return ok,
             };
             match classify(&error) {
+                Resend::ToAsked => match asked_node(&error) {
+                    Some(node) if started.elapsed() < self.budget => {
+                        tracing::debug!(error = %error, "the key's slot is being migrated: asking the node named");
+                        asked = Some(node);
+                    }
+                    _ => return Err(still_redirected(error, self.budget)),
+                },
                 Resend::AsEval if eval.is_none() => match as_eval(cmd) {
                     Some(e) => {
                         tracing::debug!("a cluster node lacks a script: sending it as EVAL");
@@ -91,10 +179,28 @@ impl ClusterCommands {
                     pause = (pause * 2).min(MAX_PAUSE);
                 }
                 Resend::AfterPause => return Err(still_redirected(error, self.budget)),
-                _ => return Err(error),
+                _ => {
+                    if error.is_timeout() {
+                        self.remap();
+                    }
+                    return Err(error);
+                }
             }
         }
     }
+}
+
+/// The node an `ASK` answer names.
+fn asked_node(error: &redis::RedisError) -> Option<SingleNodeRoutingInfo> {
+    let (addr, _slot) = error.redirect_node()?;
+    let (host, port) = addr.rsplit_once(':')?;
+    Some(SingleNodeRoutingInfo::ByAddress {
+        host: host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned(),
+        port: port.parse().ok()?,
+    })
 }
 
 /// The error for a request that the cluster still redirected (`MOVED`, `ASK`) when its
@@ -121,10 +227,12 @@ const MAX_PAUSE: Duration = Duration::from_millis(200);
 /// What to do after a cluster answered a request with an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Resend {
-    /// The answer proves the request did not run (a redirection, a slot being
-    /// migrated or without a master, a node loading its data, no connection to send it
-    /// on): send it again after a pause.
+    /// The answer proves the request did not run (a `MOVED`, a slot being migrated or
+    /// without a master, a node loading its data, no connection to send it on): send it
+    /// again after a pause.
     AfterPause,
+    /// `ASK`: the request did not run; send it to the node named, after `ASKING`.
+    ToAsked,
     /// `NOSCRIPT`: the script did not run; send it as `EVAL`.
     AsEval,
     /// It may have run (an I/O error, a timeout) or failed for good: return the error.
@@ -137,13 +245,13 @@ pub(crate) fn classify(error: &redis::RedisError) -> Resend {
     match error.kind() {
         ErrorKind::Server(
             ServerErrorKind::Moved
-            | ServerErrorKind::Ask
             | ServerErrorKind::TryAgain
             | ServerErrorKind::ClusterDown
             | ServerErrorKind::MasterDown
             | ServerErrorKind::BusyLoading,
         )
         | ErrorKind::ClusterConnectionNotFound => Resend::AfterPause,
+        ErrorKind::Server(ServerErrorKind::Ask) => Resend::ToAsked,
         ErrorKind::Server(ServerErrorKind::NoScript) => Resend::AsEval,
         _ => Resend::Never,
     }
@@ -198,14 +306,19 @@ impl ConnectionLike for Connection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Self::Server(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(cluster) => cluster.conn.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(cluster) => Box::pin(async move {
+                cluster
+                    .inner()
+                    .req_packed_commands(pipeline, offset, count)
+                    .await
+            }),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Self::Server(conn) => conn.get_db(),
-            Self::Cluster(cluster) => cluster.conn.get_db(),
+            Self::Cluster(cluster) => cluster.inner().get_db(),
         }
     }
 }
@@ -235,7 +348,7 @@ impl Connection {
                     port,
                 };
                 cluster
-                    .conn
+                    .inner()
                     .route_command(cmd, RoutingInfo::SingleNode(route))
                     .await
             }
@@ -255,7 +368,7 @@ impl Connection {
         };
         let slots: Vec<Value> = redis::cmd("CLUSTER")
             .arg("SLOTS")
-            .query_async(&mut cluster.conn)
+            .query_async(&mut cluster.inner())
             .await?;
         let mut nodes = Vec::new();
         for range in slots {
@@ -292,6 +405,8 @@ pub(crate) enum Endpoint {
 pub(crate) struct Cluster {
     client: ClusterClient,
     seeds: Vec<(Arc<str>, Client)>,
+    /// The connect timeout: the bound of a whole cluster connect.
+    connect_timeout: Duration,
     /// The response timeout: the budget of one request with its re-sends.
     response_timeout: Duration,
 }
@@ -321,6 +436,7 @@ impl Endpoint {
                 Self::Cluster(Cluster {
                     client,
                     seeds,
+                    connect_timeout: config.connect_timeout,
                     response_timeout: config.response_timeout,
                 })
             }
@@ -350,21 +466,30 @@ impl Endpoint {
                 Ok(Connection::Server(conn))
             }
             Self::Cluster(cluster) => {
+                let started = tokio::time::Instant::now();
                 let conn = cluster
                     .client
                     .get_async_connection()
                     .await
                     .map_err(|e| Error::redis("connect", addr, refusal(e)))?;
                 let conn = Connection::Cluster(ClusterCommands {
-                    conn,
+                    shared: Arc::new(Remapped {
+                        conn: std::sync::Mutex::new(conn),
+                        client: cluster.client.clone(),
+                        connect_timeout: cluster.connect_timeout,
+                        remapping: AtomicBool::new(false),
+                    }),
                     budget: cluster.response_timeout,
                 });
                 // Best effort, node by node, so that a node that is down or hangs delays
                 // nothing else: a node that lacks a script answers NOSCRIPT once, and the
                 // call sends it as EVAL there (see `ClusterCommands`). Loading goes on in
-                // the background after half the response timeout.
+                // the background after half the response timeout, or half what is left of
+                // the connect timeout if that is less.
+                let left = cluster.connect_timeout.saturating_sub(started.elapsed());
                 let loading = tokio::spawn(load_everywhere(conn.clone(), addr.clone()));
-                let _ = tokio::time::timeout(cluster.response_timeout / 2, loading).await;
+                let _ = tokio::time::timeout((cluster.response_timeout / 2).min(left / 2), loading)
+                    .await;
                 Ok(conn)
             }
         }
@@ -477,7 +602,7 @@ async fn load_everywhere(mut conn: Connection, addr: Arc<str>) {
             };
             let count = scripts::SOURCES.len();
             if let Err(e) = cluster
-                .conn
+                .inner()
                 .route_pipeline(load, 0, count, route)
                 .await
             {
@@ -511,7 +636,10 @@ fn cluster_client(
         .iter()
         .map(|(_, client)| client.get_connection_info().clone());
     let mut builder = ClusterClientBuilder::new(infos)
-        .connection_timeout(config.connect_timeout)
+        // redis-rs connects to every seed at once and waits for all of them: half the
+        // connect timeout per node leaves the other half, within the whole connect's
+        // bound, for the slot map and the scripts when one seed does not answer at all.
+        .connection_timeout((config.connect_timeout / 2).max(MIN_ATTEMPT))
         .response_timeout(config.response_timeout)
         // No re-sends by redis-rs: it would send a request again after an I/O error, when
         // it may have run (a script must not run twice). `ClusterCommands` sends again

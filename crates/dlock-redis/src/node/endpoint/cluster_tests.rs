@@ -1,7 +1,7 @@
 //! Which cluster answers prove that a request did not run (and may be sent again), and
 //! how a script's `EVALSHA` becomes an `EVAL`.
 
-use super::{Resend, as_eval, classify};
+use super::{Resend, as_eval, asked_node, classify};
 use crate::scripts;
 
 /// The error a node's answer `line` (a RESP error, without `-` and CRLF) makes.
@@ -14,7 +14,6 @@ fn answer(line: &str) -> redis::RedisError {
 fn only_answers_that_prove_nothing_ran_are_sent_again() {
     for line in [
         "MOVED 3999 127.0.0.1:7102",
-        "ASK 3999 127.0.0.1:7103",
         "TRYAGAIN Multiple keys request during rehashing of slot",
         "CLUSTERDOWN The cluster is down",
         "CLUSTERDOWN Hash slot not served",
@@ -28,6 +27,10 @@ fn only_answers_that_prove_nothing_ran_are_sent_again() {
         "No connections found",
     ));
     assert_eq!(classify(&none), Resend::AfterPause);
+    assert_eq!(
+        classify(&answer("ASK 3999 127.0.0.1:7103")),
+        Resend::ToAsked
+    );
     assert_eq!(
         classify(&answer("NOSCRIPT No matching script. Please use EVAL.")),
         Resend::AsEval
@@ -122,4 +125,21 @@ fn a_redirection_left_after_the_resends_is_unavailable() {
         "No connections found",
     ));
     assert!(crate::error::Error::redis("acquire", &addr, none).is_unavailable());
+}
+
+#[test]
+fn an_ask_answer_names_the_node_to_ask() {
+    use redis::cluster_routing::SingleNodeRoutingInfo;
+    let node = asked_node(&answer("ASK 3999 127.0.0.1:7103")).expect("a node");
+    assert!(
+        matches!(&node, SingleNodeRoutingInfo::ByAddress { host, port: 7103 } if host == "127.0.0.1"),
+        "{node:?}"
+    );
+    let node = asked_node(&answer("ASK 3999 [::1]:7103")).expect("a node");
+    assert!(
+        matches!(&node, SingleNodeRoutingInfo::ByAddress { host, port: 7103 } if host == "::1"),
+        "{node:?}"
+    );
+    assert!(asked_node(&answer("MOVED 3999 127.0.0.1:7103")).is_some());
+    assert!(asked_node(&answer("TRYAGAIN Multiple keys")).is_none());
 }
