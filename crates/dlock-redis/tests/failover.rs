@@ -371,14 +371,9 @@ async fn sentinel_failover_is_followed_past_a_stale_first_sentinel() {
     }
 }
 
-/// A switch announced while the client's watch cannot hear it (every sentinel cut off from
-/// the client during the failover): once the watch subscribes again, it asks its sentinel
-/// which master is current and moves the client there, before the old master is demoted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sentinel_switch_missed_by_the_watch_is_caught_up() {
-    dlock_conformance::init_tracing();
-    let _one_at_a_time = SENTINEL.lock().await;
-    let harness = TopologyHarness::sentinel();
+/// A client that reaches every sentinel through a proxy of its own (the data nodes
+/// directly), and the proxies, in the sentinels' order.
+async fn through_proxies(harness: &TopologyHarness) -> (RedisLock, Vec<dlock_conformance::Proxy>) {
     let mut config = harness.config().clone();
     let Topology::Sentinel(sentinel) = &mut config.topology else {
         unreachable!("a Sentinel harness has a Sentinel URL")
@@ -394,6 +389,18 @@ async fn sentinel_switch_missed_by_the_watch_is_caught_up() {
                 panic!("connect through the sentinels ({e}); start them with: scripts/backends up redis-sentinel")
             }),
     );
+    (client, proxies)
+}
+
+/// A switch announced while the client's watch cannot hear it (every sentinel cut off from
+/// the client during the failover): once the watch subscribes again, it asks its sentinel
+/// which master is current and moves the client there, before the old master is demoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_switch_missed_by_the_watch_is_caught_up() {
+    dlock_conformance::init_tracing();
+    let _one_at_a_time = SENTINEL.lock().await;
+    let harness = TopologyHarness::sentinel();
+    let (client, proxies) = through_proxies(&harness).await;
     let opts = LockOptions::new().ttl(Duration::from_secs(5));
     let key = common::unique_key("failover/missed-switch/before");
     backends::acquire_and_release(&client, &key, &opts, "before the failover").await;
@@ -420,4 +427,36 @@ async fn sentinel_switch_missed_by_the_watch_is_caught_up() {
          not caught up"
     );
     lease.release().await.expect("release after the failover");
+}
+
+/// The sentinel the client's watch listens on hangs (it keeps the connection and never
+/// answers, as one cut off without a reset) before a failover: the watch notices within
+/// seconds (no answer to its `PING`), listens on another sentinel, and moves the client to
+/// the new master before the old one is demoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_switch_is_followed_when_the_watched_sentinel_hangs() {
+    dlock_conformance::init_tracing();
+    let _one_at_a_time = SENTINEL.lock().await;
+    let harness = TopologyHarness::sentinel();
+    let (client, proxies) = through_proxies(&harness).await;
+    let opts = LockOptions::new().ttl(Duration::from_secs(5));
+    let key = common::unique_key("failover/hung-watch/before");
+    backends::acquire_and_release(&client, &key, &opts, "before the failover").await;
+    // Let the watch subscribe on the first sentinel, then hang that one for the client.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxies[0].cut();
+    let master = failover("redis-sentinel").await;
+    eprintln!("failed over to {master} while the watched sentinel hangs for the client");
+    // The watch's PING goes unanswered, it subscribes on the next sentinel and asks it.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    let key = common::unique_key("failover/hung-watch/after");
+    let lease = acquire_after_failover(&client, &key, &opts, "the client").await;
+    assert!(
+        held_on(&harness, &master, &key).await,
+        "{key} was granted elsewhere than on the new master {master}: the watch stayed on \
+         the hung sentinel"
+    );
+    lease.release().await.expect("release after the failover");
+    proxies[0].heal();
 }

@@ -162,17 +162,15 @@ async fn cluster_renews_keys_spread_over_many_slots() {
 
 /// A dead first sentinel or seed node: the client asks the next one.
 async fn a_dead_first_host_is_skipped(harness: TopologyHarness) {
-    let dead = dlock_conformance::dead_addr();
-    let url = harness.url_with_first_host(dead);
-    let lock = harness.lock_at(&url).await;
-    let key = common::unique_key("dead-first");
+    let url = harness.url_with_first_host(dlock_conformance::dead_addr());
+    locks_work_at(&harness, &url, "dead-first").await;
+}
+
+/// A client built from `url` takes a fresh key and gives it back.
+async fn locks_work_at(harness: &TopologyHarness, url: &str, label: &str) {
+    let lock = harness.lock_at(url).await;
     let opts = LockOptions::new().ttl(Duration::from_secs(5));
-    let lease = lock
-        .try_acquire(&key, &opts)
-        .await
-        .expect("try_acquire")
-        .expect("free");
-    lease.release().await.expect("release");
+    common::backends::acquire_and_release(&lock, &common::unique_key(label), &opts, label).await;
 }
 
 #[tokio::test]
@@ -183,6 +181,31 @@ async fn sentinel_skips_a_dead_first_sentinel() {
 #[tokio::test]
 async fn cluster_skips_a_dead_first_seed() {
     a_dead_first_host_is_skipped(TopologyHarness::cluster()).await;
+}
+
+/// A first sentinel or seed node that is black-holed (it takes the connection and never
+/// answers, as a host cut off without a reset): the client connects through the others
+/// within its connect timeout, and its locks work.
+async fn a_black_holed_first_host_is_skipped(harness: TopologyHarness) {
+    let first = match &harness.config().topology {
+        dlock_redis::Topology::Sentinel(sentinel) => sentinel.sentinels[0].clone(),
+        _ => dlock_core::raw::url::Host::new(harness.config().host.clone(), harness.config().port),
+    };
+    let mut proxies = Vec::new();
+    let hole = common::topology::proxy(&first, &mut proxies).await;
+    proxies[0].cut();
+    let url = harness.url_with_first_host(hole);
+    locks_work_at(&harness, &url, "black-holed-first").await;
+}
+
+#[tokio::test]
+async fn sentinel_skips_a_black_holed_first_sentinel() {
+    a_black_holed_first_host_is_skipped(TopologyHarness::sentinel()).await;
+}
+
+#[tokio::test]
+async fn cluster_skips_a_black_holed_first_seed() {
+    a_black_holed_first_host_is_skipped(TopologyHarness::cluster()).await;
 }
 
 /// `ACL SETUSER` (or `DELUSER`) `args` on every data node: a replica does not get it by

@@ -295,7 +295,8 @@ const WATCH_RETRY: Duration = Duration::from_secs(1);
 /// for this sentinel's answer, which names the announced master with its new epoch.
 /// After every (re)subscription the master this sentinel names is compared with the one in
 /// use (a switch announced while the watch was reconnecting is not missed). Falls over to
-/// the next sentinel when the connection breaks; ends once the node is gone.
+/// the next sentinel when the connection breaks or the sentinel stops answering a `PING`
+/// (sent every [`WATCH_RETRY`]); ends once the node is gone.
 pub(crate) async fn watch_switches(
     watch: Watch,
     addr: Arc<str>,
@@ -314,7 +315,7 @@ pub(crate) async fn watch_switches(
             redis::RedisResult::Ok(pubsub)
         })
         .await;
-        let mut pubsub = match subscribed {
+        let pubsub = match subscribed {
             Ok(Ok(pubsub)) => pubsub,
             Ok(Err(e)) => {
                 tracing::debug!(sentinel = %sentinel, error = %e, "cannot watch this sentinel for a new master");
@@ -350,7 +351,7 @@ pub(crate) async fn watch_switches(
                 tracing::debug!(sentinel = %sentinel, error = %e, "cannot ask the watched sentinel for the master");
             }
         }
-        let mut messages = pubsub.on_message();
+        let (mut sink, mut messages) = pubsub.split();
         let mut alive = tokio::time::interval(WATCH_RETRY);
         loop {
             tokio::select! {
@@ -382,6 +383,19 @@ pub(crate) async fn watch_switches(
                 _ = alive.tick() => {
                     if node.strong_count() == 0 {
                         return;
+                    }
+                    // A sentinel that hangs or is cut off without a reset never closes
+                    // the subscription: without an answer to PING, watch another one.
+                    match tokio::time::timeout(each, sink.ping::<redis::Value>()).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => {
+                            tracing::debug!(sentinel = %sentinel, error = %e, "the watched sentinel failed a PING; watching the next one");
+                            break;
+                        }
+                        Err(_) => {
+                            tracing::debug!(sentinel = %sentinel, "no answer to PING from the watched sentinel; watching the next one");
+                            break;
+                        }
                     }
                 }
             }
