@@ -107,8 +107,20 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<(), String> {
             Err(e) => return Err(format!("a task panicked: {e}")),
         }
     }
+    // A timed-out acquire leaves its waiting key (and a dropped client its idle leases) to
+    // background clean-up, which returning from `main` would cut short: the final check
+    // would then find the key held until its ttl ran out.
+    drop(clients);
+    if !dlock::settle(SETTLE_FOR).await {
+        return Err(format!(
+            "background clean-up still running {SETTLE_FOR:?} after the last release"
+        ));
+    }
     Ok(())
 }
+
+/// How long a stopping worker waits for its background clean-up.
+const SETTLE_FOR: Duration = Duration::from_secs(10);
 
 async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, String> {
     let until = tokio::time::Instant::now() + CONNECT_FOR;
