@@ -98,6 +98,17 @@ impl Shared {
         name
     }
 
+    /// Claim exactly `name`, if nothing of ours claims it: `true` when claimed. While the
+    /// claim is held no attempt of ours takes that name, so a key under it on one of our
+    /// shared leases can be deleted without a compare (see [`crate::shared`]'s sweep).
+    pub(crate) fn claim_exact(&self, name: &str) -> bool {
+        let mut claimed = self.claimed.lock().unwrap_or_else(|e| e.into_inner());
+        match claimed.contains(name) {
+            true => false,
+            false => claimed.insert(name.to_owned()),
+        }
+    }
+
     /// Nothing of ours uses `name` any more: it is deleted, or was never put.
     pub(crate) fn unclaim_key(&self, name: &str) {
         self.claimed
@@ -273,5 +284,15 @@ mod tests {
         );
         shared.lease_closed(7_000);
         assert_eq!(shared.open_leases(), [7_001]);
+    }
+
+    #[test]
+    fn a_name_claimed_exactly_is_not_given_to_an_attempt_until_let_go() {
+        let shared = Shared::default();
+        assert!(shared.claim_exact("k/1"));
+        assert!(!shared.claim_exact("k/1"), "claimed already");
+        assert_ne!(shared.claim_key("k/1".to_owned()), "k/1");
+        shared.unclaim_key("k/1");
+        assert_eq!(shared.claim_key("k/1".to_owned()), "k/1");
     }
 }

@@ -42,7 +42,8 @@
 //! backs it). When the last key on it is released, the lease **lingers one ttl**, kept
 //! alive and holding no key, so that the client's next acquire reuses it instead of
 //! paying a grant and a revoke (two raft commits) per lock cycle; it is revoked when the
-//! linger ends, or at once when the client (its last clone) is dropped. A lingering lease
+//! linger ends, or at once when the client (its last clone) is dropped (a revoke
+//! [`dlock_core::settle`] waits for). A lingering lease
 //! is the only thing a finished lock leaves on the server: no key, so no lock state (a
 //! crashed client's lease expires with its ttl). A hold with auto-renew off gets a lease
 //! of its own, so that its ttl frees its key. Lease ids are picked at random by this client (so a grant whose answer is
@@ -85,7 +86,14 @@
 //!    deadline, on cancellation (the future dropped) or an error, `my` is deleted (an own
 //!    lease revoked) in the background: nobody queues behind an abandoned key. The name
 //!    stays ours until that delete ends (a later attempt takes a suffixed name), which
-//!    makes it safe without knowing `rev`.
+//!    makes it safe without knowing `rev`. An attempt cut off during its put may still
+//!    have that put applied after the delete, leaving a key nobody waits behind; so a
+//!    shared lease is *suspect* for 2 × request timeout + ttl after such an abandon (or a
+//!    background delete that gave up), and meanwhile its keeper, after each renewal, lists
+//!    the keys on it (one `LeaseTimeToLive` with keys: a leader read, no raft commit) and
+//!    deletes each whose name nothing of this client claims (the names carry the lease id,
+//!    so only this client puts keys there). That costs one read per ttl/3, only on a lease
+//!    that recently had an abandon.
 //!
 //! **Shared holds** (`LockOptions::shared`, readers) queue in the same line. A reader's key
 //! is `{lock name}/read/{lease id}` (the readers' range of etcd's experimental `RWMutex`,
@@ -175,7 +183,7 @@
 //! ([`NotHeld`] otherwise). An own lease is then revoked in the background; the shared
 //! lease is left (it lingers if it holds no key any more). A delete on a shared lease that
 //! got no answer is sent again in the background (with backoff, 8 times), since the lease
-//! outlives the hold. A request etcd refuses as "too many requests" (its apply backlog)
+//! outlives the hold; if all fail, the lease's sweep (Acquire, step 7) deletes the key. A request etcd refuses as "too many requests" (its apply backlog)
 //! did nothing and is sent again within the request timeout.
 //!
 //! ## Round trips

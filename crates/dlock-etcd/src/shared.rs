@@ -4,7 +4,12 @@
 //! lease with a [`SharedUse`]. A lease whose last use left lingers for [`linger`] (one
 //! ttl), still kept alive and holding no key, so that the client's next acquire reuses it
 //! instead of paying a grant and a revoke (two raft commits) per lock cycle; it is revoked
-//! when the linger ends, or at once when the client is dropped.
+//! when the linger ends, or at once when the client is dropped (a revoke [`dlock_core::settle`]
+//! waits for).
+//!
+//! A lease that recently had an attempt abandoned on it is *suspect*: that attempt's put
+//! may land after its background delete, leaving a key nobody waits behind. While suspect,
+//! its keeper sweeps it after each renewal ([`sweep`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use dlock_core::LostReason;
+use etcd_client::LeaseTimeToLiveOptions;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -46,6 +52,13 @@ pub(crate) struct SharedLease {
     /// Told when the last user left, or the client was dropped: the keeper starts the
     /// linger, or retires the lease.
     idle: Notify,
+    /// Until when the lease may hold a key of ours that nothing of ours uses (an abandoned
+    /// attempt's late put, a key whose delete gave up): the keeper sweeps it meanwhile.
+    suspect_until: Mutex<Option<Instant>>,
+    /// A sweep is running (one at a time).
+    sweeping: AtomicBool,
+    /// The keeper has ended, and has started the lease's revoke if it may still exist.
+    ended: watch::Sender<bool>,
 }
 
 /// How long a shared lease outlives its last key: one ttl. A client that locks again
@@ -98,6 +111,30 @@ impl SharedLease {
     fn is_idle(&self) -> bool {
         *self.users() == 0
     }
+
+    fn suspect_until(&self) -> MutexGuard<'_, Option<Instant>> {
+        self.suspect_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A key of ours may land (or stay) on this lease with nothing of ours behind it: an
+    /// attempt was given up with its put unanswered, or a delete gave up. Sweep the lease
+    /// for the next `2 × request timeout + ttl` (counted from when the name is let go): a
+    /// put sent before the abandon is, in practice, applied within that or not at all; one
+    /// that lands later still is caught by the next abandon's window, or freed with the
+    /// lease.
+    pub(crate) fn suspect(&self, request_timeout: Duration) {
+        let until = Instant::now() + 2 * request_timeout + self.ttl();
+        let mut suspect = self.suspect_until();
+        *suspect = Some(suspect.map_or(until, |t| t.max(until)));
+    }
+
+    /// A sweep found nothing: the lease is clean once its suspect window has passed.
+    fn found_clean(&self) {
+        let mut suspect = self.suspect_until();
+        if suspect.is_some_and(|t| t <= Instant::now()) {
+            *suspect = None;
+        }
+    }
 }
 
 /// The client's shared leases, one per ttl (in whole seconds).
@@ -114,10 +151,20 @@ impl SharedLeases {
     }
 
     /// The client is dropped: revoke every idle lease now (busy ones when their last hold
-    /// goes).
+    /// goes). The revoke of an idle one is counted by [`dlock_core::settle`] from here, so a
+    /// process that exits after dropping its clients and settling leaves no lease behind.
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Relaxed);
-        for lease in self.map().values() {
+        let leases: Vec<_> = self.map().values().cloned().collect();
+        for lease in leases {
+            if self.retire(&lease) {
+                // Its keeper retires it when told (below), and starts the revoke, itself
+                // counted, before it ends: wait for that in a counted task.
+                let mut ended = lease.ended.subscribe();
+                dlock_core::raw::spawn_cleanup(async move {
+                    let _ = ended.wait_for(|ended| *ended).await;
+                });
+            }
             lease.idle.notify_one();
         }
     }
@@ -228,21 +275,34 @@ fn start(conn: Conn, asked: i64) -> Arc<SharedLease> {
         state: watch::Sender::new(State::Granting),
         users: Mutex::new(0),
         idle: Notify::new(),
+        suspect_until: Mutex::new(None),
+        sweeping: AtomicBool::new(false),
+        ended: watch::Sender::new(false),
     });
     tokio::spawn(keep(conn, handle, lease.clone()));
     lease
 }
 
-/// The keeper: grant the lease, then keep it alive every third of its ttl on one
-/// keep-alive stream, until it has been idle for its [`linger`] or the client is dropped
-/// while it is idle (then revoke it), or it is lost (then tell every user, through
-/// [`SharedLease::lost`]).
+/// Run the keeper ([`tend`]), then drop its handle, which revokes the lease in the
+/// background (counted by [`dlock_core::settle`]) unless it is known gone, and only then
+/// say the keeper ended.
 async fn keep(conn: Conn, mut handle: LeaseHandle, lease: Arc<SharedLease>) {
+    tend(&conn, &mut handle, &lease).await;
+    drop(handle);
+    lease.ended.send_replace(true);
+}
+
+/// The keeper: grant the lease, then keep it alive every third of its ttl on one
+/// keep-alive stream (and sweep it after a renewal while it is suspect), until it has been
+/// idle for its [`linger`] or the client is dropped while it is idle (then return, for
+/// [`keep`] to revoke it), or it is lost (then tell every user, through
+/// [`SharedLease::lost`]).
+async fn tend(conn: &Conn, handle: &mut LeaseHandle, lease: &Arc<SharedLease>) {
     let leases = &conn.shared.shared_leases;
     // A notification sent meanwhile is kept as a permit and handled in the loop.
     if let Err(e) = handle.grant("acquire").await {
         tracing::debug!(backend = NAME, lease = handle.id, error = %e, "granting a shared lease failed");
-        conn.shared.shared_leases.forget(&lease);
+        conn.shared.shared_leases.forget(lease);
         lease.state.send_replace(State::GrantFailed(e.to_string()));
         return;
     }
@@ -252,21 +312,21 @@ async fn keep(conn: Conn, mut handle: LeaseHandle, lease: Arc<SharedLease>) {
     let ttl = lease.ttl();
     let mut retry_at: Option<Instant> = None;
     // While idle: when the linger ends.
-    let mut retire_at: Option<Instant> = lease.is_idle().then(|| Instant::now() + linger(&lease));
+    let mut retire_at: Option<Instant> = lease.is_idle().then(|| Instant::now() + linger(lease));
     loop {
         let due = retry_at.unwrap_or_else(|| dlock_core::raw::renewal_due(handle.renewed_at, ttl));
         let lingering = retire_at.unwrap_or(due);
         tokio::select! {
             () = lease.idle.notified() => {
-                retire_at = lease.is_idle().then(|| Instant::now() + linger(&lease));
-                if leases.closed.load(Ordering::Relaxed) && leases.retire(&lease) {
+                retire_at = lease.is_idle().then(|| Instant::now() + linger(lease));
+                if leases.closed.load(Ordering::Relaxed) && leases.retire(lease) {
                     return; // dropping `handle` revokes it in the background
                 }
                 continue;
             }
             () = tokio::time::sleep_until(lingering), if retire_at.is_some() => {
                 retire_at = None;
-                if leases.retire(&lease) {
+                if leases.retire(lease) {
                     tracing::debug!(backend = NAME, lease = handle.id, "a shared lease idle for its linger is revoked");
                     return;
                 }
@@ -309,6 +369,10 @@ async fn keep(conn: Conn, mut handle: LeaseHandle, lease: Arc<SharedLease>) {
                 lease.state.send_replace(State::Alive {
                     renewed_at: handle.renewed_at,
                 });
+                if lease.suspect_until().is_some() && !lease.sweeping.swap(true, Ordering::AcqRel) {
+                    // Beside the keeper, so that a slow sweep never delays a renewal.
+                    tokio::spawn(sweep(conn.clone(), lease.clone()));
+                }
                 continue;
             }
             Err(e) if e.is_lease_gone() => LostReason::SessionEnded(format!(
@@ -335,7 +399,7 @@ async fn keep(conn: Conn, mut handle: LeaseHandle, lease: Arc<SharedLease>) {
                 tracing::warn!(backend = NAME, lease = handle.id, reason = %lost, "a shared lease is lost; so is every key on it")
             }
         }
-        conn.shared.shared_leases.forget(&lease);
+        conn.shared.shared_leases.forget(lease);
         lease.state.send_replace(State::Lost(lost));
         // A lease that may still exist is revoked when `handle` drops, so its keys free now.
         return;
@@ -346,8 +410,33 @@ async fn keep(conn: Conn, mut handle: LeaseHandle, lease: Arc<SharedLease>) {
 /// lease outlives the hold, so the key would otherwise stay until the client stops.
 const DELETE_ATTEMPTS: u32 = 8;
 
+/// Delete `key` (only if its create revision is `rev`, when known), retrying with backoff;
+/// `false` when every attempt failed.
+async fn delete_with_retries(conn: &Conn, key: &str, rev: Option<i64>) -> bool {
+    let mut pause = Duration::from_millis(100);
+    for attempt in 1..=DELETE_ATTEMPTS {
+        match conn.delete_key("release", key, rev).await {
+            Ok(_) => return true,
+            Err(e) if attempt == DELETE_ATTEMPTS => {
+                tracing::warn!(backend = NAME, key, error = %e, "cannot delete a key on a shared lease; the lease's sweep tries again while the lease lives");
+            }
+            Err(e) => {
+                tracing::debug!(backend = NAME, key, error = %e, "deleting a key failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    false
+}
+
 /// Delete `key` in the background (only if its create revision is `rev`, when known),
 /// retrying with backoff, and leave the shared lease (`lease`) once that is done.
+///
+/// Without `rev` (an attempt given up before or during its put), the put may still land
+/// after the delete; and a delete that gave up leaves the key. Either way the lease is
+/// marked suspect ([`SharedLease::suspect`]) once the name is let go, so that its keeper
+/// sweeps whatever key nothing of ours uses.
 pub(crate) fn delete_in_background(
     conn: Conn,
     key: String,
@@ -355,21 +444,13 @@ pub(crate) fn delete_in_background(
     lease: Option<SharedUse>,
 ) {
     let spawned = dlock_core::raw::spawn_cleanup(async move {
-        let mut pause = Duration::from_millis(100);
-        for attempt in 1..=DELETE_ATTEMPTS {
-            match conn.delete_key("release", &key, rev).await {
-                Ok(_) => break,
-                Err(e) if attempt == DELETE_ATTEMPTS => {
-                    tracing::warn!(backend = NAME, key, error = %e, "cannot delete a key on a shared lease; it stays until the lease ends");
-                }
-                Err(e) => {
-                    tracing::debug!(backend = NAME, key, error = %e, "deleting a key failed; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
+        let deleted = delete_with_retries(&conn, &key, rev).await;
         conn.shared.unclaim_key(&key);
+        if let Some(shared) = &lease
+            && (rev.is_none() || !deleted)
+        {
+            shared.lease.suspect(conn.timeout);
+        }
         drop(lease);
     });
     if !spawned {
@@ -378,4 +459,54 @@ pub(crate) fn delete_in_background(
             "no runtime to delete a key; it stays until its lease ends"
         );
     }
+}
+
+/// Sweep a suspect lease: list the keys on it (one `LeaseTimeToLive` with keys, a leader
+/// read, no raft commit) and delete each that nothing of ours claims. The lease's id is in
+/// every name on it, so only this client puts keys there: such a key is a late put of an
+/// abandoned attempt (or a key whose delete gave up), and nobody waits behind it. Each is
+/// claimed ([`Shared::claim_exact`](crate::connection::Shared::claim_exact)) while it is
+/// deleted, so no attempt of ours can take its name meanwhile; then let go.
+async fn sweep(conn: Conn, lease: Arc<SharedLease>) {
+    let id = lease.id;
+    let list = || {
+        let mut client = conn.client.lease_client();
+        async move {
+            let options = LeaseTimeToLiveOptions::new().with_keys();
+            client.time_to_live(id, Some(options)).await
+        }
+    };
+    let mut clean = true;
+    match conn.call("sweep", list).await {
+        Ok(listed) => {
+            for key in listed.keys() {
+                // Our names are UTF-8 (lock names are percent-encoded).
+                let Ok(name) = std::str::from_utf8(key) else {
+                    continue;
+                };
+                if !conn.shared.claim_exact(name) {
+                    continue;
+                }
+                clean = false;
+                tracing::info!(
+                    backend = NAME,
+                    lease = id,
+                    key = name,
+                    "deleting a key of ours that no attempt or hold uses (an abandoned attempt's late put)"
+                );
+                if !delete_with_retries(&conn, name, None).await {
+                    lease.suspect(conn.timeout);
+                }
+                conn.shared.unclaim_key(name);
+            }
+        }
+        Err(e) => {
+            clean = false;
+            tracing::debug!(backend = NAME, lease = id, error = %e, "listing the keys of a suspect shared lease failed; trying again after the next renewal");
+        }
+    }
+    if clean {
+        lease.found_clean();
+    }
+    lease.sweeping.store(false, Ordering::Release);
 }

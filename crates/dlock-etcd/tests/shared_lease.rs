@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::EtcdHarness;
 use dlock_conformance::Harness;
-use dlock_core::{DistributedLock, LockOptions};
+use dlock_core::{DistributedLock, ErrorKind, LockOptions, Wait};
 use tokio::time::{Instant, sleep, timeout};
 
 fn fresh_key(label: &str) -> String {
@@ -181,4 +181,91 @@ async fn a_stray_key_of_an_abandoned_attempt_is_replaced_by_the_next_acquire() {
         .expect("the stray key does not hold the lock");
     again.release().await.expect("release");
     assert!(harness.lock_keys(&key).await.is_empty(), "no key is left");
+}
+
+/// An abandoned attempt that took a suffixed name (`{lock}/{lease}-{n}`, given while the
+/// plain name was still ours) can have its put land after its background delete. No later
+/// attempt takes that name again, so the client itself removes the key while it lives:
+/// the election is not blocked behind a candidate nobody stands for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_put_under_a_suffixed_name_does_not_block_the_election_while_its_client_lives() {
+    let harness = EtcdHarness::from_env();
+    let (a, b) = (harness.lock().await, harness.lock().await);
+    let opts = LockOptions::new().ttl(Duration::from_secs(2));
+    let key = fresh_key("k");
+    // A's other work keeps its shared lease alive, as a worker's other tasks do.
+    let busy_key = fresh_key("busy");
+    let busy = a
+        .try_acquire(&busy_key, &opts)
+        .await
+        .unwrap()
+        .expect("free");
+    let lease = harness.lock_keys(&busy_key).await[0].lease();
+    let leader = b
+        .campaign(&key, "b", &opts.wait(Wait::For(Duration::from_secs(5))))
+        .await
+        .expect("b leads");
+    // A's campaign times out behind B: abandoned, its key deleted in the background...
+    let timed_out = a
+        .campaign(&key, "a", &opts.wait(Wait::For(Duration::from_millis(300))))
+        .await
+        .expect_err("b leads");
+    assert_eq!(timed_out.kind(), ErrorKind::Timeout, "{timed_out}");
+    dlock_core::settle(Duration::from_secs(10)).await;
+    // ... and its put lands after that delete, under a suffixed name.
+    let stray = format!("{}/{lease:x}-7", harness.config().lock_name(&key));
+    let put = etcd_client::PutOptions::new().with_lease(lease);
+    harness
+        .raw()
+        .await
+        .put(stray.as_str(), "a", Some(put))
+        .await
+        .expect("the late put");
+    leader.release().await.expect("resign");
+
+    let again = b
+        .campaign(&key, "b2", &opts.wait(Wait::For(Duration::from_secs(10))))
+        .await
+        .expect("a key no attempt of its live client stands behind does not block the election");
+    again.release().await.expect("resign");
+    busy.release().await.expect("release");
+    harness.assert_clean(&key).await;
+}
+
+/// Settling after dropping a client waits for the revoke of its idle shared lease, so a
+/// process that returns from `main` right after leaves no lease (and no key on it) behind.
+#[test]
+fn settle_after_dropping_a_client_waits_for_the_revoke_of_its_idle_shared_lease() {
+    let harness = EtcdHarness::from_env();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let lease_id = runtime.block_on(async {
+        // Not the harness's client: the harness keeps a clone of those.
+        let lock = dlock_etcd::from_url(&harness.url()).await.expect("connect");
+        let key = fresh_key("k");
+        let opts = LockOptions::new().ttl(Duration::from_secs(60));
+        let held = lock.try_acquire(&key, &opts).await.unwrap().expect("free");
+        let id = harness.lock_keys(&key).await[0].lease();
+        held.release().await.expect("release");
+        drop(lock);
+        dlock_core::settle(Duration::from_secs(10)).await;
+        id
+    });
+    // As a process returning from `main`: the runtime and its tasks are gone.
+    drop(runtime);
+
+    let check = tokio::runtime::Runtime::new().expect("a runtime");
+    let ttl = check.block_on(async {
+        let mut raw = harness.raw().await;
+        raw.lease_time_to_live(lease_id, None)
+            .await
+            .expect("lease_time_to_live")
+            .ttl()
+    });
+    assert_eq!(
+        ttl, -1,
+        "settle returned before the dropped client's idle lease was revoked"
+    );
 }
