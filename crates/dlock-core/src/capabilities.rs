@@ -273,6 +273,9 @@ impl Wakeup {
 ///     holder_paused: FaultSafety::Fenced,
 ///     server_restart: FaultSafety::Exclusive,
 ///     member_down: FaultSafety::Exclusive,
+///     member_cut: FaultSafety::Exclusive,
+///     slow_link: FaultSafety::Exclusive,
+///     clock_jump: FaultSafety::Unspecified,
 /// };
 /// assert_eq!(Faults::default().server_restart, FaultSafety::Unspecified);
 /// # let _ = faults;
@@ -288,6 +291,16 @@ pub struct Faults {
     /// A minority of the members stops for longer than the ttl and starts again: a
     /// ZooKeeper or etcd member, 2 of 5 Redlock nodes, a Redis primary that fails over.
     pub member_down: FaultSafety,
+    /// One member is cut off from the other members (a network partition between the
+    /// servers, no reset, no error) for longer than the ttl while clients still reach it,
+    /// then healed: a ZooKeeper or etcd leader cut off from its majority.
+    pub member_cut: FaultSafety,
+    /// One member's link is slow (rate-limited) or drops packets at random for longer than
+    /// the ttl: a ZooKeeper or etcd leader, a Redlock node.
+    pub slow_link: FaultSafety,
+    /// One server's wall clock jumps forward by more than the ttl, its monotonic clock
+    /// untouched (an NTP step): a Redlock node, whose keys then expire early.
+    pub clock_jump: FaultSafety,
 }
 
 /// What a fault does to exclusion.

@@ -153,6 +153,9 @@ impl Backend for EtcdBackend {
                 holder_paused: dlock_core::FaultSafety::Fenced,
                 server_restart: dlock_core::FaultSafety::Exclusive,
                 member_down: dlock_core::FaultSafety::Exclusive,
+                member_cut: dlock_core::FaultSafety::Exclusive,
+                slow_link: dlock_core::FaultSafety::Exclusive,
+                clock_jump: dlock_core::FaultSafety::Unspecified,
             },
             // Each key's value names its holder (an empty one, Go's or etcdctl's: its
             // lease); every contender has a key, ordered by its create revision; the lock

@@ -123,6 +123,7 @@ impl Backend for RedisBackend {
                 holder_paused: dlock_core::FaultSafety::Fenced,
                 server_restart: dlock_core::FaultSafety::Fenced,
                 member_down: dlock_core::FaultSafety::Fenced,
+                ..Default::default()
             },
             // Holders' tokens carry their description; the queue is one sorted set by
             // ticket; SCAN enumerates the lock keys under the key prefix.

@@ -391,6 +391,9 @@ impl Backend for RedlockBackend {
                 holder_paused: dlock_core::FaultSafety::Fenced,
                 server_restart: dlock_core::FaultSafety::Fenced,
                 member_down: dlock_core::FaultSafety::Exclusive,
+                member_cut: dlock_core::FaultSafety::Unspecified,
+                slow_link: dlock_core::FaultSafety::Exclusive,
+                clock_jump: dlock_core::FaultSafety::Fenced,
             },
             // What a quorum of nodes agrees on: holders (their tokens carry who), waiters in
             // ticket order (one ticket on every node), keys held on a quorum.

@@ -87,12 +87,18 @@ impl Input<'_> {
 
     /// Whether fault `f` may leave a holder in `process` believing in a lease that another
     /// client was given: the backend does not declare it exclusive through `f`, and `f` hit
-    /// that holder (a pause of its process; a restart, a lost member or a failover hits
-    /// everyone).
+    /// that holder (a pause of its process; a restart, a lost member, a failover and a
+    /// fault of a member's link or clock hit everyone).
     fn may_stale(&self, f: &FaultRec, process: u32) -> bool {
         let hit = match f.kind {
             FaultKind::Pause => f.victim.as_ref().is_some_and(|v| v.process == process),
-            FaultKind::Restart | FaultKind::Member | FaultKind::Failover => true,
+            FaultKind::Restart
+            | FaultKind::Member
+            | FaultKind::Failover
+            | FaultKind::Cut
+            | FaultKind::Slow
+            | FaultKind::Loss
+            | FaultKind::Clock => true,
             FaultKind::Kill | FaultKind::Partition => false,
         };
         hit && f.kind.declared(&self.caps.faults) != FaultSafety::Exclusive

@@ -23,6 +23,7 @@ use crate::check::{self, Violation};
 use crate::clock::{now_ns, ns};
 use crate::faults::{FaultKind, FaultSet};
 use crate::key_sets;
+use crate::netns;
 use crate::report::Report;
 use crate::servers::{self, ServerCtl, Target, UnitLocks};
 use crate::store::{self, Recorder};
@@ -109,11 +110,15 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
     };
     let script = servers::find_script(cfg.backends_script.as_deref());
     let group = plan::failover_group(target.scheme());
+    // The namespaced topology of `scripts/netns`: its members, named by their addresses.
+    let members = netns::members_of(&addrs);
+    let netns_script = script.as_deref().and_then(netns::script_beside);
     // A replicated Redis topology is one `scripts/backends` group, locked and failed over
-    // as a whole.
-    let units = match group {
-        Some(group) => vec![group.to_owned()],
-        None => units_of(&cfg, script.as_deref(), &addrs),
+    // as a whole; the namespaced topology's units are its members.
+    let units = match (group, &members) {
+        (Some(group), _) => vec![group.to_owned()],
+        (None, Some(members)) => members.clone(),
+        (None, None) => units_of(&cfg, script.as_deref(), &addrs),
     };
     let hint = if units.is_empty() {
         "start it".to_owned()
@@ -121,19 +126,27 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
         format!("scripts/backends up {}", units.join(" "))
     };
 
-    let plan = match group {
-        Some(group) => FaultPlan::replicated(&cfg.faults, script.is_some(), group)?,
-        None => FaultPlan::new(&cfg.faults, script.is_some(), &addrs, &units)?,
+    let plan = match (group, &members) {
+        (Some(group), _) => FaultPlan::replicated(&cfg.faults, script.is_some(), group)?,
+        (None, Some(members)) => {
+            FaultPlan::namespaced(&cfg.faults, netns_script.is_some(), members)?
+        }
+        (None, None) => FaultPlan::new(&cfg.faults, script.is_some(), &addrs, &units)?,
     };
     let (selected, not_injected) = (plan.selected, plan.not_injected);
     let fails_over = selected.contains(&FaultKind::Failover);
+    let netns_faults = selected.iter().any(|k| FaultKind::NETNS.contains(k));
     // Hold the units for the whole run (even with no server fault selected: another run's
     // restart would break this one's history).
     let _locks = if plan.server_control || fails_over {
         Some(UnitLocks::take(&units, Duration::from_secs(30 * 60)).await?)
+    } else if netns_faults {
+        let locked: Vec<String> = units.iter().map(|m| format!("netns-{m}")).collect();
+        Some(UnitLocks::take(&locked, Duration::from_secs(30 * 60)).await?)
     } else {
         None
     };
+    let netns = netns_script.filter(|_| netns_faults).map(netns::Netns::new);
     let ctl = script
         .filter(|_| plan.server_control || fails_over)
         .map(ServerCtl::new);
@@ -229,6 +242,7 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
             keys: &keys,
             fleet: &mut fleet,
             ctl: ctl.as_ref(),
+            netns: netns.as_ref(),
             units: &units,
             recorder: &recorder,
             rng: StdRng::seed_from_u64(cfg.seed),
@@ -241,6 +255,9 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
     };
     if let Some(ctl) = &ctl {
         ctl.restore();
+    }
+    if let Some(netns) = &netns {
+        netns.restore();
     }
     if let Err(e) = outcome {
         fleet.kill_all();

@@ -23,16 +23,38 @@ pub(crate) enum FaultKind {
     /// Promote a replica of the Redis primary (`scripts/backends failover`: a Sentinel
     /// failover, or `CLUSTER FAILOVER` on a replica) while holders run.
     Failover,
+    /// Cut one member (the leader) off from the other members for longer than a lease,
+    /// while the clients still reach it, then heal (`scripts/netns isolate`).
+    Cut,
+    /// Rate-limit one member's link for longer than a lease (`scripts/netns slow`).
+    Slow,
+    /// Drop a share of one member's packets for longer than a lease (`scripts/netns loss`).
+    Loss,
+    /// Jump one Redis node's wall clock forward by more than the ttl for longer than a
+    /// lease, then back (`scripts/netns clock`).
+    Clock,
 }
 
 impl FaultKind {
-    pub(crate) const ALL: [FaultKind; 6] = [
+    pub(crate) const ALL: [FaultKind; 10] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
         FaultKind::Restart,
         FaultKind::Member,
         FaultKind::Failover,
+        FaultKind::Cut,
+        FaultKind::Slow,
+        FaultKind::Loss,
+        FaultKind::Clock,
+    ];
+
+    /// The kinds that need the namespaced topology (`scripts/netns`).
+    pub(crate) const NETNS: [FaultKind; 4] = [
+        FaultKind::Cut,
+        FaultKind::Slow,
+        FaultKind::Loss,
+        FaultKind::Clock,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -43,18 +65,26 @@ impl FaultKind {
             FaultKind::Restart => "restart",
             FaultKind::Member => "member",
             FaultKind::Failover => "failover",
+            FaultKind::Cut => "cut",
+            FaultKind::Slow => "slow",
+            FaultKind::Loss => "loss",
+            FaultKind::Clock => "clock",
         }
     }
 
     /// What the backend declares about exclusion through this fault. A crash and a
     /// partition are part of the core contract: always exclusive. A failover is a member
-    /// down as [`Faults::member_down`] describes it (a Redis primary that fails over).
+    /// down as [`Faults::member_down`] describes it (a Redis primary that fails over); a
+    /// slow and a lossy link are both [`Faults::slow_link`].
     pub(crate) fn declared(self, faults: &Faults) -> FaultSafety {
         match self {
             FaultKind::Kill | FaultKind::Partition => FaultSafety::Exclusive,
             FaultKind::Pause => faults.holder_paused,
             FaultKind::Restart => faults.server_restart,
             FaultKind::Member | FaultKind::Failover => faults.member_down,
+            FaultKind::Cut => faults.member_cut,
+            FaultKind::Slow | FaultKind::Loss => faults.slow_link,
+            FaultKind::Clock => faults.clock_jump,
         }
     }
 }
@@ -89,7 +119,7 @@ impl FromStr for FaultSet {
                 .into_iter()
                 .find(|k| k.name() == name)
                 .ok_or_else(|| {
-                    format!("unknown fault {name:?} (all, none, or a list of kill, pause, partition, restart, member, failover)")
+                    format!("unknown fault {name:?} (all, none, or a list of kill, pause, partition, restart, member, failover, cut, slow, loss, clock)")
                 })?;
             if !kinds.contains(&kind) {
                 kinds.push(kind);
@@ -113,7 +143,8 @@ pub(crate) struct FaultRec {
     pub(crate) kind: FaultKind,
     /// The worker slot, process and keys it held, for a fault that hits a worker.
     pub(crate) victim: Option<Victim>,
-    /// The units stopped, for a server fault.
+    /// The units stopped, for a server fault; the member cut off, slowed, made lossy or
+    /// whose clock jumped, for a fault of the namespaced topology.
     pub(crate) units: Vec<String>,
     /// When the fault began (the signal sent, the network cut, the first unit stopping).
     pub(crate) start: u64,

@@ -14,6 +14,7 @@ mod clock;
 mod coordinator;
 mod faults;
 mod key_sets;
+mod netns;
 mod permits;
 mod report;
 mod residue;

@@ -31,6 +31,9 @@ pub(crate) struct Declared {
     pub(crate) holder_paused: &'static str,
     pub(crate) server_restart: &'static str,
     pub(crate) member_down: &'static str,
+    pub(crate) member_cut: &'static str,
+    pub(crate) slow_link: &'static str,
+    pub(crate) clock_jump: &'static str,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -231,6 +234,9 @@ impl Report {
                 holder_paused: safety_name(caps.faults.holder_paused),
                 server_restart: safety_name(caps.faults.server_restart),
                 member_down: safety_name(caps.faults.member_down),
+                member_cut: safety_name(caps.faults.member_cut),
+                slow_link: safety_name(caps.faults.slow_link),
+                clock_jump: safety_name(caps.faults.clock_jump),
             },
             workload: match (i.cfg.permits, i.cfg.key_sets) {
                 (Some(n), _) => format!("semaphore of {n} permits"),
@@ -290,8 +296,15 @@ impl Report {
         let d = &self.declared;
         let _ = writeln!(
             md,
-            "Declared: fencing {}, expiry {}; holder paused: {}, server restart: {}, member down: {}.\n",
-            d.fencing, d.expiry, d.holder_paused, d.server_restart, d.member_down
+            "Declared: fencing {}, expiry {}; holder paused: {}, server restart: {}, member down: {}, member cut off: {}, slow link: {}, clock jump: {}.\n",
+            d.fencing,
+            d.expiry,
+            d.holder_paused,
+            d.server_restart,
+            d.member_down,
+            d.member_cut,
+            d.slow_link,
+            d.clock_jump
         );
         let errors = if self.acquire_errors.is_empty() {
             "none".to_owned()

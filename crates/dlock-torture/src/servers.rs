@@ -166,6 +166,28 @@ impl UnitLocks {
     }
 }
 
+/// Run `script` with `args`; its standard output, or an error naming the command with its
+/// status and standard error.
+pub(crate) async fn run_script(script: &Path, args: &[&str]) -> Result<String, String> {
+    let out = tokio::process::Command::new(script)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("{} {}: {e}", script.display(), args.join(" ")))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{} {}: {}\n{}",
+            script.display(),
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
 /// Starts and stops `scripts/backends` units, and remembers which are down so that they
 /// are always brought back ([`ServerCtl::restore`], also on drop).
 #[derive(Debug)]
@@ -212,24 +234,9 @@ impl ServerCtl {
     }
 
     async fn run(&self, op: &str, units: &[String]) -> Result<(), String> {
-        let out = tokio::process::Command::new(&self.script)
-            .arg(op)
-            .args(units)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .await
-            .map_err(|e| format!("{} {op}: {e}", self.script.display()))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "{} {op} {}: {}\n{}",
-                self.script.display(),
-                units.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
+        let mut args = vec![op];
+        args.extend(units.iter().map(String::as_str));
+        run_script(&self.script, &args).await.map(drop)
     }
 
     /// Start whatever this run stopped and has not started again (blocking).

@@ -25,7 +25,7 @@ struct Case {
     default: &'static str,
     /// Options appended to the URL (shorter timeouts for a short run).
     options: &'static str,
-    /// The `scripts/backends` setup that runs the servers.
+    /// The command that starts the servers.
     setup: &'static str,
     duration: &'static str,
     seed: u64,
@@ -59,7 +59,7 @@ fn run(name: &str, case: &Case, duration: &str, extra: &[&str]) -> Value {
     eprintln!("{stderr}");
     assert!(
         out.status.success(),
-        "torture on {name} failed ({}); if a server is down: scripts/backends up {}\n{stdout}\n{stderr}",
+        "torture on {name} failed ({}); if a server is down: {}\n{stdout}\n{stderr}",
         out.status,
         case.setup
     );
@@ -82,6 +82,11 @@ fn run(name: &str, case: &Case, duration: &str, extra: &[&str]) -> Value {
 
 fn torture(name: &str, case: &Case) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    torture_unlocked(name, case);
+}
+
+/// [`torture`], for a caller that holds [`SERIAL`] already.
+fn torture_unlocked(name: &str, case: &Case) {
     let json = run(name, case, case.duration, &[]);
     assert!(
         json["holds"].as_u64().unwrap_or(0) > 50,
@@ -262,7 +267,7 @@ const REDIS: Case = Case {
     env: "DLOCK_TORTURE_REDIS_URL",
     default: "redis://127.0.0.1:6380",
     options: "",
-    setup: "torture-redis",
+    setup: "scripts/backends up torture-redis",
     duration: "25s",
     seed: 11,
     faults: ONE_SERVER_FAULTS,
@@ -301,7 +306,7 @@ const REDIS_SENTINEL: Case = Case {
     env: "DLOCK_REDIS_SENTINEL_URL",
     default: "redis+sentinel://dlock:dlock-secret@127.0.0.1:26391,127.0.0.1:26392,127.0.0.1:26393/dlock",
     options: "",
-    setup: "redis-sentinel",
+    setup: "scripts/backends up redis-sentinel",
     duration: "20s",
     seed: 17,
     faults: FAILOVER_FAULTS,
@@ -316,7 +321,7 @@ const REDIS_CLUSTER: Case = Case {
     env: "DLOCK_REDIS_CLUSTER_URL",
     default: "redis+cluster://dlock:dlock-secret@127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103",
     options: "",
-    setup: "redis-cluster",
+    setup: "scripts/backends up redis-cluster",
     duration: "20s",
     seed: 18,
     faults: FAILOVER_FAULTS,
@@ -331,7 +336,7 @@ const REDLOCK: Case = Case {
     env: "DLOCK_REDLOCK_URL",
     default: "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005",
     options: "",
-    setup: "redlock",
+    setup: "scripts/backends up redlock",
     duration: "30s",
     seed: 12,
     faults: ALL_FAULTS,
@@ -366,7 +371,7 @@ const ZOOKEEPER: Case = Case {
     env: "DLOCK_ZK_ENSEMBLE_URL",
     default: "zk://127.0.0.1:2182,127.0.0.1:2183,127.0.0.1:2184",
     options: "session_timeout=3s",
-    setup: "zk-ensemble",
+    setup: "scripts/backends up zk-ensemble",
     duration: "40s",
     seed: 13,
     faults: ALL_FAULTS,
@@ -401,7 +406,7 @@ const ETCD: Case = Case {
     env: "DLOCK_ETCD_CLUSTER_URL",
     default: "etcd://127.0.0.1:23791,127.0.0.1:23792,127.0.0.1:23793",
     options: "",
-    setup: "etcd-cluster",
+    setup: "scripts/backends up etcd-cluster",
     duration: "40s",
     seed: 14,
     faults: ALL_FAULTS,
@@ -436,7 +441,7 @@ const MYSQL: Case = Case {
     env: "DLOCK_TORTURE_MYSQL_URL",
     default: "mysql://dlock:dlock@127.0.0.1:3307/dlock",
     options: "",
-    setup: "torture-mariadb",
+    setup: "scripts/backends up torture-mariadb",
     duration: "25s",
     seed: 15,
     faults: ONE_SERVER_FAULTS,
@@ -471,7 +476,7 @@ const POSTGRES: Case = Case {
     env: "DLOCK_TORTURE_POSTGRES_URL",
     default: "postgres://dlock:dlock@127.0.0.1:5433/dlock",
     options: "",
-    setup: "torture-postgres",
+    setup: "scripts/backends up torture-postgres",
     duration: "25s",
     seed: 16,
     faults: ONE_SERVER_FAULTS,
@@ -621,4 +626,98 @@ fn a_semaphore_within_one_process_passes_at_its_limit() {
 fn reentrant_holds_that_do_not_exclude_across_processes_fail_the_run() {
     let whats = broken_run("memory-reentry", &["--reentry"]);
     assert!(whats.iter().any(|w| w == "overlap"), "{whats:?}");
+}
+
+/// The faults of the namespaced topology's etcd and ZooKeeper groups: holders killed, paused
+/// and cut off, and the leader cut off from its majority, its link slowed and made lossy.
+const MEMBER_LINK_FAULTS: &[&str] = &["kill", "pause", "partition", "cut", "slow", "loss"];
+
+/// A group of the namespaced topology (`scripts/netns up GROUP`), up for one test and
+/// removed after it, even when the test fails.
+struct Namespaced(&'static str);
+
+impl Namespaced {
+    fn netns() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/netns")
+    }
+
+    fn up(group: &'static str) -> Self {
+        let out = Command::new(Self::netns())
+            .args(["up", group])
+            .output()
+            .expect("run scripts/netns");
+        assert!(
+            out.status.success(),
+            "scripts/netns up {group} failed ({}): it needs root, iproute2 and nftables \
+             (scripts/test runs it as root; DLOCK_SKIP_NETNS=1 leaves these runs out)\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self(group)
+    }
+}
+
+impl Drop for Namespaced {
+    fn drop(&mut self) {
+        let _ = Command::new(Self::netns()).args(["down", self.0]).output();
+    }
+}
+
+/// [`torture`] on a group of the namespaced topology, brought up for the run.
+fn namespaced(group: &'static str, name: &str, case: &Case) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _up = Namespaced::up(group);
+    torture_unlocked(name, case);
+}
+
+const ETCD_NETNS: Case = Case {
+    env: "DLOCK_NETNS_ETCD_URL",
+    default: "etcd://10.77.0.11:2379,10.77.0.12:2379,10.77.0.13:2379",
+    options: "",
+    setup: "scripts/netns up etcd",
+    duration: "40s",
+    seed: 24,
+    faults: MEMBER_LINK_FAULTS,
+};
+
+/// etcd in network namespaces: its leader cut off from the other two members while the
+/// clients still reach it, its link slowed and lossy, besides the holder faults.
+#[test]
+fn etcd_netns() {
+    namespaced("etcd", "etcd-netns", &ETCD_NETNS);
+}
+
+const ZOOKEEPER_NETNS: Case = Case {
+    env: "DLOCK_NETNS_ZK_URL",
+    default: "zk://10.77.0.21:2181,10.77.0.22:2181,10.77.0.23:2181",
+    options: "session_timeout=3s",
+    setup: "scripts/netns up zk",
+    duration: "40s",
+    seed: 25,
+    faults: MEMBER_LINK_FAULTS,
+};
+
+/// ZooKeeper in network namespaces: its leader cut off from the other two members while
+/// the clients still reach it, its link slowed and lossy, besides the holder faults.
+#[test]
+fn zookeeper_netns() {
+    namespaced("zk", "zookeeper-netns", &ZOOKEEPER_NETNS);
+}
+
+const REDLOCK_NETNS: Case = Case {
+    env: "DLOCK_NETNS_REDLOCK_URL",
+    default: "redlock://10.77.0.31:6379,10.77.0.32:6379,10.77.0.33:6379,10.77.0.34:6379,10.77.0.35:6379",
+    options: "",
+    setup: "scripts/netns up redlock",
+    duration: "40s",
+    seed: 26,
+    faults: &["kill", "pause", "partition", "slow", "loss", "clock"],
+};
+
+/// Redlock over five Redis nodes in network namespaces: a node's wall clock jumps forward
+/// by more than the ttl (its keys expire early: two holders may overlap, which fencing must
+/// catch), a node's link slowed and lossy, besides the holder faults.
+#[test]
+fn redlock_netns() {
+    namespaced("redlock", "redlock-netns", &REDLOCK_NETNS);
 }

@@ -50,6 +50,9 @@ impl Backend for ZookeeperBackend {
                 holder_paused: dlock_core::FaultSafety::Fenced,
                 server_restart: dlock_core::FaultSafety::Exclusive,
                 member_down: dlock_core::FaultSafety::Exclusive,
+                member_cut: dlock_core::FaultSafety::Exclusive,
+                slow_link: dlock_core::FaultSafety::Exclusive,
+                clock_jump: dlock_core::FaultSafety::Unspecified,
             },
             // Curator's `InterProcessSemaphoreV2` (see the crate docs' Permits).
             permits: true,

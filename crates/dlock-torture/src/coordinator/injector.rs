@@ -13,8 +13,12 @@ use super::fleet::Fleet;
 use super::{Config, Timings};
 use crate::clock::{ms, now_ns, ns};
 use crate::faults::{FaultKind, FaultRec, Victim};
+use crate::netns::{self, Netns};
 use crate::servers::ServerCtl;
 use crate::store::Recorder;
+
+/// The share of a member's packets a `loss` fault drops, each way.
+const LOSS_PERCENT: u32 = 30;
 
 /// The fault schedule of a run, carried out on the fleet and the servers.
 pub(super) struct Injector<'a> {
@@ -23,6 +27,8 @@ pub(super) struct Injector<'a> {
     pub(super) keys: &'a [String],
     pub(super) fleet: &'a mut Fleet,
     pub(super) ctl: Option<&'a ServerCtl>,
+    /// The namespaced topology's faults, when the servers are its members (`units`).
+    pub(super) netns: Option<&'a Netns>,
     pub(super) units: &'a [String],
     pub(super) recorder: &'a Recorder,
     pub(super) rng: StdRng,
@@ -107,6 +113,20 @@ impl Injector<'_> {
                 return None;
             }
             let _ = tokio::time::timeout(Duration::from_nanos(until - now), notified).await;
+        }
+    }
+
+    /// The member whose links a fault hits: the leader of an etcd or ZooKeeper group (the
+    /// member whose loss of its majority matters), any node of a Redlock group.
+    async fn link_target(&mut self, netns: &Netns) -> Result<String, String> {
+        let group = self.units.first().map_or("", |m| netns::group_of(m));
+        match group {
+            "etcd" | "zk" => netns.leader(group).await,
+            _ => self
+                .units
+                .choose(&mut self.rng)
+                .cloned()
+                .ok_or_else(|| "no member".to_owned()),
         }
     }
 
@@ -200,6 +220,32 @@ impl Injector<'_> {
                 fault.start = now_ns();
                 ctl.failover(group).await?;
                 fault.end = now_ns();
+            }
+            FaultKind::Cut | FaultKind::Slow | FaultKind::Loss => {
+                let netns = self.netns.ok_or("not the namespaced topology")?;
+                let member = self.link_target(netns).await?;
+                fault.start = now_ns();
+                match kind {
+                    FaultKind::Cut => netns.isolate(&member).await?,
+                    FaultKind::Slow => netns.slow(&member).await?,
+                    _ => netns.loss(&member, LOSS_PERCENT).await?,
+                }
+                tokio::time::sleep(self.timings.fault_hold).await;
+                netns.heal().await?;
+                fault.end = now_ns();
+                fault.units = vec![member];
+            }
+            FaultKind::Clock => {
+                let netns = self.netns.ok_or("not the namespaced topology")?;
+                let member = self.units.choose(&mut self.rng).ok_or("no member")?.clone();
+                fault.start = now_ns();
+                netns
+                    .shift_clock(&member, 2 * self.cfg.ttl + Duration::from_secs(1))
+                    .await?;
+                tokio::time::sleep(self.timings.fault_hold).await;
+                netns.reset_clock(&member).await?;
+                fault.end = now_ns();
+                fault.units = vec![member];
             }
         }
         Ok(fault)

@@ -95,6 +95,7 @@ impl FaultPlan {
                 "scripts/backends not found (--backends-script)".to_owned(),
             ));
         }
+        not_namespaced(&mut not_injected);
         Self::select(asked, available, not_injected, false)
     }
 
@@ -139,7 +140,59 @@ impl FaultPlan {
             FaultKind::Failover,
             "not a replicated Redis topology (redis+sentinel://, redis+cluster://)".to_owned(),
         ));
+        not_namespaced(&mut not_injected);
         (available, not_injected, server_control.is_ok())
+    }
+
+    /// For the namespaced topology of `scripts/netns` (`members`, see
+    /// [`crate::netns::members_of`]): holders are killed, paused and cut off; a member is cut
+    /// off from the others (etcd, ZooKeeper), its link slowed and made lossy, a Redis
+    /// node's clock jumps (Redlock). The servers are never stopped.
+    pub(super) fn namespaced(
+        asked: &FaultSet,
+        have_netns: bool,
+        members: &[String],
+    ) -> Result<Self, String> {
+        let group = members.first().map_or("", |m| crate::netns::group_of(m));
+        let mut available = vec![FaultKind::Kill, FaultKind::Pause, FaultKind::Partition];
+        let mut not_injected = Vec::new();
+        let stopped = "the namespaced topology's servers are not stopped by the run";
+        not_injected.push((FaultKind::Restart, stopped.to_owned()));
+        not_injected.push((FaultKind::Member, stopped.to_owned()));
+        not_injected.push((
+            FaultKind::Failover,
+            "not a replicated Redis topology (redis+sentinel://, redis+cluster://)".to_owned(),
+        ));
+        if !have_netns {
+            for kind in FaultKind::NETNS {
+                not_injected.push((
+                    kind,
+                    "scripts/netns not found beside scripts/backends".to_owned(),
+                ));
+            }
+            return Self::select(asked, available, not_injected, false);
+        }
+        match group {
+            "etcd" | "zk" if members.len() >= 3 => available.push(FaultKind::Cut),
+            "etcd" | "zk" => not_injected.push((
+                FaultKind::Cut,
+                "fewer than three members: no majority to cut one off from".to_owned(),
+            )),
+            _ => not_injected.push((
+                FaultKind::Cut,
+                "Redlock nodes do not talk to each other: no member to cut off from the others"
+                    .to_owned(),
+            )),
+        }
+        available.extend([FaultKind::Slow, FaultKind::Loss]);
+        match group {
+            "redlock" => available.push(FaultKind::Clock),
+            _ => not_injected.push((
+                FaultKind::Clock,
+                "only the Redis nodes of scripts/netns run under its clock shim".to_owned(),
+            )),
+        }
+        Self::select(asked, available, not_injected, false)
     }
 
     fn select(
@@ -167,6 +220,17 @@ impl FaultPlan {
             not_injected,
             server_control,
         })
+    }
+}
+
+/// The faults of the namespaced topology, not injected on other servers.
+fn not_namespaced(not_injected: &mut Vec<(FaultKind, String)>) {
+    for kind in FaultKind::NETNS {
+        not_injected.push((
+            kind,
+            "the servers are not in the namespaced topology (scripts/netns up GROUP, and its URL)"
+                .to_owned(),
+        ));
     }
 }
 
@@ -207,12 +271,14 @@ mod tests {
         ]);
         let many = FaultPlan::new(&FaultSet::All, true, &addrs(5), &five).unwrap();
         assert_eq!(many.selected.len(), 5);
+        let mut not_here = vec![FaultKind::Failover];
+        not_here.extend(FaultKind::NETNS);
         assert_eq!(
             many.not_injected
                 .iter()
                 .map(|(k, _)| *k)
                 .collect::<Vec<_>>(),
-            [FaultKind::Failover]
+            not_here
         );
 
         let shared = FaultPlan::new(&FaultSet::All, true, &addrs(1), &units(&["redis"])).unwrap();
@@ -256,5 +322,34 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.contains("not a replicated Redis topology"), "{err}");
+    }
+
+    #[test]
+    fn the_namespaced_topology_cuts_members_off_and_jumps_redis_clocks() {
+        let etcd = units(&["etcd-1", "etcd-2", "etcd-3"]);
+        let plan = FaultPlan::namespaced(&FaultSet::All, true, &etcd).unwrap();
+        assert_eq!(
+            plan.selected,
+            [
+                FaultKind::Kill,
+                FaultKind::Pause,
+                FaultKind::Partition,
+                FaultKind::Cut,
+                FaultKind::Slow,
+                FaultKind::Loss
+            ]
+        );
+        assert!(!plan.server_control, "the run never stops these servers");
+        let redlock = units(&["redlock-1", "redlock-2", "redlock-3"]);
+        let plan = FaultPlan::namespaced(&FaultSet::All, true, &redlock).unwrap();
+        assert!(plan.selected.contains(&FaultKind::Clock));
+        assert!(!plan.selected.contains(&FaultKind::Cut));
+        let asked = "clock".parse().unwrap();
+        let err = FaultPlan::namespaced(&asked, true, &etcd).err().unwrap();
+        assert!(err.contains("clock shim"), "{err}");
+        let err = FaultPlan::new(&asked, true, &addrs(1), &units(&["torture-redis"]))
+            .err()
+            .unwrap();
+        assert!(err.contains("namespaced topology"), "{err}");
     }
 }
