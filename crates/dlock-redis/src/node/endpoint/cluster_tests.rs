@@ -1,7 +1,7 @@
 //! Which cluster answers prove that a request did not run (and may be sent again), and
 //! how a script's `EVALSHA` becomes an `EVAL`.
 
-use super::{Resend, as_eval, asked_node, classify};
+use super::cluster::{Resend, as_eval, asked_node, classify};
 use crate::scripts;
 
 /// The error a node's answer `line` (a RESP error, without `-` and CRLF) makes.
@@ -108,13 +108,13 @@ fn a_redirection_left_after_the_resends_is_unavailable() {
     use std::time::Duration;
     let addr: std::sync::Arc<str> = std::sync::Arc::from("cluster 127.0.0.1:7101");
     for line in ["MOVED 3999 127.0.0.1:7102", "ASK 3999 127.0.0.1:7103"] {
-        let left = super::still_redirected(answer(line), Duration::from_secs(2));
+        let left = super::cluster::still_redirected(answer(line), Duration::from_secs(2));
         let e = crate::error::Error::redis("acquire", &addr, left);
         assert!(e.is_unavailable(), "{e}");
         assert!(e.to_string().contains("still redirected"), "{e}");
     }
     // Other answers stay as they are (they map to unavailable themselves).
-    let down = super::still_redirected(
+    let down = super::cluster::still_redirected(
         answer("CLUSTERDOWN The cluster is down"),
         Duration::from_secs(2),
     );
