@@ -99,7 +99,7 @@ impl Input<'_> {
             | FaultKind::Slow
             | FaultKind::Loss
             | FaultKind::Clock => true,
-            FaultKind::Kill | FaultKind::Partition => false,
+            FaultKind::Kill | FaultKind::Partition | FaultKind::ClientClock => false,
         };
         hit && f.kind.declared(&self.caps.faults) != FaultSafety::Exclusive
     }

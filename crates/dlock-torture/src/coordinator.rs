@@ -126,12 +126,18 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
         format!("scripts/backends up {}", units.join(" "))
     };
 
+    // The clock preload the workers run under, so that a worker's wall clock can jump.
+    let shim = match &netns_script {
+        Some(netns) => netns::clock_shim(netns).await,
+        None => None,
+    };
+    let shimmed = shim.is_some();
     let plan = match (group, &members) {
-        (Some(group), _) => FaultPlan::replicated(&cfg.faults, script.is_some(), group)?,
+        (Some(group), _) => FaultPlan::replicated(&cfg.faults, script.is_some(), group, shimmed)?,
         (None, Some(members)) => {
-            FaultPlan::namespaced(&cfg.faults, netns_script.is_some(), members)?
+            FaultPlan::namespaced(&cfg.faults, netns_script.is_some(), members, shimmed)?
         }
-        (None, None) => FaultPlan::new(&cfg.faults, script.is_some(), &addrs, &units)?,
+        (None, None) => FaultPlan::new(&cfg.faults, script.is_some(), &addrs, &units, shimmed)?,
     };
     let (selected, not_injected) = (plan.selected, plan.not_injected);
     let fails_over = selected.contains(&FaultKind::Failover);
@@ -180,6 +186,9 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
         recorder: recorder.clone(),
         problems: Arc::default(),
         exe: std::env::current_exe().map_err(|e| format!("own executable: {e}"))?,
+        shim: shim
+            .clone()
+            .filter(|_| selected.contains(&FaultKind::ClientClock)),
         common: vec![
             format!("--store={store_addr}"),
             format!("--tasks={}", cfg.tasks),
@@ -197,7 +206,10 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
         .chain(cfg.reentry.then(|| "--reentry".to_owned()))
         .collect(),
     };
-    for _ in 0..cfg.workers.max(1) {
+    // Each slot's wall-clock offset, read by the preload on every call (`+0` until a
+    // client-clock fault writes it).
+    let clocks = tempfile_dir(&run_id)?;
+    for slot in 0..cfg.workers.max(1) {
         let mut proxies = Vec::new();
         for addr in &addrs {
             proxies.push(
@@ -207,9 +219,12 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
             );
         }
         let proxied: Vec<_> = proxies.iter().map(Proxy::addr).collect();
+        let clock = clocks.path().join(format!("worker-{slot}.offset"));
+        std::fs::write(&clock, "+0").map_err(|e| format!("{}: {e}", clock.display()))?;
         fleet.slots.push(Slot {
             url: target.with_addrs(&proxied),
             proxies,
+            clock,
             running: None,
         });
     }
@@ -353,5 +368,27 @@ async fn interrupted() {
     tokio::select! {
         _ = int.recv() => {}
         _ = term.recv() => {}
+    }
+}
+
+/// A folder for the run's files (the workers' clock offsets), removed when dropped.
+fn tempfile_dir(run_id: &str) -> Result<RunDir, String> {
+    let path = std::env::temp_dir().join(format!("dlock-torture-{run_id}"));
+    std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(RunDir(path))
+}
+
+/// A folder removed with everything in it when dropped.
+struct RunDir(PathBuf);
+
+impl RunDir {
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

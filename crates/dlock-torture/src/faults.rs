@@ -33,10 +33,14 @@ pub(crate) enum FaultKind {
     /// Jump one Redis node's wall clock forward by more than the ttl for longer than a
     /// lease, then back (`scripts/netns clock`).
     Clock,
+    /// Jump a holding worker's wall clock forward or back by more than the ttl for longer
+    /// than a lease, then back (the workers run under `scripts/netns shim`'s preload): a
+    /// lease's deadlines must not follow the wall clock.
+    ClientClock,
 }
 
 impl FaultKind {
-    pub(crate) const ALL: [FaultKind; 10] = [
+    pub(crate) const ALL: [FaultKind; 11] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
@@ -47,6 +51,7 @@ impl FaultKind {
         FaultKind::Slow,
         FaultKind::Loss,
         FaultKind::Clock,
+        FaultKind::ClientClock,
     ];
 
     /// The kinds that need the namespaced topology (`scripts/netns`).
@@ -69,16 +74,20 @@ impl FaultKind {
             FaultKind::Slow => "slow",
             FaultKind::Loss => "loss",
             FaultKind::Clock => "clock",
+            FaultKind::ClientClock => "client-clock",
         }
     }
 
-    /// What the backend declares about exclusion through this fault. A crash and a
-    /// partition are part of the core contract: always exclusive. A failover is a member
+    /// What the backend declares about exclusion through this fault. A crash, a partition
+    /// and a client's wall clock that jumps are part of the core contract: always
+    /// exclusive. A failover is a member
     /// down as [`Faults::member_down`] describes it (a Redis primary that fails over); a
     /// slow and a lossy link are both [`Faults::slow_link`].
     pub(crate) fn declared(self, faults: &Faults) -> FaultSafety {
         match self {
-            FaultKind::Kill | FaultKind::Partition => FaultSafety::Exclusive,
+            FaultKind::Kill | FaultKind::Partition | FaultKind::ClientClock => {
+                FaultSafety::Exclusive
+            }
             FaultKind::Pause => faults.holder_paused,
             FaultKind::Restart => faults.server_restart,
             FaultKind::Member | FaultKind::Failover => faults.member_down,
@@ -119,7 +128,7 @@ impl FromStr for FaultSet {
                 .into_iter()
                 .find(|k| k.name() == name)
                 .ok_or_else(|| {
-                    format!("unknown fault {name:?} (all, none, or a list of kill, pause, partition, restart, member, failover, cut, slow, loss, clock)")
+                    format!("unknown fault {name:?} (all, none, or a list of kill, pause, partition, restart, member, failover, cut, slow, loss, clock, client-clock)")
                 })?;
             if !kinds.contains(&kind) {
                 kinds.push(kind);

@@ -49,6 +49,20 @@ pub(crate) fn script_beside(backends: &std::path::Path) -> Option<PathBuf> {
     netns.is_file().then_some(netns)
 }
 
+/// The clock preload that `scripts/netns shim` builds (needs `cc`, not root): a process
+/// run with `LD_PRELOAD` of it and `DLK_TIMESHIFT_FILE=F` reads its wall clock as real time
+/// plus the offset in `F` (`+5`, `-5`), its monotonic clock untouched. `None` when it
+/// cannot be built.
+pub(crate) async fn clock_shim(netns: &std::path::Path) -> Option<PathBuf> {
+    match crate::servers::run_script(netns, &["shim"]).await {
+        Ok(out) => Some(PathBuf::from(out.trim())).filter(|p| p.is_file()),
+        Err(e) => {
+            eprintln!("torture: no clock preload for the workers: {e}");
+            None
+        }
+    }
+}
+
 /// Runs `scripts/netns` fault commands, and remembers what is in force so that it is
 /// always undone ([`Netns::restore`], also on drop).
 #[derive(Debug)]

@@ -46,7 +46,8 @@ pub(crate) struct FaultOut {
     pub(crate) victim: Option<u32>,
     /// Keys the victim held when hit.
     pub(crate) held: Vec<String>,
-    /// Units stopped, for restart and member.
+    /// Units stopped, for restart and member; the member hit, for cut, slow, loss and
+    /// clock; the offset, for client-clock.
     pub(crate) units: Vec<String>,
     /// From the fault's start until another process held each key the victim held (the
     /// slowest key).

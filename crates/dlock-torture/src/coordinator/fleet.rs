@@ -19,6 +19,9 @@ use crate::store::Recorder;
 pub(super) struct Slot {
     pub(super) proxies: Vec<Proxy>,
     pub(super) url: String,
+    /// The file of its workers' wall-clock offset (read by the clock preload, when the
+    /// fleet runs under it).
+    pub(super) clock: PathBuf,
     pub(super) running: Option<Running>,
 }
 
@@ -44,6 +47,8 @@ pub(super) struct Fleet {
     /// Workers that ended unexpectedly, found when they were reaped.
     pub(super) problems: Arc<Mutex<Vec<Violation>>>,
     pub(super) exe: PathBuf,
+    /// The clock preload (`scripts/netns shim`) the workers run under, if any.
+    pub(super) shim: Option<PathBuf>,
     /// The arguments every worker gets.
     pub(super) common: Vec<String>,
 }
@@ -52,13 +57,20 @@ impl Fleet {
     pub(super) fn spawn(&mut self, slot: usize) -> Result<(), String> {
         let process = self.next_process;
         self.next_process += 1;
-        let mut child = tokio::process::Command::new(&self.exe)
+        let mut command = tokio::process::Command::new(&self.exe);
+        command
             .arg("worker")
             .arg(format!("--url={}", self.slots[slot].url))
             .arg(format!("--process={process}"))
             .args(&self.common)
             .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
+            .kill_on_drop(true);
+        if let Some(shim) = &self.shim {
+            command
+                .env("LD_PRELOAD", shim)
+                .env("DLK_TIMESHIFT_FILE", &self.slots[slot].clock);
+        }
+        let mut child = command
             .spawn()
             .map_err(|e| format!("spawn a worker: {e}"))?;
         let pid = Pid::from_raw(

@@ -235,6 +235,22 @@ impl Injector<'_> {
                 fault.end = now_ns();
                 fault.units = vec![member];
             }
+            FaultKind::ClientClock => {
+                let victim = self.pick_victim()?;
+                let file = &self.fleet.slots[victim.slot].clock;
+                let by = (2 * self.cfg.ttl + Duration::from_secs(1)).as_secs();
+                let offset = match self.rng.random_bool(0.5) {
+                    true => format!("+{by}"),
+                    false => format!("-{by}"),
+                };
+                fault.start = now_ns();
+                set_offset(file, &offset)?;
+                tokio::time::sleep(self.timings.fault_hold).await;
+                set_offset(file, "+0")?;
+                fault.end = now_ns();
+                fault.units = vec![format!("wall clock {offset} s")];
+                fault.victim = Some(victim);
+            }
             FaultKind::Clock => {
                 let netns = self.netns.ok_or("not the namespaced topology")?;
                 let member = self.units.choose(&mut self.rng).ok_or("no member")?.clone();
@@ -258,4 +274,12 @@ fn describe_target(f: &FaultRec) -> String {
         Some(v) => format!("worker {} holding {}", v.process, v.held.len()),
         None => f.units.join(","),
     }
+}
+
+/// Write a worker's wall-clock offset (whole at once: the preload reads it on every call).
+fn set_offset(file: &std::path::Path, offset: &str) -> Result<(), String> {
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, offset)
+        .and_then(|()| std::fs::rename(&tmp, file))
+        .map_err(|e| format!("{}: {e}", file.display()))
 }

@@ -60,8 +60,11 @@ impl FaultPlan {
         have_script: bool,
         addrs: &[std::net::SocketAddr],
         units: &[String],
+        clock_shim: bool,
     ) -> Result<Self, String> {
-        let (available, not_injected, server_control) = Self::possible(have_script, addrs, units);
+        let (mut available, mut not_injected, server_control) =
+            Self::possible(have_script, addrs, units);
+        offer_client_clock(&mut available, &mut not_injected, clock_shim);
         Self::select(asked, available, not_injected, server_control)
     }
 
@@ -71,6 +74,7 @@ impl FaultPlan {
         asked: &FaultSet,
         have_script: bool,
         group: &str,
+        clock_shim: bool,
     ) -> Result<Self, String> {
         let mut available = vec![FaultKind::Kill, FaultKind::Pause];
         let mut not_injected = vec![
@@ -96,6 +100,7 @@ impl FaultPlan {
             ));
         }
         not_namespaced(&mut not_injected);
+        offer_client_clock(&mut available, &mut not_injected, clock_shim);
         Self::select(asked, available, not_injected, false)
     }
 
@@ -152,6 +157,7 @@ impl FaultPlan {
         asked: &FaultSet,
         have_netns: bool,
         members: &[String],
+        clock_shim: bool,
     ) -> Result<Self, String> {
         let group = members.first().map_or("", |m| crate::netns::group_of(m));
         let mut available = vec![FaultKind::Kill, FaultKind::Pause, FaultKind::Partition];
@@ -170,6 +176,7 @@ impl FaultPlan {
                     "scripts/netns not found beside scripts/backends".to_owned(),
                 ));
             }
+            offer_client_clock(&mut available, &mut not_injected, clock_shim);
             return Self::select(asked, available, not_injected, false);
         }
         match group {
@@ -192,6 +199,7 @@ impl FaultPlan {
                 "only the Redis nodes of scripts/netns run under its clock shim".to_owned(),
             )),
         }
+        offer_client_clock(&mut available, &mut not_injected, clock_shim);
         Self::select(asked, available, not_injected, false)
     }
 
@@ -223,6 +231,22 @@ impl FaultPlan {
     }
 }
 
+/// A worker's clock jump, where the workers run under the clock preload.
+fn offer_client_clock(
+    available: &mut Vec<FaultKind>,
+    not_injected: &mut Vec<(FaultKind, String)>,
+    clock_shim: bool,
+) {
+    match clock_shim {
+        true => available.push(FaultKind::ClientClock),
+        false => not_injected.push((
+            FaultKind::ClientClock,
+            "no clock preload for the workers (scripts/netns shim: needs scripts/netns and cc)"
+                .to_owned(),
+        )),
+    }
+}
+
 /// The faults of the namespaced topology, not injected on other servers.
 fn not_namespaced(not_injected: &mut Vec<(FaultKind, String)>) {
     for kind in FaultKind::NETNS {
@@ -248,8 +272,14 @@ mod tests {
 
     #[test]
     fn the_topology_decides_which_faults_are_possible() {
-        let one =
-            FaultPlan::new(&FaultSet::All, true, &addrs(1), &units(&["torture-redis"])).unwrap();
+        let one = FaultPlan::new(
+            &FaultSet::All,
+            true,
+            &addrs(1),
+            &units(&["torture-redis"]),
+            false,
+        )
+        .unwrap();
         assert_eq!(
             one.selected,
             [
@@ -269,10 +299,11 @@ mod tests {
             "redlock-4",
             "redlock-5",
         ]);
-        let many = FaultPlan::new(&FaultSet::All, true, &addrs(5), &five).unwrap();
+        let many = FaultPlan::new(&FaultSet::All, true, &addrs(5), &five, false).unwrap();
         assert_eq!(many.selected.len(), 5);
         let mut not_here = vec![FaultKind::Failover];
         not_here.extend(FaultKind::NETNS);
+        not_here.push(FaultKind::ClientClock);
         assert_eq!(
             many.not_injected
                 .iter()
@@ -281,21 +312,28 @@ mod tests {
             not_here
         );
 
-        let shared = FaultPlan::new(&FaultSet::All, true, &addrs(1), &units(&["redis"])).unwrap();
+        let shared =
+            FaultPlan::new(&FaultSet::All, true, &addrs(1), &units(&["redis"]), false).unwrap();
         assert!(
             !shared.server_control,
             "the shared servers are never stopped"
         );
         assert!(!shared.selected.contains(&FaultKind::Restart));
 
-        let memory = FaultPlan::new(&FaultSet::All, true, &[], &[]).unwrap();
+        let memory = FaultPlan::new(&FaultSet::All, true, &[], &[], false).unwrap();
         assert_eq!(memory.selected, [FaultKind::Kill, FaultKind::Pause]);
+        let shimmed = FaultPlan::new(&FaultSet::All, true, &[], &[], true).unwrap();
+        assert_eq!(
+            shimmed.selected,
+            [FaultKind::Kill, FaultKind::Pause, FaultKind::ClientClock],
+            "with the clock preload, a worker's clock jumps on every backend"
+        );
 
-        let unknown = FaultPlan::new(&FaultSet::All, true, &addrs(1), &[]).unwrap();
+        let unknown = FaultPlan::new(&FaultSet::All, true, &addrs(1), &[], false).unwrap();
         assert!(!unknown.server_control);
 
         let asked = "member".parse().unwrap();
-        let err = FaultPlan::new(&asked, true, &addrs(1), &units(&["torture-redis"]))
+        let err = FaultPlan::new(&asked, true, &addrs(1), &units(&["torture-redis"]), false)
             .err()
             .unwrap();
         assert!(err.contains("no minority"), "{err}");
@@ -306,19 +344,19 @@ mod tests {
         assert_eq!(failover_group("redis+sentinel"), Some("redis-sentinel"));
         assert_eq!(failover_group("rediss+cluster"), Some("redis-cluster"));
         assert_eq!(failover_group("redis"), None);
-        let plan = FaultPlan::replicated(&FaultSet::All, true, "redis-sentinel").unwrap();
+        let plan = FaultPlan::replicated(&FaultSet::All, true, "redis-sentinel", false).unwrap();
         assert_eq!(
             plan.selected,
             [FaultKind::Kill, FaultKind::Pause, FaultKind::Failover]
         );
         assert!(!plan.server_control);
         let asked = "restart".parse().unwrap();
-        let err = FaultPlan::replicated(&asked, true, "redis-cluster")
+        let err = FaultPlan::replicated(&asked, true, "redis-cluster", false)
             .err()
             .unwrap();
         assert!(err.contains("never stopped"), "{err}");
         let asked = "failover".parse().unwrap();
-        let err = FaultPlan::new(&asked, true, &addrs(1), &units(&["torture-redis"]))
+        let err = FaultPlan::new(&asked, true, &addrs(1), &units(&["torture-redis"]), false)
             .err()
             .unwrap();
         assert!(err.contains("not a replicated Redis topology"), "{err}");
@@ -327,7 +365,7 @@ mod tests {
     #[test]
     fn the_namespaced_topology_cuts_members_off_and_jumps_redis_clocks() {
         let etcd = units(&["etcd-1", "etcd-2", "etcd-3"]);
-        let plan = FaultPlan::namespaced(&FaultSet::All, true, &etcd).unwrap();
+        let plan = FaultPlan::namespaced(&FaultSet::All, true, &etcd, false).unwrap();
         assert_eq!(
             plan.selected,
             [
@@ -341,13 +379,15 @@ mod tests {
         );
         assert!(!plan.server_control, "the run never stops these servers");
         let redlock = units(&["redlock-1", "redlock-2", "redlock-3"]);
-        let plan = FaultPlan::namespaced(&FaultSet::All, true, &redlock).unwrap();
+        let plan = FaultPlan::namespaced(&FaultSet::All, true, &redlock, false).unwrap();
         assert!(plan.selected.contains(&FaultKind::Clock));
         assert!(!plan.selected.contains(&FaultKind::Cut));
         let asked = "clock".parse().unwrap();
-        let err = FaultPlan::namespaced(&asked, true, &etcd).err().unwrap();
+        let err = FaultPlan::namespaced(&asked, true, &etcd, false)
+            .err()
+            .unwrap();
         assert!(err.contains("clock shim"), "{err}");
-        let err = FaultPlan::new(&asked, true, &addrs(1), &units(&["torture-redis"]))
+        let err = FaultPlan::new(&asked, true, &addrs(1), &units(&["torture-redis"]), false)
             .err()
             .unwrap();
         assert!(err.contains("namespaced topology"), "{err}");
