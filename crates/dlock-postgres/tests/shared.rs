@@ -186,7 +186,8 @@ async fn a_writer_that_times_out_lets_the_readers_queued_behind_it_in() {
     let (a, b, c) = (client(&h).await, client(&h).await, client(&h).await);
     let key = unique("writer-timeout");
     let first = take(&*a, &key, &read()).await;
-    let writer = waiting(&b, &key, write(), Duration::from_millis(800));
+    // Long enough for the late reader to queue behind it on a loaded machine.
+    let writer = waiting(&b, &key, write(), Duration::from_secs(3));
     until_queued(&h, &key, 1).await;
     let late = waiting(&c, &key, read(), Duration::from_secs(10));
     until_queued(&h, &key, 2).await;
