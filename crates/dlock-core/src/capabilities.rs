@@ -274,6 +274,7 @@ impl Wakeup {
 ///     server_restart: FaultSafety::Exclusive,
 ///     member_down: FaultSafety::Exclusive,
 ///     member_cut: FaultSafety::Exclusive,
+///     member_unreachable: FaultSafety::Exclusive,
 ///     slow_link: FaultSafety::Exclusive,
 ///     clock_jump: FaultSafety::Unspecified,
 /// };
@@ -295,6 +296,11 @@ pub struct Faults {
     /// servers, no reset, no error) for longer than the ttl while clients still reach it,
     /// then healed: a ZooKeeper or etcd leader cut off from its majority.
     pub member_cut: FaultSafety,
+    /// One member is unreachable from some of the clients only (a partition between them
+    /// and that server, no reset) for longer than the ttl, while the other clients still
+    /// reach it: a Redlock node that half the clients cannot reach, an etcd or ZooKeeper
+    /// member cut off from some clients.
+    pub member_unreachable: FaultSafety,
     /// One member's link is slow (rate-limited) or drops packets at random for longer than
     /// the ttl: a ZooKeeper or etcd leader, a Redlock node.
     pub slow_link: FaultSafety,

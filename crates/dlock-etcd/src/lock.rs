@@ -154,6 +154,7 @@ impl Backend for EtcdBackend {
                 server_restart: dlock_core::FaultSafety::Exclusive,
                 member_down: dlock_core::FaultSafety::Exclusive,
                 member_cut: dlock_core::FaultSafety::Exclusive,
+                member_unreachable: dlock_core::FaultSafety::Exclusive,
                 slow_link: dlock_core::FaultSafety::Exclusive,
                 clock_jump: dlock_core::FaultSafety::Unspecified,
             },

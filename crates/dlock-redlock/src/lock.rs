@@ -392,6 +392,7 @@ impl Backend for RedlockBackend {
                 server_restart: dlock_core::FaultSafety::Fenced,
                 member_down: dlock_core::FaultSafety::Exclusive,
                 member_cut: dlock_core::FaultSafety::Unspecified,
+                member_unreachable: dlock_core::FaultSafety::Exclusive,
                 slow_link: dlock_core::FaultSafety::Exclusive,
                 clock_jump: dlock_core::FaultSafety::Fenced,
             },

@@ -95,6 +95,7 @@ impl Input<'_> {
             FaultKind::Restart
             | FaultKind::Member
             | FaultKind::Failover
+            | FaultKind::Split
             | FaultKind::Cut
             | FaultKind::Slow
             | FaultKind::Loss

@@ -23,6 +23,9 @@ pub(crate) enum FaultKind {
     /// Promote a replica of the Redis primary (`scripts/backends failover`: a Sentinel
     /// failover, or `CLUSTER FAILOVER` on a replica) while holders run.
     Failover,
+    /// Black-hole one server's connections from half of the worker processes (their
+    /// proxies to it), for longer than a lease, while the other half still reach it.
+    Split,
     /// Cut one member (the leader) off from the other members for longer than a lease,
     /// while the clients still reach it, then heal (`scripts/netns isolate`).
     Cut,
@@ -40,13 +43,14 @@ pub(crate) enum FaultKind {
 }
 
 impl FaultKind {
-    pub(crate) const ALL: [FaultKind; 11] = [
+    pub(crate) const ALL: [FaultKind; 12] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
         FaultKind::Restart,
         FaultKind::Member,
         FaultKind::Failover,
+        FaultKind::Split,
         FaultKind::Cut,
         FaultKind::Slow,
         FaultKind::Loss,
@@ -70,6 +74,7 @@ impl FaultKind {
             FaultKind::Restart => "restart",
             FaultKind::Member => "member",
             FaultKind::Failover => "failover",
+            FaultKind::Split => "split",
             FaultKind::Cut => "cut",
             FaultKind::Slow => "slow",
             FaultKind::Loss => "loss",
@@ -91,6 +96,7 @@ impl FaultKind {
             FaultKind::Pause => faults.holder_paused,
             FaultKind::Restart => faults.server_restart,
             FaultKind::Member | FaultKind::Failover => faults.member_down,
+            FaultKind::Split => faults.member_unreachable,
             FaultKind::Cut => faults.member_cut,
             FaultKind::Slow | FaultKind::Loss => faults.slow_link,
             FaultKind::Clock => faults.clock_jump,
@@ -128,7 +134,7 @@ impl FromStr for FaultSet {
                 .into_iter()
                 .find(|k| k.name() == name)
                 .ok_or_else(|| {
-                    format!("unknown fault {name:?} (all, none, or a list of kill, pause, partition, restart, member, failover, cut, slow, loss, clock, client-clock)")
+                    format!("unknown fault {name:?} (all, none, or a list of kill, pause, partition, restart, member, failover, split, cut, slow, loss, clock, client-clock)")
                 })?;
             if !kinds.contains(&kind) {
                 kinds.push(kind);

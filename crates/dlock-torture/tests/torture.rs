@@ -260,8 +260,16 @@ fn reentry(name: &str, case: &Case) {
     }
 }
 
-const ONE_SERVER_FAULTS: &[&str] = &["kill", "pause", "partition", "restart"];
-const ALL_FAULTS: &[&str] = &["kill", "pause", "partition", "restart", "member"];
+const ONE_SERVER_FAULTS: &[&str] = &["kill", "pause", "partition", "restart", "client_clock"];
+const ALL_FAULTS: &[&str] = &[
+    "kill",
+    "pause",
+    "partition",
+    "restart",
+    "member",
+    "split",
+    "client_clock",
+];
 
 const REDIS: Case = Case {
     env: "DLOCK_TORTURE_REDIS_URL",
@@ -300,7 +308,7 @@ fn redis_key_sets() {
 
 /// A replicated Redis topology: holders killed and paused, and the primary failed over (its
 /// servers are shared with other tests, so they are never stopped).
-const FAILOVER_FAULTS: &[&str] = &["kill", "pause", "failover"];
+const FAILOVER_FAULTS: &[&str] = &["kill", "pause", "failover", "client_clock"];
 
 const REDIS_SENTINEL: Case = Case {
     env: "DLOCK_REDIS_SENTINEL_URL",
@@ -630,7 +638,16 @@ fn reentrant_holds_that_do_not_exclude_across_processes_fail_the_run() {
 
 /// The faults of the namespaced topology's etcd and ZooKeeper groups: holders killed, paused
 /// and cut off, and the leader cut off from its majority, its link slowed and made lossy.
-const MEMBER_LINK_FAULTS: &[&str] = &["kill", "pause", "partition", "cut", "slow", "loss"];
+const MEMBER_LINK_FAULTS: &[&str] = &[
+    "kill",
+    "pause",
+    "partition",
+    "split",
+    "cut",
+    "slow",
+    "loss",
+    "client_clock",
+];
 
 /// A group of the namespaced topology (`scripts/netns up GROUP`), up for one test and
 /// removed after it, even when the test fails.
@@ -711,7 +728,16 @@ const REDLOCK_NETNS: Case = Case {
     setup: "scripts/netns up redlock",
     duration: "40s",
     seed: 26,
-    faults: &["kill", "pause", "partition", "slow", "loss", "clock"],
+    faults: &[
+        "kill",
+        "pause",
+        "partition",
+        "split",
+        "slow",
+        "loss",
+        "clock",
+        "client_clock",
+    ],
 };
 
 /// Redlock over five Redis nodes in network namespaces: a node's wall clock jumps forward

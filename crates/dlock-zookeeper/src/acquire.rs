@@ -51,6 +51,7 @@ impl Backend for ZookeeperBackend {
                 server_restart: dlock_core::FaultSafety::Exclusive,
                 member_down: dlock_core::FaultSafety::Exclusive,
                 member_cut: dlock_core::FaultSafety::Exclusive,
+                member_unreachable: dlock_core::FaultSafety::Exclusive,
                 slow_link: dlock_core::FaultSafety::Exclusive,
                 clock_jump: dlock_core::FaultSafety::Unspecified,
             },

@@ -235,6 +235,33 @@ impl Injector<'_> {
                 fault.end = now_ns();
                 fault.units = vec![member];
             }
+            FaultKind::Split => {
+                let servers = self.fleet.slots.first().map_or(0, |s| s.proxies.len());
+                let server = self.rng.random_range(0..servers.max(1));
+                let mut slots: Vec<usize> = (0..self.fleet.slots.len()).collect();
+                slots.shuffle(&mut self.rng);
+                slots.truncate(self.fleet.slots.len().div_ceil(2));
+                slots.sort_unstable();
+                let cut = |fleet: &Fleet, heal: bool| {
+                    for &slot in &slots {
+                        let proxy = &fleet.slots[slot].proxies[server];
+                        if heal { proxy.heal() } else { proxy.cut() }
+                    }
+                };
+                fault.start = now_ns();
+                cut(self.fleet, false);
+                tokio::time::sleep(self.timings.fault_hold).await;
+                cut(self.fleet, true);
+                fault.end = now_ns();
+                let who = slots.iter().map(ToString::to_string).collect::<Vec<_>>();
+                fault.units = vec![format!(
+                    "server {} from worker slots {}",
+                    self.units
+                        .get(server)
+                        .map_or_else(|| server.to_string(), Clone::clone),
+                    who.join(",")
+                )];
+            }
             FaultKind::ClientClock => {
                 let victim = self.pick_victim()?;
                 let file = &self.fleet.slots[victim.slot].clock;

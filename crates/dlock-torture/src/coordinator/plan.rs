@@ -90,6 +90,10 @@ impl FaultPlan {
                 FaultKind::Member,
                 format!("the {group} servers are shared by other tests; a failover stands for a member down"),
             ),
+            (
+                FaultKind::Split,
+                "a Sentinel or Cluster client connects to the addresses its servers announce, past a proxy".to_owned(),
+            ),
         ];
         if have_script {
             available.push(FaultKind::Failover);
@@ -141,6 +145,7 @@ impl FaultPlan {
             )),
             (Err(why), _) => not_injected.push((FaultKind::Member, why.clone())),
         }
+        offer_split(&mut available, &mut not_injected, addrs.len());
         not_injected.push((
             FaultKind::Failover,
             "not a replicated Redis topology (redis+sentinel://, redis+cluster://)".to_owned(),
@@ -162,6 +167,7 @@ impl FaultPlan {
         let group = members.first().map_or("", |m| crate::netns::group_of(m));
         let mut available = vec![FaultKind::Kill, FaultKind::Pause, FaultKind::Partition];
         let mut not_injected = Vec::new();
+        offer_split(&mut available, &mut not_injected, members.len());
         let stopped = "the namespaced topology's servers are not stopped by the run";
         not_injected.push((FaultKind::Restart, stopped.to_owned()));
         not_injected.push((FaultKind::Member, stopped.to_owned()));
@@ -228,6 +234,22 @@ impl FaultPlan {
             not_injected,
             server_control,
         })
+    }
+}
+
+/// One server unreachable from half of the workers, where there are several servers.
+fn offer_split(
+    available: &mut Vec<FaultKind>,
+    not_injected: &mut Vec<(FaultKind, String)>,
+    servers: usize,
+) {
+    match servers {
+        0 => not_injected.push((FaultKind::Split, "no server".to_owned())),
+        1 => not_injected.push((
+            FaultKind::Split,
+            "one server: cutting it off from some workers is a partition of those".to_owned(),
+        )),
+        _ => available.push(FaultKind::Split),
     }
 }
 
@@ -300,7 +322,8 @@ mod tests {
             "redlock-5",
         ]);
         let many = FaultPlan::new(&FaultSet::All, true, &addrs(5), &five, false).unwrap();
-        assert_eq!(many.selected.len(), 5);
+        assert_eq!(many.selected.len(), 6);
+        assert!(many.selected.contains(&FaultKind::Split));
         let mut not_here = vec![FaultKind::Failover];
         not_here.extend(FaultKind::NETNS);
         not_here.push(FaultKind::ClientClock);
@@ -372,6 +395,7 @@ mod tests {
                 FaultKind::Kill,
                 FaultKind::Pause,
                 FaultKind::Partition,
+                FaultKind::Split,
                 FaultKind::Cut,
                 FaultKind::Slow,
                 FaultKind::Loss
