@@ -123,6 +123,11 @@ impl Backend for RedisBackend {
                 holder_paused: dlock_core::FaultSafety::Fenced,
                 server_restart: dlock_core::FaultSafety::Fenced,
                 member_down: dlock_core::FaultSafety::Fenced,
+                // A slow or lossy link only slows the scripts; a server clock that jumps
+                // forward expires keys early (Redis expires by its wall clock), but the
+                // next grant's token is floored by that same clock.
+                slow_link: dlock_core::FaultSafety::Exclusive,
+                clock_jump: dlock_core::FaultSafety::Fenced,
                 ..Default::default()
             },
             // Holders' tokens carry their description; the queue is one sorted set by

@@ -747,3 +747,29 @@ const REDLOCK_NETNS: Case = Case {
 fn redlock_netns() {
     namespaced("redlock", "redlock-netns", &REDLOCK_NETNS);
 }
+
+const REDIS_NETNS: Case = Case {
+    env: "DLOCK_NETNS_REDIS_URL",
+    default: "redis://10.77.0.31:6379",
+    options: "",
+    setup: "scripts/netns up redlock",
+    duration: "30s",
+    seed: 27,
+    faults: &[
+        "kill",
+        "pause",
+        "partition",
+        "slow",
+        "loss",
+        "clock",
+        "client_clock",
+    ],
+};
+
+/// One Redis server in a network namespace (the first node of the `redlock` group): its
+/// wall clock jumps forward by more than the ttl (its keys expire early: a second holder
+/// may overlap the first, which fencing must catch), its link slowed and lossy.
+#[test]
+fn redis_netns() {
+    namespaced("redlock", "redis-netns", &REDIS_NETNS);
+}
