@@ -2,7 +2,7 @@
 //! killed, reaped and stopped.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,6 +29,10 @@ pub(super) struct Slot {
 pub(super) struct Running {
     pub(super) process: u32,
     pid: Pid,
+    /// When the coordinator sent it SIGKILL (0: never): its holds end then, not when it is
+    /// reaped (a server that frees a dead client's lock at once, as MySQL does when the
+    /// connection closes, may grant the key again before the reap).
+    killed_at: Arc<AtomicU64>,
     /// [`RUNNING`], or why the coordinator signalled it ([`KILLED`], [`STOPPING`]).
     expected: Arc<AtomicU8>,
     /// Resolves to the instant the process was reaped.
@@ -80,8 +84,10 @@ impl Fleet {
                 .ok_or("a spawned worker has no pid")?,
         );
         let expected = Arc::new(AtomicU8::new(RUNNING));
+        let killed_at = Arc::new(AtomicU64::new(0));
         let reaped = tokio::spawn({
             let expected = expected.clone();
+            let killed_at = killed_at.clone();
             let recorder = self.recorder.clone();
             let problems = self.problems.clone();
             async move {
@@ -93,7 +99,11 @@ impl Fleet {
                     STOPPING => "stopped",
                     _ => "exited",
                 };
-                recorder.process_ended(process, at, how);
+                let ended = match (why, killed_at.load(Ordering::SeqCst)) {
+                    (KILLED, sent) if sent > 0 => sent.min(at),
+                    _ => at,
+                };
+                recorder.process_ended(process, ended, how);
                 let clean = matches!(&status, Ok(s) if s.success());
                 let problem = match why {
                     RUNNING => Some(format!(
@@ -116,6 +126,7 @@ impl Fleet {
         self.slots[slot].running = Some(Running {
             process,
             pid,
+            killed_at,
             expected,
             reaped,
         });
@@ -136,6 +147,7 @@ impl Fleet {
     pub(super) async fn kill(&mut self, slot: usize) -> Result<u64, String> {
         let running = self.slots[slot].running.take().ok_or("no worker to kill")?;
         running.expected.store(KILLED, Ordering::SeqCst);
+        running.killed_at.store(now_ns(), Ordering::SeqCst);
         let _ = kill(running.pid, Signal::SIGKILL);
         running
             .reaped
@@ -177,6 +189,7 @@ impl Fleet {
         for slot in &mut self.slots {
             if let Some(r) = slot.running.take() {
                 r.expected.store(KILLED, Ordering::SeqCst);
+                r.killed_at.store(now_ns(), Ordering::SeqCst);
                 let _ = kill(r.pid, Signal::SIGKILL);
             }
         }
