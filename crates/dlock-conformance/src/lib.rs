@@ -359,10 +359,7 @@ impl Ctx {
                     panic!("{}", self.unreachable_message(&e))
                 }
                 Err(e) => {
-                    eprintln!(
-                        "{}: reading what is left failed, trying again: {e}",
-                        self.test
-                    );
+                    tracing::warn!(test = self.test, error = %e, "reading what is left failed; trying again");
                     tokio::time::sleep(Duration::from_millis(250)).await;
                     continue;
                 }
