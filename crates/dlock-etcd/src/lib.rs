@@ -487,30 +487,7 @@
 //! Durations: `250ms`, `5s`, `1.5s`, `2m`. An unknown option, a malformed value or an
 //! unreadable TLS file is [`InvalidConfig`](dlock_core::LockError::InvalidConfig) before
 //! any network I/O; no error or `Debug` output shows the password.
-//!
-//! # Failure modes
-//!
-//! - **Partition of the holder** (or every member it knows down): keep-alives fail, and
-//!   `lost()` fires a tenth of the ttl before the lease could expire on the server,
-//!   measured from the last keep-alive sent; the server deletes the key when the lease
-//!   expires, and the next waiter is woken by that deletion. Every request is bounded by
-//!   `request_timeout`, and an acquire by its deadline, so nothing hangs on a black hole.
-//! - **A member down**: requests go to the other endpoints (a request refused by a stopped
-//!   member is sent again elsewhere); leases survive a leader change (the new leader
-//!   extends them). With a majority down nothing can be renewed or acquired, and `lost()`
-//!   fires by the lease deadline; the server itself expires nothing while it has no
-//!   leader, so the key outlives the outage by up to a ttl (plus an election timeout).
-//! - **Server restart**: keys, leases and revisions are persisted; leases are extended on
-//!   restart. A single-member restart longer than the ttl looks like a partition.
-//! - **Holder crash**: nothing is released; the lease expires after its ttl (rounded up as
-//!   above) and the server deletes the key, waking the next waiter.
-//! - **Auth tokens**: the client authenticates at connect and again whenever the server
-//!   says its token expired (etcd's simple tokens expire after 5 idle minutes), so an idle
-//!   client keeps working.
-//!
-//! [`LeaseLost`]: dlock_core::LockError::LeaseLost
-//! [`NotHeld`]: dlock_core::LockError::NotHeld
-
+#![doc = include_str!("failure_modes.md")]
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 mod acquire;

@@ -57,7 +57,7 @@ pub(crate) async fn clock_shim(netns: &std::path::Path) -> Option<PathBuf> {
     match crate::servers::run_script(netns, &["shim"]).await {
         Ok(out) => Some(PathBuf::from(out.trim())).filter(|p| p.is_file()),
         Err(e) => {
-            eprintln!("torture: no clock preload for the workers: {e}");
+            tracing::warn!(error = %e, "no clock preload for the workers");
             None
         }
     }
