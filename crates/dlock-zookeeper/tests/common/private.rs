@@ -340,16 +340,33 @@ impl Server {
         let tls = zk::TlsOptions::new()
             .with_pem_ca(&read("ca.pem"))?
             .with_pem_identity(&read("client.pem"), &read("client.key"))?;
-        let mut connector = zk::Client::connector()
+        let connector = zk::Client::connector()
             .with_session_timeout(Duration::from_secs(10))
             .with_fail_eagerly()
             .with_tls(tls);
-        if authenticated {
-            connector = connector.with_auth("digest", format!("{USER}:{PASSWORD}").as_bytes());
-        }
         let addr = self.addr().to_string();
-        let connect = connector.secure_connect(&addr);
-        tokio::time::timeout(Duration::from_secs(5), connect)
+        // Authenticate once the session is up, as the library does (see `open_session`):
+        // over TLS the server sometimes answers an auth packet sent with the connect
+        // request first, and the handshake fails (CI saw `NoHosts` here). A failed
+        // handshake is `NoHosts` with one host and `fail_eagerly`: two more tries.
+        let connect = async {
+            let mut answer = Err(zk::Error::NoHosts);
+            for _ in 0..3 {
+                answer = connector.clone().secure_connect(&addr).await;
+                if !matches!(answer, Err(zk::Error::NoHosts)) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let client = answer?;
+            if authenticated {
+                client
+                    .auth("digest", format!("{USER}:{PASSWORD}").as_bytes())
+                    .await?;
+            }
+            Ok(client)
+        };
+        tokio::time::timeout(Duration::from_secs(15), connect)
             .await
             .unwrap_or(Err(zk::Error::Timeout))
     }
