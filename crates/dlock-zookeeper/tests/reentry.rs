@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::ZookeeperHarness;
-use common::proxy::{delaying_proxy, timed};
+use common::proxy::{RoundTrips, delaying_proxy, timed};
 use dlock_conformance::Harness;
 use dlock_core::{DistributedLock, ErrorKind, Lease, LockOptions, Wait};
 use futures::future::join_all;
@@ -308,37 +308,32 @@ async fn reentry_round_trips() {
         .await
         .expect("release");
     let opts = LockOptions::new().owner("job-rtt");
-    let mut measured = Vec::new();
-    let mut check = |what: &'static str, took: Duration, expected: u32| {
-        let rounds = (took.as_secs_f64() / RTT.as_secs_f64()).round() as u32;
-        measured.push(format!("{what}: {rounds} ({took:?})"));
-        assert_eq!(rounds, expected, "{what} took {took:?}");
-    };
+    let mut trips = RoundTrips::new(RTT);
     let (first, took) = timed(a.try_acquire(&key, &opts)).await;
     let first = first.expect("try").expect("free");
-    check("first acquire, key free", took, 1);
+    trips.check("first acquire, key free", took, 1);
     let (again, took) = timed(a.try_acquire(&key, &opts)).await;
     let again = again.expect("try").expect("re-entry");
     // The client knows the holding node from its grant: `getData`, `setData`.
-    check("re-entry, same client", took, 2);
+    trips.check("re-entry, same client", took, 2);
     let (from_b, took) = timed(b.try_acquire(&key, &opts)).await;
     let from_b = from_b.expect("try").expect("re-entry");
     // A client that never saw the hold queues a node, reads the holder, and re-enters.
-    check("re-entry, another client", took, 3);
+    trips.check("re-entry, another client", took, 3);
     let (from_b_again, took) = timed(b.try_acquire(&key, &opts)).await;
     let from_b_again = from_b_again.expect("try").expect("re-entry");
-    check("re-entry, another client again", took, 2);
+    trips.check("re-entry, another client again", took, 2);
     let (extended, took) = timed(first.extend(Duration::from_secs(30))).await;
     extended.expect("extend");
-    check("extend, the node's own session", took, 0);
+    trips.check("extend, the node's own session", took, 0);
     let (extended, took) = timed(from_b.extend(Duration::from_secs(30))).await;
     extended.expect("extend");
-    check("extend, another session", took, 1);
+    trips.check("extend, another session", took, 1);
     let other = LockOptions::new().owner("job-other");
     // From a client that holds nothing (b's own gate would refuse it without a request).
     let (refused, took) = timed(c.try_acquire(&key, &other)).await;
     assert!(refused.expect("try").is_none());
-    check("try_acquire, another owner holds it", took, 3);
+    trips.check("try_acquire, another owner holds it", took, 3);
     let releases = [
         ("release, count 4", first),
         ("release, count 3", again),
@@ -348,11 +343,11 @@ async fn reentry_round_trips() {
         sleep(RTT * 2).await;
         let (released, took) = timed(lease.release()).await;
         released.expect("release");
-        check(what, took, 2);
+        trips.check(what, took, 2);
     }
     sleep(RTT * 2).await;
     let (released, took) = timed(from_b.release()).await;
     released.expect("release");
-    check("last release (delete)", took, 2);
-    eprintln!("round trips:\n  {}", measured.join("\n  "));
+    trips.check("last release (delete)", took, 2);
+    trips.print("round trips");
 }

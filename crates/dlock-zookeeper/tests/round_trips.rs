@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::ZookeeperHarness;
-use common::proxy::{delaying_proxy, timed};
+use common::proxy::{RoundTrips, delaying_proxy, timed};
 use dlock_conformance::Harness;
 use dlock_core::{Election, Leader, LockOptions, Wait};
 use futures::StreamExt;
@@ -32,12 +32,7 @@ async fn round_trips_per_operation() {
     let b = harness.connect(&url).await.expect("second client");
     let key = format!("rtt-{}/k", uuid::Uuid::new_v4().simple());
     let opts = LockOptions::new();
-    let mut measured = Vec::new();
-    let mut check = |what: &'static str, took: Duration, expected: u32| {
-        let rounds = (took.as_secs_f64() / RTT.as_secs_f64()).round() as u32;
-        measured.push(format!("{what}: {rounds} ({took:?})"));
-        assert_eq!(rounds, expected, "{what} took {took:?}");
-    };
+    let mut trips = RoundTrips::new(RTT);
 
     // The base path exists (made without the proxy), so only the key directory is missing
     // on first use: `NoNode`, then the directory is made with our node, one round trip more.
@@ -47,21 +42,21 @@ async fn round_trips_per_operation() {
     lease.expect("free").release().await.expect("release");
     let (lease, took) = timed(a.try_acquire(&key, &opts)).await;
     let lease = lease.expect("try_acquire").expect("free");
-    check("try_acquire, new key (directory missing)", took, 2);
+    trips.check("try_acquire, new key (directory missing)", took, 2);
     let (released, took) = timed(lease.release()).await;
     released.expect("release");
-    check("release", took, 1);
+    trips.check("release", took, 1);
     // The directory stays after the release: one round trip from now on.
     let (lease, took) = timed(a.try_acquire(&key, &opts)).await;
     let lease = lease.expect("try_acquire").expect("free");
-    check("try_acquire, key free", took, 1);
+    trips.check("try_acquire, key free", took, 1);
     let (held, took) = timed(b.try_acquire(&key, &opts)).await;
     assert!(held.expect("try_acquire").is_none());
-    check("try_acquire, key held", took, 2);
+    trips.check("try_acquire, key held", took, 2);
     let (extended, took) = timed(lease.extend(Duration::from_secs(30))).await;
     extended.expect("extend");
     // Answered from the session's state and the node's watch: nothing goes to the server.
-    check("extend", took, 0);
+    trips.check("extend", took, 0);
 
     // A waiter queues (create + list, then a watch on the holder), and is handed the key.
     let waiter = {
@@ -78,23 +73,23 @@ async fn round_trips_per_operation() {
     let released_at = Instant::now();
     let (released, took) = timed(lease.release()).await;
     released.expect("release");
-    check("release, a waiter queued", took, 1);
+    trips.check("release, a waiter queued", took, 1);
     let (acquired_at, lease) = waiter.await.expect("waiter");
     // The delete reaches the server (1/2), its notification the waiter (1/2), then the
     // waiter lists the directory (1).
-    check(
+    trips.check(
         "hand-off, from the release call",
         acquired_at - released_at,
         2,
     );
     let (released, took) = timed(lease.release()).await;
     released.expect("release");
-    check("release, last holder", took, 1);
+    trips.check("release, last holder", took, 1);
     let (lease, took) = timed(b.try_acquire(&key, &opts)).await;
     let lease = lease.expect("try_acquire").expect("free");
-    check("try_acquire, key free again", took, 1);
+    trips.check("try_acquire, key free again", took, 1);
     lease.release().await.expect("release");
-    eprintln!("round trips:\n  {}", measured.join("\n  "));
+    trips.print("round trips");
 }
 
 /// Permits: the `locks` mutex (create + list), the lease (create + list), the mutex's
@@ -116,12 +111,7 @@ async fn permit_round_trips() {
     let (a, b, c) = (&clients[0], &clients[1], &clients[2]);
     let key = format!("rtt-{}/permits", uuid::Uuid::new_v4().simple());
     let two = LockOptions::new().permits(2);
-    let mut measured = Vec::new();
-    let mut check = |what: &'static str, took: Duration, expected: u32| {
-        let rounds = (took.as_secs_f64() / PERMIT_RTT.as_secs_f64()).round() as u32;
-        measured.push(format!("{what}: {rounds} ({took:?})"));
-        assert_eq!(rounds, expected, "{what} took {took:?}");
-    };
+    let mut trips = RoundTrips::new(PERMIT_RTT);
     // Make sure the base path exists, so only the key's directories are missing.
     let direct = harness.client().await.expect("direct client");
     let base_made = format!("rtt-{}/base", uuid::Uuid::new_v4().simple());
@@ -138,20 +128,20 @@ async fn permit_round_trips() {
     // mutex's delete.
     let (first, took) = timed(a.try_acquire(&key, &two)).await;
     let first = first.expect("try_acquire").expect("free");
-    check("permit try_acquire, new key (directories missing)", took, 7);
+    trips.check("permit try_acquire, new key (directories missing)", took, 7);
     let (released, took) = timed(first.release()).await;
     released.expect("release");
-    check("permit release", took, 1);
+    trips.check("permit release", took, 1);
     let (first, took) = timed(a.try_acquire(&key, &two)).await;
     let first = first.expect("try_acquire").expect("free");
-    check("permit try_acquire, a permit free", took, 3);
+    trips.check("permit try_acquire, a permit free", took, 3);
     let (second, took) = timed(b.try_acquire(&key, &two)).await;
     let second = second.expect("try_acquire").expect("free");
-    check("permit try_acquire, the last permit", took, 3);
+    trips.check("permit try_acquire, the last permit", took, 3);
     let (held, took) = timed(c.try_acquire(&key, &two)).await;
     assert!(held.expect("try_acquire").is_none());
     // The mutex, the lease and its count, then both deletes together.
-    check("permit try_acquire, every permit held", took, 3);
+    trips.check("permit try_acquire, every permit held", took, 3);
 
     let waiter = {
         let (c, key) = (c.clone(), key.clone());
@@ -165,15 +155,15 @@ async fn permit_round_trips() {
     let (held, took) = timed(b.try_acquire(&key, &two)).await;
     assert!(held.expect("try_acquire").is_none());
     // The waiter holds the mutex: our node is not first, and is deleted.
-    check("permit try_acquire, a waiter holds the mutex", took, 2);
+    trips.check("permit try_acquire, a waiter holds the mutex", took, 2);
     let released_at = Instant::now();
     let (released, took) = timed(first.release()).await;
     released.expect("release");
-    check("permit release, a waiter counting", took, 1);
+    trips.check("permit release, a waiter counting", took, 1);
     let (acquired_at, third) = waiter.await.expect("waiter");
     // The delete (1/2), the children watch's notification (1/2), the count (1), the
     // mutex's delete (1).
-    check(
+    trips.check(
         "permit hand-off, from the release call",
         acquired_at - released_at,
         3,
@@ -181,7 +171,7 @@ async fn permit_round_trips() {
     for lease in [second, third] {
         lease.release().await.expect("release");
     }
-    eprintln!("permit round trips:\n  {}", measured.join("\n  "));
+    trips.print("permit round trips");
 }
 
 /// `inspect` and `list`: listings first (pipelined), then the nodes' data (pipelined); see
@@ -203,15 +193,10 @@ async fn inspect_round_trips() {
         format!("{prefix}permits"),
         format!("{prefix}unused"),
     );
-    let mut measured = Vec::new();
-    let mut check = |what: &'static str, took: Duration, expected: u32| {
-        let rounds = (took.as_secs_f64() / RTT.as_secs_f64()).round() as u32;
-        measured.push(format!("{what}: {rounds} ({took:?})"));
-        assert_eq!(rounds, expected, "{what} took {took:?}");
-    };
+    let mut trips = RoundTrips::new(RTT);
     let (status, took) = timed(d.inspect(&unused)).await;
     assert!(!status.expect("inspect").is_held());
-    check("inspect, key unused", took, 1);
+    trips.check("inspect, key unused", took, 1);
     let opts = LockOptions::new();
     let held = direct.try_acquire(&lock, &opts).await.expect("try");
     let held = held.expect("free");
@@ -232,19 +217,19 @@ async fn inspect_round_trips() {
         (status.holders.len(), status.waiters.map(|w| w.len())),
         (1, Some(1))
     );
-    check("inspect, a holder and a waiter", took, 2);
+    trips.check("inspect, a holder and a waiter", took, 2);
     let (listed, took) = timed(d.list(&prefix)).await;
     assert_eq!(listed.expect("list"), [lock.as_str()]);
-    check("list, one lock held", took, 2);
+    trips.check("list, one lock held", took, 2);
     let permit = direct.try_acquire(&sem, &opts.permits(2)).await;
     let permit = permit.expect("try").expect("free");
     let (status, took) = timed(d.inspect(&sem)).await;
     assert_eq!(status.expect("inspect").holders.len(), 1);
-    check("inspect, a permit held", took, 2);
+    trips.check("inspect, a permit held", took, 2);
     let (listed, took) = timed(d.list(&prefix)).await;
     assert_eq!(listed.expect("list"), [lock.clone(), sem.clone()]);
     // The semaphore's directory has no lock node: its `leases` are listed too.
-    check("list, a lock and a semaphore held", took, 3);
+    trips.check("list, a lock and a semaphore held", took, 3);
     held.release().await.expect("release");
     queued
         .await
@@ -253,7 +238,7 @@ async fn inspect_round_trips() {
         .await
         .expect("release");
     permit.release().await.expect("release");
-    eprintln!("inspect round trips:\n  {}", measured.join("\n  "));
+    trips.print("inspect round trips");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -346,47 +331,42 @@ async fn election_round_trips() {
         .release()
         .await
         .expect("release");
-    let mut measured = Vec::new();
-    let mut check = |what: &'static str, took: Duration, expected: u32| {
-        let rounds = (took.as_secs_f64() / RTT.as_secs_f64()).round() as u32;
-        measured.push(format!("{what}: {rounds} ({took:?})"));
-        assert_eq!(rounds, expected, "{what} took {took:?}");
-    };
+    let mut trips = RoundTrips::new(RTT);
     let ours = Election::new(a, key.clone());
     let observed = Election::new(w, key.clone());
     let (leader, took) = timed(observed.leader()).await;
     assert_eq!(leader.expect("leader()"), None);
-    check("leader(), nobody leads", took, 1);
+    trips.check("leader(), nobody leads", took, 1);
     let mut changes = observed.observe();
     let (first, took) = timed(changes.next()).await;
     assert_eq!(first.expect("an item").expect("observe"), None);
-    check("observe: subscribe, then leader()", took, 2);
+    trips.check("observe: subscribe, then leader()", took, 2);
     let (leading, took) = timed(ours.campaign("v1")).await;
     let mut leading = leading.expect("campaign");
-    check("campaign, nobody leads", took, 1);
+    trips.check("campaign, nobody leads", took, 1);
     let (leader, took) = timed(observed.leader()).await;
     assert_eq!(
         leader.expect("leader()"),
         Some(Leader::new("v1", leading.term()))
     );
-    check("leader(), a leader", took, 2);
+    trips.check("leader(), a leader", took, 2);
     // Drain the campaign's notification, then time a proclaim end to end.
     let seen = changes.next().await.expect("an item").expect("observe");
     assert_eq!(seen, Some(Leader::new("v1", leading.term())));
     let started = Instant::now();
     let (proclaimed, took) = timed(leading.proclaim("v2")).await;
     proclaimed.expect("proclaim");
-    check("proclaim", took, 1);
+    trips.check("proclaim", took, 1);
     let seen = changes.next().await.expect("an item").expect("observe");
     assert_eq!(seen, Some(Leader::new("v2", leading.term())));
     // The write reaches the server (1/2), its notification the observer (1/2), then the
     // observer reads the leader (2).
-    check("proclaim, until an observer shows it", started.elapsed(), 3);
+    trips.check("proclaim, until an observer shows it", started.elapsed(), 3);
     let (resigned, took) = timed(leading.resign()).await;
     resigned.expect("resign");
-    check("resign", took, 1);
+    trips.check("resign", took, 1);
     drop(changes);
-    eprintln!("election round trips:\n  {}", measured.join("\n  "));
+    trips.print("election round trips");
 }
 
 fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
