@@ -1,26 +1,56 @@
-//! A TCP proxy that can black-hole its traffic: the network fault behind the partition
-//! scenarios. A cut proxy keeps every connection open but forwards nothing, as a real
-//! partition does (no reset, no FIN), so clients find out by their own timeouts.
+//! A TCP proxy that can black-hole its traffic or make it late: the network faults behind
+//! the partition scenarios and the torture run's slow links. A cut proxy keeps every
+//! connection open but forwards nothing, as a real partition does (no reset, no FIN), so
+//! clients find out by their own timeouts.
 //!
 //! While cut, the proxy swallows what clients send and counts it
 //! ([`Proxy::traffic_while_cut`]): a scenario can tell whether a client tried to reach the
 //! server at all, although nothing got through.
+//!
+//! A delayed proxy ([`Proxy::delay`]) holds every chunk it reads, in each direction, for a
+//! base delay plus a random jitter before it writes it on, in order: what `tc netem delay
+//! … jitter …` does to a link, where the kernel has no netem.
 
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use rand::Rng;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// How late a delayed proxy delivers each chunk: `base` plus a uniformly random share of
+/// `jitter`, and never before the chunk read ahead of it in the same direction (a stream
+/// stays in order; a late chunk holds up the ones behind it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Delay {
+    /// The least delay of every chunk.
+    pub base: Duration,
+    /// The most added to `base`, drawn anew for each chunk.
+    pub jitter: Duration,
+}
+
+impl Delay {
+    fn draw(self) -> Duration {
+        let extra = match self.jitter.as_nanos() {
+            0 => 0,
+            n => rand::rng().random_range(0..=n.min(u128::from(u64::MAX)) as u64),
+        };
+        self.base + Duration::from_nanos(extra)
+    }
+}
 
 /// A proxy on 127.0.0.1 in front of one server.
 #[derive(Debug)]
 pub struct Proxy {
     addr: SocketAddr,
     cut: Arc<watch::Sender<bool>>,
+    delay: Arc<watch::Sender<Delay>>,
     traffic: Arc<AtomicU64>,
     accept: JoinHandle<()>,
 }
@@ -31,18 +61,25 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let cut = Arc::new(watch::Sender::new(false));
+        let delay = Arc::new(watch::Sender::new(Delay::default()));
         let traffic = Arc::new(AtomicU64::new(0));
         let accept = tokio::spawn({
-            let (cut, traffic) = (cut.clone(), traffic.clone());
+            let (cut, delay, traffic) = (cut.clone(), delay.clone(), traffic.clone());
             async move {
                 while let Ok((client, _)) = listener.accept().await {
-                    tokio::spawn(forward(client, upstream, cut.subscribe(), traffic.clone()));
+                    let link = Link {
+                        cut: cut.subscribe(),
+                        delay: delay.subscribe(),
+                        traffic: traffic.clone(),
+                    };
+                    tokio::spawn(forward(client, upstream, link));
                 }
             }
         });
         Ok(Self {
             addr,
             cut,
+            delay,
             traffic,
             accept,
         })
@@ -66,6 +103,13 @@ impl Proxy {
         self.cut.send_replace(false);
     }
 
+    /// Deliver every chunk late from now on, in both directions, on every connection: see
+    /// [`Delay`]. `Delay::default()` delivers at once again (chunks already held keep their
+    /// time).
+    pub fn delay(&self, delay: Delay) {
+        self.delay.send_replace(delay);
+    }
+
     /// What clients tried to send since the last [`cut`](Self::cut), none of which reached
     /// the server: every byte written, plus one for every connection opened (a client may
     /// send nothing on a new connection until the server speaks first, as MySQL's do).
@@ -83,12 +127,20 @@ impl Drop for Proxy {
     }
 }
 
-async fn forward(
-    mut client: TcpStream,
-    upstream: SocketAddr,
-    mut cut: watch::Receiver<bool>,
+/// What a connection's forwarding follows: the proxy's cut flag and delay, and the count of
+/// what clients sent while cut.
+struct Link {
+    cut: watch::Receiver<bool>,
+    delay: watch::Receiver<Delay>,
     traffic: Arc<AtomicU64>,
-) {
+}
+
+async fn forward(mut client: TcpStream, upstream: SocketAddr, link: Link) {
+    let Link {
+        mut cut,
+        delay,
+        traffic,
+    } = link;
     if *cut.borrow_and_update() {
         traffic.fetch_add(1, Ordering::SeqCst);
         // Black hole: hold the connection, never answer, until healed or dropped.
@@ -100,25 +152,53 @@ async fn forward(
     };
     let (mut cr, mut cw) = client.split();
     let (mut sr, mut sw) = server.split();
-    let mut up = [0u8; 16 * 1024];
-    let mut down = [0u8; 16 * 1024];
+    let (up_tx, up_rx) = mpsc::unbounded_channel();
+    let (down_tx, down_rx) = mpsc::unbounded_channel();
+    let mut on_cut = cut.clone();
+    // Each direction is a reader that stamps every chunk with its delivery time and a
+    // writer that waits for it: late chunks stay in flight together, as on a real link.
+    // Either side closing (or failing) ends the connection once its chunks are delivered.
+    tokio::select! {
+        () = read_stamped(&mut cr, up_tx, delay.clone()) => {}
+        () = write_when_due(up_rx, &mut sw) => {}
+        () = read_stamped(&mut sr, down_tx, delay) => {}
+        () = write_when_due(down_rx, &mut cw) => {}
+        () = until(&mut on_cut, true) => {
+            // Hold both sockets silently until healed, then close them. The server
+            // hears nothing, not even the client closing its end.
+            swallow(&mut cr, &mut cut, &traffic).await;
+        }
+    }
+}
+
+/// Read chunks from `from` and queue each with the time it is due, until `from` ends.
+async fn read_stamped<R: AsyncRead + Unpin>(
+    from: &mut R,
+    to: mpsc::UnboundedSender<(Instant, Vec<u8>)>,
+    delay: watch::Receiver<Delay>,
+) {
+    let mut buf = [0u8; 16 * 1024];
     loop {
-        let mut on_cut = cut.clone();
-        tokio::select! {
-            n = cr.read(&mut up) => match n {
-                Ok(0) | Err(_) => return,
-                Ok(n) => if sw.write_all(&up[..n]).await.is_err() { return },
-            },
-            n = sr.read(&mut down) => match n {
-                Ok(0) | Err(_) => return,
-                Ok(n) => if cw.write_all(&down[..n]).await.is_err() { return },
-            },
-            _ = until(&mut on_cut, true) => {
-                // Hold both sockets silently until healed, then close them. The server
-                // hears nothing, not even the client closing its end.
-                swallow(&mut cr, &mut cut, &traffic).await;
-                return;
-            }
+        let n = from.read(&mut buf).await.unwrap_or(0);
+        // Delivered in order whatever the draw: the writer takes chunks first come first.
+        let due = Instant::now() + delay.borrow().draw();
+        // An empty chunk is the end, delivered in its turn.
+        if to.send((due, buf[..n].to_vec())).is_err() || n == 0 {
+            // Wait here: returning would end the connection before the queue drains.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Write each queued chunk to `to` when it is due; return at the end or on an error.
+async fn write_when_due<W: AsyncWrite + Unpin>(
+    mut from: mpsc::UnboundedReceiver<(Instant, Vec<u8>)>,
+    to: &mut W,
+) {
+    while let Some((due, chunk)) = from.recv().await {
+        tokio::time::sleep_until(due).await;
+        if chunk.is_empty() || to.write_all(&chunk).await.is_err() {
+            return;
         }
     }
 }

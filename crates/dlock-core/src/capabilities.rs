@@ -301,8 +301,9 @@ pub struct Faults {
     /// reach it: a Redlock node that half the clients cannot reach, an etcd or ZooKeeper
     /// member cut off from some clients.
     pub member_unreachable: FaultSafety,
-    /// One member's link is slow (rate-limited) or drops packets at random for longer than
-    /// the ttl: a ZooKeeper or etcd leader, a Redlock node.
+    /// One member's link is slow (rate-limited, or every byte late by a delay with jitter)
+    /// or drops packets at random for longer than the ttl: a ZooKeeper or etcd leader, a
+    /// Redlock node, the one server of Redis, MySQL or PostgreSQL.
     pub slow_link: FaultSafety,
     /// One server's wall clock jumps forward by more than the ttl, its monotonic clock
     /// untouched (an NTP step): a Redlock node, whose keys then expire early.

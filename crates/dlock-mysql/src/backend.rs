@@ -164,6 +164,11 @@ impl Backend for MysqlBackend {
             faults: dlock_core::Faults {
                 holder_paused: dlock_core::FaultSafety::Fenced,
                 server_restart: dlock_core::FaultSafety::Fenced,
+                // A late (slow, lossy) link frees no key early: the server holds it while
+                // the session lives, and the session's idle clock (`wait_timeout`)
+                // restarts when a ping arrives, never before the client sent it; the
+                // holder counts its lease from that sending, so it gives up first.
+                slow_link: dlock_core::FaultSafety::Exclusive,
                 ..Default::default()
             },
             // Row mode pins a connection per held key; named mode's holder connections

@@ -184,6 +184,11 @@ impl Backend for PostgresBackend {
             faults: dlock_core::Faults {
                 holder_paused: dlock_core::FaultSafety::Fenced,
                 server_restart: dlock_core::FaultSafety::Fenced,
+                // A late (slow, lossy) link frees no key early: the server holds it while
+                // the session lives, and the session's idle clock (`idle_session_timeout`)
+                // restarts when a ping arrives, never before the client sent it; the
+                // holder counts its lease from that sending, so it gives up first.
+                slow_link: dlock_core::FaultSafety::Exclusive,
                 ..Default::default()
             },
             // pg_advisory_lock_shared on the same lock: the lock manager keeps readers and

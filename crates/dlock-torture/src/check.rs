@@ -99,6 +99,7 @@ impl Input<'_> {
             | FaultKind::Cut
             | FaultKind::Slow
             | FaultKind::Loss
+            | FaultKind::Delay
             | FaultKind::Clock => true,
             FaultKind::Kill | FaultKind::Partition | FaultKind::ClientClock => false,
         };

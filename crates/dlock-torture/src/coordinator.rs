@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_conformance::Proxy;
+use dlock_conformance::{Delay, Proxy};
 use dlock_core::{Capabilities, Expiry};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -78,6 +78,10 @@ pub(crate) struct Timings {
     pub(crate) recovery_limit: Duration,
     /// How long a worker's acquire waits.
     pub(crate) wait: Duration,
+    /// How late a `delay` fault makes each byte each way: a tenth of `silence`, plus up to
+    /// a fifth more, so a round trip takes up to 60 % of a lease (renewals arrive late but
+    /// mostly in time; the holder's deadline arithmetic is what is tried).
+    pub(crate) late: Delay,
 }
 
 impl Timings {
@@ -94,6 +98,10 @@ impl Timings {
             grace: 2 * longest + Duration::from_secs(2),
             recovery_limit: 2 * longest + Duration::from_secs(30),
             wait: 3 * longest,
+            late: Delay {
+                base: silence / 10,
+                jitter: silence / 5,
+            },
         }
     }
 }

@@ -33,6 +33,10 @@ pub(crate) enum FaultKind {
     Slow,
     /// Drop a share of one member's packets for longer than a lease (`scripts/netns loss`).
     Loss,
+    /// Deliver every byte between the workers and one server late, by a base delay plus a
+    /// random jitter each way (in order), for longer than a lease: the workers' proxies do
+    /// what `tc netem delay … jitter …` would, on any topology with proxies.
+    Delay,
     /// Jump one Redis node's wall clock forward by more than the ttl for longer than a
     /// lease, then back (`scripts/netns clock`).
     Clock,
@@ -43,7 +47,7 @@ pub(crate) enum FaultKind {
 }
 
 impl FaultKind {
-    pub(crate) const ALL: [FaultKind; 12] = [
+    pub(crate) const ALL: [FaultKind; 13] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
@@ -54,6 +58,7 @@ impl FaultKind {
         FaultKind::Cut,
         FaultKind::Slow,
         FaultKind::Loss,
+        FaultKind::Delay,
         FaultKind::Clock,
         FaultKind::ClientClock,
     ];
@@ -78,6 +83,7 @@ impl FaultKind {
             FaultKind::Cut => "cut",
             FaultKind::Slow => "slow",
             FaultKind::Loss => "loss",
+            FaultKind::Delay => "delay",
             FaultKind::Clock => "clock",
             FaultKind::ClientClock => "client-clock",
         }
@@ -87,7 +93,7 @@ impl FaultKind {
     /// and a client's wall clock that jumps are part of the core contract: always
     /// exclusive. A failover is a member
     /// down as [`Faults::member_down`] describes it (a Redis primary that fails over); a
-    /// slow and a lossy link are both [`Faults::slow_link`].
+    /// slow, a lossy and a late link are all [`Faults::slow_link`].
     pub(crate) fn declared(self, faults: &Faults) -> FaultSafety {
         match self {
             FaultKind::Kill | FaultKind::Partition | FaultKind::ClientClock => {
@@ -98,7 +104,7 @@ impl FaultKind {
             FaultKind::Member | FaultKind::Failover => faults.member_down,
             FaultKind::Split => faults.member_unreachable,
             FaultKind::Cut => faults.member_cut,
-            FaultKind::Slow | FaultKind::Loss => faults.slow_link,
+            FaultKind::Slow | FaultKind::Loss | FaultKind::Delay => faults.slow_link,
             FaultKind::Clock => faults.clock_jump,
         }
     }
@@ -134,7 +140,7 @@ impl FromStr for FaultSet {
                 .into_iter()
                 .find(|k| k.name() == name)
                 .ok_or_else(|| {
-                    format!("unknown fault {name:?} (all, none, or a list of kill, pause, partition, restart, member, failover, split, cut, slow, loss, clock, client-clock)")
+                    format!("unknown fault {name:?} (all, none, or a list of kill, pause, partition, restart, member, failover, split, cut, slow, loss, delay, clock, client-clock)")
                 })?;
             if !kinds.contains(&kind) {
                 kinds.push(kind);

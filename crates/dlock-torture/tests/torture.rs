@@ -260,7 +260,14 @@ fn reentry(name: &str, case: &Case) {
     }
 }
 
-const ONE_SERVER_FAULTS: &[&str] = &["kill", "pause", "partition", "restart", "client_clock"];
+const ONE_SERVER_FAULTS: &[&str] = &[
+    "kill",
+    "pause",
+    "partition",
+    "restart",
+    "delay",
+    "client_clock",
+];
 const ALL_FAULTS: &[&str] = &[
     "kill",
     "pause",
@@ -268,6 +275,7 @@ const ALL_FAULTS: &[&str] = &[
     "restart",
     "member",
     "split",
+    "delay",
     "client_clock",
 ];
 
@@ -646,6 +654,7 @@ const MEMBER_LINK_FAULTS: &[&str] = &[
     "cut",
     "slow",
     "loss",
+    "delay",
     "client_clock",
 ];
 
@@ -735,6 +744,7 @@ const REDLOCK_NETNS: Case = Case {
         "split",
         "slow",
         "loss",
+        "delay",
         "clock",
         "client_clock",
     ],
@@ -761,6 +771,7 @@ const REDIS_NETNS: Case = Case {
         "partition",
         "slow",
         "loss",
+        "delay",
         "clock",
         "client_clock",
     ],

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dlock_conformance::Proxy;
+use dlock_conformance::{Delay, Proxy};
 use nix::sys::signal::Signal;
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -38,6 +38,13 @@ pub(super) struct Injector<'a> {
 impl Injector<'_> {
     fn rel(&self, t: u64) -> f64 {
         ms(t.saturating_sub(self.t0)) / 1000.0
+    }
+
+    /// The unit name of the server behind each slot's `index`th proxy, or its index.
+    fn server_name(&self, index: usize) -> String {
+        self.units
+            .get(index)
+            .map_or_else(|| index.to_string(), Clone::clone)
     }
 
     /// Warm up, inject faults one at a time until the duration is over and every kind was
@@ -235,6 +242,26 @@ impl Injector<'_> {
                 fault.end = now_ns();
                 fault.units = vec![member];
             }
+            FaultKind::Delay => {
+                let servers = self.fleet.slots.first().map_or(0, |s| s.proxies.len());
+                let server = self.rng.random_range(0..servers.max(1));
+                let late = |fleet: &Fleet, delay: Delay| {
+                    for slot in &fleet.slots {
+                        slot.proxies[server].delay(delay);
+                    }
+                };
+                fault.start = now_ns();
+                late(self.fleet, self.timings.late);
+                tokio::time::sleep(self.timings.fault_hold).await;
+                late(self.fleet, Delay::default());
+                fault.end = now_ns();
+                fault.units = vec![format!(
+                    "server {} late by {:?} + up to {:?} each way",
+                    self.server_name(server),
+                    self.timings.late.base,
+                    self.timings.late.jitter
+                )];
+            }
             FaultKind::Split => {
                 let servers = self.fleet.slots.first().map_or(0, |s| s.proxies.len());
                 let server = self.rng.random_range(0..servers.max(1));
@@ -256,9 +283,7 @@ impl Injector<'_> {
                 let who = slots.iter().map(ToString::to_string).collect::<Vec<_>>();
                 fault.units = vec![format!(
                     "server {} from worker slots {}",
-                    self.units
-                        .get(server)
-                        .map_or_else(|| server.to_string(), Clone::clone),
+                    self.server_name(server),
                     who.join(",")
                 )];
             }

@@ -94,6 +94,10 @@ impl FaultPlan {
                 FaultKind::Split,
                 "a Sentinel or Cluster client connects to the addresses its servers announce, past a proxy".to_owned(),
             ),
+            (
+                FaultKind::Delay,
+                "a Sentinel or Cluster client connects to the addresses its servers announce, past a proxy".to_owned(),
+            ),
         ];
         if have_script {
             available.push(FaultKind::Failover);
@@ -130,8 +134,9 @@ impl FaultPlan {
         let mut not_injected = Vec::new();
         if addrs.is_empty() {
             not_injected.push((FaultKind::Partition, "no server".to_owned()));
+            not_injected.push((FaultKind::Delay, "no server".to_owned()));
         } else {
-            available.push(FaultKind::Partition);
+            available.extend([FaultKind::Partition, FaultKind::Delay]);
         }
         match &server_control {
             Ok(()) => available.push(FaultKind::Restart),
@@ -165,7 +170,12 @@ impl FaultPlan {
         clock_shim: bool,
     ) -> Result<Self, String> {
         let group = members.first().map_or("", |m| crate::netns::group_of(m));
-        let mut available = vec![FaultKind::Kill, FaultKind::Pause, FaultKind::Partition];
+        let mut available = vec![
+            FaultKind::Kill,
+            FaultKind::Pause,
+            FaultKind::Partition,
+            FaultKind::Delay,
+        ];
         let mut not_injected = Vec::new();
         offer_split(&mut available, &mut not_injected, members.len());
         let stopped = "the namespaced topology's servers are not stopped by the run";
@@ -308,6 +318,7 @@ mod tests {
                 FaultKind::Kill,
                 FaultKind::Pause,
                 FaultKind::Partition,
+                FaultKind::Delay,
                 FaultKind::Restart
             ]
         );
@@ -322,7 +333,7 @@ mod tests {
             "redlock-5",
         ]);
         let many = FaultPlan::new(&FaultSet::All, true, &addrs(5), &five, false).unwrap();
-        assert_eq!(many.selected.len(), 6);
+        assert_eq!(many.selected.len(), 7);
         assert!(many.selected.contains(&FaultKind::Split));
         let mut not_here = vec![FaultKind::Failover];
         not_here.extend(FaultKind::NETNS);
@@ -395,6 +406,7 @@ mod tests {
                 FaultKind::Kill,
                 FaultKind::Pause,
                 FaultKind::Partition,
+                FaultKind::Delay,
                 FaultKind::Split,
                 FaultKind::Cut,
                 FaultKind::Slow,
