@@ -68,7 +68,8 @@ struct Cli {
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     ttl: Duration,
     /// Faults to inject: all (every kind the topology allows), none, or a list of kill,
-    /// pause, partition, restart, member, failover.
+    /// pause, partition, restart, member, failover, split, cut, slow, loss, delay, clock,
+    /// client-clock.
     #[arg(long, default_value = "all")]
     faults: FaultSet,
     /// At most this many faults (default: one per 6 s of duration, at least one of each kind).
