@@ -67,7 +67,11 @@
 //! time, releases first; a connection with nothing held goes back to the pool. Each lock
 //! connection was set up once with `synchronous_commit = on`,
 //! `client_connection_check_interval = 1s` and server-side TCP keepalives (5 s idle, 1 s
-//! interval, 3 probes).
+//! interval, 3 probes). Every statement that sets a holder's `idle_session_timeout` raises
+//! the keepalive idle to the ttl too (whole seconds, rounded up), and a connection that
+//! holds nothing again gets 5 s back: otherwise a partition or a lossy link would end a
+//! holder's session 8 s after the server last heard from it, before a longer ttl ran out
+//! and the holder's `lost()` fired.
 //!
 //! **Acquire** (the first try in the caller's task; only a wait gets a task of its own):
 //! 1. The key's id: from the client's cache, else `SELECT id FROM dlock_keys WHERE name =
@@ -80,7 +84,7 @@
 //!    id)` (`pg_try_advisory_lock_shared` for a shared hold; see *Shared holds* for a
 //!    connection that already reads the key); if granted, in the same statement,
 //!    `nextval('dlock_keys_fence')` (the fencing token) and
-//!    `set_config('idle_session_timeout', ttl)`. NULL: busy.
+//!    `set_config('idle_session_timeout', ttl)` (with `tcp_keepalives_idle`). NULL: busy.
 //! 3. Busy: `try_acquire`, or an acquire whose deadline passed, answers "held". Otherwise,
 //!    on a connection of its own, one batch (an implicit transaction):
 //!    `set_config('lock_timeout', time left, true)` (and `statement_timeout` 0, whatever
@@ -552,8 +556,8 @@
 //! - **Holder crash**: the kernel closes the connection, the server ends the session, the
 //!   key is free at once.
 //! - **Holder partitioned**: its pings fail, so `lost()` fires before the ttl ends; the
-//!   server ends the silent session ttl after its last statement (`idle_session_timeout`),
-//!   then the key is free.
+//!   server ends the silent session ttl after its last statement (`idle_session_timeout`;
+//!   its keepalive probes start no sooner), then the key is free.
 //! - **Client gone while waiting** (process killed mid-wait): the server checks every
 //!   second that the client is still there (`client_connection_check_interval`) and ends
 //!   the session, taking it out of the queue; a partitioned waiter is found dead by the

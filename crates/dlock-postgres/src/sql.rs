@@ -26,6 +26,30 @@ pub(crate) struct Advisory {
     pub(crate) owner: Option<Owner>,
 }
 
+/// How long a connection stays silent before the server's TCP keepalive starts probing the
+/// client, in seconds, when it holds nothing (a client gone without closing its socket is
+/// dropped 3 probes 1 s apart later).
+const KEEPALIVE_IDLE_S: u64 = 5;
+
+/// A holder session's timeouts, as one expression: the server ends the session after
+/// `idle_ms` without a statement (`idle_session_timeout`, which is how a silent holder's
+/// locks free), and its TCP keepalive starts probing no sooner (`tcp_keepalives_idle`,
+/// whole seconds rounded up). Left at the connection's 5 s, a partition or a lossy link
+/// would end the session 8 s after the server last heard from the holder (3 probes, 1 s
+/// apart): before its lease ran out and its `lost()` fired, whenever the ttl is longer.
+pub(crate) fn hold_timeouts(idle_ms: u64) -> String {
+    format!(
+        "set_config('idle_session_timeout', '{idle_ms}', false) || \
+         set_config('tcp_keepalives_idle', '{}', false)",
+        idle_ms.div_ceil(1000).max(KEEPALIVE_IDLE_S)
+    )
+}
+
+/// A session back to holding nothing: no idle timeout, keepalive probes after
+/// [`KEEPALIVE_IDLE_S`].
+const NO_HOLD_TIMEOUTS: &str = "set_config('idle_session_timeout', '0', false) || \
+     set_config('tcp_keepalives_idle', '5', false)";
+
 impl Advisory {
     /// A hold of lock `id` in `mode`, not a candidate's.
     pub(crate) fn new(id: i32, mode: Mode) -> Self {
@@ -102,6 +126,7 @@ impl Sql {
     /// commits (a fencing token is on disk before the holder hears of it), a check every
     /// second that the client is still there while a statement runs (a client killed while
     /// waiting leaves the lock queue at once), and TCP keepalives from the server's side.
+    /// The keepalive idle is [`KEEPALIVE_IDLE_S`]; a hold raises it ([`hold_timeouts`]).
     pub(crate) fn session_setup() -> &'static str {
         "SELECT pg_backend_pid(), \
          set_config('synchronous_commit', 'on', false), \
@@ -189,9 +214,9 @@ impl Sql {
     /// The try statement around `condition`, which takes the lock when true. `CASE` keeps
     /// the order: the token is taken only after the lock.
     fn take_if(&self, condition: &str, idle_ms: u64) -> String {
+        let timeouts = hold_timeouts(idle_ms);
         format!(
-            "SELECT t.token, CASE WHEN t.token IS NOT NULL THEN \
-               set_config('idle_session_timeout', '{idle_ms}', false) END \
+            "SELECT t.token, CASE WHEN t.token IS NOT NULL THEN {timeouts} END \
              FROM (SELECT CASE WHEN {condition} \
                THEN nextval('{fence}') END AS token OFFSET 0) t",
             fence = self.fence_seq,
@@ -210,10 +235,11 @@ impl Sql {
     /// [`publish`](Self::publish), whose first column is the token too.
     pub(crate) fn wait_take(&self, lock: &Advisory, idle_ms: u64, wait_ms: u64) -> String {
         let (id, suffix) = (lock.id, lock.suffix());
+        let timeouts = hold_timeouts(idle_ms);
         let mut sql = format!(
             "SELECT set_config('lock_timeout', '{wait_ms}', true), \
                set_config('statement_timeout', '0', true); \
-             SELECT nextval('{fence}'), set_config('idle_session_timeout', '{idle_ms}', false) \
+             SELECT nextval('{fence}'), {timeouts} \
              FROM (SELECT pg_advisory_lock{suffix}({ns}, {id}) OFFSET 0) l",
             ns = self.namespace,
             fence = self.fence_seq,
@@ -253,9 +279,9 @@ impl Sql {
         // The slot's class `namespace + s`, wrapped into int4 as `slot_class` does.
         let class =
             format!("(((({ns})::bigint + s.n + 1 + 2147483648) % 4294967296) - 2147483648)::int4");
+        let timeouts = hold_timeouts(idle_ms);
         format!(
-            "SELECT p.token, CASE WHEN p.token IS NOT NULL THEN \
-               set_config('idle_session_timeout', '{idle_ms}', false) END, p.slot \
+            "SELECT p.token, CASE WHEN p.token IS NOT NULL THEN {timeouts} END, p.slot \
              FROM (SELECT q.slot, CASE WHEN q.slot IS NOT NULL \
                THEN nextval('{fence}') END AS token \
              FROM (SELECT (WITH RECURSIVE s(n, got) AS ( \
@@ -280,9 +306,9 @@ impl Sql {
     /// defaults. One row: whether the slot was held.
     pub(crate) fn unlock_permit(&self, id: i32, slot: i32, last: bool) -> String {
         let reset = if last {
-            ", set_config('idle_session_timeout', '0', false)"
+            format!(", {NO_HOLD_TIMEOUTS}")
         } else {
-            ""
+            String::new()
         };
         format!(
             "SELECT pg_advisory_unlock({}, {id}), pg_notify('{}', '{id}'){reset}",
@@ -293,15 +319,12 @@ impl Sql {
 
     /// Renew with a new ttl: the session's idle timeout.
     pub(crate) fn keep(idle_ms: u64) -> String {
-        format!("SELECT set_config('idle_session_timeout', '{idle_ms}', false)")
+        format!("SELECT {}", hold_timeouts(idle_ms))
     }
 
     /// Release: one row, whether the lock was held; the session back to its defaults.
     pub(crate) fn release(&self, lock: &Advisory) -> String {
-        format!(
-            "{}, set_config('idle_session_timeout', '0', false)",
-            self.unlock(lock)
-        )
+        format!("{}, {NO_HOLD_TIMEOUTS}", self.unlock(lock))
     }
 
     /// Release one of several locks the session holds: one row, whether it was held. A
@@ -409,7 +432,7 @@ impl Sql {
     /// After a stopped wait: drop whatever the session may have been granted (and the row
     /// of a candidate granted just before the stop, its observers notified).
     pub(crate) fn unlock_all(&self, lock: &Advisory) -> String {
-        let all = "SELECT pg_advisory_unlock_all(), set_config('idle_session_timeout', '0', false)";
+        let all = format!("SELECT pg_advisory_unlock_all(), {NO_HOLD_TIMEOUTS}");
         if lock.owner.is_some() {
             return format!("{}; {all}", self.forget_owned(lock.id));
         }

@@ -96,3 +96,21 @@ fn millis_round_up_and_never_mean_forever() {
     assert_eq!(millis(Duration::from_secs(2)), 2000);
     assert_eq!(millis(Duration::from_secs(u64::MAX)), i32::MAX as u64);
 }
+
+#[test]
+fn a_hold_keeps_the_servers_keepalive_from_ending_the_session_before_its_ttl() {
+    // 8 s of silence would end the session (5 s idle, 3 probes 1 s apart) before a 30 s
+    // lease ran out: a hold raises the keepalive idle to its ttl, rounded up.
+    let sql = Sql::new("dlock_keys", 9);
+    let held = sql.try_permit(7, 3, &[], 30_000);
+    assert!(held.contains("set_config('idle_session_timeout', '30000', false)"));
+    assert!(held.contains("set_config('tcp_keepalives_idle', '30', false)"));
+    assert!(Sql::keep(12_500).contains("set_config('tcp_keepalives_idle', '13', false)"));
+    // Never below the connection's own.
+    assert!(Sql::keep(2_500).contains("set_config('tcp_keepalives_idle', '5', false)"));
+    // Holding nothing again: back to the connection's setting.
+    let default = format!("set_config('tcp_keepalives_idle', '{KEEPALIVE_IDLE_S}', false)");
+    assert!(Sql::session_setup().contains(&default));
+    assert!(NO_HOLD_TIMEOUTS.contains(&default));
+    assert!(sql.unlock_permit(7, 0, true).contains(&default));
+}

@@ -79,12 +79,12 @@ impl Sql {
     /// for the owner's waiters in other clients, which re-enter. One row: the token (NULL:
     /// busy), the idle timeout, the notification.
     pub(crate) fn try_owned(&self, id: i32, owner: &dlock_core::Owner, idle_ms: u64) -> String {
+        let timeouts = crate::sql::hold_timeouts(idle_ms);
         format!(
             "WITH t AS (SELECT CASE WHEN pg_try_advisory_lock({ns}, {id}) \
                THEN nextval('{fence}') END AS token OFFSET 0), \
              w AS ({row} FROM t WHERE t.token IS NOT NULL{conflict}) \
-             SELECT t.token, CASE WHEN t.token IS NOT NULL THEN \
-               set_config('idle_session_timeout', '{idle_ms}', false) END, \
+             SELECT t.token, CASE WHEN t.token IS NOT NULL THEN {timeouts} END, \
                CASE WHEN t.token IS NOT NULL THEN pg_notify('{channel}', '{id}') END \
              FROM t",
             ns = self.namespace,

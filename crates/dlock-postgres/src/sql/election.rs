@@ -38,13 +38,13 @@ impl Sql {
     /// the idle timeout, the notification.
     pub(super) fn try_campaign(&self, id: i32, value: &str, idle_ms: u64) -> String {
         let ns = self.namespace;
+        let timeouts = super::hold_timeouts(idle_ms);
         format!(
             "WITH t AS (SELECT CASE WHEN pg_try_advisory_lock({ns}, {id}) \
                THEN nextval('{fence}') END AS token OFFSET 0), \
              w AS ({upsert}) \
              SELECT t.token, \
-               CASE WHEN t.token IS NOT NULL THEN \
-                 set_config('idle_session_timeout', '{idle_ms}', false) END, \
+               CASE WHEN t.token IS NOT NULL THEN {timeouts} END, \
                CASE WHEN t.token IS NOT NULL THEN pg_notify('{channel}', '{id}') END \
              FROM t",
             fence = self.fence_seq,
