@@ -8,8 +8,10 @@
 //! server at all, although nothing got through.
 //!
 //! A delayed proxy ([`Proxy::delay`]) holds every chunk it reads, in each direction, for a
-//! base delay plus a random jitter before it writes it on, in order: what `tc netem delay
-//! … jitter …` does to a link, where the kernel has no netem.
+//! base delay plus a random jitter before it writes it on, in order: application-level
+//! latency, standing in for `tc netem delay … jitter …` where the kernel has no netem.
+//! Only the bytes are late: both TCP connections stay fast (acknowledgements,
+//! retransmissions and keepalives see loopback).
 
 use std::io;
 use std::net::SocketAddr;
@@ -196,7 +198,10 @@ async fn write_when_due<W: AsyncWrite + Unpin>(
     to: &mut W,
 ) {
     while let Some((due, chunk)) = from.recv().await {
-        tokio::time::sleep_until(due).await;
+        // The timer rounds up to the next millisecond: an undelayed chunk skips it.
+        if due > Instant::now() {
+            tokio::time::sleep_until(due).await;
+        }
         if chunk.is_empty() || to.write_all(&chunk).await.is_err() {
             return;
         }

@@ -33,9 +33,10 @@ pub(crate) enum FaultKind {
     Slow,
     /// Drop a share of one member's packets for longer than a lease (`scripts/netns loss`).
     Loss,
-    /// Deliver every byte between the workers and one server late, by a base delay plus a
-    /// random jitter each way (in order), for longer than a lease: the workers' proxies do
-    /// what `tc netem delay … jitter …` would, on any topology with proxies.
+    /// Deliver every byte between half of the worker processes and one server late, by a
+    /// base delay plus a random jitter each way (in order), for longer than a lease: the
+    /// workers' proxies add application-level latency where `tc netem delay … jitter …`
+    /// is missing, on any topology with proxies.
     Delay,
     /// Jump one Redis node's wall clock forward by more than the ttl for longer than a
     /// lease, then back (`scripts/netns clock`).

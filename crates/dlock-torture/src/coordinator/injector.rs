@@ -40,6 +40,18 @@ impl Injector<'_> {
         ms(t.saturating_sub(self.t0)) / 1000.0
     }
 
+    /// A random server (the index of each slot's proxy to it) and a random half of the
+    /// worker slots, rounded up, in order.
+    fn server_and_half_the_slots(&mut self) -> (usize, Vec<usize>) {
+        let servers = self.fleet.slots.first().map_or(0, |s| s.proxies.len());
+        let server = self.rng.random_range(0..servers.max(1));
+        let mut slots: Vec<usize> = (0..self.fleet.slots.len()).collect();
+        slots.shuffle(&mut self.rng);
+        slots.truncate(self.fleet.slots.len().div_ceil(2));
+        slots.sort_unstable();
+        (server, slots)
+    }
+
     /// The unit name of the server behind each slot's `index`th proxy, or its index.
     fn server_name(&self, index: usize) -> String {
         self.units
@@ -243,11 +255,12 @@ impl Injector<'_> {
                 fault.units = vec![member];
             }
             FaultKind::Delay => {
-                let servers = self.fleet.slots.first().map_or(0, |s| s.proxies.len());
-                let server = self.rng.random_range(0..servers.max(1));
+                // Half of the workers: a late holder's stale belief shows against a prompt
+                // taker, whose start is not recorded late too.
+                let (server, slots) = self.server_and_half_the_slots();
                 let late = |fleet: &Fleet, delay: Delay| {
-                    for slot in &fleet.slots {
-                        slot.proxies[server].delay(delay);
+                    for &slot in &slots {
+                        fleet.slots[slot].proxies[server].delay(delay);
                     }
                 };
                 fault.start = now_ns();
@@ -255,20 +268,17 @@ impl Injector<'_> {
                 tokio::time::sleep(self.timings.fault_hold).await;
                 late(self.fleet, Delay::default());
                 fault.end = now_ns();
+                let who = slots.iter().map(ToString::to_string).collect::<Vec<_>>();
                 fault.units = vec![format!(
-                    "server {} late by {:?} + up to {:?} each way",
+                    "server {} late by {:?} + up to {:?} each way for worker slots {}",
                     self.server_name(server),
                     self.timings.late.base,
-                    self.timings.late.jitter
+                    self.timings.late.jitter,
+                    who.join(",")
                 )];
             }
             FaultKind::Split => {
-                let servers = self.fleet.slots.first().map_or(0, |s| s.proxies.len());
-                let server = self.rng.random_range(0..servers.max(1));
-                let mut slots: Vec<usize> = (0..self.fleet.slots.len()).collect();
-                slots.shuffle(&mut self.rng);
-                slots.truncate(self.fleet.slots.len().div_ceil(2));
-                slots.sort_unstable();
+                let (server, slots) = self.server_and_half_the_slots();
                 let cut = |fleet: &Fleet, heal: bool| {
                     for &slot in &slots {
                         let proxy = &fleet.slots[slot].proxies[server];
