@@ -16,8 +16,10 @@ use tokio::time::{Instant, sleep};
 
 /// Large against the server's and this machine's own latency, so rounding is exact.
 const RTT: Duration = Duration::from_millis(200);
-/// Permits cost more writes per operation, whose latency adds up on a busy machine.
-const PERMIT_RTT: Duration = Duration::from_millis(400);
+/// Permits cost more writes per operation, whose latency adds up on a busy machine (CI saw
+/// 0.42 s of server time in one permit acquire, beside the other test binaries): a round
+/// trip long enough that the count, rounded down, stays exact.
+const PERMIT_RTT: Duration = Duration::from_secs(1);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trips_per_operation() {
@@ -98,7 +100,12 @@ async fn round_trips_per_operation() {
 async fn permit_round_trips() {
     let harness = ZookeeperHarness::from_env();
     let proxy = delaying_proxy(harness.server_addrs()[0], PERMIT_RTT / 2).await;
+    // A session's handshake must fit in its connection timeout (2/5 of the session
+    // timeout): the harness's 2 s allows 0.8 s, less than this round trip.
+    let short = format!("session_timeout={}ms", common::SESSION_TIMEOUT.as_millis());
     let url = harness.url_with_addrs(&[proxy]);
+    assert!(url.contains(&short), "{url}");
+    let url = url.replace(&short, "session_timeout=10s");
     let mut clients = Vec::new();
     for _ in 0..3 {
         clients.push(
