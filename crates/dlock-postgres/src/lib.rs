@@ -505,74 +505,7 @@
 //!
 //! Tokens are global (one sequence for every key), so they increase across all keys, and
 //! strictly per key.
-//!
-//! # URL
-//!
-//! `postgres://user[:password]@host[:port]/database[?option=value&…]`, or
-//! `postgresql://` (the same). User name, password and database are percent-decoded.
-//! Options (sqlx's spellings for the connection ones):
-//!
-//! | option | default | meaning |
-//! |---|---|---|
-//! | `table` | `dlock_keys` | key table (`{table}_id` and `{table}_fence` are its sequences); lower-case letters, digits, `_`, at most 57 characters; found through the role's `search_path` |
-//! | `namespace` | `1684828003` (`0x646c6f63`) | first number of every advisory lock (permit slots use the 10,000 numbers from it); two key tables in one database need namespaces at least 10,000 apart |
-//! | `connect_timeout` | `5s` | bound on opening a connection (`500ms`, `5s`, `2m`; a bare number is refused) |
-//! | `response_timeout` | `5s` | bound on every statement that does not wait for a lock |
-//! | `max_connections` | `100` | lock connections: holder connections (each carries many keys) and one per waiting acquire; when all are in use an acquire waits for one until its deadline, at most `connect_timeout`, then fails `Unavailable` naming `max_connections`. A client that has waited for a permit has one more, its listener |
-//! | `application_name` | the holder description `NAME@HOST:PID` | what `pg_stat_activity` shows, and `inspect` as `who`; one given here is kept, for every connection of the client |
-//! | `sslmode` (`ssl-mode`) | `verify-full` if a certificate file is given, else `prefer` | `disable`, `allow`, `prefer`, `require`, `verify-ca`, `verify-full` |
-//! | `sslrootcert` (`ssl-root-cert`) | none | PEM file of the CA(s) the server's certificate must chain to |
-//! | `sslcert`, `sslkey` (`ssl-cert`, `ssl-key`) | none | PEM client certificate and its key, together |
-//!
-//! An unknown option, a bad value, TLS options that would be silently ignored (a root
-//! certificate with a mode that does not check it, files with `disable`/`allow`/`prefer`,
-//! `verify-ca` without a root certificate, a certificate without its key), a table name
-//! that is not a plain identifier, or a missing host, user or database is
-//! [`InvalidConfig`](dlock_core::LockError::InvalidConfig) before any network I/O. No
-//! error, log or `Debug` output shows the password; a password sent to a remote host
-//! without a verified server is warned about once (host and mode only), as in
-//! `dlock-mysql`.
-//!
-//! # What stays on the server
-//!
-//! The key table keeps one row per key ever locked, by design: a row deleted while some
-//! client still has its id cached (or is about to lock it) would let the key get a second
-//! id, and two holders. Delete rows only of keys retired for good, with every client
-//! stopped. The sequences never go back. Advisory locks live only as long as the sessions
-//! holding them. A permit waiter leaves nothing at all: it waits in the client. The
-//! election table keeps at most one row per key that had a leader: a release deletes its
-//! row; a leader whose session ended leaves it, ignored, until the key's next leader
-//! replaces it. The owner table keeps one row per live reentrant hold: the end of the hold
-//! deletes it; a hold whose session ended leaves it, ignored, until the key's next owner
-//! hold replaces it or the next client's connect deletes it.
-//!
-//! The role needs `CREATE` on the schema the first time (or create the tables and
-//! sequences beforehand), then `SELECT`, `INSERT` on the key table, `USAGE` on the
-//! sequences, and for elections (reentrant holds) `SELECT`, `INSERT`, `UPDATE`, `DELETE`
-//! on the election (owner) table. Cancelling or terminating one's own sessions needs no privilege.
-//!
-//! # Failure modes
-//!
-//! - **Holder crash**: the kernel closes the connection, the server ends the session, the
-//!   key is free at once.
-//! - **Holder partitioned**: its pings fail, so `lost()` fires before the ttl ends; the
-//!   server ends the silent session ttl after its last statement (`idle_session_timeout`;
-//!   its keepalive probes start no sooner), then the key is free.
-//! - **Client gone while waiting** (process killed mid-wait): the server checks every
-//!   second that the client is still there (`client_connection_check_interval`) and ends
-//!   the session, taking it out of the queue; a partitioned waiter is found dead by the
-//!   TCP keepalives within about 8 s.
-//! - **Server restart**: every session ends and every lock is freed; holders' next ping
-//!   fails and `lost()` fires. Tokens continue from the sequence, above every value handed
-//!   out. Idle pooled connections found dead are replaced on first use.
-//! - **Server unreachable or silent**: connecting fails with
-//!   [`Unavailable`](dlock_core::LockError::Unavailable) within `connect_timeout`; every
-//!   statement that does not wait is bounded by `response_timeout`, and a waiting one by
-//!   its lock timeout (the time left, at most 60 s) + `response_timeout`.
-//! - **Connection poolers**: PgBouncer in transaction or statement mode hands a session to
-//!   other clients between transactions, which breaks session-level locks; connect
-//!   directly or use session mode.
-
+#![doc = include_str!("operating.md")]
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 mod acquire;
