@@ -290,7 +290,7 @@ async fn reentry_round_trips() {
     const RTT: Duration = Duration::from_millis(200);
     let harness = ZookeeperHarness::from_env();
     let proxy = delaying_proxy(harness.server_addrs()[0], RTT / 2).await;
-    let url = harness.url_with_addrs(&[proxy]);
+    let url = harness.url_with_addrs(&[proxy.addr()]);
     let a = harness
         .connect(&url)
         .await

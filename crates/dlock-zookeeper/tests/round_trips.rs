@@ -25,7 +25,7 @@ const PERMIT_RTT: Duration = Duration::from_secs(1);
 async fn round_trips_per_operation() {
     let harness = ZookeeperHarness::from_env();
     let proxy = delaying_proxy(harness.server_addrs()[0], RTT / 2).await;
-    let url = harness.url_with_addrs(&[proxy]);
+    let url = harness.url_with_addrs(&[proxy.addr()]);
     let a = harness.connect(&url).await.unwrap_or_else(|e| {
         panic!(
             "cannot use the zookeeper server: {e}\n  start it with: scripts/backends up zookeeper"
@@ -103,7 +103,7 @@ async fn permit_round_trips() {
     // A session's handshake must fit in its connection timeout (2/5 of the session
     // timeout): the harness's 2 s allows 0.8 s, less than this round trip.
     let short = format!("session_timeout={}ms", common::SESSION_TIMEOUT.as_millis());
-    let url = harness.url_with_addrs(&[proxy]);
+    let url = harness.url_with_addrs(&[proxy.addr()]);
     assert!(url.contains(&short), "{url}");
     let url = url.replace(&short, "session_timeout=10s");
     let mut clients = Vec::new();
@@ -187,7 +187,7 @@ async fn permit_round_trips() {
 async fn inspect_round_trips() {
     let harness = ZookeeperHarness::from_env();
     let proxy = delaying_proxy(harness.server_addrs()[0], RTT / 2).await;
-    let url = harness.url_with_addrs(&[proxy]);
+    let url = harness.url_with_addrs(&[proxy.addr()]);
     let d = harness
         .connect(&url)
         .await
@@ -320,7 +320,7 @@ async fn loopback_latency() {
 async fn election_round_trips() {
     let harness = ZookeeperHarness::from_env();
     let proxy = delaying_proxy(harness.server_addrs()[0], RTT / 2).await;
-    let url = harness.url_with_addrs(&[proxy]);
+    let url = harness.url_with_addrs(&[proxy.addr()]);
     let a = harness
         .connect(&url)
         .await

@@ -4,10 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio::time::{Instant, sleep_until};
+use dlock_conformance::{Delay, Proxy};
+use tokio::time::Instant;
 
 /// `op`'s output and how long it took.
 pub async fn timed<T>(op: impl Future<Output = T>) -> (T, Duration) {
@@ -47,52 +45,13 @@ impl RoundTrips {
     }
 }
 
-/// A proxy to `upstream` that delays every byte by `delay` in each direction, keeping order.
-pub async fn delaying_proxy(upstream: SocketAddr, delay: Duration) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let Ok(server) = TcpStream::connect(upstream).await else {
-                    return;
-                };
-                let (client_rx, client_tx) = client.into_split();
-                let (server_rx, server_tx) = server.into_split();
-                tokio::select! {
-                    () = delayed(client_rx, server_tx, delay) => {}
-                    () = delayed(server_rx, client_tx, delay) => {}
-                }
-            });
-        }
+/// A proxy to `upstream` that delays every byte by `delay` in each direction, keeping
+/// order (the conformance proxy's delay, without jitter). Forwarding stops when it drops.
+pub async fn delaying_proxy(upstream: SocketAddr, delay: Duration) -> Proxy {
+    let proxy = Proxy::start(upstream).await.expect("start the proxy");
+    proxy.delay(Delay {
+        base: delay,
+        jitter: Duration::ZERO,
     });
-    addr
-}
-
-async fn delayed(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    delay: Duration,
-) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
-    let writer = async move {
-        while let Some((at, bytes)) = rx.recv().await {
-            sleep_until(at).await;
-            if to.write_all(&bytes).await.is_err() {
-                return;
-            }
-        }
-    };
-    let reader = async move {
-        let mut buf = [0u8; 16 * 1024];
-        while let Ok(n @ 1..) = from.read(&mut buf).await {
-            if tx
-                .send((Instant::now() + delay, buf[..n].to_vec()))
-                .is_err()
-            {
-                return;
-            }
-        }
-    };
-    tokio::join!(writer, reader);
+    proxy
 }
