@@ -335,8 +335,12 @@ impl ZookeeperBackend {
                 })
                 .await
                 {
-                    // Gone already: look again at once.
-                    Err(zk::Error::NoNode) => continue,
+                    // Gone already: look again at once. The key was busy when we listed
+                    // it, so a grant from here on is still a hand-off.
+                    Err(zk::Error::NoNode) => {
+                        me.note_wait();
+                        continue;
+                    }
                     watched => (watched?.2, None),
                 },
             };

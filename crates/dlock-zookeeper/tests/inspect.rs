@@ -7,6 +7,7 @@ mod common;
 use std::time::{Duration, SystemTime};
 
 use common::ZookeeperHarness;
+use common::proxy::delaying_proxy;
 use dlock_conformance::Harness;
 use dlock_conformance::figures::Figures;
 use dlock_core::telemetry::HANDOFFS_TOTAL;
@@ -169,6 +170,44 @@ async fn other_clients_nodes_show_what_they_carry() {
     }
     let free = inspect_until(&*lock, &key, |s| !s.is_held()).await;
     assert!(!free.is_held() && waiters(&free) == 0, "{free:?}");
+}
+
+/// A waiter whose holder lets go before the waiter's watch is set (the waiter's node is
+/// queued behind the holder, but its next request finds the holder gone) is still granted
+/// after a wait: a hand-off. The waiter's link is slow, so the release always lands between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_gone_before_the_watch_still_counts_a_hand_off() {
+    let figures = Figures::installed();
+    let harness = ZookeeperHarness::from_env();
+    let a = harness.must_client().await;
+    let proxy = delaying_proxy(harness.server_addrs()[0], Duration::from_millis(300)).await;
+    let url = harness.url_with_addrs(&[proxy.addr()]);
+    let b = harness
+        .connect(&url)
+        .await
+        .expect("a client through the proxy");
+    let key = format!("{}handoff", prefix());
+    let first = a.acquire(&key, &LockOptions::new()).await.expect("free");
+    let waiter = {
+        let key = key.clone();
+        tokio::spawn(async move { b.acquire(&key, &waiting(LockOptions::new())).await })
+    };
+    // The waiter's node is on the server; its listing is still 300 ms away from it.
+    let queued = inspect_until(&*a, &key, |s| waiters(s) == 1).await;
+    assert_eq!(waiters(&queued), 1, "{queued:?}");
+    first.release().await.expect("release");
+    let second = waiter.await.expect("the waiter's task").expect("granted");
+    let labels = [
+        ("backend", "zookeeper"),
+        ("key", key.as_str()),
+        ("primitive", "exclusive"),
+    ];
+    assert_eq!(
+        figures.sum(HANDOFFS_TOTAL, &labels, false),
+        1.0,
+        "the grant after the release is a hand-off"
+    );
+    second.release().await.expect("release");
 }
 
 /// A semaphore: the lease nodes hold, except the one the acquirer holding the `locks` mutex
