@@ -119,10 +119,22 @@ impl MemoryServer {
     /// Delete `key` as an operator would: the holder loses it (and is told at once), and
     /// the next waiter gets it.
     pub fn break_lease(&self, key: &str) {
+        self.free(key, true);
+    }
+
+    /// Delete `key` without telling its holders, as a faulty backend that frees a key
+    /// behind its holders' backs would: each finds out at its next renewal. The next
+    /// waiter gets the key. For tests of the conformance suite.
+    pub fn forget(&self, key: &str) {
+        self.free(key, false);
+    }
+
+    fn free(&self, key: &str, tell: bool) {
         let mut state = self.lock();
         if let Some(slot) = state.keys.get_mut(key) {
             for holder in slot.holders.drain(..) {
-                for lost in holder.lost {
+                // A lost signal dropped unsent is never heard (see `MemoryBackend::held`).
+                for lost in holder.lost.into_iter().filter(|_| tell) {
                     let _ = lost.send(LostReason::NotHeld);
                 }
             }
