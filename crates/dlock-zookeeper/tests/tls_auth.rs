@@ -268,13 +268,19 @@ async fn tls_refusals_are_typed_and_prompt() {
 /// the credentials with the connect request instead (the client library's
 /// `Connector::with_auth`) failed 1 to 2 % of them against this server ("insufficient
 /// buf": see `open_session`), so 300 sessions catch that with a probability of about 99 %.
+/// That failure is a refusal, not a timeout: the bounds here are generous, since twenty TLS
+/// handshakes at once beside the other test binaries can take seconds on two cores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bursts_of_sessions_all_connect() {
     let started = Instant::now();
     let mut failures = Vec::new();
+    let patient = good_url().replace("connect_timeout=3s", "connect_timeout=20s");
     for _ in 0..15 {
         let batch: Vec<_> = (0..20)
-            .map(|_| tokio::spawn(async { dlock_zookeeper::from_url(&good_url()).await }))
+            .map(|_| {
+                let url = patient.clone();
+                tokio::spawn(async move { dlock_zookeeper::from_url(&url).await })
+            })
             .collect();
         for session in batch {
             if let Err(e) = session.await.expect("a task") {
@@ -288,7 +294,7 @@ async fn bursts_of_sessions_all_connect() {
         failures.len()
     );
     assert!(
-        started.elapsed() < Duration::from_secs(30),
+        started.elapsed() < Duration::from_secs(120),
         "{:?}",
         started.elapsed()
     );
