@@ -52,8 +52,11 @@
 //!    last refresh, and so does the queue after the last write to it). `try_acquire`
 //!    never joins, and takes a free key only when nobody waits. When nobody waits (the
 //!    queue key exists only while someone does), the script reads no queue: one `EXISTS`,
-//!    the `SET`, the server's `TIME` and the fence counter's read and write; the reply is
-//!    the bare token.
+//!    the `SET`, the server's `TIME` and one `SET … GET` of the fence counter (which writes
+//!    the candidate token and answers the last one; a second `SET` only when the clock is
+//!    not ahead of the counter); the reply is the bare token. That path runs first in the
+//!    script, before the helpers the other paths need are defined, and the release of a
+//!    writer's own token with nobody waiting does the same (`GET`, `DEL`, `EXISTS`).
 //! 2. **Wait** (only when the deadline allows): subscribe to the key's call channel and
 //!    wait for the server's confirmation, *then* try again, so a call between the failed
 //!    try and the subscription is seen by the re-try. Then sleep until the server calls

@@ -92,12 +92,27 @@ pub(crate) use shared::ACQUIRE_SHARED;
 /// clocks do not step back.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 const ACQUIRE_LUA: &str = concat!(
-    base_lua!(),
-    queue_lua!(),
-    hold_lua!(),
+    clock_lua!(),
+    fence_lua!(),
+    // The uncontended acquire, before the other helpers are defined (each definition costs
+    // every call): nobody waits, and the key is free.
     r"
 local token = ARGV[1]
 local me = ARGV[10]
+local queued
+if not me then
+  queued = redis.call('EXISTS', KEYS[3]) == 1
+  if not queued and redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
+    local fence = grant_fence(now_us())
+    if ARGV[9] == '1' then redis.call('PUBLISH', ARGV[7], '!leader') end
+    return fence
+  end
+end
+",
+    modes_lua!(),
+    waiters_lua!(),
+    hold_lua!(),
+    r"
 if me then
   local entered = reenter(KEYS[1], KEYS[5], me, token, ARGV[2])
   if entered then
@@ -105,11 +120,14 @@ if me then
     redis.call('ZREM', KEYS[4], token)
     return entered
   end
+  queued = redis.call('EXISTS', KEYS[3]) == 1
 end
 local now = now_us()
 local before, first
-if redis.call('EXISTS', KEYS[3]) == 1 then before, first = prune(now) end
-if (not first or first == token) and redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
+if queued then before, first = prune(now) end
+-- Without an owner and a queue, the fast path found the key busy.
+if (me or queued) and (not first or first == token)
+  and redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
   if first then
     redis.call('ZREM', KEYS[3], token)
     redis.call('ZREM', KEYS[4], token)
@@ -181,16 +199,29 @@ return 0
 /// called. Returns 1 when the entry was dropped, 0 when it is not in the current hold.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 const RELEASE_LUA: &str = concat!(
-    base_lua!(),
-    queue_lua!(),
-    hold_lua!(),
+    // A writer's release of its own token with nobody waiting, before the helpers are
+    // defined; anything else (an owner's entry, a member, a proclaimed value, a queue) goes
+    // on below.
     r"
 local token = ARGV[1]
 local released = 0
 local expired = 0
 local answer
 local now
-if ARGV[5] then
+if not ARGV[5] and redis.pcall('GET', KEYS[1]) == token then
+  redis.call('DEL', KEYS[1])
+  released, answer = 1, 1
+  if ARGV[4] == '1' then redis.call('PUBLISH', ARGV[2], '!leader') end
+  if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
+end
+",
+    base_lua!(),
+    queue_lua!(),
+    hold_lua!(),
+    r"
+if answer then
+  -- Released above; the queue is not empty.
+elseif ARGV[5] then
   answer = drop_entry(KEYS[1], KEYS[5], ARGV[5], token)
   if answer == 2 then released, answer = 1, 1 end
 elseif is_member(token) then
@@ -204,9 +235,11 @@ elseif ours(redis.pcall('GET', KEYS[1]), token) then
   redis.call('DEL', KEYS[1])
   released = 1
 end
-answer = answer or released
-if released == 1 and ARGV[4] == '1' then redis.call('PUBLISH', ARGV[2], '!leader') end
-if redis.call('EXISTS', KEYS[3]) == 0 then return answer end
+if not answer then
+  answer = released
+  if released == 1 and ARGV[4] == '1' then redis.call('PUBLISH', ARGV[2], '!leader') end
+  if redis.call('EXISTS', KEYS[3]) == 0 then return answer end
+end
 now = now or now_us()
 local before, first = prune(now)
 local moved = released == 1 or first == token or first ~= before

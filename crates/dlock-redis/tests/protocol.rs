@@ -84,6 +84,34 @@ async fn tokens_keep_increasing_when_the_counter_is_lost() {
     }
 }
 
+/// A counter ahead of the server clock (a clock stepped back, tokens handed out faster
+/// than one per µs) is not overwritten by the clock: the next token is the counter's + 1,
+/// and the counter keeps its hour past the ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_ahead_of_the_clock_still_rises_by_one() {
+    let harness = RedisHarness::from_env();
+    let lock = harness.lock().await;
+    let mut admin = harness.admin().await.expect("admin connection");
+    let key = unique_key("fence-ahead");
+    let names = Names::new(&harness.config().prefix, &key);
+    // Far ahead of any server clock (µs of the year 2096), and exact in a Lua number.
+    let ahead: u64 = 4_000_000_000_000_000;
+    let _: () = admin.set(&names.fence, ahead).await.expect("SET fence");
+    for expected in [ahead + 1, ahead + 2] {
+        let lease = lock
+            .acquire(&key, &LockOptions::new())
+            .await
+            .expect("acquire");
+        assert_eq!(lease.fencing_token(), expected);
+        let counter: u64 = admin.get(&names.fence).await.expect("GET fence");
+        assert_eq!(counter, expected, "the counter holds the token handed out");
+        let pttl: i64 = admin.pttl(&names.fence).await.expect("PTTL fence");
+        assert!(pttl > 3_600_000, "the counter outlives the ttl: {pttl}");
+        lease.release().await.expect("release");
+    }
+    let _: () = admin.del(&names.fence).await.expect("DEL fence");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_prefix_shares_the_key_with_another_librarys_lock() {
     let harness = RedisHarness::from_env();

@@ -23,11 +23,31 @@
 #[macro_export]
 macro_rules! base_lua {
     () => {
+        concat!($crate::clock_lua!(), $crate::modes_lua!())
+    };
+}
+
+/// The server clock, in µs: `now_us()`. First in every script (a script's fast path, before
+/// the other helpers are defined, may need it).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! clock_lua {
+    () => {
         r"
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+"
+    };
+}
+
+/// `base_lua!` without the clock: the mode and owner helpers.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! modes_lua {
+    () => {
+        r"
 local function is_reader(token)
   return string.byte(token, 1) == 114
 end
@@ -88,6 +108,15 @@ end
 #[doc(hidden)]
 #[macro_export]
 macro_rules! queue_lua {
+    () => {
+        concat!($crate::waiters_lua!(), $crate::fence_lua!())
+    };
+}
+
+/// `queue_lua!` without `grant_fence` (see `fence_lua!`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! waiters_lua {
     () => {
         r"
 local function head()
@@ -163,16 +192,31 @@ end
 local function call_next(before, after, caller, channel, now)
   if after and after ~= before and after ~= caller then call_turns(now, caller, channel) end
 end
+"
+    };
+}
+
+/// `grant_fence(now)`: the next fencing token of the lock (`KEYS[2]` the counter; `ARGV[3]`
+/// its lifetime ms, `ARGV[6]` the floor, `0` for none), written to the counter and
+/// returned. The candidate (`now`, or with a floor `max(floor, now - 1 s)`) is written with
+/// `SET … GET`, which answers the last token in the same call; only when the candidate is
+/// not above it (a clock behind the counter, two grants in one µs) is `last + 1` written
+/// over it. One call per grant while the clock moves on.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! fence_lua {
+    () => {
+        r"
 local function grant_fence(now)
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
   local floor = tonumber(ARGV[6])
-  local fence
-  if floor > 0 then
-    fence = math.max(last + 1, floor, now - 1000000)
-  else
-    fence = math.max(last + 1, now)
+  local fence = now
+  if floor > 0 then fence = math.max(floor, now - 1000000) end
+  local last = redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3], 'GET')
+  last = tonumber(last or '0') or 0
+  if last >= fence then
+    fence = last + 1
+    redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
   end
-  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
   return fence
 end
 "
