@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::raw::backend::{Grant, Held};
 use crate::raw::gate::{GatePermit, HoldLost};
+use crate::raw::pending::{Entry, PendingWatchdogs};
 use crate::raw::watchdog;
 use crate::telemetry::Labels;
 use crate::{ErrorKind, Expiry, LockError, LockOptions, Mode, Result};
@@ -72,6 +73,19 @@ pub(crate) struct LeaseState {
     hold_lost: Option<(HoldLost, u64)>,
     /// A release was sent for this lease (an owner's, whose release is not repeated).
     release_sent: std::sync::atomic::AtomicBool,
+    watchdog: std::sync::Mutex<Watchdog>,
+}
+
+/// A lease's watchdog task: waiting to start (see [`PendingWatchdogs`]), running, or
+/// stopped for good (released, or never to run).
+enum Watchdog {
+    Pending {
+        renews: bool,
+        queue: Arc<PendingWatchdogs>,
+        entry: Entry,
+    },
+    Running(AbortHandle),
+    Stopped,
 }
 
 /// The current ttl and the last instant the server may still consider the lease alive.
@@ -82,6 +96,35 @@ pub(crate) struct Timing {
 }
 
 impl LeaseState {
+    fn watchdog(&self) -> std::sync::MutexGuard<'_, Watchdog> {
+        // Nothing panics while holding it; a poisoned lock still holds a valid state.
+        self.watchdog.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Start the watchdog now if it waits to start.
+    pub(crate) fn start_watchdog(self: &Arc<Self>) {
+        let mut slot = self.watchdog();
+        if let Watchdog::Pending {
+            renews,
+            queue,
+            entry,
+        } = &*slot
+        {
+            queue.cancel(*entry);
+            let task = tokio::spawn(watchdog::run(self.clone(), *renews, None));
+            *slot = Watchdog::Running(task.abort_handle());
+        }
+    }
+
+    /// Stop the watchdog for good, or keep it from starting.
+    fn stop_watchdog(&self) {
+        match std::mem::replace(&mut *self.watchdog(), Watchdog::Stopped) {
+            Watchdog::Pending { queue, entry, .. } => queue.cancel(entry),
+            Watchdog::Running(task) => task.abort(),
+            Watchdog::Stopped => {}
+        }
+    }
+
     pub(crate) fn timing(&self) -> Timing {
         *self.timing.borrow()
     }
@@ -237,12 +280,14 @@ pub struct Lease {
     pub(crate) state: Arc<LeaseState>,
     token: u64,
     mode: Mode,
-    watchdog: AbortHandle,
     // Dropped last: local waiters go when the release is done.
     permit: Option<GatePermit>,
 }
 
 impl Lease {
+    /// A lease of `grant`. Its watchdog waits in `pending` (when given) until a fifth of the
+    /// ttl if it has no loss signal to listen to; otherwise it starts now.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         backend: &'static str,
         key: &str,
@@ -251,6 +296,7 @@ impl Lease {
         expiry: Expiry,
         permit: GatePermit,
         primitive: &'static str,
+        pending: Option<&Arc<PendingWatchdogs>>,
     ) -> Self {
         let labels = Labels::new(backend, primitive, key);
         // Granted after waiting for a holder to let go, on the server or in this client.
@@ -293,14 +339,25 @@ impl Lease {
             granted_at: Instant::now(),
             hold_lost,
             release_sent: std::sync::atomic::AtomicBool::new(false),
+            watchdog: std::sync::Mutex::new(Watchdog::Stopped),
         });
         let renews = opts.auto_renew && !grant.kept_alive;
-        let watchdog = tokio::spawn(watchdog::run(state.clone(), renews, lost));
+        let start_at = grant.sent_at + opts.ttl / 5;
+        let watchdog = match (pending, lost) {
+            (Some(queue), None) if start_at > Instant::now() => Watchdog::Pending {
+                renews,
+                queue: queue.clone(),
+                entry: queue.defer(&state, start_at),
+            },
+            (_, lost) => Watchdog::Running(
+                tokio::spawn(watchdog::run(state.clone(), renews, lost)).abort_handle(),
+            ),
+        };
+        *state.watchdog() = watchdog;
         Self {
             state,
             token: grant.fencing_token,
             mode: opts.mode,
-            watchdog: watchdog.abort_handle(),
             permit: Some(permit),
         }
     }
@@ -373,6 +430,8 @@ impl Lease {
     /// is treated as ending at the earlier of its old deadline and `ttl` from the call.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         crate::options::check_ttl(self.state.backend, ttl)?;
+        // The new ttl may be shorter than the one a pending watchdog's start was set for.
+        self.state.start_watchdog();
         let mut slot = self.state.held.lock().await;
         if let Some(reason) = self.state.lost_reason() {
             return Err(self.state.not_held(reason));
@@ -424,7 +483,7 @@ impl Lease {
         // safe instant), since cutting a request off midway can leave a backend unable to
         // trust its connection, and so unable to release.
         let mut slot = self.state.held.lock().await;
-        self.watchdog.abort();
+        self.state.stop_watchdog();
         let Some(held) = slot.as_mut() else {
             return Err(self.state.not_held(LostReason::NotHeld));
         };
@@ -460,16 +519,15 @@ impl Drop for Lease {
     fn drop(&mut self) {
         let permit = self.permit.take();
         if self.state.held.try_lock().is_ok_and(|slot| slot.is_none()) {
-            self.watchdog.abort();
+            self.state.stop_watchdog();
             return; // released
         }
         let state = self.state.clone();
-        let watchdog = self.watchdog.clone();
         // Waits for a renewal in flight to finish (see `release`), then stops the watchdog,
         // instead of skipping the release; local waiters go when the release is done.
         let spawned = crate::spawn_cleanup(async move {
             let mut slot = state.held.lock().await;
-            watchdog.abort();
+            state.stop_watchdog();
             let taken = slot.take();
             drop(slot);
             let sent = state.hold_lost.is_some()
@@ -488,7 +546,7 @@ impl Drop for Lease {
             drop(permit);
         });
         if !spawned {
-            self.watchdog.abort();
+            self.state.stop_watchdog();
             tracing::warn!(backend = self.state.backend, key = %self.state.key, "lease dropped outside a tokio runtime: the key frees when its ttl (or session) runs out");
         }
     }

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use crate::raw::backend::{Backend, Grant};
 use crate::raw::gate::{Gate, GatePermit, OwnerTurn};
+use crate::raw::pending::PendingWatchdogs;
 use crate::raw::{key, watchdog};
 use crate::telemetry::Labels;
 use futures::stream::BoxStream;
@@ -37,6 +38,7 @@ use crate::{
 pub struct LockClient<B: Backend> {
     backend: Arc<B>,
     gate: Arc<Gate>,
+    pending: Arc<PendingWatchdogs>,
 }
 
 impl<B: Backend> LockClient<B> {
@@ -45,6 +47,7 @@ impl<B: Backend> LockClient<B> {
         Self {
             backend: Arc::new(backend),
             gate: Arc::default(),
+            pending: Arc::default(),
         }
     }
 
@@ -197,6 +200,7 @@ impl<B: Backend> LockClient<B> {
                 caps.expiry,
                 permit,
                 primitive(opts, value),
+                Some(&self.pending),
             )));
         }
     }
@@ -348,6 +352,7 @@ impl<B: Backend> Clone for LockClient<B> {
         Self {
             backend: self.backend.clone(),
             gate: self.gate.clone(),
+            pending: self.pending.clone(),
         }
     }
 }

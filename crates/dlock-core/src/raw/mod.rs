@@ -19,6 +19,7 @@ pub(crate) mod deadline;
 mod duration;
 pub(crate) mod gate;
 pub mod key;
+pub(crate) mod pending;
 pub mod url;
 pub(crate) mod watchdog;
 

@@ -1,4 +1,5 @@
-//! The renewal loop: one task per lease.
+//! The renewal loop: one task per lease, started with the lease or, when it has no loss
+//! signal to listen to, at a fifth of its ttl (see [`pending`](super::pending)).
 //!
 //! It renews every `ttl / 3` (less a random twelfth of the ttl at most, drawn anew each
 //! time, rounded down to a grid that leases renewing together share), measuring from when
@@ -217,7 +218,8 @@ mod tests {
         let expiry = crate::Expiry::Session {
             timeout: Duration::from_secs(1),
         };
-        let lease = crate::Lease::start("test", "k", grant, &opts, expiry, permit, "exclusive");
+        let lease =
+            crate::Lease::start("test", "k", grant, &opts, expiry, permit, "exclusive", None);
         let reason = tokio::time::timeout(Duration::from_secs(1), lease.lost())
             .await
             .expect("the backend's loss signal is heard during a hung renewal");
@@ -268,6 +270,7 @@ mod tests {
             crate::Expiry::Ttl,
             permit,
             "exclusive",
+            None,
         );
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(
@@ -334,6 +337,7 @@ mod tests {
             crate::Expiry::Ttl,
             permit,
             "exclusive",
+            None,
         )
     }
 
@@ -401,7 +405,8 @@ mod tests {
         let expiry = crate::Expiry::Session {
             timeout: Duration::from_secs(10),
         };
-        let lease = crate::Lease::start("test", "k", grant, &opts, expiry, permit, "exclusive");
+        let lease =
+            crate::Lease::start("test", "k", grant, &opts, expiry, permit, "exclusive", None);
         lease
             .extend(Duration::from_secs(10))
             .await

@@ -1,0 +1,230 @@
+//! Watchdogs that start late: a lease whose watchdog has nothing to do before its first
+//! renewal (no loss signal of the backend's or of an owner's hold to listen to: Redis and
+//! Redlock) gets its watchdog task only at a fifth of its ttl, from one task per client.
+//!
+//! Most holds end long before that, and a task per lease, spawned at the grant and aborted
+//! at the release, is client CPU on every cycle, on the runtime's other worker thread too:
+//! with it gone, 32 clients each cycling its own key on one Redis server (lockbench's
+//! spread, two shared cores) ran 24–33 k cycles/s against 13–17 k. A fifth of the ttl is
+//! before anything the watchdog does: its first renewal is due no earlier than a quarter of
+//! the ttl (a third, less a jitter of up to a twelfth, rounded down to a grid of a
+//! hundredth), and its lost signal fires near the end of the ttl. A manual extend starts
+//! the watchdog at once, since it may shorten the ttl.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::lease::LeaseState;
+
+/// Where a lease is in the queue: its start instant, and a number that tells apart leases
+/// due at the same instant.
+pub(crate) type Entry = (Instant, u64);
+
+/// The leases of one client whose watchdogs have not started yet, by start instant, and
+/// the task that starts them when they fall due.
+#[derive(Default)]
+pub(crate) struct PendingWatchdogs {
+    inner: Mutex<Inner>,
+    /// Wakes the starter for a lease due before the instant it sleeps until.
+    wake: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct Inner {
+    due: BTreeMap<Entry, Weak<LeaseState>>,
+    next_id: u64,
+    /// When the starter wakes next; `None` while it waits for a first lease.
+    wakes_at: Option<Instant>,
+    starter: Option<AbortHandle>,
+}
+
+impl PendingWatchdogs {
+    /// Start `state`'s watchdog at `at`, unless [`cancel`](Self::cancel)led before.
+    pub(crate) fn defer(self: &Arc<Self>, state: &Arc<LeaseState>, at: Instant) -> Entry {
+        let mut inner = self.lock();
+        let entry = (at, inner.next_id);
+        inner.next_id += 1;
+        inner.due.insert(entry, Arc::downgrade(state));
+        if inner.starter.as_ref().is_none_or(AbortHandle::is_finished) {
+            // The first lease, or the runtime that ran the starter is gone.
+            let starter = tokio::spawn(start_when_due(Arc::downgrade(self), self.wake.clone()));
+            inner.starter = Some(starter.abort_handle());
+            inner.wakes_at = None;
+        }
+        // Most leases fall due after the one the starter sleeps for: no wake-up for them.
+        let earlier = inner.wakes_at.is_none_or(|wakes| at < wakes);
+        drop(inner);
+        if earlier {
+            self.wake.notify_one();
+        }
+        entry
+    }
+
+    /// Forget a lease that was released, or whose watchdog started otherwise.
+    pub(crate) fn cancel(&self, entry: Entry) {
+        self.lock().due.remove(&entry);
+    }
+
+    /// Start the watchdogs due by now; when the next one is due.
+    fn start_due(&self) -> Option<Instant> {
+        let now = Instant::now();
+        let (ready, next) = {
+            let mut inner = self.lock();
+            let later = inner.due.split_off(&(now, u64::MAX));
+            let ready = std::mem::replace(&mut inner.due, later);
+            let next = inner.due.keys().next().map(|(at, _)| *at);
+            inner.wakes_at = next;
+            (ready, next)
+        };
+        for state in ready.into_values().filter_map(|s| s.upgrade()) {
+            state.start_watchdog();
+        }
+        next
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // Nothing panics while holding it; a poisoned lock still holds consistent data.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.lock().due.len()
+    }
+}
+
+impl Drop for PendingWatchdogs {
+    fn drop(&mut self) {
+        if let Some(starter) = &self.lock().starter {
+            starter.abort();
+        }
+    }
+}
+
+/// The starter: holds its queue weakly, so it ends with the client and its last lease.
+async fn start_when_due(queue: Weak<PendingWatchdogs>, wake: Arc<Notify>) {
+    loop {
+        let Some(next) = queue.upgrade().map(|q| q.start_due()) else {
+            return;
+        };
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {}
+                    () = wake.notified() => {}
+                }
+            }
+            None => wake.notified().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::raw::{Grant, Held};
+    use crate::{LockOptions, Result};
+
+    /// A handle that counts its renewals, each answered at once.
+    #[derive(Debug, Default)]
+    struct Counted(Arc<AtomicUsize>);
+
+    #[async_trait::async_trait]
+    impl Held for Counted {
+        async fn extend(&mut self, _ttl: Duration) -> Result<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        async fn release(&mut self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    async fn lease(
+        queue: &Arc<PendingWatchdogs>,
+        ttl: Duration,
+    ) -> (crate::Lease, Arc<AtomicUsize>) {
+        let gate = Arc::new(crate::raw::gate::Gate::default());
+        let permit = gate
+            .enter("k", crate::Mode::Exclusive, crate::Deadline::TryOnce)
+            .await
+            .unwrap();
+        let renewals = Arc::new(AtomicUsize::new(0));
+        let grant = Grant::new(1, Box::new(Counted(renewals.clone())), Instant::now());
+        let opts = LockOptions::new().ttl(ttl);
+        let lease = crate::Lease::start(
+            "test",
+            "k",
+            grant,
+            &opts,
+            crate::Expiry::Ttl,
+            permit,
+            "exclusive",
+            Some(queue),
+        );
+        (lease, renewals)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pending_watchdog_starts_by_a_fifth_of_the_ttl_and_renews() {
+        let queue = Arc::new(PendingWatchdogs::default());
+        let (lease, renewals) = lease(&queue, Duration::from_secs(3)).await;
+        assert_eq!(queue.len(), 1, "waits to start");
+        tokio::time::sleep(Duration::from_millis(650)).await;
+        assert_eq!(queue.len(), 0, "started at a fifth of the ttl");
+        assert_eq!(
+            renewals.load(Ordering::SeqCst),
+            0,
+            "nothing renewed before due"
+        );
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert!(!lease.is_lost(), "renewed throughout three ttls");
+        assert!(renewals.load(Ordering::SeqCst) >= 6);
+        lease.release().await.expect("release");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_released_lease_leaves_nothing_pending_and_never_renews() {
+        let queue = Arc::new(PendingWatchdogs::default());
+        let (lease, renewals) = lease(&queue, Duration::from_secs(3)).await;
+        lease.release().await.expect("release");
+        assert_eq!(queue.len(), 0);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(renewals.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_extend_to_a_shorter_ttl_starts_the_watchdog_at_once() {
+        let queue = Arc::new(PendingWatchdogs::default());
+        let (lease, renewals) = lease(&queue, Duration::from_secs(30)).await;
+        lease
+            .extend(Duration::from_millis(300))
+            .await
+            .expect("extend");
+        assert_eq!(queue.len(), 0, "started by the extend");
+        let before = renewals.load(Ordering::SeqCst);
+        // Long before the 6 s a fifth of the first ttl would have waited.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(!lease.is_lost(), "the 300 ms ttl was renewed");
+        assert!(renewals.load(Ordering::SeqCst) >= before + 5);
+        lease.release().await.expect("release");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_starter_ends_with_its_queue() {
+        let queue = Arc::new(PendingWatchdogs::default());
+        let (lease, _) = lease(&queue, Duration::from_secs(3)).await;
+        let starter = queue.lock().starter.clone().expect("a starter");
+        drop(lease);
+        drop(queue);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(starter.is_finished());
+    }
+}
