@@ -343,17 +343,28 @@ impl Lease {
         });
         let renews = opts.auto_renew && !grant.kept_alive;
         let start_at = grant.sent_at + opts.ttl / 5;
-        let watchdog = match (pending, lost) {
-            (Some(queue), None) if start_at > Instant::now() => Watchdog::Pending {
-                renews,
-                queue: queue.clone(),
-                entry: queue.defer(&state, start_at),
-            },
-            (_, lost) => Watchdog::Running(
+        let run = |lost| {
+            Watchdog::Running(
                 tokio::spawn(watchdog::run(state.clone(), renews, lost)).abort_handle(),
-            ),
+            )
         };
-        *state.watchdog() = watchdog;
+        // Held across `defer`: the starter, which may find the lease due at once, waits
+        // for `Pending` to be in place before it looks.
+        let mut slot = state.watchdog();
+        *slot = match (pending, lost) {
+            (Some(queue), None) if start_at > Instant::now() => {
+                match queue.defer(&state, start_at) {
+                    Some(entry) => Watchdog::Pending {
+                        renews,
+                        queue: queue.clone(),
+                        entry,
+                    },
+                    None => run(None),
+                }
+            }
+            (_, lost) => run(lost),
+        };
+        drop(slot);
         Self {
             state,
             token: grant.fencing_token,

@@ -208,7 +208,8 @@ local released = 0
 local expired = 0
 local answer
 local now
-if not ARGV[5] and redis.pcall('GET', KEYS[1]) == token then
+local fast = not ARGV[5] and redis.pcall('GET', KEYS[1]) == token
+if fast then
   redis.call('DEL', KEYS[1])
   released, answer = 1, 1
   if ARGV[4] == '1' then redis.call('PUBLISH', ARGV[2], '!leader') end
@@ -219,7 +220,7 @@ end
     queue_lua!(),
     hold_lua!(),
     r"
-if answer then
+if fast then
   -- Released above; the queue is not empty.
 elseif ARGV[5] then
   answer = drop_entry(KEYS[1], KEYS[5], ARGV[5], token)
@@ -235,8 +236,8 @@ elseif ours(redis.pcall('GET', KEYS[1]), token) then
   redis.call('DEL', KEYS[1])
   released = 1
 end
-if not answer then
-  answer = released
+if not fast then
+  answer = answer or released
   if released == 1 and ARGV[4] == '1' then redis.call('PUBLISH', ARGV[2], '!leader') end
   if redis.call('EXISTS', KEYS[3]) == 0 then return answer end
 end

@@ -1,6 +1,8 @@
 //! Watchdogs that start late: a lease whose watchdog has nothing to do before its first
-//! renewal (no loss signal of the backend's or of an owner's hold to listen to: Redis and
-//! Redlock) gets its watchdog task only at a fifth of its ttl, from one task per client.
+//! renewal (no loss signal of the backend's or of an owner's hold to listen to: Redis,
+//! Redlock, MySQL's row mode) gets its watchdog task only at a fifth of its ttl, from one
+//! task per client, on the runtime the client's first such lease was taken on (a lease
+//! taken on another runtime starts its own at once).
 //!
 //! Most holds end long before that, and a task per lease, spawned at the grant and aborted
 //! at the release, is client CPU on every cycle, on the runtime's other worker thread too:
@@ -39,29 +41,37 @@ struct Inner {
     next_id: u64,
     /// When the starter wakes next; `None` while it waits for a first lease.
     wakes_at: Option<Instant>,
-    starter: Option<AbortHandle>,
+    /// The starter, and the runtime it (and every watchdog it starts) runs on.
+    starter: Option<(AbortHandle, tokio::runtime::Id)>,
 }
 
 impl PendingWatchdogs {
-    /// Start `state`'s watchdog at `at`, unless [`cancel`](Self::cancel)led before.
-    pub(crate) fn defer(self: &Arc<Self>, state: &Arc<LeaseState>, at: Instant) -> Entry {
+    /// Start `state`'s watchdog at `at`, unless [`cancel`](Self::cancel)led before. `None`
+    /// when the client's starter runs on another runtime than the caller's, which must then
+    /// start the watchdog itself: a lease's watchdog runs where the lease was taken.
+    pub(crate) fn defer(self: &Arc<Self>, state: &Arc<LeaseState>, at: Instant) -> Option<Entry> {
+        let here = tokio::runtime::Handle::current().id();
         let mut inner = self.lock();
+        match &inner.starter {
+            Some((starter, runtime)) if !starter.is_finished() && *runtime != here => return None,
+            Some((starter, _)) if !starter.is_finished() => {}
+            // The first lease, or the runtime that ran the starter is gone.
+            _ => {
+                let starter = tokio::spawn(start_when_due(Arc::downgrade(self), self.wake.clone()));
+                inner.starter = Some((starter.abort_handle(), here));
+                inner.wakes_at = None;
+            }
+        }
         let entry = (at, inner.next_id);
         inner.next_id += 1;
         inner.due.insert(entry, Arc::downgrade(state));
-        if inner.starter.as_ref().is_none_or(AbortHandle::is_finished) {
-            // The first lease, or the runtime that ran the starter is gone.
-            let starter = tokio::spawn(start_when_due(Arc::downgrade(self), self.wake.clone()));
-            inner.starter = Some(starter.abort_handle());
-            inner.wakes_at = None;
-        }
         // Most leases fall due after the one the starter sleeps for: no wake-up for them.
         let earlier = inner.wakes_at.is_none_or(|wakes| at < wakes);
         drop(inner);
         if earlier {
             self.wake.notify_one();
         }
-        entry
+        Some(entry)
     }
 
     /// Forget a lease that was released, or whose watchdog started otherwise.
@@ -99,7 +109,7 @@ impl PendingWatchdogs {
 
 impl Drop for PendingWatchdogs {
     fn drop(&mut self) {
-        if let Some(starter) = &self.lock().starter {
+        if let Some((starter, _)) = &self.lock().starter {
             starter.abort();
         }
     }
@@ -217,11 +227,31 @@ mod tests {
         lease.release().await.expect("release");
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_taken_on_another_runtime_starts_its_watchdog_there() {
+        let queue = Arc::new(PendingWatchdogs::default());
+        let (_here, _) = lease(&queue, Duration::from_secs(3)).await;
+        assert_eq!(queue.len(), 1, "the starter runs on this runtime");
+        let other = queue.clone();
+        let pending_there = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Runtime::new().expect("a second runtime");
+            runtime.block_on(async {
+                let (there, _) = lease(&other, Duration::from_secs(3)).await;
+                let pending = other.len();
+                there.release().await.expect("release");
+                pending
+            })
+        })
+        .join()
+        .expect("the other runtime's thread");
+        assert_eq!(pending_there, 1, "not queued behind this runtime's starter");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_starter_ends_with_its_queue() {
         let queue = Arc::new(PendingWatchdogs::default());
         let (lease, _) = lease(&queue, Duration::from_secs(3)).await;
-        let starter = queue.lock().starter.clone().expect("a starter");
+        let (starter, _) = queue.lock().starter.clone().expect("a starter");
         drop(lease);
         drop(queue);
         tokio::time::sleep(Duration::from_millis(10)).await;

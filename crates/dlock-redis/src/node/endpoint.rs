@@ -350,16 +350,39 @@ async fn load_everywhere(mut conn: Connection, addr: Arc<str>) {
     futures::future::join_all(loads).await;
 }
 
-/// Load every script with one pipeline on a fresh connection to one server.
+/// Check the server's version and load every script, with one pipeline on a fresh
+/// connection to one server. Before 6.2 the fence counter's `SET … GET` is a syntax
+/// error, raised inside the acquire script after it took the key: refused here instead.
 async fn load_scripts(conn: &mut MultiplexedConnection, addr: &Arc<str>) -> Result<(), Error> {
     let mut load = redis::pipe();
+    load.cmd("INFO").arg("server");
     for source in scripts::SOURCES {
         load.cmd("SCRIPT").arg("LOAD").arg(source);
     }
-    load.query_async::<Vec<String>>(conn)
+    let answers = load
+        .query_async::<Vec<String>>(conn)
         .await
         .map_err(|e| Error::redis("connect", addr, e))?;
-    Ok(())
+    match answers.first().and_then(|info| redis_version(info)) {
+        Some((major, minor)) if (major, minor) < (6, 2) => Err(Error::Reply {
+            op: "connect",
+            addr: addr.clone(),
+            reply: format!(
+                "redis_version {major}.{minor}: dlock needs Redis 6.2 or later (SET … GET)"
+            ),
+        }),
+        // A server that names no version (a proxy, a fork) is trusted.
+        _ => Ok(()),
+    }
+}
+
+/// `redis_version`'s major and minor number in an `INFO server` answer.
+fn redis_version(info: &str) -> Option<(u32, u32)> {
+    let version = info
+        .lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))?;
+    let mut parts = version.trim().split('.').map(str::parse::<u32>);
+    Some((parts.next()?.ok()?, parts.next()?.ok()?))
 }
 
 /// The redis-rs cluster client for `config`'s seed nodes: the data nodes' credentials,
@@ -409,3 +432,16 @@ fn cluster_client(
 
 #[cfg(test)]
 mod cluster_tests;
+
+#[cfg(test)]
+mod version_tests {
+    use super::redis_version;
+
+    #[test]
+    fn the_version_is_read_from_info() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:00000000\r\n";
+        assert_eq!(redis_version(info), Some((7, 0)));
+        assert_eq!(redis_version("redis_version:6.0.16\r\n"), Some((6, 0)));
+        assert_eq!(redis_version("# Server\r\nvalkey_version:8.0.1\r\n"), None);
+    }
+}
