@@ -161,24 +161,10 @@ mod tests {
         queue: &Arc<PendingWatchdogs>,
         ttl: Duration,
     ) -> (crate::Lease, Arc<AtomicUsize>) {
-        let gate = Arc::new(crate::raw::gate::Gate::default());
-        let permit = gate
-            .enter("k", crate::Mode::Exclusive, crate::Deadline::TryOnce)
-            .await
-            .unwrap();
         let renewals = Arc::new(AtomicUsize::new(0));
         let grant = Grant::new(1, Box::new(Counted(renewals.clone())), Instant::now());
         let opts = LockOptions::new().ttl(ttl);
-        let lease = crate::Lease::start(
-            "test",
-            "k",
-            grant,
-            &opts,
-            crate::Expiry::Ttl,
-            permit,
-            "exclusive",
-            Some(queue),
-        );
+        let lease = crate::Lease::for_test(grant, &opts, crate::Expiry::Ttl, Some(queue)).await;
         (lease, renewals)
     }
 

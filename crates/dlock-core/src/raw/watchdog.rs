@@ -203,11 +203,6 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn backend_loss_is_heard_while_a_renewal_hangs() {
-        let gate = Arc::new(crate::raw::gate::Gate::default());
-        let permit = gate
-            .enter("k", crate::Mode::Exclusive, crate::Deadline::TryOnce)
-            .await
-            .unwrap();
         let lost = async {
             // After the first renewal (at ttl / 3) went out and hung.
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -218,8 +213,7 @@ mod tests {
         let expiry = crate::Expiry::Session {
             timeout: Duration::from_secs(1),
         };
-        let lease =
-            crate::Lease::start("test", "k", grant, &opts, expiry, permit, "exclusive", None);
+        let lease = crate::Lease::for_test(grant, &opts, expiry, None).await;
         let reason = tokio::time::timeout(Duration::from_secs(1), lease.lost())
             .await
             .expect("the backend's loss signal is heard during a hung renewal");
@@ -246,11 +240,6 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_kept_alive_hold_is_not_renewed_and_outlives_its_ttl_until_the_backend_says() {
-        let gate = Arc::new(crate::raw::gate::Gate::default());
-        let permit = gate
-            .enter("k", crate::Mode::Exclusive, crate::Deadline::TryOnce)
-            .await
-            .unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let lost = async move {
             let _ = rx.await;
@@ -262,16 +251,7 @@ mod tests {
             .with_lost(Box::pin(lost))
             .kept_alive();
         let opts = LockOptions::new().ttl(Duration::from_millis(300));
-        let lease = crate::Lease::start(
-            "test",
-            "k",
-            grant,
-            &opts,
-            crate::Expiry::Ttl,
-            permit,
-            "exclusive",
-            None,
-        );
+        let lease = crate::Lease::for_test(grant, &opts, crate::Expiry::Ttl, None).await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(
             !lease.is_lost(),
@@ -322,23 +302,9 @@ mod tests {
     }
 
     async fn lease_with(held: Scripted, ttl: Duration, auto_renew: bool) -> crate::Lease {
-        let gate = Arc::new(crate::raw::gate::Gate::default());
-        let permit = gate
-            .enter("k", crate::Mode::Exclusive, crate::Deadline::TryOnce)
-            .await
-            .unwrap();
         let grant = Grant::new(1, Box::new(held), Instant::now());
         let opts = LockOptions::new().ttl(ttl).auto_renew(auto_renew);
-        crate::Lease::start(
-            "test",
-            "k",
-            grant,
-            &opts,
-            crate::Expiry::Ttl,
-            permit,
-            "exclusive",
-            None,
-        )
+        crate::Lease::for_test(grant, &opts, crate::Expiry::Ttl, None).await
     }
 
     #[tokio::test(start_paused = true)]
@@ -391,11 +357,6 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_manual_extend_of_a_session_lease_is_not_cut_short() {
-        let gate = Arc::new(crate::raw::gate::Gate::default());
-        let permit = gate
-            .enter("k", crate::Mode::Exclusive, crate::Deadline::TryOnce)
-            .await
-            .unwrap();
         let grant = Grant::new(
             1,
             Box::new(Scripted::new(Some(Duration::from_millis(500)))),
@@ -405,8 +366,7 @@ mod tests {
         let expiry = crate::Expiry::Session {
             timeout: Duration::from_secs(10),
         };
-        let lease =
-            crate::Lease::start("test", "k", grant, &opts, expiry, permit, "exclusive", None);
+        let lease = crate::Lease::for_test(grant, &opts, expiry, None).await;
         lease
             .extend(Duration::from_secs(10))
             .await
