@@ -350,20 +350,29 @@ async fn load_everywhere(mut conn: Connection, addr: Arc<str>) {
     futures::future::join_all(loads).await;
 }
 
-/// Check the server's version and load every script, with one pipeline on a fresh
-/// connection to one server. Before 6.2 the fence counter's `SET … GET` is a syntax
-/// error, raised inside the acquire script after it took the key: refused here instead.
+/// Load every script with one pipeline on a fresh connection to one server, then check
+/// the server's version: before 6.2 the fence counter's `SET … GET` is a syntax error,
+/// raised inside the acquire script after it took the key, so such a server is refused
+/// here. A user that may not run `INFO` (an ACL without `@dangerous`) is trusted.
 async fn load_scripts(conn: &mut MultiplexedConnection, addr: &Arc<str>) -> Result<(), Error> {
     let mut load = redis::pipe();
-    load.cmd("INFO").arg("server");
     for source in scripts::SOURCES {
         load.cmd("SCRIPT").arg("LOAD").arg(source);
     }
-    let answers = load
-        .query_async::<Vec<String>>(conn)
+    load.query_async::<Vec<String>>(conn)
         .await
         .map_err(|e| Error::redis("connect", addr, e))?;
-    match answers.first().and_then(|info| redis_version(info)) {
+    let info = redis::cmd("INFO")
+        .arg("server")
+        .query_async::<String>(conn)
+        .await;
+    let version = match info {
+        Ok(info) => redis_version(&info),
+        // No permission to ask: trusted.
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => None,
+        Err(e) => return Err(Error::redis("connect", addr, e)),
+    };
+    match version {
         Some((major, minor)) if (major, minor) < (6, 2) => Err(Error::Reply {
             op: "connect",
             addr: addr.clone(),
@@ -371,7 +380,7 @@ async fn load_scripts(conn: &mut MultiplexedConnection, addr: &Arc<str>) -> Resu
                 "redis_version {major}.{minor}: dlock needs Redis 6.2 or later (SET … GET)"
             ),
         }),
-        // A server that names no version (a proxy, a fork) is trusted.
+        // No version named (a proxy, a fork): trusted.
         _ => Ok(()),
     }
 }
