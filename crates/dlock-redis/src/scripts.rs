@@ -208,7 +208,9 @@ local released = 0
 local expired = 0
 local answer
 local now
-local fast = not ARGV[5] and redis.pcall('GET', KEYS[1]) == token
+-- The lock key's value (not a string for a reader set), read once for both paths.
+local held = not ARGV[5] and redis.pcall('GET', KEYS[1])
+local fast = held == token
 if fast then
   redis.call('DEL', KEYS[1])
   released, answer = 1, 1
@@ -232,7 +234,7 @@ elseif is_member(token) then
     expired = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     reader_ttl(KEYS[1], now)
   end
-elseif ours(redis.pcall('GET', KEYS[1]), token) then
+elseif ours(held, token) then
   redis.call('DEL', KEYS[1])
   released = 1
 end
