@@ -30,7 +30,7 @@ use crate::error::Error;
 use crate::permits::PermitWaits;
 use crate::pool::{Lent, Pool};
 use crate::session::PgSession;
-use crate::sql::Sql;
+use crate::sql::{Param, Sql, Statement};
 use dlock_core::raw::carrier::Carriers;
 
 /// Connections for short side statements: id look-ups, cancels.
@@ -351,6 +351,29 @@ impl Inner {
         timeout(self.config.response_timeout, run_raw(lent, sql, op))
             .await
             .unwrap_or_else(|_| Err(self.no_answer(op)))
+    }
+
+    /// Run `statement` on `lent` within the response timeout.
+    pub(crate) async fn run_statement(
+        &self,
+        lent: &mut Lent,
+        statement: &Statement,
+        op: &'static str,
+    ) -> Result<Vec<PgRow>, Error> {
+        let Statement::Prepared { text, params } = statement else {
+            return self.run(lent, statement.text(), op).await;
+        };
+        let mut query = sqlx::query(text);
+        for param in params {
+            query = match param {
+                Param::Int(value) => query.bind(*value),
+                Param::Text(value) => query.bind(value.as_str()),
+            };
+        }
+        match timeout(self.config.response_timeout, query.fetch_all(lent.raw())).await {
+            Ok(rows) => rows.map_err(Error::sql(op)),
+            Err(_) => Err(self.no_answer(op)),
+        }
     }
 
     /// Run `sql` on a side connection; with `bind`, as one statement with `$1` bound. An

@@ -410,7 +410,9 @@ impl PostgresConfig {
             .username(&self.user)
             .database(&self.database)
             .application_name(&self.application_name())
-            .statement_cache_capacity(0)
+            // Room for every statement with parameters (see `sql::Statement`): each
+            // connection prepares them once and keeps them.
+            .statement_cache_capacity(STATEMENT_CACHE)
             .ssl_mode(self.tls.mode()?.to_sqlx());
         if let Some(password) = &self.password {
             opts = opts.password(password.expose());
@@ -430,6 +432,10 @@ impl PostgresConfig {
 
 /// The longest `application_name` PostgreSQL keeps (`NAMEDATALEN - 1`).
 const MAX_APPLICATION_NAME: usize = 63;
+
+/// How many prepared statements a connection keeps: the plain takes and releases of both
+/// modes and the key look-ups, with room to spare (the least recently used goes first).
+const STATEMENT_CACHE: usize = 32;
 
 /// `NAME@HOST:PID` cut to [`MAX_APPLICATION_NAME`] bytes: the end (`:PID`) is kept and
 /// what comes before it is shortened, so the host name goes first.

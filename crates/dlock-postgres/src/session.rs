@@ -14,7 +14,7 @@ use tokio::time::timeout;
 use crate::backend::Inner;
 use crate::error::Error;
 use crate::pool::Lent;
-use crate::sql::{Advisory, Sql, millis};
+use crate::sql::{Advisory, Sql, Statement, millis};
 
 /// A lock connection carrying advisory locks (named by their id in the key table).
 pub(crate) struct PgSession {
@@ -68,15 +68,15 @@ impl PgSession {
     }
 
     /// The statement that takes `lock` without waiting on this session.
-    fn try_sql(&self, lock: &Advisory, idle: Duration) -> String {
+    fn try_sql(&self, lock: &Advisory, idle: Duration) -> Statement {
         let sql = &self.inner.sql;
         match lock.mode {
             Mode::Shared if self.shared.contains_key(&lock.id) => {
-                sql.try_share_again(lock.id, millis(idle))
+                Statement::Simple(sql.try_share_again(lock.id, millis(idle)))
             }
             Mode::Permits(limit) => {
                 let held = self.slots.get(&lock.id).map_or(&[][..], Vec::as_slice);
-                sql.try_permit(lock.id, limit, held, millis(idle))
+                Statement::Simple(sql.try_permit(lock.id, limit, held, millis(idle)))
             }
             Mode::Shared | Mode::Exclusive => sql.try_take(lock, millis(idle)),
         }
@@ -85,11 +85,12 @@ impl PgSession {
     /// The statement that gives `lock` back, and for a permit the slot it frees (the
     /// highest this session holds of the key: all of them are alike, and keeping the low
     /// ones held makes smaller limits count them). `None` when the session holds no slot.
-    fn unlock_sql(&self, lock: &Advisory, last: bool) -> Option<(String, Option<i32>)> {
+    fn unlock_sql(&self, lock: &Advisory, last: bool) -> Option<(Statement, Option<i32>)> {
         let sql = &self.inner.sql;
         if let Mode::Permits(_) = lock.mode {
             let slot = *self.slots.get(&lock.id)?.iter().max()?;
-            return Some((sql.unlock_permit(lock.id, slot, last), Some(slot)));
+            let statement = Statement::Simple(sql.unlock_permit(lock.id, slot, last));
+            return Some((statement, Some(slot)));
         }
         let statement = if last {
             sql.release(lock)
@@ -134,11 +135,11 @@ impl PgSession {
 
     async fn run(
         &mut self,
-        sql: &str,
+        statement: &Statement,
         op: &'static str,
     ) -> Result<Vec<sqlx::postgres::PgRow>, Failure> {
         self.inner
-            .run(&mut self.lent, sql, op)
+            .run_statement(&mut self.lent, statement, op)
             .await
             .map_err(Self::failure)
     }
@@ -150,7 +151,10 @@ impl Session for PgSession {
 
     async fn try_lock(&mut self, lock: &Advisory, idle: Duration) -> Result<Option<u64>, Failure> {
         let sql = self.try_sql(lock, idle);
-        let mut rows = self.inner.run(&mut self.lent, &sql, "acquire").await;
+        let mut rows = self
+            .inner
+            .run_statement(&mut self.lent, &sql, "acquire")
+            .await;
         if std::mem::take(&mut self.unproven)
             && let Err(e) = &rows
             && e.is_connection_lost()
@@ -159,7 +163,11 @@ impl Session for PgSession {
             // with it): once more on a new one, instead of a ping before every first use.
             tracing::debug!(error = %e, "an idle lock connection was dead; reconnecting");
             rows = match self.lent.reconnect().await {
-                Ok(()) => self.inner.run(&mut self.lent, &sql, "acquire").await,
+                Ok(()) => {
+                    self.inner
+                        .run_statement(&mut self.lent, &sql, "acquire")
+                        .await
+                }
                 Err(e) => Err(e),
             };
         }
@@ -198,7 +206,8 @@ impl Session for PgSession {
 
     async fn keep(&mut self, idle: Option<Duration>) -> Result<(), Failure> {
         if let Some(idle) = idle {
-            return self.run(&Sql::keep(millis(idle)), "extend").await.map(drop);
+            let keep = Statement::Simple(Sql::keep(millis(idle)));
+            return self.run(&keep, "extend").await.map(drop);
         }
         match timeout(self.inner.config.response_timeout, self.lent.raw().ping()).await {
             Ok(Ok(())) => Ok(()),

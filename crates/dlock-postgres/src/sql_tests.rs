@@ -11,10 +11,12 @@ fn both_modes_name_the_same_lock_in_their_own_functions() {
     );
     assert!(
         sql.try_take(&write, 1)
+            .inlined()
             .contains("pg_try_advisory_lock(9, 7)")
     );
     assert!(
         sql.try_take(&read, 1)
+            .inlined()
             .contains("pg_try_advisory_lock_shared(9, 7)")
     );
     assert!(
@@ -25,9 +27,14 @@ fn both_modes_name_the_same_lock_in_their_own_functions() {
         sql.wait_take(&read, 1, 1)
             .contains("pg_advisory_lock_shared(9, 7)")
     );
-    assert!(sql.release(&write).contains("pg_advisory_unlock(9, 7)"));
+    assert!(
+        sql.release(&write)
+            .inlined()
+            .contains("pg_advisory_unlock(9, 7)")
+    );
     assert!(
         sql.unlock(&read)
+            .inlined()
             .contains("pg_advisory_unlock_shared(9, 7)")
     );
     let again = sql.try_share_again(7, 1);
@@ -66,7 +73,7 @@ fn a_candidates_value_reaches_the_statement_as_hex_digits_only() {
     let sql = Sql::new("dlock_keys", 9);
     let mut lock = Advisory::new(7, Mode::Exclusive);
     lock.value = Some("it's".into());
-    for statement in [sql.try_take(&lock, 1), sql.wait_take(&lock, 1, 1)] {
+    for statement in [sql.try_take(&lock, 1).inlined(), sql.wait_take(&lock, 1, 1)] {
         assert!(!statement.contains("it's"), "{statement}");
         assert!(
             statement.contains("INSERT INTO dlock_keys_elect"),
@@ -74,13 +81,14 @@ fn a_candidates_value_reaches_the_statement_as_hex_digits_only() {
         );
         assert!(statement.contains("pg_notify('dlock_leaders_9', '7')"));
     }
-    let release = sql.release(&lock);
+    let release = sql.release(&lock).inlined();
     assert!(
         release.contains("DELETE FROM dlock_keys_elect")
             && release.contains("pg_advisory_unlock(9, 7)")
     );
     assert!(
         !sql.release(&Advisory::new(7, Mode::Exclusive))
+            .inlined()
             .contains("elect")
     );
     assert!(
@@ -113,4 +121,27 @@ fn a_hold_keeps_the_servers_keepalive_from_ending_the_session_before_its_ttl() {
     assert!(Sql::session_setup().contains(&default));
     assert!(NO_HOLD_TIMEOUTS.contains(&default));
     assert!(sql.unlock_permit(7, 0, true).contains(&default));
+}
+
+#[test]
+fn a_plain_take_and_release_have_one_text_for_every_key_and_ttl() {
+    let sql = Sql::new("dlock_keys", 9);
+    let (a, b) = (
+        Advisory::new(7, Mode::Exclusive),
+        Advisory::new(8, Mode::Exclusive),
+    );
+    let take = sql.try_take(&a, 1500);
+    assert!(matches!(take, Statement::Prepared { .. }), "{take}");
+    assert_eq!(take.text(), sql.try_take(&b, 30_000).text());
+    assert_eq!(sql.release(&a).text(), sql.release(&b).text());
+    assert_eq!(sql.unlock(&a).text(), sql.unlock(&b).text());
+    let inlined = take.inlined();
+    assert!(
+        inlined.contains("pg_try_advisory_lock(9, 7)")
+            && inlined.contains("set_config('idle_session_timeout', '1500', false)")
+            && inlined.contains("set_config('tcp_keepalives_idle', '5', false)"),
+        "{inlined}"
+    );
+    let long = sql.try_take(&a, 30_000).inlined();
+    assert!(long.contains("set_config('tcp_keepalives_idle', '30', false)"));
 }

@@ -248,14 +248,14 @@ mod tests {
         let sql = Sql::new("dlock_keys", 9);
         let mut lock = Advisory::new(7, Mode::Exclusive);
         lock.owner = Some(Owner::new("job'7"));
-        for statement in [sql.try_take(&lock, 1), sql.wait_take(&lock, 1, 1)] {
+        for statement in [sql.try_take(&lock, 1).inlined(), sql.wait_take(&lock, 1, 1)] {
             assert!(!statement.contains("job'7"), "{statement}");
             assert!(
                 statement.contains("INSERT INTO dlock_keys_owner"),
                 "{statement}"
             );
         }
-        let release = sql.release(&lock);
+        let release = sql.release(&lock).inlined();
         assert!(
             release.contains("DELETE FROM dlock_keys_owner")
                 && release.contains("pg_advisory_unlock(9, 7)")
