@@ -73,7 +73,8 @@ pub struct Lease {
 
 impl Lease {
     /// A lease of `grant`. Its watchdog waits in `pending` (when given) until a fifth of the
-    /// ttl if it has no loss signal to listen to; otherwise it starts now.
+    /// ttl, unless the lease is an owner's hold; until it starts, the backend's loss signal
+    /// is looked at whenever someone asks.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         backend: &'static str,
@@ -136,20 +137,18 @@ impl Lease {
             )
         };
         // Held across `defer`: the starter, which may find the lease due at once, waits
-        // for `Pending` to be in place before it looks.
+        // for `Pending` to be in place before it looks. An owner's hold starts at once: its
+        // loss must reach the hold's other leases here.
         let mut slot = state.watchdog();
-        *slot = match (pending, lost) {
-            (Some(queue), None) if start_at > Instant::now() => {
-                match queue.defer(&state, start_at) {
-                    Some(entry) => Watchdog::Pending {
-                        renews,
-                        queue: queue.clone(),
-                        entry,
-                    },
-                    None => run(None),
-                }
-            }
-            (_, lost) => run(lost),
+        let queue = pending.filter(|_| start_at > Instant::now() && state.hold_lost.is_none());
+        *slot = match queue.and_then(|queue| Some((queue, queue.defer(&state, start_at)?))) {
+            Some((queue, entry)) => Watchdog::Pending {
+                renews,
+                queue: queue.clone(),
+                entry,
+                lost,
+            },
+            None => run(lost),
         };
         drop(slot);
         Self {
@@ -182,6 +181,7 @@ impl Lease {
 
     /// Whether the lease is known to be lost.
     pub fn is_lost(&self) -> bool {
+        self.state.check_loss();
         self.state.lost_reason().is_some()
     }
 
@@ -210,6 +210,8 @@ impl Lease {
 
     /// A `'static` handle on the lost signal, for another task.
     pub fn lost_signal(&self) -> LostSignal {
+        // Someone listens: the loss must reach them when it happens.
+        self.state.start_watchdog();
         LostSignal {
             status: self.state.subscribe(),
         }
@@ -228,7 +230,9 @@ impl Lease {
     /// is treated as ending at the earlier of its old deadline and `ttl` from the call.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         crate::options::check_ttl(self.state.backend, ttl)?;
-        // The new ttl may be shorter than the one a pending watchdog's start was set for.
+        // A loss the backend signalled already answers; and the new ttl may be shorter
+        // than the one a pending watchdog's start was set for.
+        self.state.check_loss();
         self.state.start_watchdog();
         let mut slot = self.state.held.lock().await;
         if let Some(reason) = self.state.lost_reason() {
@@ -243,6 +247,7 @@ impl Lease {
     /// Publish `value` on the server as this hold's value ([`crate::Leadership::proclaim`]).
     pub(crate) async fn proclaim(&self, value: &str) -> Result<()> {
         crate::election::check_value(self.state.backend, value)?;
+        self.state.check_loss();
         let mut slot = self.state.held.lock().await;
         if let Some(reason) = self.state.lost_reason() {
             return Err(self.state.not_held(reason));
@@ -281,6 +286,9 @@ impl Lease {
         // safe instant), since cutting a request off midway can leave a backend unable to
         // trust its connection, and so unable to release.
         let mut slot = self.state.held.lock().await;
+        // A loss the backend signalled before the watchdog started still makes this a
+        // `LeaseLost`.
+        self.state.check_loss();
         self.state.stop_watchdog();
         let Some(held) = slot.as_mut() else {
             return Err(self.state.not_held(LostReason::NotHeld));

@@ -4,6 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -54,6 +58,9 @@ pub(super) enum Watchdog {
         renews: bool,
         queue: Arc<PendingWatchdogs>,
         entry: Entry,
+        /// The backend's loss signal, polled by [`LeaseState::check_loss`] until the
+        /// watchdog starts and listens to it.
+        lost: Option<BoxFuture<'static, LostReason>>,
     },
     Running(AbortHandle),
     Stopped,
@@ -72,19 +79,52 @@ impl LeaseState {
         self.watchdog.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Start the watchdog now if it waits to start.
+    /// Start the watchdog now if it waits to start (and a runtime is at hand to run it).
     pub(crate) fn start_watchdog(self: &Arc<Self>) {
         let mut slot = self.watchdog();
+        if !matches!(*slot, Watchdog::Pending { .. }) || Handle::try_current().is_err() {
+            return;
+        }
         if let Watchdog::Pending {
             renews,
             queue,
             entry,
-        } = &*slot
+            lost,
+        } = std::mem::replace(&mut *slot, Watchdog::Stopped)
         {
-            queue.cancel(*entry);
-            let task = tokio::spawn(watchdog::run(self.clone(), *renews, None));
+            queue.cancel(entry);
+            let task = tokio::spawn(watchdog::run(self.clone(), renews, lost));
             *slot = Watchdog::Running(task.abort_handle());
         }
+    }
+
+    /// While the watchdog waits to start, look once at the backend's loss signal it will
+    /// listen to, so that `is_lost` is current without a task per lease. Only within a
+    /// runtime: the signal may use its timers.
+    pub(crate) fn check_loss(&self) {
+        let reason = {
+            let mut slot = self.watchdog();
+            let Watchdog::Pending {
+                lost: Some(lost), ..
+            } = &mut *slot
+            else {
+                return;
+            };
+            if Handle::try_current().is_err() {
+                return;
+            }
+            let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+            let Poll::Ready(reason) = lost.as_mut().poll(&mut cx) else {
+                return;
+            };
+            if let Watchdog::Pending { queue, entry, .. } =
+                std::mem::replace(&mut *slot, Watchdog::Stopped)
+            {
+                queue.cancel(entry);
+            }
+            reason
+        };
+        self.lose(reason);
     }
 
     /// Stop the watchdog for good, or keep it from starting.
