@@ -77,6 +77,9 @@ impl Guard {
     }
 }
 
+/// A guard's process name once it knows the command's pid.
+pub(crate) const GUARDING: &std::ffi::CStr = c"dlock-guarding";
+
 /// `dlock guard`: wait until the dlock that started it is gone (end of file on stdin),
 /// then stop the command as --on-lost would. A dlock that ends normally stops its guard
 /// first.
@@ -97,6 +100,10 @@ pub(crate) fn guard(args: &GuardArgs) -> u8 {
         },
         _ => return 0,
     };
+    // Seen in `ps -o comm`: from here on the command is watched. (dlock is killed in the
+    // instant between running the command and telling its pid only by bad luck; a test
+    // that kills it on purpose waits for this name.)
+    let _ = nix::sys::prctl::set_name(GUARDING);
     // Then only the end of the pipe: dlock is gone.
     let mut buf = [0; 64];
     loop {

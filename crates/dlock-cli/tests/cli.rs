@@ -1,7 +1,7 @@
 //! The real `dlock` binary: help, output format, exit codes, on the in-process backend.
 
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod common;
 
@@ -548,6 +548,19 @@ fn hold_escapes_keys_that_are_not_plain() {
 /// SIGKILL `runner`, then whether process `pid` ended within `limit`; SIGKILL it if not, so
 /// that a failing test leaves nothing behind.
 fn killed_runner_stops(mut runner: std::process::Child, pid: i32, limit: Duration) -> bool {
+    // Killed before it told its guard the command's pid, dlock would leave the command
+    // unwatched: wait until the guard knows it (it renames itself then).
+    let until = Instant::now() + Duration::from_secs(20);
+    while !guards_of(runner.id()).into_iter().any(|guard| {
+        std::fs::read_to_string(format!("/proc/{guard}/comm"))
+            .is_ok_and(|comm| comm.trim_end() == "dlock-guarding")
+    }) {
+        assert!(
+            Instant::now() < until,
+            "the guard never learned the command's pid"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     runner.kill().expect("SIGKILL dlock run");
     let _ = runner.wait();
     let gone = common::gone_within(pid, limit);
