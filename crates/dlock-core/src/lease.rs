@@ -73,8 +73,9 @@ pub struct Lease {
 
 impl Lease {
     /// A lease of `grant`. Its watchdog waits in `pending` (when given) until a fifth of the
-    /// ttl, unless the lease is an owner's hold; until it starts, the backend's loss signal
-    /// is looked at whenever someone asks.
+    /// ttl, unless the lease is an owner's hold or its loss signal needs a listener from
+    /// the grant on; until it starts, the backend's loss signal is looked at whenever
+    /// someone asks.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         backend: &'static str,
@@ -140,13 +141,16 @@ impl Lease {
         // for `Pending` to be in place before it looks. An owner's hold starts at once: its
         // loss must reach the hold's other leases here.
         let mut slot = state.watchdog();
-        let queue = pending.filter(|_| start_at > Instant::now() && state.hold_lost.is_none());
+        let queue = pending.filter(|_| {
+            start_at > Instant::now() && state.hold_lost.is_none() && !grant.lost_needs_listener
+        });
         *slot = match queue.and_then(|queue| Some((queue, queue.defer(&state, start_at)?))) {
             Some((queue, entry)) => Watchdog::Pending {
                 renews,
                 queue: queue.clone(),
                 entry,
                 lost,
+                runtime: tokio::runtime::Handle::current(),
             },
             None => run(lost),
         };
@@ -210,8 +214,10 @@ impl Lease {
 
     /// A `'static` handle on the lost signal, for another task.
     pub fn lost_signal(&self) -> LostSignal {
-        // Someone listens: the loss must reach them when it happens.
-        self.state.start_watchdog();
+        // Someone listens: a loss already signalled shows at once, a later one when it
+        // happens.
+        self.state.check_loss();
+        self.state.start_listening();
         LostSignal {
             status: self.state.subscribe(),
         }

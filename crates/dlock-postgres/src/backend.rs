@@ -391,7 +391,11 @@ impl Inner {
             let result = match bind {
                 None => self.run(&mut lent, sql, op).await,
                 Some(value) => {
-                    let query = sqlx::query(sql).bind(value).fetch_all(lent.raw());
+                    // Not kept: some of these texts name a key's id or term.
+                    let query = sqlx::query(sql)
+                        .bind(value)
+                        .persistent(false)
+                        .fetch_all(lent.raw());
                     match timeout(self.config.response_timeout, query).await {
                         Ok(rows) => rows.map_err(Error::sql(op)),
                         Err(_) => Err(self.no_answer(op)),

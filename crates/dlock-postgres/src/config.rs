@@ -410,7 +410,7 @@ impl PostgresConfig {
             .username(&self.user)
             .database(&self.database)
             .application_name(&self.application_name())
-            // Room for every statement with parameters (see `sql::Statement`): each
+            // Room for the prepared takes and releases (see `sql::Statement`): each
             // connection prepares them once and keeps them.
             .statement_cache_capacity(STATEMENT_CACHE)
             .ssl_mode(self.tls.mode()?.to_sqlx());
@@ -433,8 +433,9 @@ impl PostgresConfig {
 /// The longest `application_name` PostgreSQL keeps (`NAMEDATALEN - 1`).
 const MAX_APPLICATION_NAME: usize = 63;
 
-/// How many prepared statements a connection keeps: the plain takes and releases of both
-/// modes and the key look-ups, with room to spare (the least recently used goes first).
+/// How many prepared statements a lock connection keeps: the plain takes and releases of
+/// both modes, with room to spare (the least recently used goes first). Side statements
+/// are not kept (some name a key's id in their text).
 const STATEMENT_CACHE: usize = 32;
 
 /// `NAME@HOST:PID` cut to [`MAX_APPLICATION_NAME`] bytes: the end (`:PID`) is kept and

@@ -426,10 +426,12 @@ impl Contender {
             gone,
         };
         // The session keeps every node of the client alive; `watch_lease` reports the end
-        // of the session and the deletion of our node.
+        // of the session and the deletion of our node. It times a disconnect from when it
+        // sees it, and sets the node's watch when first polled: listened to from the grant.
         let grant = Grant::new(fencing_token, Box::new(held), sent_at)
             .with_lost(Box::pin(lost))
-            .kept_alive();
+            .kept_alive()
+            .listened_from_grant();
         Ok(match self.waited {
             true => grant.after_wait(),
             false => grant,

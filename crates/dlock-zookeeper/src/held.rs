@@ -172,17 +172,12 @@ pub(crate) async fn watch_lease(
 }
 
 /// The watch on our node at `path`: resolves when the node is deleted (or its session
-/// ends). Its watch request goes out at once.
+/// ends). It sets its watch when first polled, by the lease's loss signal as soon as the
+/// lease starts.
 pub(crate) fn watch_node(client: zk::Client, path: String) -> NodeGone {
-    let gone = async move { node_gone(&client, &path).await }
+    async move { node_gone(&client, &path).await }
         .boxed()
-        .shared();
-    // Polled once now, which sends the watch request (the client sends a request when it
-    // is made): the watch is on our node from the grant on, although the lease's loss
-    // signal may be listened to only later (a lease's watchdog starts at a fifth of its
-    // ttl), and an extend that polls this sees a deletion the client has read.
-    let _ = gone.clone().now_or_never();
-    gone
+        .shared()
 }
 
 async fn node_gone(client: &zk::Client, path: &str) -> LostReason {

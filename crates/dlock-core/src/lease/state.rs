@@ -61,6 +61,9 @@ pub(super) enum Watchdog {
         /// The backend's loss signal, polled by [`LeaseState::check_loss`] until the
         /// watchdog starts and listens to it.
         lost: Option<BoxFuture<'static, LostReason>>,
+        /// The runtime the lease was taken on: the watchdog runs there, and the loss
+        /// signal is polled within it (it may use its timers), whoever asks.
+        runtime: Handle,
     },
     Running(AbortHandle),
     Stopped,
@@ -79,40 +82,51 @@ impl LeaseState {
         self.watchdog.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Start the watchdog now if it waits to start (and a runtime is at hand to run it).
+    /// Start the watchdog now if it waits to start.
     pub(crate) fn start_watchdog(self: &Arc<Self>) {
         let mut slot = self.watchdog();
-        if !matches!(*slot, Watchdog::Pending { .. }) || Handle::try_current().is_err() {
-            return;
+        if !matches!(*slot, Watchdog::Pending { .. }) {
+            return; // running, or stopped for good: left as it is
         }
         if let Watchdog::Pending {
             renews,
             queue,
             entry,
             lost,
+            runtime,
         } = std::mem::replace(&mut *slot, Watchdog::Stopped)
         {
             queue.cancel(entry);
-            let task = tokio::spawn(watchdog::run(self.clone(), renews, lost));
+            let task = runtime.spawn(watchdog::run(self.clone(), renews, lost));
             *slot = Watchdog::Running(task.abort_handle());
         }
     }
 
+    /// Someone listens for the loss: start the watchdog now if it waits to start and has
+    /// the backend's loss signal to listen to. (Without one, nothing but the watchdog's
+    /// own timing can end the lease, and that is planned from its start anyway.)
+    pub(crate) fn start_listening(self: &Arc<Self>) {
+        let has_signal = matches!(&*self.watchdog(), Watchdog::Pending { lost: Some(_), .. });
+        if has_signal {
+            self.start_watchdog();
+        }
+    }
+
     /// While the watchdog waits to start, look once at the backend's loss signal it will
-    /// listen to, so that `is_lost` is current without a task per lease. Only within a
-    /// runtime: the signal may use its timers.
+    /// listen to, so that `is_lost` is current without a task per lease (polled within the
+    /// lease's runtime, from any thread).
     pub(crate) fn check_loss(&self) {
         let reason = {
             let mut slot = self.watchdog();
             let Watchdog::Pending {
-                lost: Some(lost), ..
+                lost: Some(lost),
+                runtime,
+                ..
             } = &mut *slot
             else {
                 return;
             };
-            if Handle::try_current().is_err() {
-                return;
-            }
+            let _entered = runtime.enter();
             let mut cx = Context::from_waker(futures::task::noop_waker_ref());
             let Poll::Ready(reason) = lost.as_mut().poll(&mut cx) else {
                 return;

@@ -145,6 +145,10 @@ pub struct Grant {
     /// expiry timer of its own, so holding many keys costs nothing per key. See
     /// [`Grant::kept_alive`].
     pub kept_alive: bool,
+    /// The loss signal keeps time itself once polled (a clock started when it sees a
+    /// disconnect), so it must be listened to from the grant on: the watchdog starts with
+    /// the lease instead of at a fifth of its ttl. See [`Grant::listened_from_grant`].
+    pub lost_needs_listener: bool,
     /// The key was busy when the acquire first tried it, and this grant came after
     /// waiting for its holder to let go (a hand-off, counted in
     /// [`telemetry`](crate::telemetry)). See [`Grant::after_wait`].
@@ -160,8 +164,21 @@ impl Grant {
             sent_at,
             lost: None,
             kept_alive: false,
+            lost_needs_listener: false,
             waited: false,
         }
+    }
+
+    /// Listen to the loss signal from the grant on (see [`lost_needs_listener`]). Without
+    /// it, the watchdog (and with it the signal's listener) starts at a fifth of the ttl,
+    /// and until then the signal is polled only when someone asks (`is_lost`, `extend`,
+    /// `release`): fine for a signal that only reports what the client was told (a watch
+    /// event, a closed connection), not for one that must notice time passing.
+    ///
+    /// [`lost_needs_listener`]: Self::lost_needs_listener
+    pub fn listened_from_grant(mut self) -> Self {
+        self.lost_needs_listener = true;
+        self
     }
 
     /// Mark the grant as given after waiting: the key was busy at the first try.
@@ -198,6 +215,7 @@ impl fmt::Debug for Grant {
             .field("held", &self.held)
             .field("sent_at", &self.sent_at)
             .field("kept_alive", &self.kept_alive)
+            .field("lost_needs_listener", &self.lost_needs_listener)
             .field("waited", &self.waited)
             .finish_non_exhaustive()
     }

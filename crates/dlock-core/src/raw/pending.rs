@@ -2,11 +2,14 @@
 //! renewal but listen to the backend's loss signal, so it gets its task only at a fifth of
 //! its ttl, from one task per client, on the runtime the client's first such lease was
 //! taken on (a lease taken on another runtime starts its own at once). Until then
-//! [`Lease::is_lost`](crate::Lease::is_lost) looks at the loss signal itself, and anyone
-//! who listens ([`Lease::lost`](crate::Lease::lost), a
-//! [`LostSignal`](crate::LostSignal)) or extends starts the watchdog at once. An owner's
-//! hold starts its watchdog with the lease: its loss must reach the hold's other leases in
-//! the client.
+//! [`Lease::is_lost`](crate::Lease::is_lost), `extend` and `release` look at the loss
+//! signal themselves (within the lease's runtime, from any thread), and anyone who listens
+//! ([`Lease::lost`](crate::Lease::lost), a [`LostSignal`](crate::LostSignal)) starts the
+//! watchdog at once if there is a signal to listen to. Two kinds of lease start their
+//! watchdog with the grant: an owner's hold, whose loss must reach the hold's other leases
+//! in the client, and one whose signal must be listened to from the grant on
+//! ([`Grant::listened_from_grant`](crate::raw::Grant::listened_from_grant): ZooKeeper's,
+//! which times a disconnect from when it sees it).
 //!
 //! Most holds end long before that, and a task per lease, spawned at the grant and aborted
 //! at the release, is client CPU on every cycle, on the runtime's other worker thread too:
@@ -246,6 +249,13 @@ mod tests {
     async fn signalled(
         queue: &Arc<PendingWatchdogs>,
     ) -> (crate::Lease, tokio::sync::oneshot::Sender<()>) {
+        signalled_with(queue, |grant| grant).await
+    }
+
+    async fn signalled_with(
+        queue: &Arc<PendingWatchdogs>,
+        then: impl FnOnce(Grant) -> Grant,
+    ) -> (crate::Lease, tokio::sync::oneshot::Sender<()>) {
         let (lose, lost) = tokio::sync::oneshot::channel::<()>();
         let grant = Grant::new(1, Box::new(Counted::default()), Instant::now())
             .with_lost(Box::pin(async move {
@@ -253,6 +263,7 @@ mod tests {
                 crate::LostReason::NotHeld
             }))
             .kept_alive();
+        let grant = then(grant);
         let opts = LockOptions::new().ttl(Duration::from_secs(30));
         let lease = crate::Lease::for_test(grant, &opts, crate::Expiry::Ttl, Some(queue)).await;
         (lease, lose)
@@ -286,6 +297,89 @@ mod tests {
             .expect("the watchdog passed the loss on");
         assert_eq!(reason, Some(crate::LostReason::NotHeld));
         assert!(signal.is_lost() && lease.is_lost());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loss_signalled_before_listening_shows_in_the_new_signal() {
+        let queue = Arc::new(PendingWatchdogs::default());
+        let (lease, lose) = signalled(&queue).await;
+        lose.send(()).expect("the signal listens");
+        assert!(
+            lease.lost_signal().is_lost(),
+            "no wait for the watchdog to run"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn listening_to_a_lease_without_a_signal_starts_no_task() {
+        let queue = Arc::new(PendingWatchdogs::default());
+        let (lease, _) = lease(&queue, Duration::from_secs(30)).await;
+        let _signal = lease.lost_signal();
+        assert_eq!(
+            queue.len(),
+            1,
+            "nothing to listen to before a fifth of the ttl"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn is_lost_outside_the_runtime_sees_the_signal() {
+        let queue = Arc::new(PendingWatchdogs::default());
+        let (lease, lose) = signalled(&queue).await;
+        lose.send(()).expect("the signal listens");
+        let lost =
+            std::thread::scope(|s| s.spawn(|| lease.is_lost()).join()).expect("the plain thread");
+        assert!(lost, "looked at within the lease's runtime");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_signal_that_needs_a_listener_starts_the_watchdog_with_the_grant() {
+        let queue = Arc::new(PendingWatchdogs::default());
+        let (lease, lose) = signalled_with(&queue, Grant::listened_from_grant).await;
+        assert_eq!(queue.len(), 0, "started with the lease");
+        lose.send(()).expect("the signal listens");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(lease.lost_signal().is_lost(), "the watchdog heard it");
+    }
+
+    /// A handle whose release makes the backend signal a loss, as a deletion watch would
+    /// see its own release.
+    #[derive(Debug)]
+    struct SeenDeleted(Option<tokio::sync::oneshot::Sender<()>>);
+
+    #[async_trait::async_trait]
+    impl Held for SeenDeleted {
+        async fn extend(&mut self, _ttl: Duration) -> Result<()> {
+            Ok(())
+        }
+        async fn release(&mut self) -> Result<()> {
+            if let Some(deleted) = self.0.take() {
+                let _ = deleted.send(());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_after_an_extend_stops_a_running_watchdog() {
+        let queue = Arc::new(PendingWatchdogs::default());
+        let (deleted, seen) = tokio::sync::oneshot::channel();
+        let grant = Grant::new(1, Box::new(SeenDeleted(Some(deleted))), Instant::now()).with_lost(
+            Box::pin(async move {
+                let _ = seen.await;
+                crate::LostReason::NotHeld
+            }),
+        );
+        let opts = LockOptions::new().ttl(Duration::from_secs(30));
+        let lease = crate::Lease::for_test(grant, &opts, crate::Expiry::Ttl, Some(&queue)).await;
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        assert_eq!(queue.len(), 0, "running");
+        lease.extend(Duration::from_secs(30)).await.expect("extend");
+        lease
+            .release()
+            .await
+            .expect("the watchdog was stopped before the release went out");
     }
 
     #[tokio::test(start_paused = true)]

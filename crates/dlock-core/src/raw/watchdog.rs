@@ -1,5 +1,6 @@
-//! The renewal loop: one task per lease, started with the lease or, when it has no loss
-//! signal to listen to, at a fifth of its ttl (see [`pending`](super::pending)).
+//! The renewal loop: one task per lease, started at a fifth of its ttl (see
+//! [`pending`](super::pending)), or with the lease for an owner's hold and a loss signal
+//! that must be listened to from the grant on.
 //!
 //! It renews every `ttl / 3` (less a random twelfth of the ttl at most, drawn anew each
 //! time, rounded down to a grid that leases renewing together share), measuring from when

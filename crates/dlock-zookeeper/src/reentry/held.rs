@@ -64,7 +64,10 @@ pub(crate) fn grant(
         owner,
         kept,
     };
-    let grant = Grant::new(token, Box::new(held), sent_at).with_lost(Box::pin(lost));
+    // Timed from the grant, as a plain hold's (see `Contender::into_grant`).
+    let grant = Grant::new(token, Box::new(held), sent_at)
+        .with_lost(Box::pin(lost))
+        .listened_from_grant();
     Ok(match kept {
         true => grant.kept_alive(),
         false => grant,
