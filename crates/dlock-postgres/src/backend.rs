@@ -16,8 +16,8 @@ use dlock_core::{
     Capabilities, Expiry, Fencing, Inspection, KeyStatus, Leader, LockError, LockOptions,
     LockStats, Mode, Observe, Reentry, Result, WaiterView, Wakeup,
 };
-use futures::TryStreamExt;
 use futures::stream::BoxStream;
+use futures::{TryFutureExt, TryStreamExt};
 use sqlx::postgres::PgRow;
 use sqlx::{Either, Executor, Row};
 use tokio::sync::oneshot;
@@ -348,9 +348,7 @@ impl Inner {
         sql: &str,
         op: &'static str,
     ) -> Result<Vec<PgRow>, Error> {
-        timeout(self.config.response_timeout, run_raw(lent, sql, op))
-            .await
-            .unwrap_or_else(|_| Err(self.no_answer(op)))
+        self.answered(run_raw(lent, sql, op), op).await
     }
 
     /// Run `statement` on `lent` within the response timeout.
@@ -370,10 +368,19 @@ impl Inner {
                 Param::Text(value) => query.bind(value.as_str()),
             };
         }
-        match timeout(self.config.response_timeout, query.fetch_all(lent.raw())).await {
-            Ok(rows) => rows.map_err(Error::sql(op)),
-            Err(_) => Err(self.no_answer(op)),
-        }
+        let rows = query.fetch_all(lent.raw()).map_err(Error::sql(op));
+        self.answered(rows, op).await
+    }
+
+    /// `query`'s rows, or [`no_answer`](Self::no_answer) past the response timeout.
+    async fn answered(
+        &self,
+        query: impl Future<Output = Result<Vec<PgRow>, Error>>,
+        op: &'static str,
+    ) -> Result<Vec<PgRow>, Error> {
+        timeout(self.config.response_timeout, query)
+            .await
+            .unwrap_or_else(|_| Err(self.no_answer(op)))
     }
 
     /// Run `sql` on a side connection; with `bind`, as one statement with `$1` bound. An
@@ -392,14 +399,9 @@ impl Inner {
                 None => self.run(&mut lent, sql, op).await,
                 Some(value) => {
                     // Not kept: some of these texts name a key's id or term.
-                    let query = sqlx::query(sql)
-                        .bind(value)
-                        .persistent(false)
-                        .fetch_all(lent.raw());
-                    match timeout(self.config.response_timeout, query).await {
-                        Ok(rows) => rows.map_err(Error::sql(op)),
-                        Err(_) => Err(self.no_answer(op)),
-                    }
+                    let query = sqlx::query(sql).bind(value).persistent(false);
+                    let rows = query.fetch_all(lent.raw()).map_err(Error::sql(op));
+                    self.answered(rows, op).await
                 }
             };
             match result {

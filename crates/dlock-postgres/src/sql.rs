@@ -263,14 +263,12 @@ impl Sql {
         if let Some(owner) = &lock.owner {
             return Statement::Simple(self.try_owned(id, owner, idle_ms));
         }
-        // As `take_if`, with `$1` = id, `$2` and `$3` = the timeouts.
+        // `$1` = id, `$2` and `$3` = the timeouts.
         let [idle, keepalive] = timeout_values(idle_ms);
         Statement::Prepared {
-            text: format!(
-                "SELECT t.token, CASE WHEN t.token IS NOT NULL THEN {HOLD_TIMEOUTS_2_3} END \
-                 FROM (SELECT CASE WHEN pg_try_advisory_lock{suffix}({ns}, $1) \
-                   THEN nextval('{fence}') END AS token OFFSET 0) t",
-                fence = self.fence_seq,
+            text: self.take_if(
+                &format!("pg_try_advisory_lock{suffix}({ns}, $1)"),
+                HOLD_TIMEOUTS_2_3,
             ),
             params: vec![Param::Int(id), Param::Text(idle), Param::Text(keepalive)],
         }
@@ -290,13 +288,12 @@ impl Sql {
                AND NOT granted) \
              THEN false ELSE pg_try_advisory_lock_shared({ns}, {id}) END"
         );
-        self.take_if(&condition, idle_ms)
+        self.take_if(&condition, &hold_timeouts(idle_ms))
     }
 
-    /// The try statement around `condition`, which takes the lock when true. `CASE` keeps
-    /// the order: the token is taken only after the lock.
-    fn take_if(&self, condition: &str, idle_ms: u64) -> String {
-        let timeouts = hold_timeouts(idle_ms);
+    /// The try statement around `condition`, which takes the lock when true, then sets
+    /// `timeouts`. `CASE` keeps the order: the token is taken only after the lock.
+    fn take_if(&self, condition: &str, timeouts: &str) -> String {
         format!(
             "SELECT t.token, CASE WHEN t.token IS NOT NULL THEN {timeouts} END \
              FROM (SELECT CASE WHEN {condition} \
