@@ -365,6 +365,7 @@ impl Inner {
         for param in params {
             query = match param {
                 Param::Int(value) => query.bind(*value),
+                Param::BigInt(value) => query.bind(*value),
                 Param::Text(value) => query.bind(value.as_str()),
             };
         }
@@ -391,17 +392,37 @@ impl Inner {
         sql: &str,
         bind: Option<&str>,
     ) -> Result<Vec<PgRow>, Error> {
+        self.side_query(op, SideQuery::Text(sql, bind)).await
+    }
+
+    /// [`side`](Self::side) for a [`Statement`]; a prepared one is kept by the connection.
+    pub(crate) async fn side_statement(
+        &self,
+        op: &'static str,
+        statement: &Statement,
+    ) -> Result<Vec<PgRow>, Error> {
+        self.side_query(op, SideQuery::Statement(statement)).await
+    }
+
+    async fn side_query(
+        &self,
+        op: &'static str,
+        query: SideQuery<'_>,
+    ) -> Result<Vec<PgRow>, Error> {
         let mut replaced = false;
         loop {
             let mut lent = self.side.get().await?;
             let reused = lent.reused;
-            let result = match bind {
-                None => self.run(&mut lent, sql, op).await,
-                Some(value) => {
+            let result = match query {
+                SideQuery::Text(sql, None) => self.run(&mut lent, sql, op).await,
+                SideQuery::Text(sql, Some(value)) => {
                     // Not kept: some of these texts name a key's id or term.
                     let query = sqlx::query(sql).bind(value).persistent(false);
                     let rows = query.fetch_all(lent.raw()).map_err(Error::sql(op));
                     self.answered(rows, op).await
+                }
+                SideQuery::Statement(statement) => {
+                    self.run_statement(&mut lent, statement, op).await
                 }
             };
             match result {
@@ -492,59 +513,14 @@ impl Inner {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// What `connect` logs, and its error, for `url`. The hosts used are TEST-NET-1
-    /// addresses (RFC 5737: never routed) with a 100 ms connect timeout: the connection
-    /// fails quickly, after the warning.
-    fn connect_logging(url: &str) -> (String, LockError) {
-        let config = PostgresConfig::from_url(url).unwrap();
-        let (log, result) =
-            dlock_conformance::testkit::warnings_of(|| PostgresBackend::connect(config));
-        (
-            log,
-            result.expect_err("nothing answers at a TEST-NET-1 address"),
-        )
-    }
-
-    #[test]
-    fn a_password_to_an_unverified_remote_server_is_warned_about_once_without_secrets() {
-        let (log, err) = connect_logging(
-            "postgres://app-user:hunter2-pw@192.0.2.1:5433/d?connect_timeout=100ms",
-        );
-        assert_eq!(err.kind(), dlock_core::ErrorKind::Unavailable, "{err}");
-        assert_eq!(log.matches(" WARN ").count(), 1, "{log}");
-        assert!(
-            log.contains("server=192.0.2.1:5433")
-                && log.contains("sslmode=\"prefer\"")
-                && log.contains("not verified"),
-            "{log}"
-        );
-        for secret in ["hunter2-pw", "app-user"] {
-            assert!(!log.contains(secret), "the log shows {secret:?}: {log}");
-        }
-
-        let (log, _) = connect_logging(
-            "postgres://app-user:hunter2-pw@192.0.2.1/d?connect_timeout=100ms&sslmode=require",
-        );
-        assert!(log.contains("sslmode=\"require\""), "{log}");
-    }
-
-    #[test]
-    fn no_warning_for_a_verified_server_or_no_password() {
-        for url in [
-            "postgres://app:pw@192.0.2.1/d?connect_timeout=100ms&sslmode=verify-full",
-            "postgres://app@192.0.2.1/d?connect_timeout=100ms",
-        ] {
-            let (log, err) = connect_logging(url);
-            assert_eq!(
-                err.kind(),
-                dlock_core::ErrorKind::Unavailable,
-                "{url}: {err}"
-            );
-            assert!(log.is_empty(), "{url}: {log}");
-        }
-    }
+/// What a side connection runs: text, with at most one text value bound to `$1`, or a
+/// [`Statement`].
+#[derive(Clone, Copy)]
+enum SideQuery<'a> {
+    Text(&'a str, Option<&'a str>),
+    Statement(&'a Statement),
 }
+
+#[cfg(test)]
+#[path = "backend_tests.rs"]
+mod tests;

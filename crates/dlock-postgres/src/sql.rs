@@ -80,6 +80,7 @@ pub(crate) enum Statement {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Param {
     Int(i32),
+    BigInt(i64),
     Text(String),
 }
 
@@ -107,6 +108,7 @@ impl Statement {
             .fold(text.clone(), |text, (i, param)| {
                 let value = match param {
                     Param::Int(v) => v.to_string(),
+                    Param::BigInt(v) => v.to_string(),
                     Param::Text(v) => format!("'{v}'"),
                 };
                 text.replace(&format!("${}", i + 1), &value)

@@ -556,3 +556,35 @@ async fn a_hold_told_lost_is_never_reentered() {
     h.assert_no_session_on(&key).await;
     assert!(rows(&h, &key).await.is_empty());
 }
+
+/// Once a re-entry has seen the hold's session holding the lock, the first client's later
+/// re-entries and releases look that session up instead of reading `pg_locks`: a session
+/// killed before the client notices (its next ping is 20 s away) is never re-entered, and
+/// the entry taken before the kill is not released as if it still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holders_session_killed_unnoticed_is_never_reentered() {
+    let h = harness();
+    let (a, b) = (client(&h).await, client(&h).await);
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-killed");
+    let opts = owned("job-1").ttl(Duration::from_secs(60));
+    let first = take(&*a, &key, &opts).await;
+    let seen = take(&*a, &key, &opts).await;
+    assert_eq!(seen.fencing_token(), first.fencing_token());
+    seen.release().await.unwrap();
+    let entry = take(&*a, &key, &opts).await;
+    let [pid] = h.sessions_on(&key, true).await.unwrap()[..] else {
+        panic!("one holder session");
+    };
+    h.kill_session(pid).await.unwrap();
+    let other = take(&*b, &key, &plain()).await;
+    let again = a.try_acquire(&key, &opts).await.expect("try_acquire");
+    assert!(
+        again.is_none(),
+        "re-entered hold {} of a killed session while {} holds the key",
+        first.fencing_token(),
+        other.fencing_token()
+    );
+    assert!(entry.release().await.is_err(), "released as if held");
+    other.release().await.unwrap();
+    drop(first);
+}

@@ -31,7 +31,10 @@ use crate::NAME;
 use crate::backend::Inner;
 use crate::error::Error;
 
+mod remote;
 mod sql;
+
+use sql::Holder;
 
 /// How long a first client whose own leases are gone waits without a notification before
 /// it looks at the count again: the bound on noticing the other clients' leases expired,
@@ -89,6 +92,9 @@ struct State {
     lingering: bool,
     /// The longest ttl a lease asked: a renewal never shortens the session's idle timeout.
     ttl: Duration,
+    /// The session holding the lock, once a re-entry's `pg_locks` check saw it: later
+    /// re-entries and releases here look that session up instead.
+    holder: Option<Holder>,
 }
 
 impl Anchor {
@@ -277,6 +283,7 @@ impl Inner {
                 local: 1,
                 lingering: false,
                 ttl,
+                holder: None,
             }),
         });
         // An anchor of an earlier hold that is being given back goes.
@@ -332,30 +339,41 @@ impl Inner {
         waiting: Option<i32>,
     ) -> Result<Option<Grant>> {
         let sent_at = Instant::now();
-        if let Some(anchor) = self.anchors.get(id)
-            && anchor.owner == owner
-            && anchor.is_lost()
-        {
+        let anchor = self.anchors.get(id).filter(|a| a.owner == owner);
+        if anchor.as_ref().is_some_and(|a| a.is_lost()) {
             // This client's hold of the owner was told lost: no more leases of it, though
             // the server may still show it for a moment (a plain acquire would find the
             // key busy, as this one does, and wait for it).
             return Ok(None);
         }
-        let sql = self.sql.reenter(id, ttl, waiting);
-        let rows = self.side("acquire", &sql, Some(owner.as_str())).await?;
+        let seen = anchor
+            .as_ref()
+            .and_then(|a| a.state().holder.map(|h| (a.token, h)));
+        let mut rows = Vec::new();
+        if seen.is_some() {
+            let sql = self.sql.reenter(id, ttl, waiting, seen, &owner);
+            rows = self.side_statement("acquire", &sql).await?;
+        }
+        if rows.is_empty() {
+            // No session seen yet, or it is not there any more: the pg_locks check decides.
+            let sql = self.sql.reenter(id, ttl, waiting, None, &owner);
+            rows = self.side_statement("acquire", &sql).await?;
+        }
         let Some(row) = rows.first() else {
             return Ok(None);
         };
         let token: i64 = row.try_get(0).map_err(Error::sql("acquire"))?;
         let token = u64::try_from(token).unwrap_or(0);
-        if let Some(anchor) = self.anchors.get(id)
-            && anchor.token == token
-            && anchor.owner == owner
-        {
+        if let Some(anchor) = anchor.filter(|a| a.token == token) {
             {
                 let mut state = anchor.state();
                 state.local += 1;
                 state.ttl = state.ttl.max(ttl);
+                if state.holder.is_none()
+                    && let (Ok(pid), Ok(Some(started_us))) = (row.try_get(1), row.try_get(2))
+                {
+                    state.holder = Some(Holder { pid, started_us });
+                }
             }
             let lease = anchor.lease(self, sent_at);
             if anchor.is_lost() {
@@ -365,7 +383,7 @@ impl Inner {
             }
             return Ok(Some(lease));
         }
-        let held = Remote {
+        let held = remote::Remote {
             inner: self.clone(),
             key: key.to_owned(),
             id,
@@ -425,10 +443,18 @@ impl fmt::Debug for Local {
 /// Release one lease of `anchor`'s hold in its own client: the count down by one (a side
 /// connection), and at zero the lock given back (its holder connection).
 async fn release_local(inner: Arc<Inner>, anchor: Arc<Anchor>) -> Result<()> {
-    let sql = inner.sql.release_owned(anchor.id, anchor.token, false);
-    let rows = inner
-        .side("release", &sql, Some(anchor.owner.as_str()))
-        .await;
+    let (id, token, owner) = (anchor.id, anchor.token, &anchor.owner);
+    let holder = anchor.state().holder;
+    let mut rows = Ok(Vec::new());
+    if holder.is_some() {
+        let sql = inner.sql.release_owned(id, token, false, holder, owner);
+        rows = inner.side_statement("release", &sql).await;
+    }
+    if rows.as_ref().is_ok_and(Vec::is_empty) {
+        // As in a re-entry: the pg_locks check decides.
+        let sql = inner.sql.release_owned(id, token, false, None, owner);
+        rows = inner.side_statement("release", &sql).await;
+    }
     let left = match &rows {
         Ok(rows) => match rows.first() {
             Some(row) => Some(i64::from(
@@ -473,89 +499,6 @@ impl Drop for Local {
     fn drop(&mut self) {
         if !self.released {
             let release = release_local(self.inner.clone(), self.anchor.clone());
-            dlock_core::raw::spawn_cleanup(async move {
-                let _ = release.await;
-            });
-        }
-    }
-}
-
-/// A lease of a reentrant hold whose lock another client holds: renewals and releases are
-/// row updates on a side connection.
-struct Remote {
-    inner: Arc<Inner>,
-    key: String,
-    id: i32,
-    owner: Owner,
-    token: u64,
-    released: bool,
-}
-
-impl fmt::Debug for Remote {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Remote")
-            .field("key", &self.key)
-            .field("owner", &self.owner)
-            .field("token", &self.token)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Release one lease of another client's hold: the count down by one, a zero notified.
-async fn release_remote(
-    inner: Arc<Inner>,
-    key: String,
-    id: i32,
-    owner: Owner,
-    token: u64,
-) -> Result<()> {
-    let sql = inner.sql.release_owned(id, token, true);
-    let rows = inner.side("release", &sql, Some(owner.as_str())).await?;
-    if rows.is_empty() {
-        return Err(LockError::not_held(NAME, &key, LostReason::NotHeld));
-    }
-    Ok(())
-}
-
-#[async_trait]
-impl Held for Remote {
-    /// Checks the hold is live and keeps it `ttl` more for when the first client's leases
-    /// are gone (the first client keeps the lock's session alive).
-    async fn extend(&mut self, ttl: Duration) -> Result<()> {
-        let sql = self.inner.sql.extend_owned(self.id, self.token, ttl);
-        let rows = self
-            .inner
-            .side("extend", &sql, Some(self.owner.as_str()))
-            .await?;
-        if rows.is_empty() {
-            return Err(LockError::not_held(NAME, &self.key, LostReason::NotHeld));
-        }
-        Ok(())
-    }
-
-    async fn release(&mut self) -> Result<()> {
-        self.released = true;
-        release_remote(
-            self.inner.clone(),
-            self.key.clone(),
-            self.id,
-            self.owner,
-            self.token,
-        )
-        .await
-    }
-}
-
-impl Drop for Remote {
-    fn drop(&mut self) {
-        if !self.released {
-            let release = release_remote(
-                self.inner.clone(),
-                self.key.clone(),
-                self.id,
-                self.owner,
-                self.token,
-            );
             dlock_core::raw::spawn_cleanup(async move {
                 let _ = release.await;
             });
