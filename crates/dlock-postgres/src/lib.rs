@@ -235,9 +235,8 @@
 //! | `proclaim` called → an observer sees it ⁴ | update + notify → listener → 1 read | 5.9 ms |
 //! | `list`, one key held ³ | 1 (reads `pg_locks`) | 0.82 ms |
 //! | owner `try_acquire`, key free ⁵ | 1 (the try with the row's upsert and `pg_notify`) | 0.63 ms |
-//! | owner re-entry, in the client that holds the lock: the hold's first / a later one ⁶ | 1 (side connection; the first reads `pg_locks`, a later one looks up the session) | 0.99 / 0.43 ms |
-//! | owner re-entry, in another client ⁶ | 2 (side connection; reads `pg_locks`) | 1.6 ms |
-//! | owner `release`, the count stays above zero, in the first client / another ⁶ | 1 (side connection; the first client looks up the session, another reads `pg_locks`) | 0.35 / 0.80 ms |
+//! | owner re-entry, in the client that holds the lock / in another client ⁶ | 1 / 2 (side connection; reads `pg_locks`) | 0.99 / 1.5 ms |
+//! | owner `release`, the count stays above zero ⁶ | 1 (side connection; reads `pg_locks`) | 0.85 ms |
 //! | owner's last `release`, in the first client ⁵ | 2 (the count, then the unlock with the row) | 1.8 ms |
 //! | owner's last `release` in another client → a waiter holds ⁵ | count + notify → listener → the first client's check → unlock → grant | 2.4 ms |
 //!
@@ -263,10 +262,12 @@
 //! ⁵ `postgres_latency` beside other builds (`SELECT 1` 0.037 ms, an exclusive
 //! `try_acquire` of a free key 0.079 ms, `inspect` 2.3 ms): each count change reads
 //! `pg_locks` (the hold still live) and commits with a WAL flush. See *Reentrant holds*.
-//! ⁶ `postgres_latency` in a later run (`SELECT 1` 0.096 ms, an exclusive `try_acquire` of
-//! a free key 0.14 ms), once count changes had stopped waiting for the WAL flush and the
-//! first client's later ones had stopped reading `pg_locks` (before, in the run of ⁵:
-//! re-entry 1.3 / 1.7 ms, count down 1.3–1.4 ms). See *Reentrant holds*.
+//! ⁶ `postgres_latency` in a later run (`SELECT 1` 0.13 ms, an exclusive `try_acquire` of
+//! a free key 0.21 ms), once count changes had stopped waiting for the WAL flush (before,
+//! in the run of ⁵: re-entry 1.3 / 1.7 ms, count down 1.3–1.4 ms); what is left is mostly
+//! the `pg_locks` read, which copies the server's whole lock table (about 1 ms with the
+//! test servers' 128,000 lock slots: `max_locks_per_transaction` 256 ×
+//! `max_connections` 500). See *Reentrant holds*.
 //!
 //! # Many keys
 //!
@@ -404,20 +405,12 @@
 //!   that holds the lock never re-enters a hold whose holder connection it has told lost
 //!   (the server may still show the session for a moment): such an acquire finds the key
 //!   busy, as a plain one would.
-//! - **The first client's own check.** Its first re-entry of a hold reads `pg_locks`, as
-//!   above, and notes the session it saw holding the lock: its pid and `backend_start`. Its
-//!   later re-entries and releases of that hold look that one session up instead
-//!   (`pg_stat_get_activity(pid)`, its `backend_start` unchanged, so not a later session
-//!   with the same pid). That is proof enough: the session keeps the lock until it ends or
-//!   gives it back, and it gives it back only with the row. Reading `pg_locks` copies the
-//!   server's whole lock table, about 1 ms with the test servers' 128,000 lock slots; one
-//!   session is looked up in about 0.05 ms. A miss (the session gone) goes through the
-//!   `pg_locks` check again before it answers.
-//! - **Commits.** The count and renewal updates are prepared statements (their values are
-//!   parameters) and commit without waiting for the WAL flush (`synchronous_commit = off`
-//!   for that statement alone): a row counts only while its session holds the lock, and a
-//!   server crash ends every session, so those writes need not outlive one. The first
-//!   acquire's statement, which draws the token, still commits with a flush.
+//! - **Commits.** The count and renewal updates commit without waiting for the WAL flush
+//!   (`synchronous_commit = off` for that statement alone): a row counts only while its
+//!   session holds the lock, and a server crash ends every session, so those writes need
+//!   not outlive one. The first acquire's statement, which draws the token, still commits
+//!   with a flush. A re-entry's and a release's count updates are prepared statements
+//!   (their values are parameters), kept by the side connections.
 //! - **Release**: `UPDATE … SET holds = holds - 1`, 1 round trip; the release that brings
 //!   the count to zero in the first client then gives the lock back on its holder
 //!   connection with the row (`DELETE` + `pg_advisory_unlock`, 1 more). A release in

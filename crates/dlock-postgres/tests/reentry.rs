@@ -557,10 +557,10 @@ async fn a_hold_told_lost_is_never_reentered() {
     assert!(rows(&h, &key).await.is_empty());
 }
 
-/// Once a re-entry has seen the hold's session holding the lock, the first client's later
-/// re-entries and releases look that session up instead of reading `pg_locks`: a session
-/// killed before the client notices (its next ping is 20 s away) is never re-entered, and
-/// the entry taken before the kill is not released as if it still held.
+/// A hold whose session was killed before its client noticed (its next ping is 20 s away)
+/// is never re-entered there, even after earlier re-entries of it, and the entry taken
+/// before the kill is not released as if it still held: each count change checks the
+/// session still holds the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holders_session_killed_unnoticed_is_never_reentered() {
     let h = harness();

@@ -34,8 +34,6 @@ use crate::error::Error;
 mod remote;
 mod sql;
 
-use sql::Holder;
-
 /// How long a first client whose own leases are gone waits without a notification before
 /// it looks at the count again: the bound on noticing the other clients' leases expired,
 /// or a zero count whose notification went unheard (the listener reconnecting).
@@ -92,9 +90,6 @@ struct State {
     lingering: bool,
     /// The longest ttl a lease asked: a renewal never shortens the session's idle timeout.
     ttl: Duration,
-    /// The session holding the lock, once a re-entry's `pg_locks` check saw it: later
-    /// re-entries and releases here look that session up instead.
-    holder: Option<Holder>,
 }
 
 impl Anchor {
@@ -283,7 +278,6 @@ impl Inner {
                 local: 1,
                 lingering: false,
                 ttl,
-                holder: None,
             }),
         });
         // An anchor of an earlier hold that is being given back goes.
@@ -339,41 +333,30 @@ impl Inner {
         waiting: Option<i32>,
     ) -> Result<Option<Grant>> {
         let sent_at = Instant::now();
-        let anchor = self.anchors.get(id).filter(|a| a.owner == owner);
-        if anchor.as_ref().is_some_and(|a| a.is_lost()) {
+        if let Some(anchor) = self.anchors.get(id)
+            && anchor.owner == owner
+            && anchor.is_lost()
+        {
             // This client's hold of the owner was told lost: no more leases of it, though
             // the server may still show it for a moment (a plain acquire would find the
             // key busy, as this one does, and wait for it).
             return Ok(None);
         }
-        let seen = anchor
-            .as_ref()
-            .and_then(|a| a.state().holder.map(|h| (a.token, h)));
-        let mut rows = Vec::new();
-        if seen.is_some() {
-            let sql = self.sql.reenter(id, ttl, waiting, seen, &owner);
-            rows = self.side_statement("acquire", &sql).await?;
-        }
-        if rows.is_empty() {
-            // No session seen yet, or it is not there any more: the pg_locks check decides.
-            let sql = self.sql.reenter(id, ttl, waiting, None, &owner);
-            rows = self.side_statement("acquire", &sql).await?;
-        }
+        let sql = self.sql.reenter(id, ttl, waiting, &owner);
+        let rows = self.side_statement("acquire", &sql).await?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
         let token: i64 = row.try_get(0).map_err(Error::sql("acquire"))?;
         let token = u64::try_from(token).unwrap_or(0);
-        if let Some(anchor) = anchor.filter(|a| a.token == token) {
+        if let Some(anchor) = self.anchors.get(id)
+            && anchor.token == token
+            && anchor.owner == owner
+        {
             {
                 let mut state = anchor.state();
                 state.local += 1;
                 state.ttl = state.ttl.max(ttl);
-                if state.holder.is_none()
-                    && let (Ok(pid), Ok(Some(started_us))) = (row.try_get(1), row.try_get(2))
-                {
-                    state.holder = Some(Holder { pid, started_us });
-                }
             }
             let lease = anchor.lease(self, sent_at);
             if anchor.is_lost() {
@@ -443,18 +426,10 @@ impl fmt::Debug for Local {
 /// Release one lease of `anchor`'s hold in its own client: the count down by one (a side
 /// connection), and at zero the lock given back (its holder connection).
 async fn release_local(inner: Arc<Inner>, anchor: Arc<Anchor>) -> Result<()> {
-    let (id, token, owner) = (anchor.id, anchor.token, &anchor.owner);
-    let holder = anchor.state().holder;
-    let mut rows = Ok(Vec::new());
-    if holder.is_some() {
-        let sql = inner.sql.release_owned(id, token, false, holder, owner);
-        rows = inner.side_statement("release", &sql).await;
-    }
-    if rows.as_ref().is_ok_and(Vec::is_empty) {
-        // As in a re-entry: the pg_locks check decides.
-        let sql = inner.sql.release_owned(id, token, false, None, owner);
-        rows = inner.side_statement("release", &sql).await;
-    }
+    let sql = inner
+        .sql
+        .release_owned(anchor.id, anchor.token, false, &anchor.owner);
+    let rows = inner.side_statement("release", &sql).await;
     let left = match &rows {
         Ok(rows) => match rows.first() {
             Some(row) => Some(i64::from(

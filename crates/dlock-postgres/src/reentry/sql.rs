@@ -36,23 +36,6 @@ impl Params {
     }
 }
 
-/// The session that holds a hold's lock, told apart from any later session with its pid:
-/// its pid and when it started (`backend_start`, in microseconds since the epoch), as the
-/// server reported them next to a `pg_locks` check that it held the lock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Holder {
-    pub(crate) pid: i32,
-    pub(crate) started_us: i64,
-}
-
-/// When session `pid` started, in microseconds since the epoch (NULL: no such session).
-fn backend_start(pid: &str) -> String {
-    format!(
-        "(SELECT (extract(epoch FROM a.backend_start) * 1000000)::bigint \
-          FROM pg_stat_get_activity({pid}) a)"
-    )
-}
-
 impl Sql {
     /// The channel a release that brings a hold's count to zero notifies (payload: the
     /// key's id), for the first client, which keeps the lock until then.
@@ -98,30 +81,13 @@ impl Sql {
         )
     }
 
-    /// Row `o`'s hold is live: its session holds the key's lock. With `holder` (the first
-    /// client's own hold, whose session a `pg_locks` check has already shown holding it),
-    /// that session is still there: it keeps the lock until it ends or gives it back, and
-    /// it gives it back only with the row. Reading `pg_locks` copies the server's whole lock
-    /// table (about 1 ms with 128,000 lock slots); looking up one session does not.
-    fn live(&self, holder: Option<Holder>, params: &mut Params) -> String {
-        match holder {
-            None => self.owner_holds(),
-            Some(h) => format!(
-                "o.started = pg_postmaster_start_time() AND o.pid = {pid} AND {start} = {us}",
-                pid = params.push(Param::Int(h.pid)),
-                start = backend_start("o.pid"),
-                us = params.push(Param::BigInt(h.started_us)),
-            ),
-        }
-    }
-
     /// A condition that is always true and makes the statement's commit asynchronous (no
     /// wait for the WAL flush): for the count and renewal updates of a live hold, whose row
     /// means nothing after a server crash (the crash ends the session that holds the lock,
     /// and `started` no longer matches), so its writes need not outlive one. A re-entry and
     /// its release each waited for a flush before (about 1 ms each on the test machine).
-    /// Written last in a `WHERE`, so that it is evaluated for every row the statement
-    /// changes; a statement that changes no row commits nothing to flush.
+    /// In a `WHERE`, a volatile condition without columns is evaluated for every row the
+    /// statement changes; a statement that changes no row commits nothing to flush.
     fn unflushed() -> &'static str {
         "set_config('synchronous_commit', 'off', true) = 'off'"
     }
@@ -204,16 +170,13 @@ impl Sql {
 
     /// `$1` = owner: re-enter its hold of key `id`, if it has a live one (not held by
     /// session `not_pid`: an owner's own wait): the count up by one, and the other clients'
-    /// lease kept for `ttl` more (never less than before). One row: the hold's token, its
-    /// session's pid and start (see [`Holder`]); none when the owner holds nothing. With
-    /// `anchor`, only hold `token` of session `holder` is re-entered (see
-    /// [`live`](Self::live)). Prepared: the text is one of four for every key.
+    /// lease kept for `ttl` more (never less than before). One row: the hold's token; none
+    /// when the owner holds nothing. Prepared: the text is one of two for every key.
     pub(crate) fn reenter(
         &self,
         id: i32,
         ttl: Duration,
         not_pid: Option<i32>,
-        anchor: Option<(u64, Holder)>,
         owner: &Owner,
     ) -> Statement {
         let mut params = Params::new(owner);
@@ -224,37 +187,28 @@ impl Sql {
         let not_pid = not_pid.map_or_else(String::new, |pid| {
             format!(" AND o.pid <> {}", params.push(Param::Int(pid)))
         });
-        let token = anchor.map_or_else(String::new, |(token, _)| {
-            format!(
-                " AND o.token = {}",
-                params.push(Param::BigInt(i64::try_from(token).unwrap_or(i64::MAX)))
-            )
-        });
-        let live = self.live(anchor.map(|(_, h)| h), &mut params);
         params.statement(format!(
             "UPDATE {owners} o SET holds = o.holds + 1, \
                expires = greatest(o.expires, now() + {ms}::float8 * interval '1 millisecond') \
-             WHERE o.ns = {ns} AND o.id = {id} AND o.owner = $1 AND o.holds > 0{not_pid}{token} \
-               AND {live} AND {unflushed} \
-             RETURNING o.token, o.pid, {start}",
+             WHERE o.ns = {ns} AND o.id = {id} AND o.owner = $1 AND o.holds > 0{not_pid} \
+               AND {held} AND {unflushed} \
+             RETURNING o.token",
             owners = self.owners,
             ns = self.namespace,
+            held = self.owner_holds(),
             unflushed = Self::unflushed(),
-            start = backend_start("o.pid"),
         ))
     }
 
     /// `$1` = owner: one lease of hold `token` of key `id` released, the count down by one.
     /// One row: the count left (none: the hold is gone); with `notify`, a count of zero
-    /// notifies the first client (at commit), which keeps the lock until then. With
-    /// `holder`, the hold's session is looked up instead of `pg_locks` (see
-    /// [`live`](Self::live)). Prepared, as [`reenter`](Self::reenter).
+    /// notifies the first client (at commit), which keeps the lock until then. Prepared, as
+    /// [`reenter`](Self::reenter).
     pub(crate) fn release_owned(
         &self,
         id: i32,
         token: u64,
         notify: bool,
-        holder: Option<Holder>,
         owner: &Owner,
     ) -> Statement {
         let mut params = Params::new(owner);
@@ -268,15 +222,15 @@ impl Sql {
         } else {
             String::new()
         };
-        let live = self.live(holder, &mut params);
         params.statement(format!(
             "WITH u AS (UPDATE {owners} o SET holds = o.holds - 1 \
                WHERE o.ns = {ns} AND o.id = {id} AND o.token = {token} AND o.owner = $1 \
-                 AND o.holds > 0 AND {live} AND {unflushed} \
+                 AND o.holds > 0 AND {held} AND {unflushed} \
                RETURNING o.holds) \
              SELECT u.holds{tell} FROM u",
             owners = self.owners,
             ns = self.namespace,
+            held = self.owner_holds(),
             unflushed = Self::unflushed(),
         ))
     }
@@ -372,25 +326,23 @@ mod tests {
                 .contains("DELETE FROM dlock_keys_owner")
         );
         let job = Owner::new("job-7");
-        let reenter = sql
-            .reenter(7, Duration::from_secs(2), None, None, &job)
-            .inlined();
+        let reenter = sql.reenter(7, Duration::from_secs(2), None, &job).inlined();
         assert!(
             reenter.contains("o.owner = 'job-7'") && reenter.contains("2000::float8 * interval")
         );
         assert!(!reenter.contains("o.pid <>"));
         assert!(
-            sql.reenter(7, Duration::from_secs(2), Some(41), None, &job)
+            sql.reenter(7, Duration::from_secs(2), Some(41), &job)
                 .inlined()
                 .contains("AND o.pid <> 41")
         );
         assert!(
-            sql.release_owned(7, 42, true, None, &job)
+            sql.release_owned(7, 42, true, &job)
                 .inlined()
                 .contains("pg_notify('dlock_owners_9', 7::text)")
         );
         assert!(
-            !sql.release_owned(7, 42, false, None, &job)
+            !sql.release_owned(7, 42, false, &job)
                 .inlined()
                 .contains("pg_notify")
         );
@@ -402,8 +354,8 @@ mod tests {
         let ttl = Duration::from_secs(2);
         let job = Owner::new("job");
         for statement in [
-            sql.reenter(7, ttl, None, None, &job).inlined(),
-            sql.release_owned(7, 42, true, None, &job).inlined(),
+            sql.reenter(7, ttl, None, &job).inlined(),
+            sql.release_owned(7, 42, true, &job).inlined(),
             sql.extend_owned(7, 42, ttl),
             sql.owned_over(7, 42),
         ] {
@@ -420,45 +372,5 @@ mod tests {
                 .inlined()
                 .contains("synchronous_commit")
         );
-    }
-
-    #[test]
-    fn the_first_clients_own_hold_is_checked_by_its_session_not_by_pg_locks() {
-        let sql = Sql::new("dlock_keys", 9);
-        let ttl = Duration::from_secs(2);
-        let holder = Holder {
-            pid: 4242,
-            started_us: 1_790_000_000_123_456,
-        };
-        let job = Owner::new("job");
-        for statement in [
-            sql.reenter(7, ttl, None, Some((42, holder)), &job),
-            sql.release_owned(7, 42, false, Some(holder), &job),
-        ] {
-            let Statement::Prepared { text, .. } = &statement else {
-                panic!("{statement} is not prepared");
-            };
-            assert!(!text.contains("4242") && !text.contains("42 "), "{text}");
-            let statement = statement.inlined();
-            assert!(!statement.contains("pg_locks"), "{statement}");
-            assert!(
-                statement.contains("o.pid = 4242")
-                    && statement.contains("pg_stat_get_activity(o.pid)")
-                    && statement.contains("= 1790000000123456"),
-                "{statement}"
-            );
-        }
-        assert!(
-            sql.reenter(7, ttl, None, Some((42, holder)), &job)
-                .inlined()
-                .contains("o.token = 42")
-        );
-        // Without a holder seen by a pg_locks check, the check is pg_locks.
-        for statement in [
-            sql.reenter(7, ttl, None, None, &job).inlined(),
-            sql.release_owned(7, 42, false, None, &job).inlined(),
-        ] {
-            assert!(statement.contains("pg_locks"), "{statement}");
-        }
     }
 }
