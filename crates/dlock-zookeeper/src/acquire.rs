@@ -225,8 +225,9 @@ impl ZookeeperBackend {
     }
 
     /// Re-enter `owner`'s hold of `key` through the node this client last saw hold it, if
-    /// any and if it still does: `getData` and `setData` (see [`reentry::raise`]), two round
-    /// trips and no node of our own.
+    /// any and if it still does: `setData` at the version this client last wrote there, one
+    /// round trip, or `getData` first when it wrote none or another client wrote since (see
+    /// [`reentry::raise`]); no node of our own.
     async fn reenter_known(
         &self,
         client: &zk::Client,
@@ -238,10 +239,15 @@ impl ZookeeperBackend {
         let Some((path, czxid)) = self.hints.get(key, owner) else {
             return Ok(None);
         };
-        let Some(stat) = reentry::raise(client, &path, czxid, owner, budget.until()).await? else {
+        let written = self.hints.written(key, &path);
+        let until = budget.until();
+        let Some((stat, data)) =
+            reentry::raise(client, &path, czxid, owner, written, until).await?
+        else {
             self.hints.forget(key, &path);
             return Ok(None);
         };
+        self.hints.wrote(key, &path, data, stat.version);
         let node = reentry::HoldNode {
             path,
             czxid,

@@ -343,6 +343,12 @@
 //!   with the same `czxid` and owner, raises its count with `setData` at the version read:
 //!   two round trips, one write, no node of its own. A hint gone stale (the hold ended
 //!   through another client) costs one `getData` (`NoNode`), once, before the steps above.
+//! - **A client that wrote the count last** also remembers what it wrote and the node's
+//!   data version after it, and its next change of that count (a re-entry or a release)
+//!   writes at that version at once: one round trip. A refused write (`BadVersion`:
+//!   another client changed the count since) reads the node and writes again, three round
+//!   trips in all. ZooKeeper never takes a write at the version of ours on another node,
+//!   and the `czxid` the write answers with is checked all the same.
 //! - **Waiting**: a holder of another owner (or a plain or shared hold) makes an owner
 //!   wait as usual, watching the node just before its own; its `getData` goes out with the
 //!   holder's (one round trip). When that node is a queued node of the same owner, the
@@ -353,7 +359,7 @@
 //!   waiter behind an owner hold is woken only by its deletion.
 //! - **Release**: `getData`, then `setData` count −1 with the version read, or at count 1
 //!   `delete` with that version (any session may delete it): two round trips, retried on
-//!   a version conflict. The key frees only at zero; the write id in the data tells after
+//!   a version conflict; one when this client wrote the count last (above). The key frees only at zero; the write id in the data tells after
 //!   a lost connection whether our `setData` applied. (If the count moved again before we
 //!   could look, that cannot be told: the call fails with `Unavailable`, and the count may
 //!   stay one too high, keeping the hold until the first client's session ends.)
@@ -390,12 +396,14 @@
 //! |---|---|---|
 //! | first acquire, key free | 1 | `create` node (count 1) + `getChildren`, pipelined |
 //! | re-entry, a client that saw the hold granted | 2 | `getData` of the node it was granted on; `setData` +1 (version-checked) |
+//! | re-entry or `release`, the client that wrote the count last | 1 | `setData` ±1 (or `delete`) at the version it left |
+//! | the same after another client wrote the count | 3 | `setData` refused (`BadVersion`); `getData`; `setData` |
 //! | re-entry, a client that never did | 3 | `create` + `getChildren`; `getData` holder; `multi` (`setData` +1, `delete` ours) |
 //! | `try_acquire`, another owner (or a plain hold) holds it | 3 | `create` + `getChildren`; `getData` holder; `delete` ours (version 0) |
 //! | `extend`, lease on the node's own session | 0 | none |
 //! | `extend`, lease from another session | 1 | `getData` |
-//! | `release`, count above 1 | 2 | `getData`; `setData` −1 |
-//! | `release`, count 1 | 2 | `getData`; `delete` (version-checked) |
+//! | `release`, count above 1, no count written by this client | 2 | `getData`; `setData` −1 |
+//! | `release`, count 1, no count written by this client | 2 | `getData`; `delete` (version-checked) |
 //!
 //! # Inspecting
 //!

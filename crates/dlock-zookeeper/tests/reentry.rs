@@ -316,6 +316,10 @@ async fn reentry_round_trips() {
     let again = again.expect("try").expect("re-entry");
     // The client knows the holding node from its grant: `getData`, `setData`.
     trips.check("re-entry, same client", took, 2);
+    let (twice, took) = timed(a.try_acquire(&key, &opts)).await;
+    let twice = twice.expect("try").expect("re-entry");
+    // It wrote the node's count last: `setData` at the version it left.
+    trips.check("re-entry, same client again", took, 1);
     let (from_b, took) = timed(b.try_acquire(&key, &opts)).await;
     let from_b = from_b.expect("try").expect("re-entry");
     // A client that never saw the hold queues a node, reads the holder, and re-enters.
@@ -334,20 +338,27 @@ async fn reentry_round_trips() {
     let (refused, took) = timed(c.try_acquire(&key, &other)).await;
     assert!(refused.expect("try").is_none());
     trips.check("try_acquire, another owner holds it", took, 3);
+    // A client writes at the version it last wrote: one round trip, or three when another
+    // client wrote since (`setData` refused, `getData`, `setData`).
     let releases = [
-        ("release, count 4", first),
-        ("release, count 3", again),
-        ("release, count 2", from_b_again),
+        ("release, count 5, after another client wrote", first, 3),
+        ("release, count 4", again, 1),
+        ("release, count 3", twice, 1),
+        (
+            "release, count 2, after another client wrote",
+            from_b_again,
+            3,
+        ),
     ];
-    for (what, lease) in releases {
+    for (what, lease, expected) in releases {
         sleep(RTT * 2).await;
         let (released, took) = timed(lease.release()).await;
         released.expect("release");
-        trips.check(what, took, 2);
+        trips.check(what, took, expected);
     }
     sleep(RTT * 2).await;
     let (released, took) = timed(from_b.release()).await;
     released.expect("release");
-    trips.check("last release (delete)", took, 2);
+    trips.check("last release (delete at the version it wrote)", took, 1);
     trips.print("round trips");
 }

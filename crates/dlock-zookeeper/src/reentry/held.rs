@@ -137,12 +137,18 @@ impl Held for OwnerHeld {
     }
 
     /// Lower the count by compare-and-set (`getData`, then `setData` with its version), or
-    /// at one delete the node (`delete` with its version): two round trips.
+    /// at one delete the node (`delete` with its version): two round trips, or one at the
+    /// version this client last wrote (see [`lower`]).
     async fn release(&mut self) -> Result<()> {
         let client = &self.node.client;
         let until = self.until();
-        match lower(client, &self.node.path, Some(self.czxid), self.owner, until).await {
-            Ok(Lowered::Counted) => Ok(()),
+        let (key, path) = (&self.node.key, &self.node.path);
+        let written = self.hints.written(key, path);
+        match lower(client, path, Some(self.czxid), self.owner, written, until).await {
+            Ok(Lowered::Counted(data, version)) => {
+                self.hints.wrote(key, path, data, version);
+                Ok(())
+            }
             Ok(Lowered::Freed) => {
                 self.hints.forget(&self.node.key, &self.node.path);
                 Ok(())

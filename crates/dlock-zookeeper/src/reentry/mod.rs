@@ -139,23 +139,27 @@ pub(crate) async fn reenter(
 }
 
 /// What [`lower`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Lowered {
     /// The node is gone, or is not that hold of the owner (any more).
     NotHeld,
-    /// The count went down by one and is above zero.
-    Counted,
+    /// The count went down by one and is above zero: the data written, and the node's data
+    /// version after the write.
+    Counted(OwnerData, i32),
     /// The count reached zero: the node was deleted.
     Freed,
 }
 
 /// Lower the count of the hold on `path` (created at `czxid`, when known) by one, deleting
-/// the node at zero (version-checked: any session may).
+/// the node at zero (version-checked: any session may). With `written` (the data and
+/// version this client last wrote there), the first round writes at that version without
+/// reading the node: one round trip unless another client moved the count since.
 pub(crate) async fn lower(
     client: &zk::Client,
     path: &str,
     czxid: Option<i64>,
     owner: Owner,
+    written: Option<(OwnerData, i32)>,
     until: Instant,
 ) -> Result<Lowered, zk::Error> {
     let gone = |uncertain: bool| match uncertain {
@@ -163,31 +167,38 @@ pub(crate) async fn lower(
         false => Lowered::NotHeld,
     };
     let mut uncertain = false;
+    let mut written = written;
     for _ in 0..MAX_ROUNDS {
-        let (data, stat) = match retry(client, until, || client.get_data(path)).await {
-            Err(zk::Error::NoNode) => return Ok(gone(uncertain)),
-            read => read?,
-        };
-        let hold = OwnerData::parse(&data).filter(|d| d.is(owner));
-        let (Some(hold), true) = (hold, czxid.is_none_or(|c| c == stat.czxid)) else {
-            return Ok(Lowered::NotHeld);
+        let (hold, version) = match written.take() {
+            Some(known) => known,
+            None => {
+                let (data, stat) = match retry(client, until, || client.get_data(path)).await {
+                    Err(zk::Error::NoNode) => return Ok(gone(uncertain)),
+                    read => read?,
+                };
+                let hold = OwnerData::parse(&data).filter(|d| d.is(owner));
+                let (Some(hold), true) = (hold, czxid.is_none_or(|c| c == stat.czxid)) else {
+                    return Ok(Lowered::NotHeld);
+                };
+                (hold, stat.version)
+            }
         };
         let lowered = hold.with_count(hold.count - 1);
         let write = async {
             match hold.count {
-                1 => client.delete(path, Some(stat.version)).await,
+                1 => client.delete(path, Some(version)).await.map(|()| None),
                 _ => client
-                    .set_data(path, &lowered.encode(), Some(stat.version))
+                    .set_data(path, &lowered.encode(), Some(version))
                     .await
-                    .map(drop),
+                    .map(Some),
             }
         };
         match tokio::time::timeout_at(until, write)
             .await
             .unwrap_or(Err(zk::Error::Timeout))
         {
-            Ok(()) if hold.count == 1 => return Ok(Lowered::Freed),
-            Ok(()) => return Ok(Lowered::Counted),
+            Ok(None) => return Ok(Lowered::Freed),
+            Ok(Some(now)) => return Ok(Lowered::Counted(lowered, now.version)),
             Err(zk::Error::BadVersion) => {}
             Err(zk::Error::NoNode) => return Ok(gone(uncertain)),
             Err(e) if is_uncertain(&e) => {
@@ -202,10 +213,10 @@ pub(crate) async fn lower(
                             let (data, now) = read?;
                             let ours =
                                 OwnerData::parse(&data).is_some_and(|d| d.write == lowered.write);
-                            if now.version == stat.version.wrapping_add(1) && ours {
-                                return Ok(Lowered::Counted);
+                            if now.version == version.wrapping_add(1) && ours {
+                                return Ok(Lowered::Counted(lowered, now.version));
                             }
-                            if now.version != stat.version {
+                            if now.version != version {
                                 // Changed since, by someone: whether ours went through
                                 // cannot be told any more.
                                 return Err(zk::Error::ConnectionLoss);
@@ -221,31 +232,43 @@ pub(crate) async fn lower(
 }
 
 /// Raise the count of `owner`'s hold on `path` (created at `czxid`) by one: `getData`, then
-/// `setData` with the version read. The node's stat as read (its `czxid` is the token);
-/// `None` when the node is gone or is not that hold.
+/// `setData` with the version read; with `written` (see [`lower`]), `setData` at that
+/// version first. The node's stat after the write (its `czxid` is the token) and the data
+/// written; `None` when the node is gone or is not that hold.
 pub(crate) async fn raise(
     client: &zk::Client,
     path: &str,
     czxid: i64,
     owner: Owner,
+    written: Option<(OwnerData, i32)>,
     until: Instant,
-) -> Result<Option<Stat>, zk::Error> {
+) -> Result<Option<(Stat, OwnerData)>, zk::Error> {
+    let mut written = written;
     for _ in 0..MAX_ROUNDS {
-        let (data, stat) = match retry(client, until, || client.get_data(path)).await {
-            Err(zk::Error::NoNode) => return Ok(None),
-            read => read?,
-        };
-        let Some(hold) = OwnerData::parse(&data).filter(|d| d.is(owner) && stat.czxid == czxid)
-        else {
-            return Ok(None);
+        let (hold, version) = match written.take() {
+            Some(known) => known,
+            None => {
+                let (data, stat) = match retry(client, until, || client.get_data(path)).await {
+                    Err(zk::Error::NoNode) => return Ok(None),
+                    read => read?,
+                };
+                let hold = OwnerData::parse(&data).filter(|d| d.is(owner));
+                match hold.filter(|_| stat.czxid == czxid) {
+                    Some(hold) => (hold, stat.version),
+                    None => return Ok(None),
+                }
+            }
         };
         let raised = hold.with_count(hold.count + 1);
-        let write = client.set_data(path, &raised.encode(), Some(stat.version));
+        let write = client.set_data(path, &raised.encode(), Some(version));
         match tokio::time::timeout_at(until, write)
             .await
             .unwrap_or(Err(zk::Error::Timeout))
         {
-            Ok(_) => return Ok(Some(stat)),
+            // A node that is not the hold's (created again at its path) never took a write
+            // at the version of ours: the czxid only confirms it.
+            Ok(now) if now.czxid == czxid => return Ok(Some((now, raised))),
+            Ok(_) => return Ok(None),
             Err(zk::Error::BadVersion) => {}
             Err(zk::Error::NoNode) => return Ok(None),
             Err(e) if is_uncertain(&e) => {
@@ -255,10 +278,10 @@ pub(crate) async fn raise(
                     read => read?,
                 };
                 let ours = OwnerData::parse(&data).is_some_and(|d| d.write == raised.write);
-                if now.version == stat.version.wrapping_add(1) && ours {
-                    return Ok(Some(stat));
+                if now.version == version.wrapping_add(1) && ours {
+                    return Ok(Some((now, raised)));
                 }
-                if now.version != stat.version {
+                if now.version != version {
                     return Err(zk::Error::ConnectionLoss);
                 }
             }
@@ -282,7 +305,9 @@ pub(crate) async fn discard(
         .unwrap_or(Err(zk::Error::Timeout));
     match first {
         Ok(()) | Err(zk::Error::NoNode) => Ok(()),
-        Err(_) => lower(client, path, None, owner, until).await.map(drop),
+        Err(_) => lower(client, path, None, owner, None, until)
+            .await
+            .map(drop),
     }
 }
 
