@@ -342,13 +342,17 @@
 //!   acquire of that owner first reads that node (`getData`) and, if it is still there
 //!   with the same `czxid` and owner, raises its count with `setData` at the version read:
 //!   two round trips, one write, no node of its own. A hint gone stale (the hold ended
-//!   through another client) costs one `getData` (`NoNode`), once, before the steps above.
+//!   through another client) costs one request (`NoNode`), once, before the steps above.
 //! - **A client that wrote the count last** also remembers what it wrote and the node's
 //!   data version after it, and its next change of that count (a re-entry or a release)
 //!   writes at that version at once: one round trip. A refused write (`BadVersion`:
-//!   another client changed the count since) reads the node and writes again, three round
-//!   trips in all. ZooKeeper never takes a write at the version of ours on another node,
-//!   and the `czxid` the write answers with is checked all the same.
+//!   another client changed the count since; `NoNode`: the hold ended elsewhere) is a
+//!   failed write the leader logs, then the node is read and written again: three round
+//!   trips in all. So one process re-entering its own hold gains a round trip per change,
+//!   and clients that take turns on one count lose one. A write at our version lands only
+//!   on our node: data versions count per node, and a lock node's name carries a random
+//!   uuid, so its path never comes back for another node; the `czxid` a `setData`
+//!   answers with is checked all the same.
 //! - **Waiting**: a holder of another owner (or a plain or shared hold) makes an owner
 //!   wait as usual, watching the node just before its own; its `getData` goes out with the
 //!   holder's (one round trip). When that node is a queued node of the same owner, the
@@ -359,8 +363,9 @@
 //!   waiter behind an owner hold is woken only by its deletion.
 //! - **Release**: `getData`, then `setData` count −1 with the version read, or at count 1
 //!   `delete` with that version (any session may delete it): two round trips, retried on
-//!   a version conflict; one when this client wrote the count last (above). The key frees only at zero; the write id in the data tells after
-//!   a lost connection whether our `setData` applied. (If the count moved again before we
+//!   a version conflict; one when this client wrote the count last (above). The key
+//!   frees only at zero; the write id in the data tells after a lost connection whether
+//!   our `setData` applied. (If the count moved again before we
 //!   could look, that cannot be told: the call fails with `Unavailable`, and the count may
 //!   stay one too high, keeping the hold until the first client's session ends.)
 //!   Curator's revocation request (`__REVOKE__` written to the holder's node) wipes an

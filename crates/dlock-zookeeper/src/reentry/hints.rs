@@ -17,7 +17,7 @@ const MAX_HINTS: usize = 4096;
 ///
 /// With it, the node's data and data version as this client last wrote them: the next
 /// count change through this client writes at that version at once, one round trip, and
-/// reads the node first only when the version moved (another client changed the count).
+/// reads the node only after that write is refused (another client changed the count).
 #[derive(Debug, Default)]
 pub(crate) struct Hints(Mutex<HashMap<String, Hint>>);
 
@@ -70,9 +70,15 @@ impl Hints {
         hint.written.clone()
     }
 
-    /// This client wrote `data` to the node at `path`, which is now at data `version`.
+    /// This client wrote `data` to the node at `path`, which is now at data `version`. Two
+    /// tasks of the client may tell it out of order: the later version is kept.
     pub(crate) fn wrote(&self, key: &str, path: &str, data: OwnerData, version: i32) {
-        if let Some(hint) = self.map().get_mut(key).filter(|h| h.path == path) {
+        if let Some(hint) = self.map().get_mut(key).filter(|h| h.path == path)
+            && hint
+                .written
+                .as_ref()
+                .is_none_or(|(_, known)| *known < version)
+        {
             hint.written = Some((data, version));
         }
     }

@@ -265,8 +265,8 @@ pub(crate) async fn raise(
             .await
             .unwrap_or(Err(zk::Error::Timeout))
         {
-            // A node that is not the hold's (created again at its path) never took a write
-            // at the version of ours: the czxid only confirms it.
+            // Only the hold's node has its path (a lock node's name carries a random
+            // uuid): the czxid only confirms it.
             Ok(now) if now.czxid == czxid => return Ok(Some((now, raised))),
             Ok(_) => return Ok(None),
             Err(zk::Error::BadVersion) => {}

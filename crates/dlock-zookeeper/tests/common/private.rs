@@ -290,7 +290,7 @@ impl Server {
         // SASL's first packet can race the connect answer, which the client library then
         // reports as NoHosts (see `dlock_zookeeper`'s `auth::sasl_retries`): try again, as
         // the library does.
-        let attempts = if sasl.is_some() { 3 } else { 1 };
+        let attempts = if sasl.is_some() { 9 } else { 1 };
         let mut answer = Err(zk::Error::NoHosts);
         for _ in 0..attempts {
             answer = tokio::time::timeout(Duration::from_secs(5), connector.clone().connect(&addr))
