@@ -363,91 +363,6 @@
 //! ([`Observe::Unsupported`](dlock_core::Observe::Unsupported) in the capabilities,
 //! logged once at connect); everything else works.
 //!
-//! # Reentrant holds
-//!
-//! An acquire with an owner ([`LockOptions::owner`](dlock_core::LockOptions::owner)) takes
-//! an exclusive hold that the same owner may enter again, from any client or process: the
-//! lock is the key's advisory lock, as above, and the owner and the **count** live in a
-//! committed row of a table beside the key table (created at connect if missing, like the
-//! election table):
-//!
-//! ```sql
-//! CREATE TABLE dlock_keys_owner (
-//!   ns integer, id integer,          -- the key: namespace and lock id (primary key)
-//!   owner text,                      -- the owner id
-//!   pid integer, started timestamptz,-- the holding session, in this run of the server
-//!   token bigint,                    -- the hold's fencing token (every entry's)
-//!   holds integer,                   -- the count
-//!   expires timestamptz);            -- how long other clients' entries keep it (below)
-//! ```
-//!
-//! A row counts only while `pg_locks` shows its session (`pid`) holding the key's lock
-//! exclusively and `started = pg_postmaster_start_time()`: a row left by a session that
-//! ended (a crash, `pg_terminate_backend`) is ignored, replaced by the key's next owner
-//! hold, and deleted by the next client's connect. Every row statement below is
-//! owner-checked on the owner, the token and that condition, so a lease of an earlier hold
-//! answers [`NotHeld`](dlock_core::LockError::NotHeld) and never touches a later one.
-//!
-//! - **First acquire** (key free): 1 round trip, as a plain acquire on a holder connection:
-//!   `pg_try_advisory_lock`, the token, the row (count 1) and a `pg_notify` of the owner
-//!   channel `dlock_owners_<namespace>` in one statement; after a wait, the row and the
-//!   notification in the waiting batch.
-//! - **Re-entry**: one `UPDATE … SET holds = holds + 1 … RETURNING token` on a side
-//!   connection (it reads `pg_locks`): 1 round trip in the client that holds the lock (it
-//!   never tries the lock again on its holder connection: PostgreSQL stacks a session's
-//!   advisory locks), 2 from another client (its try finds the key busy first). An owner
-//!   waiting for a key someone else holds waits in the server's queue as any acquire, and
-//!   re-enters at once when its owner takes the key meanwhile elsewhere (woken by that
-//!   grant's notification; re-checked every second), never the hold of its own waiting
-//!   session (`o.pid <>` it: granted, that hold is the wait's own). A re-entry's statement
-//!   runs in a task of its own, so an acquire that stops waiting for it (its deadline, its
-//!   wait granted, dropped) never leaves an entry counted without a lease. The client
-//!   that holds the lock never re-enters a hold whose holder connection it has told lost
-//!   (the server may still show the session for a moment): such an acquire finds the key
-//!   busy, as a plain one would.
-//! - **Commits.** The count and renewal updates commit without waiting for the WAL flush
-//!   (`synchronous_commit = off` for that statement alone): a row counts only while its
-//!   session holds the lock, and a server crash ends every session, so those writes need
-//!   not outlive one. The first acquire's statement, which draws the token, still commits
-//!   with a flush. A re-entry's and a release's count updates are prepared statements
-//!   (their values are parameters), kept by the side connections.
-//! - **Release**: `UPDATE … SET holds = holds - 1`, 1 round trip; the release that brings
-//!   the count to zero in the first client then gives the lock back on its holder
-//!   connection with the row (`DELETE` + `pg_advisory_unlock`, 1 more). A release in
-//!   another client that brings it to zero notifies the owner channel; the first client,
-//!   woken, ends the hold (2 round trips: the count checked, then the unlock).
-//! - **Renewal**: the first client's leases are kept alive by its holder connection's
-//!   pings, as any hold, and lost with it; another client's lease renews with one
-//!   `UPDATE … SET expires = greatest(expires, now() + ttl)` (1 round trip per ttl/3), which
-//!   also checks the hold is live: they are not kept alive, so they learn of the hold's end
-//!   at their next renewal (`lost()` within a third of their ttl).
-//!
-//! **[`Reentry::FirstSession`](dlock_core::Reentry::FirstSession)**, because only the
-//! session that took an advisory lock can give it back, and it frees the lock when it ends:
-//! the hold lives in the first client's session, so when that client crashes (or its
-//! session is killed) the key frees at once, whatever the count. When the first client's own
-//! leases are all released while other clients' entries count, it keeps the lock (and its
-//! holder connection) in a task until the count reaches zero (the notification; a re-check
-//! every second covers one unheard), or until the other clients' entries stopped renewing
-//! for their ttl (`expires` passed: a crashed second process never holds the key past its
-//! ttl), then gives it back (pinging the holder connection meanwhile even when the first
-//! lease was not auto-renewed); a re-entry needs a count above zero and moves `expires`
-//! on, row-locked, so it is atomic with that end. A restarted process with the same owner
-//! id re-enters the hold while another client of the owner still holds the lock (its
-//! previous run's entries, never released, count until their ttl once the first client's
-//! own leases are gone), not when the restarted process was the first client: its session,
-//! and with it the hold, ended with it.
-//!
-//! An entry whose acquire was dropped while its `UPDATE` was in flight may count without a
-//! lease: it keeps the hold at most its ttl once the first client's own leases are gone.
-//!
-//! A plain hold or another owner's in the client that keeps the lock never tries the key
-//! on a holder connection while it does (the session would take it again): it waits on a
-//! connection of its own in the server's queue. `inspect` shows the hold's session as its
-//! one exclusive holder, `who` `OWNER (held N times) in NAME@HOST:PID`, with its token. A
-//! role that cannot create the owner table, where it is missing, gets owner acquires
-//! refused ([`Reentry::Unsupported`](dlock_core::Reentry::Unsupported)).
-//!
 //! # Inspecting
 //!
 //! [`inspect(key)`](dlock_core::DistributedLock::inspect) is one statement on a side
@@ -521,6 +436,7 @@
 //!
 //! Tokens are global (one sequence for every key), so they increase across all keys, and
 //! strictly per key.
+#![doc = include_str!("reentry.md")]
 #![doc = include_str!("operating.md")]
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
