@@ -138,6 +138,35 @@ pub(crate) async fn reenter(
     }
 }
 
+/// What a read of a hold's node found.
+enum Read {
+    /// `owner`'s hold: its data and data version.
+    Hold(OwnerData, i32),
+    /// No node at the path.
+    Gone,
+    /// Another node's data, or another hold (another owner, or another `czxid`).
+    Other,
+}
+
+/// Read the node at `path`: is it `owner`'s hold, created at `czxid` when that is known?
+async fn read_hold(
+    client: &zk::Client,
+    path: &str,
+    czxid: Option<i64>,
+    owner: Owner,
+    until: Instant,
+) -> Result<Read, zk::Error> {
+    let (data, stat) = match retry(client, until, || client.get_data(path)).await {
+        Err(zk::Error::NoNode) => return Ok(Read::Gone),
+        read => read?,
+    };
+    let hold = OwnerData::parse(&data).filter(|d| d.is(owner));
+    Ok(match hold {
+        Some(hold) if czxid.is_none_or(|c| c == stat.czxid) => Read::Hold(hold, stat.version),
+        _ => Read::Other,
+    })
+}
+
 /// What [`lower`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Lowered {
@@ -171,17 +200,11 @@ pub(crate) async fn lower(
     for _ in 0..MAX_ROUNDS {
         let (hold, version) = match written.take() {
             Some(known) => known,
-            None => {
-                let (data, stat) = match retry(client, until, || client.get_data(path)).await {
-                    Err(zk::Error::NoNode) => return Ok(gone(uncertain)),
-                    read => read?,
-                };
-                let hold = OwnerData::parse(&data).filter(|d| d.is(owner));
-                let (Some(hold), true) = (hold, czxid.is_none_or(|c| c == stat.czxid)) else {
-                    return Ok(Lowered::NotHeld);
-                };
-                (hold, stat.version)
-            }
+            None => match read_hold(client, path, czxid, owner, until).await? {
+                Read::Hold(hold, version) => (hold, version),
+                Read::Gone => return Ok(gone(uncertain)),
+                Read::Other => return Ok(Lowered::NotHeld),
+            },
         };
         let lowered = hold.with_count(hold.count - 1);
         let write = async {
@@ -247,17 +270,10 @@ pub(crate) async fn raise(
     for _ in 0..MAX_ROUNDS {
         let (hold, version) = match written.take() {
             Some(known) => known,
-            None => {
-                let (data, stat) = match retry(client, until, || client.get_data(path)).await {
-                    Err(zk::Error::NoNode) => return Ok(None),
-                    read => read?,
-                };
-                let hold = OwnerData::parse(&data).filter(|d| d.is(owner));
-                match hold.filter(|_| stat.czxid == czxid) {
-                    Some(hold) => (hold, stat.version),
-                    None => return Ok(None),
-                }
-            }
+            None => match read_hold(client, path, Some(czxid), owner, until).await? {
+                Read::Hold(hold, version) => (hold, version),
+                Read::Gone | Read::Other => return Ok(None),
+            },
         };
         let raised = hold.with_count(hold.count + 1);
         let write = client.set_data(path, &raised.encode(), Some(version));
