@@ -395,7 +395,11 @@ impl Inner {
         self.side_query(op, SideQuery::Text(sql, bind)).await
     }
 
-    /// [`side`](Self::side) for a [`Statement`]; a prepared one is kept by the connection.
+    /// [`side`](Self::side) for a [`Statement`] that changes a count (a prepared one is
+    /// kept by the connection): sent again on a new connection only when the server had
+    /// ended the idle one's session (it said so), never after a timeout or a broken
+    /// connection, where it may have committed: counted twice, a hold would outlive its
+    /// last release until its other clients' leases expire.
     pub(crate) async fn side_statement(
         &self,
         op: &'static str,
@@ -430,7 +434,7 @@ impl Inner {
                     lent.give_back();
                     return Ok(rows);
                 }
-                Err(e) if e.is_connection_lost() && reused && !replaced => {
+                Err(e) if reused && !replaced && query.may_resend(&e) => {
                     self.side.clear_idle();
                     replaced = true;
                 }
@@ -514,11 +518,23 @@ impl Inner {
 }
 
 /// What a side connection runs: text, with at most one text value bound to `$1`, or a
-/// [`Statement`].
+/// [`Statement`] that changes a count.
 #[derive(Clone, Copy)]
 enum SideQuery<'a> {
     Text(&'a str, Option<&'a str>),
     Statement(&'a Statement),
+}
+
+impl SideQuery<'_> {
+    /// Whether, failed with `e` on a reused connection, it is sent again on a new one. A
+    /// text is safe to repeat (a look-up, an insert-if-missing, a deadline set again); a
+    /// count change only when it cannot have run.
+    fn may_resend(&self, e: &Error) -> bool {
+        match self {
+            Self::Text(..) => e.is_connection_lost(),
+            Self::Statement(_) => e.is_session_ended(),
+        }
+    }
 }
 
 #[cfg(test)]

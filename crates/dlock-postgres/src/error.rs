@@ -117,6 +117,14 @@ impl Error {
             .is_some_and(|c| c == UNIQUE_VIOLATION || DUPLICATE.contains(&c.as_str()))
     }
 
+    /// The server ended the session and said so (an administrator's terminate, its idle
+    /// session timeout, a shutdown). Found on a pooled connection, that is the message it
+    /// left while the connection was idle: the statement sent after it never ran.
+    pub(crate) fn is_session_ended(&self) -> bool {
+        self.code()
+            .is_some_and(|c| SESSION_GONE.contains(&c.as_str()))
+    }
+
     /// The connection is unusable: closed, reset, terminated, or silent. Whatever its
     /// session held is gone (or will be, when the server notices).
     pub(crate) fn is_connection_lost(&self) -> bool {

@@ -10,46 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::PostgresHarness;
-use dlock_core::{DistributedLock, Lease, LockOptions, Reentry, Wait};
+use common::reentry::{busy, client, harness, owned, plain, rows, take};
+use dlock_core::{DistributedLock, Lease, Reentry, Wait};
 use futures::future::join_all;
 use tokio::time::{Instant, sleep, timeout};
-
-fn harness() -> PostgresHarness {
-    PostgresHarness::from_env()
-}
-
-async fn client(h: &PostgresHarness) -> Arc<dyn DistributedLock> {
-    h.must_client().await
-}
-
-fn owned(id: &str) -> LockOptions {
-    LockOptions::new().ttl(Duration::from_secs(3)).owner(id)
-}
-
-fn plain() -> LockOptions {
-    LockOptions::new().ttl(Duration::from_secs(3))
-}
-
-async fn take(client: &dyn DistributedLock, key: &str, opts: &LockOptions) -> Lease {
-    client
-        .try_acquire(key, opts)
-        .await
-        .expect("try_acquire")
-        .unwrap_or_else(|| panic!("{key} should be free (or the owner's)"))
-}
-
-async fn busy(client: &dyn DistributedLock, key: &str, why: &str) {
-    let got = client
-        .try_acquire(key, &plain())
-        .await
-        .expect("try_acquire");
-    assert!(got.is_none(), "{key} should be held: {why}");
-}
-
-/// The owner rows of `key`, stale ones too.
-async fn rows(h: &PostgresHarness, key: &str) -> Vec<String> {
-    h.owner_rows(key, true).await.expect("owner rows")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_session_is_declared_and_the_row_goes_with_the_hold() {
@@ -462,56 +426,6 @@ async fn own_wait_round(
     h.assert_no_session_on(&key).await;
 }
 
-/// An acquire that stops waiting for its re-entry (here its deadline passes while the
-/// re-entry's `UPDATE` waits for the row) leaves no entry counted: the re-entry runs to
-/// its end in a task of its own and gives back the entry nobody took. (Dropped mid-
-/// statement, it once left an entry nobody held, which kept the key past the last release
-/// until its ttl.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_reentry_given_up_mid_statement_counts_nothing() {
-    let h = harness();
-    let (a, b, c) = (client(&h).await, client(&h).await, client(&h).await);
-    let key = dlock_conformance::testkit::unique_key("pg-reentry-dropped");
-    let first = take(&*a, &key, &owned("job-1")).await;
-    let id = h.id_of(&key).await.unwrap().expect("the key's id");
-    let owners = format!("{}_owner", h.config().table);
-    let mut admin = h.admin().await.unwrap();
-    sqlx::query("BEGIN").execute(&mut admin).await.unwrap();
-    sqlx::query(&format!(
-        "SELECT 1 FROM {owners} WHERE ns = $1 AND id = $2 FOR UPDATE"
-    ))
-    .bind(h.config().namespace)
-    .bind(id)
-    .execute(&mut admin)
-    .await
-    .unwrap();
-    // b's re-entry waits for the row past its acquire's deadline.
-    let gave_up = b
-        .acquire(
-            &key,
-            &owned("job-1").wait(Wait::For(Duration::from_millis(500))),
-        )
-        .await;
-    assert!(
-        gave_up.is_err(),
-        "the re-entry could not be answered in time"
-    );
-    sqlx::query("COMMIT").execute(&mut admin).await.unwrap();
-    sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        rows(&h, &key).await,
-        [format!("{key} (owner row: job-1, count 1)")]
-    );
-    first.release().await.unwrap();
-    // The last release frees the key at once.
-    let next = c
-        .acquire(&key, &plain().wait(Wait::For(Duration::from_millis(500))))
-        .await
-        .expect("the key is free after the last release");
-    next.release().await.unwrap();
-    assert!(rows(&h, &key).await.is_empty());
-}
-
 /// A late grant of an owner's wait whose holder connection is told lost at once (measured
 /// from the waiting statement, its idle timeout may have passed) is not handed out, and the
 /// acquire's next try does not re-enter it either (the server still showed the session for
@@ -555,36 +469,4 @@ async fn a_hold_told_lost_is_never_reentered() {
     lease.release().await.unwrap();
     h.assert_no_session_on(&key).await;
     assert!(rows(&h, &key).await.is_empty());
-}
-
-/// A hold whose session was killed before its client noticed (its next ping is 20 s away)
-/// is never re-entered there, even after earlier re-entries of it, and the entry taken
-/// before the kill is not released as if it still held: each count change checks the
-/// session still holds the lock.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_holders_session_killed_unnoticed_is_never_reentered() {
-    let h = harness();
-    let (a, b) = (client(&h).await, client(&h).await);
-    let key = dlock_conformance::testkit::unique_key("pg-reentry-killed");
-    let opts = owned("job-1").ttl(Duration::from_secs(60));
-    let first = take(&*a, &key, &opts).await;
-    let seen = take(&*a, &key, &opts).await;
-    assert_eq!(seen.fencing_token(), first.fencing_token());
-    seen.release().await.unwrap();
-    let entry = take(&*a, &key, &opts).await;
-    let [pid] = h.sessions_on(&key, true).await.unwrap()[..] else {
-        panic!("one holder session");
-    };
-    h.kill_session(pid).await.unwrap();
-    let other = take(&*b, &key, &plain()).await;
-    let again = a.try_acquire(&key, &opts).await.expect("try_acquire");
-    assert!(
-        again.is_none(),
-        "re-entered hold {} of a killed session while {} holds the key",
-        first.fencing_token(),
-        other.fencing_token()
-    );
-    assert!(entry.release().await.is_err(), "released as if held");
-    other.release().await.unwrap();
-    drop(first);
 }

@@ -429,21 +429,24 @@ async fn release_local(inner: Arc<Inner>, anchor: Arc<Anchor>) -> Result<()> {
     let sql = inner
         .sql
         .release_owned(anchor.id, anchor.token, false, &anchor.owner);
-    let rows = inner.side_statement("release", &sql).await;
-    let left = match &rows {
+    // The count left, if the release went through; the lease leaves the anchor either way.
+    let left = match inner.side_statement("release", &sql).await {
         Ok(rows) => match rows.first() {
-            Some(row) => Some(i64::from(
-                row.try_get::<i32, _>(0).map_err(Error::sql("release"))?,
-            )),
-            None => None,
+            Some(row) => row
+                .try_get::<i32, _>(0)
+                .map(|left| Some(i64::from(left)))
+                .map_err(Error::sql("release")),
+            None => Ok(None),
         },
-        Err(_) => None,
+        Err(e) => Err(e),
     };
-    let freed = anchor.leave(&inner, left).await;
-    match rows {
+    let freed = anchor
+        .leave(&inner, left.as_ref().ok().copied().flatten())
+        .await;
+    match left {
         Err(e) => Err(e.into()),
-        Ok(rows) if rows.is_empty() => Err(anchor.not_held()),
-        Ok(_) => freed,
+        Ok(None) => Err(anchor.not_held()),
+        Ok(Some(_)) => freed,
     }
 }
 

@@ -14,6 +14,8 @@ use dlock_postgres::PostgresConfig;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, Row};
 
+pub mod reentry;
+
 /// SQL: lock `l`'s first number is the namespace `$2` or one of the permit slots after it
 /// (`namespace + s` for s < `Mode::MAX_PERMITS`, wrapping as unsigned 32-bit numbers).
 pub const SLOT_CLASS: &str = "((l.classid::bigint - (($2::int)::bigint + 4294967296) % 4294967296 \

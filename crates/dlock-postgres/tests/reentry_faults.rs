@@ -1,0 +1,232 @@
+//! Reentrant holds on PostgreSQL when something goes wrong between a count change and its
+//! answer: a re-entry given up mid-statement, a count change that timed out, an idle side
+//! connection the server ended, a hold's session killed before its client noticed. The
+//! count stays what the leases handed out say, and the key is never re-entered past its
+//! holder's end.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::PostgresHarness;
+use common::reentry::{client, harness, owned, plain, rows, take};
+use dlock_conformance::Harness;
+use dlock_core::{DistributedLock, Wait};
+use tokio::time::{Instant, sleep};
+
+/// Lock the owner row of `key` in a transaction of `admin`: count changes wait for it.
+async fn lock_owner_row(h: &PostgresHarness, admin: &mut sqlx::PgConnection, key: &str) {
+    let id = h.id_of(key).await.unwrap().expect("the key's id");
+    let owners = format!("{}_owner", h.config().table);
+    sqlx::query("BEGIN").execute(&mut *admin).await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM {owners} WHERE ns = $1 AND id = $2 FOR UPDATE"
+    ))
+    .bind(h.config().namespace)
+    .bind(id)
+    .execute(&mut *admin)
+    .await
+    .unwrap();
+}
+
+/// A client whose sessions carry the `application_name` `app`, with `options` added.
+async fn client_named(h: &PostgresHarness, app: &str, options: &str) -> Arc<dyn DistributedLock> {
+    let mut url = dlock_conformance::url_with_option(&h.url(), &format!("application_name={app}"));
+    if !options.is_empty() {
+        url = dlock_conformance::url_with_option(&url, options);
+    }
+    h.connect(&url).await.expect("connect")
+}
+
+/// Poll until the owner rows of `key` are `want` (up to 10 s).
+async fn rows_become(h: &PostgresHarness, key: &str, want: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = rows(h, key).await;
+        if now == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "owner rows of {key}: {now:?}, want {want:?}"
+        );
+        // The poll's interval, until the deadline.
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An acquire that stops waiting for its re-entry (here its deadline passes while the
+/// re-entry's `UPDATE` waits for the row) leaves no entry counted: the re-entry runs to
+/// its end in a task of its own and gives back the entry nobody took. (Dropped mid-
+/// statement, it once left an entry nobody held, which kept the key past the last release
+/// until its ttl.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reentry_given_up_mid_statement_counts_nothing() {
+    let h = harness();
+    let (a, b, c) = (client(&h).await, client(&h).await, client(&h).await);
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-dropped");
+    let first = take(&*a, &key, &owned("job-1")).await;
+    let mut admin = h.admin().await.unwrap();
+    lock_owner_row(&h, &mut admin, &key).await;
+    // b's re-entry waits for the row past its acquire's deadline.
+    let gave_up = b
+        .acquire(
+            &key,
+            &owned("job-1").wait(Wait::For(Duration::from_millis(500))),
+        )
+        .await;
+    assert!(
+        gave_up.is_err(),
+        "the re-entry could not be answered in time"
+    );
+    sqlx::query("COMMIT").execute(&mut admin).await.unwrap();
+    sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        rows(&h, &key).await,
+        [format!("{key} (owner row: job-1, count 1)")]
+    );
+    first.release().await.unwrap();
+    // The last release frees the key at once.
+    let next = c
+        .acquire(&key, &plain().wait(Wait::For(Duration::from_millis(500))))
+        .await
+        .expect("the key is free after the last release");
+    next.release().await.unwrap();
+    assert!(rows(&h, &key).await.is_empty());
+}
+
+/// A count change that got no answer within the response timeout may still commit (the
+/// server goes on with it until it notices the closed connection): it is never sent again
+/// on another connection, which would count it twice. Here the re-entry's `UPDATE` waits
+/// for the owner row: one session of the client ever waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_count_change_that_timed_out_is_not_sent_again() {
+    let h = harness();
+    let a = client(&h).await;
+    let app = format!("dlock-timedout-{}", std::process::id());
+    let b = client_named(&h, &app, "response_timeout=1s").await;
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-timed-out");
+    // b's side connection has been used (the key's id): a reused one.
+    take(
+        &*b,
+        &dlock_conformance::testkit::unique_key("pg-warm"),
+        &plain(),
+    )
+    .await
+    .release()
+    .await
+    .unwrap();
+    let first = take(&*a, &key, &owned("job-1")).await;
+    let mut admin = h.admin().await.unwrap();
+    lock_owner_row(&h, &mut admin, &key).await;
+    let reentry = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move { b.try_acquire(&key, &owned("job-1")).await })
+    };
+    let mut watch = h.admin().await.unwrap();
+    let mut waited = std::collections::BTreeSet::new();
+    while !reentry.is_finished() {
+        let pids: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
+             AND wait_event_type = 'Lock'",
+        )
+        .bind(&app)
+        .fetch_all(&mut watch)
+        .await
+        .unwrap();
+        waited.extend(pids);
+        // The poll's interval, until the re-entry answers (its response timeout).
+        sleep(Duration::from_millis(20)).await;
+    }
+    let answer = reentry.await.unwrap();
+    assert!(answer.is_err(), "answered: {answer:?}");
+    assert_eq!(
+        waited.len(),
+        1,
+        "sessions that sent the count change: {waited:?}"
+    );
+    sqlx::query("COMMIT").execute(&mut admin).await.unwrap();
+    first.release().await.unwrap();
+    // The key is freed: at once, or when the re-entry's ttl runs out if the timed-out
+    // change committed after all.
+    let next = client(&h)
+        .await
+        .acquire(&key, &plain().wait(Wait::For(Duration::from_secs(10))))
+        .await
+        .expect("the key is freed");
+    next.release().await.unwrap();
+}
+
+/// Side connections whose sessions the server ended while they were idle (an
+/// administrator's terminate, as a server's idle session timeout would) are replaced for
+/// count changes too: the server's message says the statement never ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_changes_replace_idle_connections_the_server_ended() {
+    let h = harness();
+    let app = format!("dlock-ended-{}", std::process::id());
+    let a = client_named(&h, &app, "").await;
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-ended");
+    let first = take(&*a, &key, &owned("job-1")).await;
+    let second = take(&*a, &key, &owned("job-1")).await;
+    let [holder] = h.sessions_on(&key, true).await.unwrap()[..] else {
+        panic!("one holder session");
+    };
+    let mut admin = h.admin().await.unwrap();
+    let ended: Vec<i32> = sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND pid <> $2",
+    )
+    .bind(&app)
+    .bind(holder)
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(!ended.is_empty(), "a side connection to end");
+    for pid in ended {
+        // Returns once the session is gone.
+        h.kill_session(pid).await.unwrap();
+    }
+    let third = take(&*a, &key, &owned("job-1")).await;
+    assert_eq!(third.fencing_token(), first.fencing_token());
+    rows_become(&h, &key, &[format!("{key} (owner row: job-1, count 3)")]).await;
+    second
+        .release()
+        .await
+        .expect("a count change after the end");
+    third.release().await.unwrap();
+    first.release().await.unwrap();
+    h.assert_no_session_on(&key).await;
+    assert!(rows(&h, &key).await.is_empty());
+}
+
+/// A hold whose session was killed before its client noticed (its next ping is 20 s away)
+/// is never re-entered there, even after earlier re-entries of it, and the entry taken
+/// before the kill is not released as if it still held: each count change checks the
+/// session still holds the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holders_session_killed_unnoticed_is_never_reentered() {
+    let h = harness();
+    let (a, b) = (client(&h).await, client(&h).await);
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-killed");
+    let opts = owned("job-1").ttl(Duration::from_secs(60));
+    let first = take(&*a, &key, &opts).await;
+    let seen = take(&*a, &key, &opts).await;
+    assert_eq!(seen.fencing_token(), first.fencing_token());
+    seen.release().await.unwrap();
+    let entry = take(&*a, &key, &opts).await;
+    let [pid] = h.sessions_on(&key, true).await.unwrap()[..] else {
+        panic!("one holder session");
+    };
+    h.kill_session(pid).await.unwrap();
+    let other = take(&*b, &key, &plain()).await;
+    let again = a.try_acquire(&key, &opts).await.expect("try_acquire");
+    assert!(
+        again.is_none(),
+        "re-entered hold {} of a killed session while {} holds the key",
+        first.fencing_token(),
+        other.fencing_token()
+    );
+    assert!(entry.release().await.is_err(), "released as if held");
+    other.release().await.unwrap();
+    drop(first);
+}
