@@ -397,9 +397,11 @@ impl Inner {
 
     /// [`side`](Self::side) for a [`Statement`] that changes a count (a prepared one is
     /// kept by the connection): sent again on a new connection only when the server had
-    /// ended the idle one's session (it said so), never after a timeout or a broken
-    /// connection, where it may have committed: counted twice, a hold would outlive its
-    /// last release until its other clients' leases expire.
+    /// ended the idle one's session (it said so before reading the statement), never after
+    /// a timeout or a broken connection, where it may have committed. A release counted
+    /// twice would bring the count to zero while another lease of the hold is still out,
+    /// and free the lock under it; a re-entry counted twice would keep the hold past its
+    /// last release, until its entries' ttl.
     pub(crate) async fn side_statement(
         &self,
         op: &'static str,

@@ -1,4 +1,4 @@
-//! The backend's connect warnings.
+//! The backend's connect warnings, and which side statements are sent again.
 
 use super::*;
 
@@ -50,5 +50,28 @@ fn no_warning_for_a_verified_server_or_no_password() {
             "{url}: {err}"
         );
         assert!(log.is_empty(), "{url}: {log}");
+    }
+}
+
+/// A count change is never sent again after an error that leaves open whether it ran (no
+/// answer in time, a broken connection); a text (safe to repeat) is.
+#[test]
+fn a_count_change_is_resent_only_when_it_cannot_have_run() {
+    let count = Statement::Simple("UPDATE …".into());
+    let lost = [
+        Error::NoAnswer {
+            op: "acquire",
+            addr: "127.0.0.1:5432".into(),
+            after: std::time::Duration::from_secs(5),
+        },
+        Error::Sql {
+            op: "acquire",
+            source: sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+        },
+    ];
+    for e in &lost {
+        assert!(e.is_connection_lost(), "{e}");
+        assert!(!SideQuery::Statement(&count).may_resend(e), "{e}");
+        assert!(SideQuery::Text("SELECT 1", None).may_resend(e), "{e}");
     }
 }

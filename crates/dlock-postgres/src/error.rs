@@ -15,9 +15,9 @@ const OUT_OF_SHARED_MEMORY: &str = "53200";
 const UNIQUE_VIOLATION: &str = "23505";
 /// `duplicate_table` / `duplicate_object`: a concurrent `CREATE … IF NOT EXISTS`.
 const DUPLICATE: &[&str] = &["42P07", "42710"];
-/// SQLSTATEs that mean the session is gone: `admin_shutdown` (terminated, server stopping),
-/// `crash_shutdown`, `cannot_connect_now`, `idle_session_timeout`, and the connection
-/// exception class `08`.
+/// SQLSTATEs that mean the server ended the session: `admin_shutdown` (terminated, server
+/// stopping), `crash_shutdown`, `cannot_connect_now`, `idle_session_timeout`. (The
+/// connection exception class `08` is matched by prefix in `is_connection_lost`.)
 const SESSION_GONE: &[&str] = &["57P01", "57P02", "57P03", "57P05"];
 
 /// What went wrong talking to the server.
