@@ -9,23 +9,35 @@ use std::time::Duration;
 
 use common::ZookeeperHarness;
 use common::proxy::{RoundTrips, delaying_proxy, timed};
-use dlock_conformance::Harness;
+use dlock_conformance::{Harness, Proxy};
 use dlock_core::{Election, Leader, LockOptions, Wait};
 use futures::StreamExt;
 use tokio::time::{Instant, sleep};
 
-/// Large against the server's and this machine's own latency, so rounding is exact.
+/// For operations that only read: large against the server's and this machine's own
+/// latency, so rounding is exact.
 const RTT: Duration = Duration::from_millis(200);
-/// Permits cost more writes per operation, whose latency adds up on a busy machine (CI saw
-/// 0.42 s of server time in one permit acquire, beside the other test binaries): a round
-/// trip long enough that the count, rounded down, stays exact.
-const PERMIT_RTT: Duration = Duration::from_secs(1);
+/// For operations that write: each write waits for ZooKeeper's log, slow on a busy machine
+/// (beside the other test binaries CI saw 0.26 s of server time in an election's create,
+/// 0.42 s in a permit acquire), so a round trip long enough that the count, rounded down,
+/// stays exact.
+const WRITE_RTT: Duration = Duration::from_secs(1);
+
+/// The test server's URL through `proxy`, with a session timeout long enough for a
+/// handshake through it: a session's connection timeout is 2/5 of its session timeout
+/// (the harness's 2 s allows 0.8 s, less than [`WRITE_RTT`]).
+fn through(harness: &ZookeeperHarness, proxy: &Proxy) -> String {
+    let short = format!("session_timeout={}ms", common::SESSION_TIMEOUT.as_millis());
+    let url = harness.url_with_addrs(&[proxy.addr()]);
+    assert!(url.contains(&short), "{url}");
+    url.replace(&short, "session_timeout=10s")
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trips_per_operation() {
     let harness = ZookeeperHarness::from_env();
-    let proxy = delaying_proxy(harness.server_addrs()[0], RTT / 2).await;
-    let url = harness.url_with_addrs(&[proxy.addr()]);
+    let proxy = delaying_proxy(harness.server_addrs()[0], WRITE_RTT / 2).await;
+    let url = through(&harness, &proxy);
     let a = harness.connect(&url).await.unwrap_or_else(|e| {
         panic!(
             "cannot use the zookeeper server: {e}\n  start it with: scripts/backends up zookeeper"
@@ -34,7 +46,7 @@ async fn round_trips_per_operation() {
     let b = harness.connect(&url).await.expect("second client");
     let key = format!("rtt-{}/k", uuid::Uuid::new_v4().simple());
     let opts = LockOptions::new();
-    let mut trips = RoundTrips::new(RTT);
+    let mut trips = RoundTrips::new(WRITE_RTT);
 
     // The base path exists (made without the proxy), so only the key directory is missing
     // on first use: `NoNode`, then the directory is made with our node, one round trip more.
@@ -71,7 +83,7 @@ async fn round_trips_per_operation() {
             (Instant::now(), lease)
         })
     };
-    sleep(RTT * 5).await;
+    sleep(WRITE_RTT * 5).await;
     let released_at = Instant::now();
     let (released, took) = timed(lease.release()).await;
     released.expect("release");
@@ -99,13 +111,8 @@ async fn round_trips_per_operation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permit_round_trips() {
     let harness = ZookeeperHarness::from_env();
-    let proxy = delaying_proxy(harness.server_addrs()[0], PERMIT_RTT / 2).await;
-    // A session's handshake must fit in its connection timeout (2/5 of the session
-    // timeout): the harness's 2 s allows 0.8 s, less than this round trip.
-    let short = format!("session_timeout={}ms", common::SESSION_TIMEOUT.as_millis());
-    let url = harness.url_with_addrs(&[proxy.addr()]);
-    assert!(url.contains(&short), "{url}");
-    let url = url.replace(&short, "session_timeout=10s");
+    let proxy = delaying_proxy(harness.server_addrs()[0], WRITE_RTT / 2).await;
+    let url = through(&harness, &proxy);
     let mut clients = Vec::new();
     for _ in 0..3 {
         clients.push(
@@ -118,7 +125,7 @@ async fn permit_round_trips() {
     let (a, b, c) = (&clients[0], &clients[1], &clients[2]);
     let key = format!("rtt-{}/permits", uuid::Uuid::new_v4().simple());
     let two = LockOptions::new().permits(2);
-    let mut trips = RoundTrips::new(PERMIT_RTT);
+    let mut trips = RoundTrips::new(WRITE_RTT);
     // Make sure the base path exists, so only the key's directories are missing.
     let direct = harness.client().await.expect("direct client");
     let base_made = format!("rtt-{}/base", uuid::Uuid::new_v4().simple());
@@ -158,7 +165,7 @@ async fn permit_round_trips() {
             (Instant::now(), lease)
         })
     };
-    sleep(PERMIT_RTT * 6).await;
+    sleep(WRITE_RTT * 6).await;
     let (held, took) = timed(b.try_acquire(&key, &two)).await;
     assert!(held.expect("try_acquire").is_none());
     // The waiter holds the mutex: our node is not first, and is deleted.
@@ -319,8 +326,8 @@ async fn loopback_latency() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn election_round_trips() {
     let harness = ZookeeperHarness::from_env();
-    let proxy = delaying_proxy(harness.server_addrs()[0], RTT / 2).await;
-    let url = harness.url_with_addrs(&[proxy.addr()]);
+    let proxy = delaying_proxy(harness.server_addrs()[0], WRITE_RTT / 2).await;
+    let url = through(&harness, &proxy);
     let a = harness
         .connect(&url)
         .await
@@ -338,7 +345,7 @@ async fn election_round_trips() {
         .release()
         .await
         .expect("release");
-    let mut trips = RoundTrips::new(RTT);
+    let mut trips = RoundTrips::new(WRITE_RTT);
     let ours = Election::new(a, key.clone());
     let observed = Election::new(w, key.clone());
     let (leader, took) = timed(observed.leader()).await;
