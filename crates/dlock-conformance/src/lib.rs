@@ -49,7 +49,7 @@ use dlock_core::{BoxError, DistributedLock, ErrorKind, LockOptions, Result};
 
 pub use history::{History, Hold, Violation};
 pub use holder::{ChildHolder, Holder, OWNER_ENTRIES, take_entries};
-pub use proxy::{Delay, Proxy};
+pub use proxy::{Delay, Proxy, ServerClock};
 
 /// How long one scenario may run before it fails as hung.
 pub const SCENARIO_LIMIT: Duration = Duration::from_secs(180);

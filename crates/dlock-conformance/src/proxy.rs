@@ -12,11 +12,15 @@
 //! latency, standing in for `tc netem delay … jitter …` where the kernel has no netem.
 //! Only the bytes are late: both TCP connections stay fast (acknowledgements,
 //! retransmissions and keepalives see loopback).
+//!
+//! The proxy also times the server ([`Proxy::server_clock`]): how long requests waited for
+//! its answer, so a test that counts round trips by duration can leave the server's own
+//! time (a log write on a busy machine) out of the count.
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;
@@ -47,6 +51,49 @@ impl Delay {
     }
 }
 
+/// How long, in all, the server behind a [`Proxy`] has had a request to answer: on each
+/// connection, from the proxy's write of a chunk to the server until it reads the server's
+/// next chunk, counted once while several connections wait at the same time. On a delayed
+/// proxy this is the server's own time (and loopback's), none of the delay.
+#[derive(Debug, Clone, Default)]
+pub struct ServerClock(Arc<Mutex<Busy>>);
+
+#[derive(Debug, Default)]
+struct Busy {
+    /// Connections whose server has a request to answer.
+    waiting: usize,
+    /// Since when one has (meaningful while `waiting > 0`).
+    since: Option<Instant>,
+    /// The time before `since`.
+    total: Duration,
+}
+
+impl ServerClock {
+    /// The server's time so far, the current wait included.
+    pub fn elapsed(&self) -> Duration {
+        let busy = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        busy.total + busy.since.map_or(Duration::ZERO, |since| since.elapsed())
+    }
+
+    fn asked(&self) {
+        let mut busy = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        busy.waiting += 1;
+        if busy.waiting == 1 {
+            busy.since = Some(Instant::now());
+        }
+    }
+
+    fn answered(&self) {
+        let mut busy = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        busy.waiting = busy.waiting.saturating_sub(1);
+        if busy.waiting == 0
+            && let Some(since) = busy.since.take()
+        {
+            busy.total += since.elapsed();
+        }
+    }
+}
+
 /// A proxy on 127.0.0.1 in front of one server.
 #[derive(Debug)]
 pub struct Proxy {
@@ -54,6 +101,7 @@ pub struct Proxy {
     cut: Arc<watch::Sender<bool>>,
     delay: Arc<watch::Sender<Delay>>,
     traffic: Arc<AtomicU64>,
+    server: ServerClock,
     accept: JoinHandle<()>,
 }
 
@@ -65,14 +113,17 @@ impl Proxy {
         let cut = Arc::new(watch::Sender::new(false));
         let delay = Arc::new(watch::Sender::new(Delay::default()));
         let traffic = Arc::new(AtomicU64::new(0));
+        let server = ServerClock::default();
         let accept = tokio::spawn({
             let (cut, delay, traffic) = (cut.clone(), delay.clone(), traffic.clone());
+            let server = server.clone();
             async move {
                 while let Ok((client, _)) = listener.accept().await {
                     let link = Link {
                         cut: cut.subscribe(),
                         delay: delay.subscribe(),
                         traffic: traffic.clone(),
+                        server: server.clone(),
                     };
                     tokio::spawn(forward(client, upstream, link));
                 }
@@ -83,6 +134,7 @@ impl Proxy {
             cut,
             delay,
             traffic,
+            server,
             accept,
         })
     }
@@ -119,6 +171,12 @@ impl Proxy {
     pub fn traffic_while_cut(&self) -> u64 {
         self.traffic.load(Ordering::SeqCst)
     }
+
+    /// The server's time, over every connection since the proxy started: see
+    /// [`ServerClock`]. The handle follows the proxy's connections while any is open.
+    pub fn server_clock(&self) -> ServerClock {
+        self.server.clone()
+    }
 }
 
 impl Drop for Proxy {
@@ -135,6 +193,7 @@ struct Link {
     cut: watch::Receiver<bool>,
     delay: watch::Receiver<Delay>,
     traffic: Arc<AtomicU64>,
+    server: ServerClock,
 }
 
 async fn forward(mut client: TcpStream, upstream: SocketAddr, link: Link) {
@@ -142,6 +201,7 @@ async fn forward(mut client: TcpStream, upstream: SocketAddr, link: Link) {
         mut cut,
         delay,
         traffic,
+        server: clock,
     } = link;
     if *cut.borrow_and_update() {
         traffic.fetch_add(1, Ordering::SeqCst);
@@ -157,31 +217,47 @@ async fn forward(mut client: TcpStream, upstream: SocketAddr, link: Link) {
     let (up_tx, up_rx) = mpsc::unbounded_channel();
     let (down_tx, down_rx) = mpsc::unbounded_channel();
     let mut on_cut = cut.clone();
+    // Whether the server has a request of this connection to answer.
+    let waiting = AtomicBool::new(false);
+    let asked = || {
+        if !waiting.swap(true, Ordering::SeqCst) {
+            clock.asked();
+        }
+    };
+    let answered = || {
+        if waiting.swap(false, Ordering::SeqCst) {
+            clock.answered();
+        }
+    };
     // Each direction is a reader that stamps every chunk with its delivery time and a
     // writer that waits for it: late chunks stay in flight together, as on a real link.
     // Either side closing (or failing) ends the connection once its chunks are delivered.
     tokio::select! {
-        () = read_stamped(&mut cr, up_tx, delay.clone()) => {}
-        () = write_when_due(up_rx, &mut sw) => {}
-        () = read_stamped(&mut sr, down_tx, delay) => {}
-        () = write_when_due(down_rx, &mut cw) => {}
+        () = read_stamped(&mut cr, up_tx, delay.clone(), || {}) => {}
+        () = write_when_due(up_rx, &mut sw, asked) => {}
+        () = read_stamped(&mut sr, down_tx, delay, answered) => {}
+        () = write_when_due(down_rx, &mut cw, || {}) => {}
         () = until(&mut on_cut, true) => {
             // Hold both sockets silently until healed, then close them. The server
             // hears nothing, not even the client closing its end.
             swallow(&mut cr, &mut cut, &traffic).await;
         }
     }
+    answered();
 }
 
-/// Read chunks from `from` and queue each with the time it is due, until `from` ends.
+/// Read chunks from `from` and queue each with the time it is due, until `from` ends;
+/// `read` is told of each chunk as it comes.
 async fn read_stamped<R: AsyncRead + Unpin>(
     from: &mut R,
     to: mpsc::UnboundedSender<(Instant, Vec<u8>)>,
     delay: watch::Receiver<Delay>,
+    read: impl Fn(),
 ) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         let n = from.read(&mut buf).await.unwrap_or(0);
+        read();
         // Delivered in order whatever the draw: the writer takes chunks first come first.
         let due = Instant::now() + delay.borrow().draw();
         // An empty chunk is the end, delivered in its turn.
@@ -192,10 +268,12 @@ async fn read_stamped<R: AsyncRead + Unpin>(
     }
 }
 
-/// Write each queued chunk to `to` when it is due; return at the end or on an error.
+/// Write each queued chunk to `to` when it is due, telling `written` of each; return at
+/// the end or on an error.
 async fn write_when_due<W: AsyncWrite + Unpin>(
     mut from: mpsc::UnboundedReceiver<(Instant, Vec<u8>)>,
     to: &mut W,
+    written: impl Fn(),
 ) {
     while let Some((due, chunk)) = from.recv().await {
         // The timer rounds up to the next millisecond: an undelayed chunk skips it.
@@ -205,6 +283,7 @@ async fn write_when_due<W: AsyncWrite + Unpin>(
         if chunk.is_empty() || to.write_all(&chunk).await.is_err() {
             return;
         }
+        written();
     }
 }
 

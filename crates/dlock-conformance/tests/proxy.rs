@@ -1,6 +1,6 @@
 //! The test proxy's faults, against a local echo server: a delay makes every round trip
 //! late by at least twice the base (once each way) and keeps the stream in order; a cut
-//! forwards nothing until healed.
+//! forwards nothing until healed; the server clock counts the server's time, not the delay.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -19,6 +19,26 @@ async fn echo() -> SocketAddr {
             tokio::spawn(async move {
                 let (mut r, mut w) = conn.split();
                 let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+/// An echo server on a free loopback port that answers each read `after` it.
+async fn slow_echo(after: Duration) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n @ 1..) = conn.read(&mut buf).await {
+                    tokio::time::sleep(after).await;
+                    if conn.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
             });
         }
     });
@@ -103,4 +123,29 @@ async fn a_cut_link_forwards_nothing_until_healed() {
     proxy.heal();
     let mut fresh = TcpStream::connect(proxy.addr()).await.expect("connect");
     assert_eq!(round_trip(&mut fresh, b"after").await, b"after");
+}
+
+#[tokio::test]
+async fn the_server_clock_counts_the_servers_time_and_none_of_the_delay() {
+    let answer_after = Duration::from_millis(300);
+    let proxy = Proxy::start(slow_echo(answer_after).await)
+        .await
+        .expect("proxy");
+    let base = Duration::from_millis(200);
+    proxy.delay(Delay {
+        base,
+        jitter: Duration::ZERO,
+    });
+    let clock = proxy.server_clock();
+    let mut a = TcpStream::connect(proxy.addr()).await.expect("connect");
+    let mut b = TcpStream::connect(proxy.addr()).await.expect("connect");
+    let before = clock.elapsed();
+    let started = Instant::now();
+    // Two connections waiting on the server at once count once.
+    tokio::join!(round_trip(&mut a, b"one"), round_trip(&mut b, b"two"));
+    let (took, server) = (started.elapsed(), clock.elapsed() - before);
+    assert!(took >= 2 * base + answer_after, "{took:?}");
+    assert!(server >= answer_after, "{server:?} of {took:?}");
+    // Generous: what is left over is loopback and this machine's scheduling.
+    assert!(server < answer_after + base, "{server:?} of {took:?}");
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::ZookeeperHarness;
-use common::proxy::{RoundTrips, delaying_proxy, timed};
+use common::proxy::{RoundTrips, delaying_proxy};
 use dlock_conformance::Harness;
 use dlock_core::{DistributedLock, ErrorKind, Lease, LockOptions, Wait};
 use futures::future::join_all;
@@ -308,34 +308,34 @@ async fn reentry_round_trips() {
         .await
         .expect("release");
     let opts = LockOptions::new().owner("job-rtt");
-    let mut trips = RoundTrips::new(RTT);
-    let (first, took) = timed(a.try_acquire(&key, &opts)).await;
+    let mut trips = RoundTrips::new(RTT, &proxy);
+    let (first, took) = trips.timed(a.try_acquire(&key, &opts)).await;
     let first = first.expect("try").expect("free");
     trips.check("first acquire, key free", took, 1);
-    let (again, took) = timed(a.try_acquire(&key, &opts)).await;
+    let (again, took) = trips.timed(a.try_acquire(&key, &opts)).await;
     let again = again.expect("try").expect("re-entry");
     // The client knows the holding node from its grant: `getData`, `setData`.
     trips.check("re-entry, same client", took, 2);
-    let (twice, took) = timed(a.try_acquire(&key, &opts)).await;
+    let (twice, took) = trips.timed(a.try_acquire(&key, &opts)).await;
     let twice = twice.expect("try").expect("re-entry");
     // It wrote the node's count last: `setData` at the version it left.
     trips.check("re-entry, same client again", took, 1);
-    let (from_b, took) = timed(b.try_acquire(&key, &opts)).await;
+    let (from_b, took) = trips.timed(b.try_acquire(&key, &opts)).await;
     let from_b = from_b.expect("try").expect("re-entry");
     // A client that never saw the hold queues a node, reads the holder, and re-enters.
     trips.check("re-entry, another client", took, 3);
-    let (from_b_again, took) = timed(b.try_acquire(&key, &opts)).await;
+    let (from_b_again, took) = trips.timed(b.try_acquire(&key, &opts)).await;
     let from_b_again = from_b_again.expect("try").expect("re-entry");
     trips.check("re-entry, another client again", took, 2);
-    let (extended, took) = timed(first.extend(Duration::from_secs(30))).await;
+    let (extended, took) = trips.timed(first.extend(Duration::from_secs(30))).await;
     extended.expect("extend");
     trips.check("extend, the node's own session", took, 0);
-    let (extended, took) = timed(from_b.extend(Duration::from_secs(30))).await;
+    let (extended, took) = trips.timed(from_b.extend(Duration::from_secs(30))).await;
     extended.expect("extend");
     trips.check("extend, another session", took, 1);
     let other = LockOptions::new().owner("job-other");
     // From a client that holds nothing (b's own gate would refuse it without a request).
-    let (refused, took) = timed(c.try_acquire(&key, &other)).await;
+    let (refused, took) = trips.timed(c.try_acquire(&key, &other)).await;
     assert!(refused.expect("try").is_none());
     trips.check("try_acquire, another owner holds it", took, 3);
     // A client writes at the version it last wrote: one round trip, or three when another
@@ -352,12 +352,12 @@ async fn reentry_round_trips() {
     ];
     for (what, lease, expected) in releases {
         sleep(RTT * 2).await;
-        let (released, took) = timed(lease.release()).await;
+        let (released, took) = trips.timed(lease.release()).await;
         released.expect("release");
         trips.check(what, took, expected);
     }
     sleep(RTT * 2).await;
-    let (released, took) = timed(from_b.release()).await;
+    let (released, took) = trips.timed(from_b.release()).await;
     released.expect("release");
     trips.check("last release (delete at the version it wrote)", took, 1);
     trips.print("round trips");

@@ -1,26 +1,26 @@
 //! Round trips per operation, measured: every client talks to the server through a proxy
-//! that delays each direction by half of `RTT`, so an operation's duration divided by `RTT`
-//! is the number of round trips it needs (the table in the crate docs). Also the plain
-//! loopback latencies, printed for the README.
+//! that delays each direction by half of `RTT`, so an operation's duration, less the time
+//! the server spent answering, divided by `RTT` is the number of round trips it needs (the
+//! table in the crate docs). Also the plain loopback latencies, printed for the README.
 
 mod common;
 
 use std::time::Duration;
 
 use common::ZookeeperHarness;
-use common::proxy::{RoundTrips, delaying_proxy, timed};
+use common::proxy::{Mark, RoundTrips, delaying_proxy};
 use dlock_conformance::{Harness, Proxy};
 use dlock_core::{Election, Leader, LockOptions, Wait};
 use futures::StreamExt;
 use tokio::time::{Instant, sleep};
 
-/// For operations that only read: large against the server's and this machine's own
-/// latency, so rounding is exact.
+/// For operations that only read: large against this machine's own latency, so the count
+/// is exact (the proxy's server clock leaves the server's time out of it).
 const RTT: Duration = Duration::from_millis(200);
 /// For operations that write: each write waits for ZooKeeper's log, slow on a busy machine
-/// (beside the other test binaries CI saw 0.26 s of server time in an election's create,
-/// 0.42 s in a permit acquire), so a round trip long enough that the count, rounded down,
-/// stays exact.
+/// (beside the other test binaries CI saw 0.26 s, then 1 s, of server time in an election's
+/// create). The server's time is left out of the count; this long a round trip also leaves
+/// the client half a second of its own delays on such a machine.
 const WRITE_RTT: Duration = Duration::from_secs(1);
 
 /// The test server's URL through `proxy`, with a session timeout long enough for a
@@ -46,7 +46,7 @@ async fn round_trips_per_operation() {
     let b = harness.connect(&url).await.expect("second client");
     let key = format!("rtt-{}/k", uuid::Uuid::new_v4().simple());
     let opts = LockOptions::new();
-    let mut trips = RoundTrips::new(WRITE_RTT);
+    let mut trips = RoundTrips::new(WRITE_RTT, &proxy);
 
     // The base path exists (made without the proxy), so only the key directory is missing
     // on first use: `NoNode`, then the directory is made with our node, one round trip more.
@@ -54,38 +54,38 @@ async fn round_trips_per_operation() {
     let base_made = format!("rtt-{}/base", uuid::Uuid::new_v4().simple());
     let lease = direct.try_acquire(&base_made, &opts).await.expect("try");
     lease.expect("free").release().await.expect("release");
-    let (lease, took) = timed(a.try_acquire(&key, &opts)).await;
+    let (lease, took) = trips.timed(a.try_acquire(&key, &opts)).await;
     let lease = lease.expect("try_acquire").expect("free");
     trips.check("try_acquire, new key (directory missing)", took, 2);
-    let (released, took) = timed(lease.release()).await;
+    let (released, took) = trips.timed(lease.release()).await;
     released.expect("release");
     trips.check("release", took, 1);
     // The directory stays after the release: one round trip from now on.
-    let (lease, took) = timed(a.try_acquire(&key, &opts)).await;
+    let (lease, took) = trips.timed(a.try_acquire(&key, &opts)).await;
     let lease = lease.expect("try_acquire").expect("free");
     trips.check("try_acquire, key free", took, 1);
-    let (held, took) = timed(b.try_acquire(&key, &opts)).await;
+    let (held, took) = trips.timed(b.try_acquire(&key, &opts)).await;
     assert!(held.expect("try_acquire").is_none());
     trips.check("try_acquire, key held", took, 2);
-    let (extended, took) = timed(lease.extend(Duration::from_secs(30))).await;
+    let (extended, took) = trips.timed(lease.extend(Duration::from_secs(30))).await;
     extended.expect("extend");
     // Answered from the session's state and the node's watch: nothing goes to the server.
     trips.check("extend", took, 0);
 
     // A waiter queues (create + list, then a watch on the holder), and is handed the key.
     let waiter = {
-        let (b, key) = (b.clone(), key.clone());
+        let (b, key, clock) = (b.clone(), key.clone(), trips.clock());
         tokio::spawn(async move {
             let lease = b
                 .acquire(&key, &opts.wait(Wait::For(Duration::from_secs(30))))
                 .await
                 .expect("the waiter acquires");
-            (Instant::now(), lease)
+            (Mark::now(&clock), lease)
         })
     };
     sleep(WRITE_RTT * 5).await;
-    let released_at = Instant::now();
-    let (released, took) = timed(lease.release()).await;
+    let released_at = trips.mark();
+    let (released, took) = trips.timed(lease.release()).await;
     released.expect("release");
     trips.check("release, a waiter queued", took, 1);
     let (acquired_at, lease) = waiter.await.expect("waiter");
@@ -93,13 +93,13 @@ async fn round_trips_per_operation() {
     // waiter lists the directory (1).
     trips.check(
         "hand-off, from the release call",
-        acquired_at - released_at,
+        released_at.until(acquired_at),
         2,
     );
-    let (released, took) = timed(lease.release()).await;
+    let (released, took) = trips.timed(lease.release()).await;
     released.expect("release");
     trips.check("release, last holder", took, 1);
-    let (lease, took) = timed(b.try_acquire(&key, &opts)).await;
+    let (lease, took) = trips.timed(b.try_acquire(&key, &opts)).await;
     let lease = lease.expect("try_acquire").expect("free");
     trips.check("try_acquire, key free again", took, 1);
     lease.release().await.expect("release");
@@ -125,7 +125,7 @@ async fn permit_round_trips() {
     let (a, b, c) = (&clients[0], &clients[1], &clients[2]);
     let key = format!("rtt-{}/permits", uuid::Uuid::new_v4().simple());
     let two = LockOptions::new().permits(2);
-    let mut trips = RoundTrips::new(WRITE_RTT);
+    let mut trips = RoundTrips::new(WRITE_RTT, &proxy);
     // Make sure the base path exists, so only the key's directories are missing.
     let direct = harness.client().await.expect("direct client");
     let base_made = format!("rtt-{}/base", uuid::Uuid::new_v4().simple());
@@ -140,38 +140,38 @@ async fn permit_round_trips() {
     // `NoNode` for the mutex node, then for `locks`; the key directory; `locks`, the node
     // and the listing; `NoNode` for the lease; `leases`, the lease and the listing; the
     // mutex's delete.
-    let (first, took) = timed(a.try_acquire(&key, &two)).await;
+    let (first, took) = trips.timed(a.try_acquire(&key, &two)).await;
     let first = first.expect("try_acquire").expect("free");
     trips.check("permit try_acquire, new key (directories missing)", took, 7);
-    let (released, took) = timed(first.release()).await;
+    let (released, took) = trips.timed(first.release()).await;
     released.expect("release");
     trips.check("permit release", took, 1);
-    let (first, took) = timed(a.try_acquire(&key, &two)).await;
+    let (first, took) = trips.timed(a.try_acquire(&key, &two)).await;
     let first = first.expect("try_acquire").expect("free");
     trips.check("permit try_acquire, a permit free", took, 3);
-    let (second, took) = timed(b.try_acquire(&key, &two)).await;
+    let (second, took) = trips.timed(b.try_acquire(&key, &two)).await;
     let second = second.expect("try_acquire").expect("free");
     trips.check("permit try_acquire, the last permit", took, 3);
-    let (held, took) = timed(c.try_acquire(&key, &two)).await;
+    let (held, took) = trips.timed(c.try_acquire(&key, &two)).await;
     assert!(held.expect("try_acquire").is_none());
     // The mutex, the lease and its count, then both deletes together.
     trips.check("permit try_acquire, every permit held", took, 3);
 
     let waiter = {
-        let (c, key) = (c.clone(), key.clone());
+        let (c, key, clock) = (c.clone(), key.clone(), trips.clock());
         tokio::spawn(async move {
             let wait = two.wait(Wait::For(Duration::from_secs(30)));
             let lease = c.acquire(&key, &wait).await.expect("the waiter acquires");
-            (Instant::now(), lease)
+            (Mark::now(&clock), lease)
         })
     };
     sleep(WRITE_RTT * 6).await;
-    let (held, took) = timed(b.try_acquire(&key, &two)).await;
+    let (held, took) = trips.timed(b.try_acquire(&key, &two)).await;
     assert!(held.expect("try_acquire").is_none());
     // The waiter holds the mutex: our node is not first, and is deleted.
     trips.check("permit try_acquire, a waiter holds the mutex", took, 2);
-    let released_at = Instant::now();
-    let (released, took) = timed(first.release()).await;
+    let released_at = trips.mark();
+    let (released, took) = trips.timed(first.release()).await;
     released.expect("release");
     trips.check("permit release, a waiter counting", took, 1);
     let (acquired_at, third) = waiter.await.expect("waiter");
@@ -179,7 +179,7 @@ async fn permit_round_trips() {
     // mutex's delete (1).
     trips.check(
         "permit hand-off, from the release call",
-        acquired_at - released_at,
+        released_at.until(acquired_at),
         3,
     );
     for lease in [second, third] {
@@ -207,8 +207,8 @@ async fn inspect_round_trips() {
         format!("{prefix}permits"),
         format!("{prefix}unused"),
     );
-    let mut trips = RoundTrips::new(RTT);
-    let (status, took) = timed(d.inspect(&unused)).await;
+    let mut trips = RoundTrips::new(RTT, &proxy);
+    let (status, took) = trips.timed(d.inspect(&unused)).await;
     assert!(!status.expect("inspect").is_held());
     trips.check("inspect, key unused", took, 1);
     let opts = LockOptions::new();
@@ -225,22 +225,22 @@ async fn inspect_round_trips() {
         })
     };
     wait_for_contenders(&harness, &lock, 2).await;
-    let (status, took) = timed(d.inspect(&lock)).await;
+    let (status, took) = trips.timed(d.inspect(&lock)).await;
     let status = status.expect("inspect");
     assert_eq!(
         (status.holders.len(), status.waiters.map(|w| w.len())),
         (1, Some(1))
     );
     trips.check("inspect, a holder and a waiter", took, 2);
-    let (listed, took) = timed(d.list(&prefix)).await;
+    let (listed, took) = trips.timed(d.list(&prefix)).await;
     assert_eq!(listed.expect("list"), [lock.as_str()]);
     trips.check("list, one lock held", took, 2);
     let permit = direct.try_acquire(&sem, &opts.permits(2)).await;
     let permit = permit.expect("try").expect("free");
-    let (status, took) = timed(d.inspect(&sem)).await;
+    let (status, took) = trips.timed(d.inspect(&sem)).await;
     assert_eq!(status.expect("inspect").holders.len(), 1);
     trips.check("inspect, a permit held", took, 2);
-    let (listed, took) = timed(d.list(&prefix)).await;
+    let (listed, took) = trips.timed(d.list(&prefix)).await;
     assert_eq!(listed.expect("list"), [lock.clone(), sem.clone()]);
     // The semaphore's directory has no lock node: its `leases` are listed too.
     trips.check("list, a lock and a semaphore held", took, 3);
@@ -345,20 +345,20 @@ async fn election_round_trips() {
         .release()
         .await
         .expect("release");
-    let mut trips = RoundTrips::new(WRITE_RTT);
+    let mut trips = RoundTrips::new(WRITE_RTT, &proxy);
     let ours = Election::new(a, key.clone());
     let observed = Election::new(w, key.clone());
-    let (leader, took) = timed(observed.leader()).await;
+    let (leader, took) = trips.timed(observed.leader()).await;
     assert_eq!(leader.expect("leader()"), None);
     trips.check("leader(), nobody leads", took, 1);
     let mut changes = observed.observe();
-    let (first, took) = timed(changes.next()).await;
+    let (first, took) = trips.timed(changes.next()).await;
     assert_eq!(first.expect("an item").expect("observe"), None);
     trips.check("observe: subscribe, then leader()", took, 2);
-    let (leading, took) = timed(ours.campaign("v1")).await;
+    let (leading, took) = trips.timed(ours.campaign("v1")).await;
     let mut leading = leading.expect("campaign");
     trips.check("campaign, nobody leads", took, 1);
-    let (leader, took) = timed(observed.leader()).await;
+    let (leader, took) = trips.timed(observed.leader()).await;
     assert_eq!(
         leader.expect("leader()"),
         Some(Leader::new("v1", leading.term()))
@@ -367,16 +367,20 @@ async fn election_round_trips() {
     // Drain the campaign's notification, then time a proclaim end to end.
     let seen = changes.next().await.expect("an item").expect("observe");
     assert_eq!(seen, Some(Leader::new("v1", leading.term())));
-    let started = Instant::now();
-    let (proclaimed, took) = timed(leading.proclaim("v2")).await;
+    let started = trips.mark();
+    let (proclaimed, took) = trips.timed(leading.proclaim("v2")).await;
     proclaimed.expect("proclaim");
     trips.check("proclaim", took, 1);
     let seen = changes.next().await.expect("an item").expect("observe");
     assert_eq!(seen, Some(Leader::new("v2", leading.term())));
     // The write reaches the server (1/2), its notification the observer (1/2), then the
     // observer reads the leader (2).
-    trips.check("proclaim, until an observer shows it", started.elapsed(), 3);
-    let (resigned, took) = timed(leading.resign()).await;
+    trips.check(
+        "proclaim, until an observer shows it",
+        started.until(trips.mark()),
+        3,
+    );
+    let (resigned, took) = trips.timed(leading.resign()).await;
     resigned.expect("resign");
     trips.check("resign", took, 1);
     drop(changes);
