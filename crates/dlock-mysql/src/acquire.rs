@@ -29,7 +29,7 @@ use crate::error::Error;
 use crate::held::MysqlHeld;
 use crate::permits;
 use crate::pool::Lent;
-use crate::sql::{self, End, LOCK_WAIT_ROUND, Sql, Tokens};
+use crate::sql::{self, End, Holder, LOCK_WAIT_ROUND, Sql, Tokens};
 
 /// How long a killed statement gets to answer before the next, stronger kill.
 const KILL_GRACE: Duration = Duration::from_secs(1);
@@ -293,8 +293,9 @@ impl Attempt {
         let sql = match self.mode {
             Mode::Permits(limit) => self.permit_try_sql(lent, limit, set, create),
             Mode::Exclusive | Mode::Shared => {
-                let take = self.inner.sql.try_take(&self.name, self.mode, set, create);
-                format!("{take};{}", self.record_holder())
+                let holder = self.holder();
+                let sql = &self.inner.sql;
+                sql.try_take(&self.name, self.mode, set, create, holder)
             }
         };
         self.sent_at = Instant::now();
@@ -338,7 +339,10 @@ impl Attempt {
         };
         loop {
             let set = self.idle_to_set(lent);
-            let sql = self.inner.sql.wait_take(&self.name, self.mode, set);
+            let sql = self
+                .inner
+                .sql
+                .wait_take(&self.name, self.mode, set, self.holder());
             self.sent_at = Instant::now();
             let silent = self.sent_at
                 + Duration::from_secs(LOCK_WAIT_ROUND.into())
@@ -353,7 +357,7 @@ impl Attempt {
                 self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
             }
             match batch.error {
-                None if batch.granted() => return self.record_after_wait(lent, &batch).await,
+                None if batch.granted() => return self.granted_after_wait(lent, &batch).await,
                 // An operator deleted the row while we waited on it.
                 None => return Step::Restart,
                 // A lock wait round ran out: wait again, if the deadline allows.
@@ -365,12 +369,21 @@ impl Attempt {
         }
     }
 
+    /// The grant of a [`Sql::wait_take`] batch: recorded in its locking statement where
+    /// [`Sql::records_in_lock`], else by [`Self::record_after_wait`].
+    pub(crate) async fn granted_after_wait(&self, lent: &mut Lent, batch: &Batch) -> Step {
+        match self.inner.sql.records_in_lock() {
+            true => locked_token(batch),
+            false => self.record_after_wait(lent, batch).await,
+        }
+    }
+
     /// The grant of a waiting batch, recorded in `{table}_held` by a statement of its own.
     /// A waiting batch ends with its locking read: a kill sent as the caller gives up may
     /// land just after the grant, and must find the session idle, not between two
     /// statements of a batch (MariaDB then leaves the batch unanswered, and only `KILL`
     /// of the whole session, a second later, frees the key). One more round trip, paid
-    /// only after a wait.
+    /// only after a wait whose locking statement could not record the hold.
     pub(crate) async fn record_after_wait(&self, lent: &mut Lent, batch: &Batch) -> Step {
         let step = locked_token(batch);
         if !matches!(step, Step::Granted(_)) {
@@ -381,17 +394,25 @@ impl Attempt {
         recorded.error.map_or(step, Step::Failed)
     }
 
-    /// The statement a granting batch ends its locking read with: the hold's uncommitted
-    /// row in `{table}_held` (see `inspect`), naming the client, or carrying a
-    /// candidate's value.
+    /// The hold as its granting statement records it: this key, and the client's
+    /// description or a candidate's value.
+    pub(crate) fn holder(&self) -> Holder<'_> {
+        Holder {
+            key: &self.key,
+            who: self
+                .value
+                .as_deref()
+                .unwrap_or(dlock_core::holder_description()),
+        }
+    }
+
+    /// The statement that records the hold in `{table}_held` right after a locking read
+    /// that did not (see `inspect`): a permit's slot, or MySQL 8's `SELECT`.
     pub(crate) fn record_holder(&self) -> String {
-        let who = self
-            .value
-            .as_deref()
-            .unwrap_or(dlock_core::holder_description());
+        let Holder { key, who } = self.holder();
         self.inner
             .sql
-            .record_holder(&self.name, &self.key, self.mode, who)
+            .record_holder(&self.name, key, self.mode, who)
     }
 
     /// The idle timeout a lock batch must set first: `None` when the session has it.

@@ -114,11 +114,7 @@ impl Sql {
             Tokens::Sequence => format!("LASTVAL(`{}`)", self.sequence()),
             Tokens::Counter => "NULL".to_owned(),
         };
-        let (mode, permits) = match mode {
-            Mode::Exclusive => ("exclusive", 0),
-            Mode::Shared => ("shared", 0),
-            Mode::Permits(n) => ("permits", n),
-        };
+        let (mode, permits) = crate::sql::held_mode(mode);
         format!(
             "INSERT INTO `{h}` (name, conn, held_key, mode, permits, token, who) \
              SELECT {n}, CONNECTION_ID(), {k}, '{mode}', {permits}, {token}, {w} FROM DUAL \
@@ -230,7 +226,9 @@ impl Sql {
         let n = literal(name);
         let key_row = format!("FROM `{}` WHERE name = {n} ", self.table);
         if let Some(rest) = statement.split_once(&key_row).map(|(_, rest)| rest) {
-            return match rest.trim_end() {
+            // MariaDB's waits record the hold in the same statement (`Sql::wait_take`).
+            let rest = rest.trim_end();
+            return match rest.strip_suffix(" RETURNING token").unwrap_or(rest) {
                 "FOR UPDATE" => Some(Mode::Exclusive),
                 "LOCK IN SHARE MODE" | "FOR SHARE" => Some(Mode::Shared),
                 _ => None,
@@ -394,7 +392,7 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sql::Server;
+    use crate::sql::{Holder, Server};
 
     #[test]
     fn row_names_turn_back_into_keys_unless_shortened() {
@@ -416,21 +414,34 @@ mod tests {
 
     #[test]
     fn only_waiting_statements_count_as_waiters() {
+        let holder = Holder {
+            key: "k",
+            who: "w@h:1",
+        };
+        // The locking statement of each batch: the last of a wait, the one that locks of a
+        // try.
+        let last = |batch: String| batch.rsplit(';').next().unwrap_or_default().to_owned();
+        let nowait = |batch: String| {
+            let found = batch.split(';').rfind(|s| s.contains("NOWAIT"));
+            found.map(str::to_owned)
+        };
+        for sql in [
+            Sql::new("t", Tokens::Sequence, Server::MariaDb),
+            Sql::new("t", Tokens::Counter, Server::MySql),
+        ] {
+            let wait = |mode| last(sql.wait_take("k", mode, Some(3), holder));
+            assert_eq!(
+                sql.row_wait("k", &wait(Mode::Exclusive)),
+                Some(Mode::Exclusive)
+            );
+            assert_eq!(sql.row_wait("k", &wait(Mode::Shared)), Some(Mode::Shared));
+            let tried = nowait(sql.try_take("k", Mode::Exclusive, None, false, holder));
+            let tried = tried.expect("a NOWAIT statement");
+            assert_eq!(sql.row_wait("k", &tried), None, "{tried}");
+            assert_eq!(sql.row_wait("kk", &wait(Mode::Exclusive)), None);
+        }
         let sql = Sql::new("t", Tokens::Sequence, Server::MariaDb);
         let n = literal("k");
-        let wait = |lock: &str| {
-            format!("SELECT CAST(NEXTVAL(`t_seq`) AS UNSIGNED) FROM `t` WHERE name = {n} {lock}")
-        };
-        assert_eq!(
-            sql.row_wait("k", &wait("FOR UPDATE")),
-            Some(Mode::Exclusive)
-        );
-        assert_eq!(
-            sql.row_wait("k", &wait("LOCK IN SHARE MODE")),
-            Some(Mode::Shared)
-        );
-        assert_eq!(sql.row_wait("k", &wait("FOR UPDATE NOWAIT")), None);
-        assert_eq!(sql.row_wait("kk", &wait("FOR UPDATE")), None);
         let slot = format!("SELECT 1 FROM `t_slots` WHERE name = {n} AND slot = 2 FOR UPDATE");
         assert_eq!(sql.row_wait("k", &slot), Some(Mode::Permits(0)));
         let scan = format!(

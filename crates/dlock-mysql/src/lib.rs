@@ -73,24 +73,28 @@
 //! 1. Take a connection from the client's pool (it stays out of the pool while the key is
 //!    held or waited for).
 //! 2. One batch: `SET SESSION wait_timeout = ⌈ttl⌉` (left out when the session has it
-//!    from an earlier lease), `BEGIN; SELECT token FROM {table} WHERE name = … FOR UPDATE
-//!    NOWAIT` (a shared hold: *lock* below, see *Shared holds*), then *record*: `INSERT INTO
-//!    {table}_held … SELECT … WHERE FOUND_ROWS() > 0` (the hold's row, only if the read
-//!    locked one; see *Inspecting*). A row: granted, go to 4. A lock error: busy. No
-//!    row (the key's first use): one batch `ROLLBACK`, create the row with `INSERT …
+//!    from an earlier lease), `BEGIN`, then the locking statement, which on MariaDB also
+//!    *records* the hold (see *Inspecting*): `INSERT INTO {table}_held (…) SELECT name,
+//!    CONNECTION_ID(), …, token, … FROM {table} WHERE name = … FOR UPDATE NOWAIT RETURNING
+//!    token` (a shared hold: *lock* below, see *Shared holds*): the row lock, the token and
+//!    the hold's row in one statement. MySQL 8 has no `RETURNING`: `SELECT token FROM
+//!    {table} WHERE name = … FOR UPDATE NOWAIT`, then *record* as a statement of its own,
+//!    `INSERT INTO {table}_held … SELECT … WHERE FOUND_ROWS() > 0` (only if the read locked
+//!    a row). A row: granted, go to 4. A lock error: busy. No row (the key's first use): one batch `ROLLBACK`, create the row with `INSERT …
 //!    SELECT … WHERE NOT EXISTS` (a consistent read and a plain insert in autocommit, so it
 //!    does not wait for a holder and never takes a locking read on a missing row, whose gap
 //!    locks deadlock two inserters; two clients creating the row at once: the second's
-//!    duplicate-key error makes it start over), then `BEGIN; SELECT … FOR UPDATE NOWAIT`
+//!    duplicate-key error makes it start over), then `BEGIN;` and the locking statement
 //!    again.
 //! 3. Busy: `try_acquire`, or an acquire whose deadline passed, answers "held". Otherwise
-//!    one batch `SET …; BEGIN; SELECT token … FOR UPDATE` (shared: *lock* without `NOWAIT`)
-//!    waits on the server, which wakes it by granting the row lock (one writer, or every
-//!    reader one release admits); *record* follows on its own (one more round trip after a
-//!    wait), because the batch must end with the wait: a kill that lands just after the
-//!    grant then finds the session idle, whereas one landing between two statements of a
-//!    batch leaves MariaDB's answer to the batch missing until the session is ended, a
-//!    second later (seen as a flaky cancelled-reader scenario). At the deadline, or when the
+//!    one batch `SET …; BEGIN;` and the locking statement of step 2 without `NOWAIT` waits
+//!    on the server, which wakes it by granting the row lock (one writer, or every reader
+//!    one release admits). The batch must end with the wait: a kill that lands just after
+//!    the grant then finds the session idle, whereas one landing between two statements of
+//!    a batch leaves MariaDB's answer to the batch missing until the session is ended, a
+//!    second later (seen as a flaky cancelled-reader scenario). On MariaDB the waiting
+//!    statement records the hold itself, so the grant is complete when it returns; on
+//!    MySQL 8 *record* follows on its own, one more round trip after a wait. At the deadline, or when the
 //!    caller drops the future, the waiting statement is stopped with `KILL QUERY <id>`
 //!    from a side connection (then `KILL <id>`, ending the session, if it does not stop
 //!    within 1 s), so a waiter that gave up never takes the key later; its transaction is
@@ -123,9 +127,9 @@
 //! |---|---|---|
 //! | `try_acquire`, key free | 1: the lock batch (2 on a key's first use) | — |
 //! | `try_acquire`, key held | 1 (a `ROLLBACK` follows the answer) | — |
-//! | `acquire` with a wake-up | 3 + the wait: lock batch, wait batch, *record* | — |
-//! | `acquire` + `release`, key free, one client (lockbench *uncontended*) | 2: `BEGIN; SELECT … NOWAIT; `*record*, `ROLLBACK`; no commit that writes | 62–67 µs before *record* (raw cycle 57 µs: 1.08–1.17×); *record* adds about 35 µs (see *Inspecting*), not re-measured with lockbench |
-//! | contended hand-off, `release` called → waiter holds (lockbench, 8 clients) | `ROLLBACK` → grant → *record* | 122–131 µs before *record* |
+//! | `acquire` with a wake-up | 2 + the wait: lock batch, wait batch (MySQL 8: + *record*) | — |
+//! | `acquire` + `release`, key free, one client (lockbench *uncontended*) | 2: `BEGIN;` the locking statement that records, `ROLLBACK`; no commit that writes | 0.87–1.47× the raw cycle (lockbench, three runs) |
+//! | contended hand-off, `release` called → waiter holds (lockbench, 8 clients) | `ROLLBACK` → grant (MySQL 8: → *record*) | 254–295 µs (532–623 µs when *record* followed the grant on its own) |
 //! | `extend` | 1 | — |
 //! | `release` | 1 | — |
 //! | holder's session ends (`KILL`, crash) → waiter holds | the server's roll-back → grant | — |
@@ -329,16 +333,20 @@
 //! STATUS` with the global `innodb_status_output_locks = ON` (off by default, set with
 //! `SUPER`; its output is cut at 1 MB) and MySQL 8's `performance_schema.data_locks`. A
 //! probe (`FOR UPDATE SKIP LOCKED` or `NOWAIT`) would take a free row's lock. So each hold
-//! names itself: its granting batch ends with *record*, an `INSERT` into `{table}_held` of
+//! names itself: its granting statement (MariaDB's locking `INSERT … SELECT … RETURNING`;
+//! on MySQL 8 and for permits a statement right after the locking read) is *record*, an
+//! `INSERT` into `{table}_held` of
 //! the row name, `CONNECTION_ID()`, the key, the mode (and a permit's `n`), the token
-//! (`LASTVAL({table}_seq)`; on MySQL 8 set by the keep batch) and the client's
+//! (drawn in the statement; on MySQL 8 set by the keep batch) and the client's
 //! [`holder_description`](dlock_core::holder_description) (`NAME@HOST:PID`), never
 //! committed: the release is a `ROLLBACK`, and a session that ends (crash, kill, idle
 //! timeout) is rolled back with its lock, so the row lives exactly as long as the hold and
-//! a committed read of the table is always empty. It costs a grant without a wait one more
-//! statement in the same batch (no round trip), a grant after a wait one round trip (see
-//! step 3 of *Acquire*), and an insert undone at release: about 35 µs on the
-//! uncontended cycle (loopback MariaDB 10.11, raw SQL: 50 → 85 µs p50).
+//! a committed read of the table is always empty. It costs no statement and no round trip
+//! of its own on MariaDB (MySQL 8: one more statement in a try's batch, one more round
+//! trip after a wait), but an insert undone at release is a write where the lock alone
+//! writes nothing: about 35 µs on the uncontended cycle (loopback MariaDB 10.11, raw SQL:
+//! 50 → 85 µs p50), and with 8 clients on 8 keys it is most of the cycle's server time
+//! (raw SQL batches: about 6,400–7,000 cycles/s with the insert, 11,000–14,000 without).
 //! - `inspect(key)`: `SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED` (the next
 //!   statement only), then `SELECT … FROM {table}_held WHERE name = …` (the holders: mode,
 //!   token, grant time by the server's clock, `who` = the holder's description; no
@@ -442,7 +450,7 @@
 //! | election operation | row mode | named mode |
 //! |---|---|---|
 //! | `campaign`, key free | 1 (2 on a key's first use) | 2 (`GET_LOCK`, fence batch with the value) |
-//! | `campaign` with a wake-up | 3 + the wait | 2 + the wait |
+//! | `campaign` with a wake-up | 2 + the wait (MySQL 8: 3) | 2 + the wait |
 //! | `proclaim` | 1, holding connection | 1, side connection |
 //! | `leader`; an observer | 1; 1 per 250 ms | 1; 1 per 250 ms |
 //! | `resign` | 1 | 1 (+1 after the connection died) |

@@ -97,6 +97,23 @@ pub(crate) fn set_idle(idle: Option<u32>) -> String {
 }
 
 /// The statements for one lock table, its fence table and its token sequence.
+/// A hold as its granting statement records it in `{table}_held`: the key, and who holds
+/// it (the client's `holder_description`, or an election candidate's value).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Holder<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) who: &'a str,
+}
+
+/// The `mode` and `permits` columns of a `mode` hold's row in `{table}_held`.
+pub(crate) fn held_mode(mode: Mode) -> (&'static str, u32) {
+    match mode {
+        Mode::Exclusive => ("exclusive", 0),
+        Mode::Shared => ("shared", 0),
+        Mode::Permits(n) => ("permits", n),
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Sql {
     pub(crate) table: String,
@@ -267,12 +284,13 @@ impl Sql {
         )
     }
 
-    /// Take the row without waiting. Statements: set the idle timeout; with `create`, end
-    /// the transaction a miss left open and create the row (a consistent read, then a plain
+    /// Take the row without waiting, recording the hold as `who` holding `key` (see
+    /// [`Self::record_holder`]). Statements: set the idle timeout; with `create`, end the
+    /// transaction a miss left open and create the row (a consistent read, then a plain
     /// insert only if it saw no row, so it does not wait for a holder and takes no gap
     /// lock; a duplicate-key error means another client created it just now); begin; lock
-    /// it in `mode`, `NOWAIT`, selecting [`Self::locked_value`] (a row: held; no row:
-    /// missing; lock error: busy).
+    /// it in `mode`, `NOWAIT`, and record the hold (see [`Self::lock_and_record`]; its last
+    /// row is the token: held; no row: missing; lock error: busy).
     /// `idle` is `None` when the session already has that idle timeout.
     pub(crate) fn try_take(
         &self,
@@ -280,6 +298,7 @@ impl Sql {
         mode: Mode,
         idle: Option<u32>,
         create: bool,
+        holder: Holder<'_>,
     ) -> String {
         let n = literal(name);
         let t = &self.table;
@@ -291,27 +310,63 @@ impl Sql {
         } else {
             String::new()
         };
-        format!(
-            "{set}{create}BEGIN;\
-             SELECT {v} FROM `{t}` WHERE name = {n} {lock}",
-            set = set_idle(idle),
-            v = self.locked_value(),
-            lock = self.lock_clause(mode, true),
-        )
+        let take = self.lock_and_record(name, mode, true, holder);
+        let record = match self.records_in_lock() {
+            true => String::new(),
+            false => format!(
+                ";{}",
+                self.record_holder(name, holder.key, mode, holder.who)
+            ),
+        };
+        format!("{set}{create}BEGIN;{take}{record}", set = set_idle(idle))
     }
 
     /// Wait for the row: begin (which ends the transaction a failed `NOWAIT` left open) and
-    /// lock it in `mode`, waiting up to [`LOCK_WAIT_ROUND`], selecting
-    /// [`Self::locked_value`].
-    pub(crate) fn wait_take(&self, name: &str, mode: Mode, idle: Option<u32>) -> String {
+    /// lock it in `mode`, waiting up to [`LOCK_WAIT_ROUND`]; where the server can, the same
+    /// statement records the hold (see [`Self::lock_and_record`]). The batch ends with the
+    /// wait: a hold not recorded in it is recorded by a statement of its own once granted.
+    pub(crate) fn wait_take(
+        &self,
+        name: &str,
+        mode: Mode,
+        idle: Option<u32>,
+        holder: Holder<'_>,
+    ) -> String {
         format!(
-            "{set}BEGIN;\
-             SELECT {v} FROM `{t}` WHERE name = {n} {lock}",
-            t = self.table,
-            n = literal(name),
-            v = self.locked_value(),
+            "{set}BEGIN;{take}",
             set = set_idle(idle),
-            lock = self.lock_clause(mode, false),
+            take = self.lock_and_record(name, mode, false, holder),
+        )
+    }
+
+    /// Whether a locking read records its hold in the same statement: on MariaDB, whose
+    /// `INSERT … SELECT … RETURNING` locks the key's row, draws the token and inserts the
+    /// hold's row in one statement. MySQL 8 has no `RETURNING` and takes its token after
+    /// the grant: its locking read is a `SELECT`, and the record a statement of its own.
+    pub(crate) fn records_in_lock(&self) -> bool {
+        self.tokens == Tokens::Sequence
+    }
+
+    /// The locking read of the key's row in `mode` (`NOWAIT` or waiting). Where
+    /// [`Self::records_in_lock`]: `INSERT INTO {table}_held … SELECT name, CONNECTION_ID(),
+    /// … FROM {table} WHERE name = … <lock> RETURNING token`, so the row lock, the token
+    /// (drawn once the row is locked, so a later holder's is larger) and the hold's row come
+    /// from one statement, answered by the token (no row: the key's row is missing).
+    /// Otherwise `SELECT` [`Self::locked_value`] `FROM {table} WHERE name = … <lock>`.
+    fn lock_and_record(&self, name: &str, mode: Mode, nowait: bool, holder: Holder<'_>) -> String {
+        let (t, n) = (&self.table, literal(name));
+        let (v, lock) = (self.locked_value(), self.lock_clause(mode, nowait));
+        if !self.records_in_lock() {
+            return format!("SELECT {v} FROM `{t}` WHERE name = {n} {lock}");
+        }
+        let (mode, permits) = held_mode(mode);
+        format!(
+            "INSERT INTO `{h}` (name, conn, held_key, mode, permits, token, who) \
+             SELECT name, CONNECTION_ID(), {k}, '{mode}', {permits}, {v}, {w} \
+             FROM `{t}` WHERE name = {n} {lock} RETURNING token",
+            h = self.held,
+            k = literal(holder.key),
+            w = literal(holder.who),
         )
     }
 
@@ -429,6 +484,11 @@ mod tests {
         assert_eq!(idle_seconds(Duration::from_secs(86_400)), 86_400);
     }
 
+    const HOLDER: Holder<'static> = Holder {
+        key: "k",
+        who: "w@h:1",
+    };
+
     #[test]
     fn statements_name_the_configured_tables() {
         let sql = Sql::new("my_locks", Tokens::Sequence, Server::MariaDb);
@@ -438,21 +498,28 @@ mod tests {
                 .contains("`my_locks_seq` START WITH 7")
         );
         assert!(
-            sql.try_take("k", X, Some(2), false)
+            sql.try_take("k", X, Some(2), false, HOLDER)
                 .contains("NEXTVAL(`my_locks_seq`)")
         );
         assert!(
-            sql.try_take("k", X, Some(2), true)
+            sql.try_take("k", X, Some(2), true, HOLDER)
                 .contains("ROLLBACK;INSERT")
         );
-        assert!(sql.try_take("k", X, None, false).starts_with("BEGIN;"));
         assert!(
-            sql.wait_take("k", X, Some(3))
+            sql.try_take("k", X, None, false, HOLDER)
+                .starts_with("BEGIN;")
+        );
+        assert!(
+            sql.wait_take("k", X, Some(3), HOLDER)
                 .starts_with("SET SESSION wait_timeout = 3;")
         );
         assert!(sql.next_fence("k", 9).contains("NEXTVAL(`my_locks_seq`)"));
         let counter = Sql::new("my_locks", Tokens::Counter, Server::MySql);
-        assert!(!counter.try_take("k", X, Some(2), false).contains("NEXTVAL"));
+        assert!(
+            !counter
+                .try_take("k", X, Some(2), false, HOLDER)
+                .contains("NEXTVAL")
+        );
         assert!(counter.next_fence("k", 9).contains("fence + 1"));
         assert_eq!(Sql::finish(End::Release, false), "ROLLBACK");
         assert_eq!(Sql::finish(End::Release, true).matches(';').count(), 1);
@@ -465,29 +532,30 @@ mod tests {
     fn each_server_gets_its_own_spelling_of_the_shared_row_lock() {
         let mariadb = Sql::new("t", Tokens::Sequence, Server::MariaDb);
         let mysql = Sql::new("t", Tokens::Counter, Server::MySql);
-        for sql in [&mariadb, &mysql] {
+        let spellings = [
+            (&mariadb, X, "FOR UPDATE"),
+            (&mariadb, S, "LOCK IN SHARE MODE"),
+            (&mysql, X, "FOR UPDATE"),
+            (&mysql, S, "FOR SHARE"),
+        ];
+        for (sql, mode, lock) in spellings {
+            let tried = sql.try_take("k", mode, None, false, HOLDER);
+            let waited = sql.wait_take("k", mode, None, HOLDER);
+            // MariaDB records the hold in the locking statement; MySQL 8 right after it
+            // in a try, and in a statement of its own after a wait.
+            let recorded = match sql.records_in_lock() {
+                true => " RETURNING token",
+                false => "",
+            };
             assert!(
-                sql.try_take("k", X, None, false)
-                    .ends_with(" FOR UPDATE NOWAIT")
+                tried.contains(&format!(" {lock} NOWAIT{recorded}")),
+                "{tried}"
             );
-            assert!(sql.wait_take("k", X, None).ends_with(" FOR UPDATE"));
+            assert!(waited.ends_with(&format!(" {lock}{recorded}")), "{waited}");
+            assert_eq!(tried.matches("INSERT INTO `t_held`").count(), 1, "{tried}");
+            let in_wait = usize::from(sql.records_in_lock());
+            assert_eq!(waited.matches("INSERT INTO `t_held`").count(), in_wait);
         }
-        assert!(
-            mariadb
-                .try_take("k", S, None, true)
-                .ends_with(" LOCK IN SHARE MODE NOWAIT")
-        );
-        assert!(
-            mariadb
-                .wait_take("k", S, None)
-                .ends_with(" LOCK IN SHARE MODE")
-        );
-        assert!(
-            mysql
-                .try_take("k", S, None, false)
-                .ends_with(" FOR SHARE NOWAIT")
-        );
-        assert!(mysql.wait_take("k", S, None).ends_with(" FOR SHARE"));
         assert_eq!(
             Server::of_version("10.11.14-MariaDB-0+deb12u2"),
             Server::MariaDb

@@ -27,7 +27,11 @@ impl Attempt {
             let set = self.idle_to_set(lent);
             let lock_wait = (lent.lock_wait() != Some(OWNER_ROUND)).then_some(OWNER_ROUND);
             let mut sql = lock_wait.map_or_else(String::new, |s| format!("{};", Sql::lock_wait(s)));
-            sql.push_str(&self.inner.sql.wait_take(&self.name, self.mode, set));
+            let take = self
+                .inner
+                .sql
+                .wait_take(&self.name, self.mode, set, self.holder());
+            sql.push_str(&take);
             self.sent_at = Instant::now();
             let silent = self.sent_at
                 + Duration::from_secs(OWNER_ROUND.into())
@@ -43,7 +47,7 @@ impl Attempt {
             match batch.error {
                 None if batch.granted() => {
                     self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
-                    return self.record_after_wait(lent, &batch).await;
+                    return self.granted_after_wait(lent, &batch).await;
                 }
                 // An operator deleted the row while we waited on it.
                 None => return Step::Restart,
