@@ -19,17 +19,17 @@ use std::time::Duration;
 use dlock_core::raw::{Deadline, Grant};
 use dlock_core::{LockError, LockOptions, Mode, Owner, Result};
 use futures::Future;
-use sqlx::Row;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::NAME;
 use crate::backend::{Batch, Inner, run_into};
 use crate::error::Error;
+use crate::grant::locked_token;
 use crate::held::MysqlHeld;
 use crate::permits;
 use crate::pool::Lent;
-use crate::sql::{self, End, Holder, LOCK_WAIT_ROUND, Sql, Tokens};
+use crate::sql::{self, End, LOCK_WAIT_ROUND, Tokens};
 
 /// How long a killed statement gets to answer before the next, stronger kill.
 const KILL_GRACE: Duration = Duration::from_secs(1);
@@ -116,7 +116,7 @@ pub(crate) struct Attempt {
     /// row's exclusive lock, see `permits`).
     pub(crate) mode: Mode,
     /// The holding session's idle timeout, in seconds.
-    idle: u32,
+    pub(crate) idle: u32,
     pub(crate) deadline: Deadline,
     reply: Reply,
     /// When the statement that was granted the row was sent: the session was busy from
@@ -127,7 +127,7 @@ pub(crate) struct Attempt {
     waited: bool,
     /// An election candidate's value, recorded as the hold's `who` in place of the
     /// client's description (see the crate docs' *Elections*).
-    value: Option<String>,
+    pub(crate) value: Option<String>,
     /// A reentrant hold's owner (see `reentry`).
     pub(crate) owner: Option<Owner>,
     /// The lease's ttl.
@@ -369,52 +369,6 @@ impl Attempt {
         }
     }
 
-    /// The grant of a [`Sql::wait_take`] batch: recorded in its locking statement where
-    /// [`Sql::records_in_lock`], else by [`Self::record_after_wait`].
-    pub(crate) async fn granted_after_wait(&self, lent: &mut Lent, batch: &Batch) -> Step {
-        match self.inner.sql.records_in_lock() {
-            true => locked_token(batch),
-            false => self.record_after_wait(lent, batch).await,
-        }
-    }
-
-    /// The grant of a waiting batch, recorded in `{table}_held` by a statement of its own.
-    /// A waiting batch ends with its locking read: a kill sent as the caller gives up may
-    /// land just after the grant, and must find the session idle, not between two
-    /// statements of a batch (MariaDB then leaves the batch unanswered, and only `KILL`
-    /// of the whole session, a second later, frees the key). One more round trip, paid
-    /// only after a wait whose locking statement could not record the hold.
-    pub(crate) async fn record_after_wait(&self, lent: &mut Lent, batch: &Batch) -> Step {
-        let step = locked_token(batch);
-        if !matches!(step, Step::Granted(_)) {
-            return step;
-        }
-        // Alone, the statement still sees the locking read's row count and token.
-        let recorded = self.inner.run(lent, &self.record_holder(), "acquire").await;
-        recorded.error.map_or(step, Step::Failed)
-    }
-
-    /// The hold as its granting statement records it: this key, and the client's
-    /// description or a candidate's value.
-    pub(crate) fn holder(&self) -> Holder<'_> {
-        Holder {
-            key: &self.key,
-            who: self
-                .value
-                .as_deref()
-                .unwrap_or(dlock_core::holder_description()),
-        }
-    }
-
-    /// The statement that records the hold in `{table}_held` right after a locking read
-    /// that did not (see `inspect`): a permit's slot, or MySQL 8's `SELECT`.
-    pub(crate) fn record_holder(&self) -> String {
-        let Holder { key, who } = self.holder();
-        self.inner
-            .sql
-            .record_holder(&self.name, key, self.mode, who)
-    }
-
     /// The idle timeout a lock batch must set first: `None` when the session has it.
     pub(crate) fn idle_to_set(&self, lent: &Lent) -> Option<u32> {
         (lent.lease_idle() != Some(self.idle)).then_some(self.idle)
@@ -497,37 +451,6 @@ impl Attempt {
             None => Ok(Some(grant)),
         }
     }
-
-    /// A token from the key's counter (side connection), then the keep on the holder.
-    async fn fence_and_keep(&self, lent: &mut Lent) -> Result<(u64, Instant)> {
-        let token = self.inner.next_fence(&self.name, lent.id()).await?;
-        let sent_at = Instant::now();
-        let sql = format!(
-            "{};{}",
-            Sql::keep(self.idle),
-            self.inner.sql.record_token(&self.name, token)
-        );
-        let batch = self.inner.run(lent, &sql, "acquire").await;
-        if batch.error.is_none() {
-            lent.set_lease_idle(Some(self.idle));
-        }
-        // Failed: the session ended (or went silent) since the grant; the lock is gone, or
-        // will be when the server ends the session.
-        batch.error.map_or(Ok((token, sent_at)), |e| Err(e.into()))
-    }
-}
-
-/// The granted step of a batch whose last statement locked the row and drew its token.
-pub(crate) fn locked_token(batch: &Batch) -> Step {
-    let token = batch.rows.last().map(|row| row.try_get::<u64, _>(0));
-    match token {
-        Some(Ok(token)) => Step::Granted(token),
-        Some(Err(e)) => Step::Failed(Error::sql("acquire")(e)),
-        None => Step::Failed(Error::Sql {
-            op: "acquire",
-            source: sqlx::Error::RowNotFound,
-        }),
-    }
 }
 
 pub(crate) async fn sleep_until_some(at: Option<Instant>) {
@@ -538,19 +461,6 @@ pub(crate) async fn sleep_until_some(at: Option<Instant>) {
 }
 
 impl Inner {
-    /// Take the next fencing token of `name`, recording `holder` as its holder. Autocommit:
-    /// the token stays taken whatever happens to the holder.
-    async fn next_fence(&self, name: &str, holder: u64) -> Result<u64, Error> {
-        let rows = self
-            .side("fence", &self.sql.next_fence(name, holder))
-            .await?;
-        let row = rows.first().ok_or(Error::Sql {
-            op: "fence",
-            source: sqlx::Error::RowNotFound,
-        })?;
-        row.try_get::<u64, _>(0).map_err(Error::sql("fence"))
-    }
-
     /// Stop the statement running on connection `id` so that it can never take the lock
     /// later, and wait (briefly) for `run` to see it end. `KILL QUERY` first, which keeps
     /// the session; then `KILL`, which ends it. Returns whether `run` finished.

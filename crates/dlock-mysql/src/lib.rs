@@ -764,6 +764,7 @@ mod backend;
 mod config;
 mod election;
 mod error;
+mod grant;
 mod held;
 mod inspect;
 mod named;
