@@ -110,8 +110,8 @@ impl MysqlBackend {
             carriers: Carriers::new(NAME),
             keepers: Keepers::default(),
         };
-        let (tokens, server) = inner.prepare_tables().await?;
-        inner.sql = Sql::new(&inner.config.table, tokens, server);
+        let (tokens, server, returning) = inner.prepare_tables().await?;
+        inner.sql = Sql::new(&inner.config.table, tokens, server).with_returning(returning);
         Ok(Self {
             inner: Arc::new(inner),
         })
@@ -409,7 +409,9 @@ impl Inner {
     /// Create the tables (and on MariaDB the token sequence) if missing; refuse existing
     /// ones that cannot hold locks safely. Returns where tokens come from, and which server
     /// this is.
-    async fn prepare_tables(&self) -> Result<(Tokens, Server)> {
+    /// The tables, ready; where tokens come from, which server it is, and whether it has
+    /// `INSERT … RETURNING`.
+    async fn prepare_tables(&self) -> Result<(Tokens, Server, bool)> {
         let mut tables = self.side("connect", &self.sql.describe_tables()).await?;
         // Tables of an older version may lack the permit slots, the holds or the
         // leaders' values: created here too.
@@ -445,7 +447,7 @@ impl Inner {
             .unwrap_or_default();
         let server = Server::of_version(&version);
         if !has_sequences(&version) {
-            return Ok((Tokens::Counter, server));
+            return Ok((Tokens::Counter, server, false));
         }
         if self
             .side("connect", &self.sql.find_sequence())
@@ -467,12 +469,22 @@ impl Inner {
                 "created the token sequence"
             );
         }
-        Ok((Tokens::Sequence, server))
+        Ok((Tokens::Sequence, server, has_returning(&version)))
     }
 }
 
 /// Whether the server `VERSION()` names has sequences: MariaDB from 10.3 (MySQL has none).
 fn has_sequences(version: &str) -> bool {
+    mariadb_from(version, (10, 3))
+}
+
+/// Whether the server `VERSION()` names has `INSERT … RETURNING`: MariaDB from 10.5.
+fn has_returning(version: &str) -> bool {
+    mariadb_from(version, (10, 5))
+}
+
+/// Whether `version` is MariaDB's, `major.minor` or later.
+fn mariadb_from(version: &str, least: (u32, u32)) -> bool {
     if !version.contains("MariaDB") {
         return false;
     }
@@ -480,7 +492,7 @@ fn has_sequences(version: &str) -> bool {
         .split(['.', '-'])
         .map(|p| p.parse::<u32>().unwrap_or(0));
     let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor) >= (10, 3)
+    (major, minor) >= least
 }
 
 /// Check one row of [`Sql::describe_tables`]: InnoDB, and a `name` column that compares

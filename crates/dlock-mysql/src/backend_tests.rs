@@ -46,6 +46,24 @@ fn sequences_are_used_on_mariadb_from_10_3_only() {
 }
 
 #[test]
+fn only_mariadb_from_10_5_records_a_hold_in_its_locking_statement() {
+    assert!(has_returning("10.11.14-MariaDB-0+deb12u2"));
+    assert!(has_returning("10.5.0-MariaDB"));
+    assert!(!has_returning("10.4.34-MariaDB"));
+    assert!(!has_returning("10.3.39-MariaDB-log"));
+    assert!(!has_returning("8.0.36"));
+    let older = Sql::new("t", Tokens::Sequence, Server::MariaDb).with_returning(false);
+    assert!(!older.records_in_lock());
+    let holder = crate::sql::Holder { key: "k", who: "w" };
+    let tried = older.try_take("k", Mode::Exclusive, None, false, holder);
+    assert!(!tried.contains("RETURNING"), "{tried}");
+    assert!(tried.contains("NEXTVAL"), "{tried}");
+    assert!(tried.ends_with("WHERE FOUND_ROWS() > 0"), "{tried}");
+    let waited = older.wait_take("k", Mode::Exclusive, None, holder);
+    assert!(waited.ends_with(" FOR UPDATE"), "{waited}");
+}
+
+#[test]
 fn no_warning_for_a_verified_server_or_no_password() {
     for url in [
         "mysql://app:pw@192.0.2.1/d?connect_timeout=100ms&ssl-mode=verify_identity",

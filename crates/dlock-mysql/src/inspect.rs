@@ -3,7 +3,8 @@
 //!
 //! Row mode: InnoDB shows a row lock nobody waits for to no other session (MariaDB has no
 //! `performance_schema.data_locks`), so each holding transaction inserts its own row in
-//! `{table}_held` right after the grant, in the granting batch, and never commits it: the
+//! `{table}_held` with its grant (MariaDB 10.5+: in the locking statement itself; else a
+//! statement right after it) and never commits it: the
 //! release is a `ROLLBACK`, and a session that ends rolls back too. A `READ UNCOMMITTED`
 //! read sees exactly the holds of the transactions open now. Waiters are the sessions
 //! whose running statement is a dlock wait on the key (`information_schema.PROCESSLIST`).

@@ -77,7 +77,8 @@
 //!    *records* the hold (see *Inspecting*): `INSERT INTO {table}_held (…) SELECT name,
 //!    CONNECTION_ID(), …, token, … FROM {table} WHERE name = … FOR UPDATE NOWAIT RETURNING
 //!    token` (a shared hold: *lock* below, see *Shared holds*): the row lock, the token and
-//!    the hold's row in one statement. MySQL 8 has no `RETURNING`: `SELECT token FROM
+//!    the hold's row in one statement. MySQL 8 and MariaDB before 10.5 have no `RETURNING`
+//!    (detected at connect from `VERSION()`): `SELECT token FROM
 //!    {table} WHERE name = … FOR UPDATE NOWAIT`, then *record* as a statement of its own,
 //!    `INSERT INTO {table}_held … SELECT … WHERE FOUND_ROWS() > 0` (only if the read locked
 //!    a row). A row: granted, go to 4. A lock error: busy. No row (the key's first use): one batch `ROLLBACK`, create the row with `INSERT …
@@ -342,7 +343,8 @@
 //! committed: the release is a `ROLLBACK`, and a session that ends (crash, kill, idle
 //! timeout) is rolled back with its lock, so the row lives exactly as long as the hold and
 //! a committed read of the table is always empty. It costs no statement and no round trip
-//! of its own on MariaDB (MySQL 8: one more statement in a try's batch, one more round
+//! of its own on MariaDB 10.5+ (MySQL 8 and older MariaDB: one more statement in a try's
+//! batch, one more round
 //! trip after a wait), but an insert undone at release is a write where the lock alone
 //! writes nothing: about 35 µs on the uncontended cycle (loopback MariaDB 10.11, raw SQL:
 //! 50 → 85 µs p50), and with 8 clients on 8 keys it is most of the cycle's server time
@@ -352,7 +354,8 @@
 //!   token, grant time by the server's clock, `who` = the holder's description; no
 //!   `ttl_left`: a session's `wait_timeout` is not visible to others), and the waiters:
 //!   `information_schema.PROCESSLIST` rows whose running statement is a dlock wait for the
-//!   key's row (`… WHERE name = X'…' FOR UPDATE` / `LOCK IN SHARE MODE` / `FOR SHARE`, or a
+//!   key's row (`… WHERE name = X'…' FOR UPDATE` / `LOCK IN SHARE MODE` / `FOR SHARE`,
+//!   followed by ` RETURNING token` where the wait records the hold, or a
 //!   slot of it), with their mode (a permit waiter as `Permits(0)`) and `who` =
 //!   `connection <id> (<host:port>)`. Listed, not queued: a permit waiter waits on one
 //!   slot at a time, and MySQL 8 does not grant in queue order. A waiter between two wait

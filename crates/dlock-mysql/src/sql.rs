@@ -96,7 +96,6 @@ pub(crate) fn set_idle(idle: Option<u32>) -> String {
     })
 }
 
-/// The statements for one lock table, its fence table and its token sequence.
 /// A hold as its granting statement records it in `{table}_held`: the key, and who holds
 /// it (the client's `holder_description`, or an election candidate's value).
 #[derive(Debug, Clone, Copy)]
@@ -114,6 +113,7 @@ pub(crate) fn held_mode(mode: Mode) -> (&'static str, u32) {
     }
 }
 
+/// The statements for one lock table, its fence table and its token sequence.
 #[derive(Debug, Clone)]
 pub(crate) struct Sql {
     pub(crate) table: String,
@@ -130,6 +130,8 @@ pub(crate) struct Sql {
     pub(crate) owner: String,
     pub(crate) tokens: Tokens,
     server: Server,
+    /// The server has `INSERT … RETURNING` (MariaDB from 10.5): see [`Self::records_in_lock`].
+    returning: bool,
 }
 
 impl Sql {
@@ -146,7 +148,15 @@ impl Sql {
             owner: format!("{table}_owner"),
             tokens,
             server,
+            returning: tokens == Tokens::Sequence,
         }
+    }
+
+    /// The same statements for a server with or without `INSERT … RETURNING` (MariaDB from
+    /// 10.5; a MariaDB with sequences is assumed to have it until told otherwise).
+    pub(crate) fn with_returning(mut self, returning: bool) -> Self {
+        self.returning = returning && self.tokens == Tokens::Sequence;
+        self
     }
 
     /// The locking clause of a `mode` hold of the key's row: InnoDB's exclusive row lock
@@ -339,12 +349,13 @@ impl Sql {
         )
     }
 
-    /// Whether a locking read records its hold in the same statement: on MariaDB, whose
-    /// `INSERT … SELECT … RETURNING` locks the key's row, draws the token and inserts the
-    /// hold's row in one statement. MySQL 8 has no `RETURNING` and takes its token after
-    /// the grant: its locking read is a `SELECT`, and the record a statement of its own.
+    /// Whether a locking read records its hold in the same statement: on MariaDB from 10.5,
+    /// whose `INSERT … SELECT … RETURNING` locks the key's row, draws the token and inserts
+    /// the hold's row in one statement. MySQL 8 has no `RETURNING` (and takes its token
+    /// after the grant), nor has MariaDB before 10.5: their locking read is a `SELECT`, and
+    /// the record a statement of its own.
     pub(crate) fn records_in_lock(&self) -> bool {
-        self.tokens == Tokens::Sequence
+        self.returning
     }
 
     /// The locking read of the key's row in `mode` (`NOWAIT` or waiting). Where
