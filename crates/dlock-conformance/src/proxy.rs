@@ -238,6 +238,8 @@ async fn forward(mut client: TcpStream, upstream: SocketAddr, link: Link) {
         () = read_stamped(&mut sr, down_tx, delay, answered) => {}
         () = write_when_due(down_rx, &mut cw, || {}) => {}
         () = until(&mut on_cut, true) => {
+            // Nothing is forwarded from now on: no answer is awaited.
+            answered();
             // Hold both sockets silently until healed, then close them. The server
             // hears nothing, not even the client closing its end.
             swallow(&mut cr, &mut cut, &traffic).await;
