@@ -309,6 +309,8 @@ async fn reentry_round_trips() {
         .expect("release");
     let opts = LockOptions::new().owner("job-rtt");
     let mut trips = RoundTrips::new(RTT, &proxy);
+    let raw = harness.raw().await.expect("raw client");
+    trips.watch(raw, vec![harness.config().key_dir(&key)]);
     let (first, took) = trips.timed(a.try_acquire(&key, &opts)).await;
     let first = first.expect("try").expect("free");
     trips.check("first acquire, key free", took, 1);

@@ -47,6 +47,8 @@ async fn round_trips_per_operation() {
     let key = format!("rtt-{}/k", uuid::Uuid::new_v4().simple());
     let opts = LockOptions::new();
     let mut trips = RoundTrips::new(WRITE_RTT, &proxy);
+    let raw = harness.raw().await.expect("raw client");
+    trips.watch(raw, vec![harness.config().key_dir(&key)]);
 
     // The base path exists (made without the proxy), so only the key directory is missing
     // on first use: `NoNode`, then the directory is made with our node, one round trip more.
@@ -126,6 +128,9 @@ async fn permit_round_trips() {
     let key = format!("rtt-{}/permits", uuid::Uuid::new_v4().simple());
     let two = LockOptions::new().permits(2);
     let mut trips = RoundTrips::new(WRITE_RTT, &proxy);
+    let dir = harness.config().key_dir(&key);
+    let dirs = vec![format!("{dir}/locks"), format!("{dir}/leases"), dir];
+    trips.watch(harness.raw().await.expect("raw client"), dirs);
     // Make sure the base path exists, so only the key's directories are missing.
     let direct = harness.client().await.expect("direct client");
     let base_made = format!("rtt-{}/base", uuid::Uuid::new_v4().simple());
@@ -346,6 +351,8 @@ async fn election_round_trips() {
         .await
         .expect("release");
     let mut trips = RoundTrips::new(WRITE_RTT, &proxy);
+    let raw = harness.raw().await.expect("raw client");
+    trips.watch(raw, vec![harness.config().key_dir(&key)]);
     let ours = Election::new(a, key.clone());
     let observed = Election::new(w, key.clone());
     let (leader, took) = trips.timed(observed.leader()).await;
