@@ -17,10 +17,10 @@ use tokio::time::{Instant, sleep};
 /// For operations that only read: large against this machine's own latency, so the count
 /// is exact (the proxy's server clock leaves the server's time out of it).
 const RTT: Duration = Duration::from_millis(200);
-/// For operations that write: each write waits for ZooKeeper's log, slow on a busy machine
-/// (beside the other test binaries CI saw 0.26 s, then 1 s, of server time in an election's
-/// create). The server's time is left out of the count; this long a round trip also leaves
-/// the client half a second of its own delays on such a machine.
+/// For operations that write: each write waits for ZooKeeper's log, slow on a busy machine.
+/// The server's time is left out of one reading of the count and a whole round trip of it
+/// tolerated by the other (see `RoundTrips::check`); this long a round trip also leaves the
+/// client half a second of its own delays on such a machine.
 const WRITE_RTT: Duration = Duration::from_secs(1);
 
 /// The test server's URL through `proxy`, with a session timeout long enough for a
