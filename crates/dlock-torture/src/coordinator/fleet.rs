@@ -1,6 +1,7 @@
 //! The worker processes: each slot's proxies and current process, spawned, signalled,
 //! killed, reaped and stopped.
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -104,7 +105,10 @@ impl Fleet {
                     _ => at,
                 };
                 recorder.process_ended(process, ended, how);
-                let clean = matches!(&status, Ok(s) if s.success());
+                // A worker stops cleanly on SIGTERM, or dies of it when the signal came
+                // before its handler was installed, first thing at start-up: before any
+                // client connected, so it held nothing (a slow start on a loaded machine).
+                let clean = matches!(&status, Ok(s) if s.success() || s.signal() == Some(15));
                 let problem = match why {
                     RUNNING => Some(format!(
                         "worker process {process} ended by itself: {status:?}"
