@@ -15,9 +15,11 @@
 //! ([`Anchors::holds`]); such an acquire waits on a connection of its own.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::fmt;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use dlock_core::raw::{Grant, Held};
 use dlock_core::{LockError, LostReason, Owner, Result};
 use futures::FutureExt;
@@ -29,11 +31,8 @@ use crate::NAME;
 use crate::backend::Inner;
 use crate::error::Error;
 
-mod local;
 mod remote;
 mod sql;
-
-use sql::HolderSession;
 
 /// How long a first client whose own leases are gone waits without a notification before
 /// it looks at the count again: the bound on noticing the other clients' leases expired,
@@ -70,17 +69,6 @@ impl Anchors {
     }
 }
 
-/// What a re-entry found of a hold of this client.
-enum Entered {
-    /// It re-entered the hold: a lease of it.
-    Lease(Grant),
-    /// It re-entered the hold, but the hold was told lost meanwhile: no lease (the entry
-    /// went back with it).
-    Lost,
-    /// Another hold, or none.
-    Other,
-}
-
 /// A reentrant hold in the client that took it first: its lock and its leases here.
 pub(crate) struct Anchor {
     key: String,
@@ -93,10 +81,6 @@ pub(crate) struct Anchor {
     lost: Shared<BoxFuture<'static, LostReason>>,
     kept_alive: bool,
     state: Mutex<State>,
-    /// The session the lock lives in, as the first re-entry's statement found it in
-    /// `pg_locks`: later count changes check that session is alive instead (see
-    /// `Sql::session_holds`).
-    session: OnceLock<HolderSession>,
 }
 
 struct State {
@@ -126,7 +110,7 @@ impl Anchor {
 
     /// A lease of this hold, in this client (already counted).
     fn lease(self: &Arc<Self>, inner: &Arc<Inner>, sent_at: Instant) -> Grant {
-        let held = local::Local {
+        let held = Local {
             inner: inner.clone(),
             anchor: self.clone(),
             released: false,
@@ -138,41 +122,6 @@ impl Anchor {
         } else {
             grant
         }
-    }
-
-    /// What a re-entry's answer (`rows`) means for this hold: a lease of it when it
-    /// re-entered it (the hold's session noted for the next count changes).
-    fn reentered(
-        self: &Arc<Self>,
-        inner: &Arc<Inner>,
-        rows: &[sqlx::postgres::PgRow],
-        ttl: Duration,
-        sent_at: Instant,
-    ) -> Result<Entered> {
-        let Some(row) = rows.first() else {
-            return Ok(Entered::Other);
-        };
-        let token: i64 = row.try_get(0).map_err(Error::sql("acquire"))?;
-        if u64::try_from(token).ok() != Some(self.token) {
-            return Ok(Entered::Other);
-        }
-        let pid: i32 = row.try_get(1).map_err(Error::sql("acquire"))?;
-        let started: Option<i64> = row.try_get(2).map_err(Error::sql("acquire"))?;
-        if let Some(started_us) = started {
-            let _ = self.session.set(HolderSession { pid, started_us });
-        }
-        {
-            let mut state = self.state();
-            state.local += 1;
-            state.ttl = state.ttl.max(ttl);
-        }
-        let lease = self.lease(inner, sent_at);
-        if self.is_lost() {
-            // Told lost meanwhile: the entry goes back with the lease (its drop).
-            drop(lease);
-            return Ok(Entered::Lost);
-        }
-        Ok(Entered::Lease(lease))
     }
 
     /// Give the lock back (once) and forget the anchor.
@@ -330,7 +279,6 @@ impl Inner {
                 lingering: false,
                 ttl,
             }),
-            session: OnceLock::new(),
         });
         // An anchor of an earlier hold that is being given back goes.
         lock(&self.anchors.map).insert(id, anchor.clone());
@@ -385,45 +333,39 @@ impl Inner {
         waiting: Option<i32>,
     ) -> Result<Option<Grant>> {
         let sent_at = Instant::now();
-        let anchor = self.anchors.get(id).filter(|anchor| anchor.owner == owner);
-        if anchor.as_ref().is_some_and(|anchor| anchor.is_lost()) {
+        if let Some(anchor) = self.anchors.get(id)
+            && anchor.owner == owner
+            && anchor.is_lost()
+        {
             // This client's hold of the owner was told lost: no more leases of it, though
             // the server may still show it for a moment (a plain acquire would find the
             // key busy, as this one does, and wait for it).
             return Ok(None);
         }
-        // This client holds the owner's lock: once its session is known, that session
-        // being alive is proof enough. Not for an owner's own wait (its session may hold
-        // the key: the wait's grant); and when the session has ended, the statement below
-        // finds whatever hold of the owner is live elsewhere.
-        if let Some(anchor) = &anchor
-            && let Some(session) = anchor.session.get()
-            && waiting.is_none()
-        {
-            let sql = self
-                .sql
-                .reenter(id, ttl, None, &owner, Some((anchor.token, *session)));
-            let rows = self.side_statement("acquire", &sql).await?;
-            match anchor.reentered(self, &rows, ttl, sent_at)? {
-                Entered::Lease(lease) => return Ok(Some(lease)),
-                Entered::Lost => return Ok(None),
-                Entered::Other => {}
-            }
-        }
-        let sql = self.sql.reenter(id, ttl, waiting, &owner, None);
+        let sql = self.sql.reenter(id, ttl, waiting, &owner);
         let rows = self.side_statement("acquire", &sql).await?;
-        if let Some(anchor) = &anchor {
-            match anchor.reentered(self, &rows, ttl, sent_at)? {
-                Entered::Lease(lease) => return Ok(Some(lease)),
-                Entered::Lost => return Ok(None),
-                Entered::Other => {}
-            }
-        }
         let Some(row) = rows.first() else {
             return Ok(None);
         };
         let token: i64 = row.try_get(0).map_err(Error::sql("acquire"))?;
         let token = u64::try_from(token).unwrap_or(0);
+        if let Some(anchor) = self.anchors.get(id)
+            && anchor.token == token
+            && anchor.owner == owner
+        {
+            {
+                let mut state = anchor.state();
+                state.local += 1;
+                state.ttl = state.ttl.max(ttl);
+            }
+            let lease = anchor.lease(self, sent_at);
+            if anchor.is_lost() {
+                // Told lost meanwhile: the entry goes back with the lease (its drop).
+                drop(lease);
+                return Ok(None);
+            }
+            return Ok(Some(lease));
+        }
         let held = remote::Remote {
             inner: self.clone(),
             key: key.to_owned(),
@@ -460,6 +402,84 @@ impl Inner {
                 Err(e) => tracing::debug!(key, error = %e, "a waiting owner could not re-enter"),
             }
             let _ = tokio::time::timeout(RECHECK, registration.notified()).await;
+        }
+    }
+}
+
+/// A lease of a reentrant hold in the client that holds its lock.
+struct Local {
+    inner: Arc<Inner>,
+    anchor: Arc<Anchor>,
+    released: bool,
+}
+
+impl fmt::Debug for Local {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Local")
+            .field("key", &self.anchor.key)
+            .field("owner", &self.anchor.owner)
+            .field("token", &self.anchor.token)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Release one lease of `anchor`'s hold in its own client: the count down by one (a side
+/// connection), and at zero the lock given back (its holder connection).
+async fn release_local(inner: Arc<Inner>, anchor: Arc<Anchor>) -> Result<()> {
+    let sql = inner
+        .sql
+        .release_owned(anchor.id, anchor.token, false, &anchor.owner);
+    // The count left, if the release went through; the lease leaves the anchor either way.
+    let left = match inner.side_statement("release", &sql).await {
+        Ok(rows) => match rows.first() {
+            Some(row) => row
+                .try_get::<i32, _>(0)
+                .map(|left| Some(i64::from(left)))
+                .map_err(Error::sql("release")),
+            None => Ok(None),
+        },
+        Err(e) => Err(e),
+    };
+    let freed = anchor
+        .leave(&inner, left.as_ref().ok().copied().flatten())
+        .await;
+    match left {
+        Err(e) => Err(e.into()),
+        Ok(None) => Err(anchor.not_held()),
+        Ok(Some(_)) => freed,
+    }
+}
+
+#[async_trait]
+impl Held for Local {
+    /// The holder connection's keep (a ping), with the longest ttl any lease of the hold
+    /// asked.
+    async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        let ttl = {
+            let mut state = self.anchor.state();
+            state.ttl = state.ttl.max(ttl);
+            state.ttl
+        };
+        let mut held = self.anchor.held.lock().await;
+        match held.as_mut() {
+            Some(held) => held.extend(ttl).await,
+            None => Err(self.anchor.not_held()),
+        }
+    }
+
+    async fn release(&mut self) -> Result<()> {
+        self.released = true;
+        release_local(self.inner.clone(), self.anchor.clone()).await
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        if !self.released {
+            let release = release_local(self.inner.clone(), self.anchor.clone());
+            dlock_core::raw::spawn_cleanup(async move {
+                let _ = release.await;
+            });
         }
     }
 }

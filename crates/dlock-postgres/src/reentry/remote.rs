@@ -41,7 +41,7 @@ async fn release_remote(
     owner: Owner,
     token: u64,
 ) -> Result<()> {
-    let sql = inner.sql.release_owned(id, token, true, &owner, None);
+    let sql = inner.sql.release_owned(id, token, true, &owner);
     let rows = inner.side_statement("release", &sql).await?;
     if rows.is_empty() {
         return Err(LockError::not_held(NAME, &key, LostReason::NotHeld));

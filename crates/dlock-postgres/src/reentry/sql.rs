@@ -13,14 +13,6 @@ use dlock_core::Owner;
 
 use crate::sql::{Param, Sql, Statement, millis, text_literal};
 
-/// The session a first client's hold lives in: its pid and when it started (µs since the
-/// epoch), which name it alone in a run of the server (a later session may get the pid).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct HolderSession {
-    pub(crate) pid: i32,
-    pub(crate) started_us: i64,
-}
-
 /// The parameters of a prepared statement being written: `$1` is the owner, and each
 /// [`push`](Self::push) is the next `$n`.
 struct Params(Vec<Param>);
@@ -75,31 +67,6 @@ impl Sql {
             ns = self.namespace,
             owners = self.owners,
         )
-    }
-
-    /// Row `o` is of hold `token` (a parameter), and its session is `session` and still
-    /// alive (the same pid started at the same microsecond, in this run of the server).
-    /// Only the first client may use this instead of [`owner_holds`](Self::owner_holds):
-    /// it took the lock on that session and has not given it back, so a live session still
-    /// holds it (a session's advisory lock ends only by its unlock or with the session).
-    /// Much cheaper: `pg_locks` copies the whole lock table (0.5–2 ms with 500
-    /// connections allowed), `pg_stat_get_activity(pid)` reads one session's entry.
-    fn session_holds(params: &mut Params, token: u64, session: HolderSession) -> String {
-        let token = params.push(Param::BigInt(i64::try_from(token).unwrap_or(i64::MAX)));
-        let pid = params.push(Param::Int(session.pid));
-        let started = params.push(Param::BigInt(session.started_us));
-        format!(
-            "o.token = {token} AND o.pid = {pid} AND o.started = pg_postmaster_start_time() \
-             AND EXISTS (SELECT 1 FROM pg_stat_get_activity({pid}) a \
-               WHERE {backend_start} = {started})",
-            backend_start = Self::backend_start_us("a"),
-        )
-    }
-
-    /// Session entry `a`'s start, in microseconds since the epoch (exact: `extract` gives
-    /// a numeric).
-    fn backend_start_us(a: &str) -> String {
-        format!("(extract(epoch FROM {a}.backend_start) * 1000000)::bigint")
     }
 
     /// Row `o`'s session holds the key's lock exclusively, in this run of the server.
@@ -203,19 +170,14 @@ impl Sql {
 
     /// `$1` = owner: re-enter its hold of key `id`, if it has a live one (not held by
     /// session `not_pid`: an owner's own wait): the count up by one, and the other clients'
-    /// lease kept for `ttl` more (never less than before). One row: the hold's token, its
-    /// session's pid and start (µs; for [`HolderSession`]); none when the owner holds
-    /// nothing. With `anchor` (the first client: its hold's token and session, known from
-    /// an earlier re-entry), the hold is checked by its session being alive instead of in
-    /// `pg_locks` (see [`session_holds`](Self::session_holds)). Prepared: the text is one
-    /// of three for every key.
+    /// lease kept for `ttl` more (never less than before). One row: the hold's token; none
+    /// when the owner holds nothing. Prepared: the text is one of two for every key.
     pub(crate) fn reenter(
         &self,
         id: i32,
         ttl: Duration,
         not_pid: Option<i32>,
         owner: &Owner,
-        anchor: Option<(u64, HolderSession)>,
     ) -> Statement {
         let mut params = Params::new(owner);
         let id = params.push(Param::Int(id));
@@ -225,29 +187,22 @@ impl Sql {
         let not_pid = not_pid.map_or_else(String::new, |pid| {
             format!(" AND o.pid <> {}", params.push(Param::Int(pid)))
         });
-        let held = match anchor {
-            Some((token, session)) => Self::session_holds(&mut params, token, session),
-            None => self.owner_holds(),
-        };
         params.statement(format!(
             "UPDATE {owners} o SET holds = o.holds + 1, \
                expires = greatest(o.expires, now() + {ms}::float8 * interval '1 millisecond') \
              WHERE o.ns = {ns} AND o.id = {id} AND o.owner = $1 AND o.holds > 0{not_pid} \
                AND {held} AND {unflushed} \
-             RETURNING o.token, o.pid, \
-               (SELECT {backend_start} FROM pg_stat_get_activity(o.pid) a)",
+             RETURNING o.token",
             owners = self.owners,
             ns = self.namespace,
+            held = self.owner_holds(),
             unflushed = Self::unflushed(),
-            backend_start = Self::backend_start_us("a"),
         ))
     }
 
     /// `$1` = owner: one lease of hold `token` of key `id` released, the count down by one.
     /// One row: the count left (none: the hold is gone); with `notify`, a count of zero
-    /// notifies the first client (at commit), which keeps the lock until then. With
-    /// `session` (the first client, which knows its hold's session), the hold is checked by
-    /// that session being alive, as [`reenter`](Self::reenter)'s `anchor`. Prepared, as
+    /// notifies the first client (at commit), which keeps the lock until then. Prepared, as
     /// [`reenter`](Self::reenter).
     pub(crate) fn release_owned(
         &self,
@@ -255,17 +210,10 @@ impl Sql {
         token: u64,
         notify: bool,
         owner: &Owner,
-        session: Option<HolderSession>,
     ) -> Statement {
         let mut params = Params::new(owner);
         let id = params.push(Param::Int(id));
-        let held = match session {
-            Some(session) => Self::session_holds(&mut params, token, session),
-            None => {
-                let token = params.push(Param::BigInt(i64::try_from(token).unwrap_or(i64::MAX)));
-                format!("o.token = {token} AND {}", self.owner_holds())
-            }
-        };
+        let token = params.push(Param::BigInt(i64::try_from(token).unwrap_or(i64::MAX)));
         let tell = if notify {
             format!(
                 ", CASE WHEN u.holds = 0 THEN pg_notify('{}', {id}::text) END",
@@ -276,12 +224,13 @@ impl Sql {
         };
         params.statement(format!(
             "WITH u AS (UPDATE {owners} o SET holds = o.holds - 1 \
-               WHERE o.ns = {ns} AND o.id = {id} AND o.owner = $1 \
+               WHERE o.ns = {ns} AND o.id = {id} AND o.token = {token} AND o.owner = $1 \
                  AND o.holds > 0 AND {held} AND {unflushed} \
                RETURNING o.holds) \
              SELECT u.holds{tell} FROM u",
             owners = self.owners,
             ns = self.namespace,
+            held = self.owner_holds(),
             unflushed = Self::unflushed(),
         ))
     }
@@ -377,64 +326,25 @@ mod tests {
                 .contains("DELETE FROM dlock_keys_owner")
         );
         let job = Owner::new("job-7");
-        let reenter = sql
-            .reenter(7, Duration::from_secs(2), None, &job, None)
-            .inlined();
+        let reenter = sql.reenter(7, Duration::from_secs(2), None, &job).inlined();
         assert!(
             reenter.contains("o.owner = 'job-7'") && reenter.contains("2000::float8 * interval")
         );
         assert!(!reenter.contains("o.pid <>"));
         assert!(
-            sql.reenter(7, Duration::from_secs(2), Some(41), &job, None)
+            sql.reenter(7, Duration::from_secs(2), Some(41), &job)
                 .inlined()
                 .contains("AND o.pid <> 41")
         );
         assert!(
-            sql.release_owned(7, 42, true, &job, None)
+            sql.release_owned(7, 42, true, &job)
                 .inlined()
                 .contains("pg_notify('dlock_owners_9', 7::text)")
         );
         assert!(
-            !sql.release_owned(7, 42, false, &job, None)
+            !sql.release_owned(7, 42, false, &job)
                 .inlined()
                 .contains("pg_notify")
-        );
-    }
-
-    #[test]
-    fn the_first_clients_count_changes_check_its_session_not_the_lock_table() {
-        let sql = Sql::new("dlock_keys", 9);
-        let job = Owner::new("job");
-        let session = HolderSession {
-            pid: 4242,
-            started_us: 1_795_837_873_631_492,
-        };
-        let ttl = Duration::from_secs(2);
-        for statement in [
-            sql.reenter(7, ttl, None, &job, Some((42, session)))
-                .inlined(),
-            sql.release_owned(7, 42, false, &job, Some(session))
-                .inlined(),
-        ] {
-            assert!(!statement.contains("pg_locks"), "{statement}");
-            assert!(
-                statement.contains("o.token = 42 AND o.pid = 4242")
-                    && statement.contains("pg_stat_get_activity(4242)")
-                    && statement.contains("= 1795837873631492"),
-                "{statement}"
-            );
-        }
-        for statement in [
-            sql.reenter(7, ttl, None, &job, None).inlined(),
-            sql.release_owned(7, 42, false, &job, None).inlined(),
-        ] {
-            assert!(statement.contains("pg_locks"), "{statement}");
-        }
-        // Every re-entry answers the hold's session, for the next ones.
-        assert!(
-            sql.reenter(7, ttl, None, &job, None)
-                .inlined()
-                .contains("RETURNING o.token, o.pid, (SELECT (extract(epoch FROM a.backend_start)")
         );
     }
 
@@ -444,8 +354,8 @@ mod tests {
         let ttl = Duration::from_secs(2);
         let job = Owner::new("job");
         for statement in [
-            sql.reenter(7, ttl, None, &job, None).inlined(),
-            sql.release_owned(7, 42, true, &job, None).inlined(),
+            sql.reenter(7, ttl, None, &job).inlined(),
+            sql.release_owned(7, 42, true, &job).inlined(),
             sql.extend_owned(7, 42, ttl),
             sql.owned_over(7, 42),
         ] {
