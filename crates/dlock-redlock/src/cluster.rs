@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use dlock_core::{LockError, Result};
 use dlock_redis::server::{Node, NodeError};
+use futures::StreamExt as _;
 use futures::future::join_all;
+use futures::stream::FuturesUnordered;
 
 use crate::error::{Error, Failures};
 use crate::renew::Renewals;
@@ -66,6 +68,51 @@ impl Cluster {
             }
         });
         join_all(calls).await
+    }
+
+    /// Run `op` on the nodes `which` as [`on`](Self::on) does, but answer as soon as
+    /// `settled` says the answers so far decide the operation (a quorum granted, a quorum
+    /// released): the operation then takes as long as its quorum-th fastest node, not its
+    /// slowest. The other nodes' requests still run to the end, in a task of their own,
+    /// their answers unread: a late node gets the request (the grant it may make is
+    /// renewed and released with the lease; a release frees the key there too).
+    pub(crate) async fn on_until<T, F, Fut>(
+        &self,
+        which: &[usize],
+        limit: Duration,
+        name: &'static str,
+        op: F,
+        settled: impl Fn(&[(usize, Result<T, NodeError>)]) -> bool,
+    ) -> Vec<(usize, Result<T, NodeError>)>
+    where
+        T: Send + 'static,
+        F: Fn(Node) -> Fut,
+        Fut: Future<Output = Result<T, NodeError>> + Send + 'static,
+    {
+        let mut calls: FuturesUnordered<_> = which
+            .iter()
+            .map(|&i| {
+                let node = self.nodes[i].clone();
+                let call = op(node.clone());
+                async move {
+                    let result = tokio::time::timeout(limit, call)
+                        .await
+                        .unwrap_or_else(|_| Err(node.timed_out(name, limit)));
+                    (i, result)
+                }
+            })
+            .collect();
+        let mut answers = Vec::with_capacity(which.len());
+        while let Some(answer) = calls.next().await {
+            answers.push(answer);
+            if settled(&answers) {
+                if !calls.is_empty() {
+                    tokio::spawn(async move { while calls.next().await.is_some() {} });
+                }
+                break;
+            }
+        }
+        answers
     }
 
     pub(crate) fn no_quorum(&self, op: &'static str, failures: Vec<NodeError>) -> LockError {

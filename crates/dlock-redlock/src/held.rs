@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_core::raw::Held;
 use dlock_core::{LockError, LostReason, Result};
-use dlock_redis::server::{HeldKey, Names};
+use dlock_redis::server::{HeldKey, Names, NodeError};
 
 use crate::NAME;
 use crate::cluster::Cluster;
@@ -92,10 +92,28 @@ impl Held for RedlockHeld {
     async fn release(&mut self) -> Result<()> {
         let c = &*self.cluster;
         let (names, token) = (&self.names, self.token.as_str());
+        // Decided once a majority released (a leader's release waits for every node: its
+        // observers are told by the nodes it left).
+        let leader = self.leader_channel.is_some();
+        let settled = |answers: &[(usize, Result<bool, NodeError>)]| {
+            !leader
+                && answers
+                    .iter()
+                    .filter(|(_, a)| matches!(a, Ok(true)))
+                    .count()
+                    >= c.quorum
+        };
         let answers = c
-            .on(&c.all(), c.node_timeout(self.ttl), "release", |n| {
-                n.release(names, token, true)
-            })
+            .on_until(
+                &c.all(),
+                c.node_timeout(self.ttl),
+                "release",
+                |n| {
+                    let (names, token) = (names.clone(), token.to_owned());
+                    async move { n.release(&names, &token, true).await }
+                },
+                settled,
+            )
             .await;
         let mut released = 0;
         let mut refused = 0;

@@ -31,7 +31,12 @@
 //!    `max(counter + 1, floor, node clock - 1 s)`, where `floor` is this client's clock in
 //!    µs, proposed alike to every node. The round wins when at least `Q` nodes granted the
 //!    key and the validity `ttl - (now - t1) - (ttl/100 + 2 ms)` (saturating) is still
-//!    positive.
+//!    positive. It is decided as soon as `Q` nodes granted, without waiting for the
+//!    others (a slow node costs nothing then, not its per-node timeout): their requests
+//!    still run, in a task of their own, and a node that grants later holds the key for
+//!    this lease too (renewed and released with it; given back with the rest if the round
+//!    is lost after all). A round that does not reach `Q` grants waits for every node,
+//!    whose views its waiting needs; so does an owner's round (reentrant holds).
 //! 2. **Fence write-back**: the fencing token is the highest token the granting nodes
 //!    issued; the nodes whose counter is behind it are raised to it (compare-and-set, only
 //!    where the key is ours) until `Q` nodes hold it. Only then is the lease reported, so
@@ -72,7 +77,9 @@
 //!    An election's leader renews on its own, one script per node that also re-sets the
 //!    fence counter's lifetime (see *Elections*).
 //! 6. **Release**: compare-and-delete on every node in parallel, leaving the node's queue
-//!    and calling its first live waiter; `NotHeld` if a majority answered "not ours".
+//!    and calling its first live waiter; done once a majority released (the other nodes
+//!    run it a moment later, as in step 1; a leader's release waits for every node, whose
+//!    observers it tells); `NotHeld` if a majority answered "not ours".
 //! 7. **Giving up**: a waiter whose deadline passes, whose acquire fails or whose future is
 //!    dropped leaves every node's queue in the background; if an acquire future is dropped
 //!    during a round, the key is given back on every node too.
@@ -135,7 +142,8 @@
 //! permits held at the same time can carry the same token (Redlock's fencing is best
 //! effort).
 //!
-//! Round trips (one round trip = the slowest node of a parallel request to all of them):
+//! Round trips (one round trip = a parallel request to all of them; a grant and a release
+//! wait for the quorum-th fastest node, everything else for the slowest):
 //!
 //! | operation | round trips |
 //! |---|---|
@@ -148,11 +156,12 @@
 //! | `inspect` | 1 (one read-only script per node) |
 //! | `list` | 1 per `SCAN` page (1000 names) and 1 pipelined `TYPE`, on every node |
 //!
-//! Measured (lockbench, one client, ttl 30 s, 5 × Redis 7.0.15 on loopback sharing 2 busy
-//! cores): an uncontended acquire + release takes 299–455 µs (p50, median 320 µs) against
-//! 203–248 µs for raw `SET NX PX` + `DEL` on every node, 1.40–1.83× (332–401 µs and
-//! 1.33–1.77× before this round's cuts, in alternating runs): the machine's load moves it
-//! more than the protocol does.
+//! Measured (lockbench `--backends redlock`, ttl 30 s, 5 × Redis 7.0.15 on loopback sharing
+//! 2 busy cores, alternating runs): an uncontended acquire + release took 328–438 µs (p50)
+//! against 244–319 µs for raw `SET NX PX` + `DEL` on every node, 1.34–1.37×; waiting for
+//! every node's answer, it took 623–647 µs, 1.70–1.92×. On five servers sharing two cores
+//! the last two answers come late; on separate machines a round costs its median node
+//! instead of its slowest.
 //!
 //! # What Redlock does not promise
 //!
@@ -338,9 +347,11 @@
 //!
 //! # Failure modes
 //!
-//! - **A minority of nodes down, slow or partitioned away**: locks work on the rest; each
-//!   request to a dead node fails fast (refused) or costs its per-node timeout. Leases
-//!   give the key back to a node when it returns empty.
+//! - **A minority of nodes down, slow or partitioned away**: locks work on the rest. A
+//!   grant or a release does not wait for them; a round that loses, an extension and
+//!   `inspect` wait for each node's answer, up to its per-node timeout (a dead node's
+//!   request is refused at once). Leases give the key back to a node when it returns
+//!   empty.
 //! - **A majority unreachable**: acquire fails with `Unavailable` naming every node's
 //!   error; a held lease's extensions fail and `lost()` fires before its validity ends,
 //!   that is before another client can take the key.

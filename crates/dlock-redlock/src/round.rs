@@ -2,6 +2,7 @@
 //! An owner's round (reentrant holds) runs the owner's take-or-re-enter script instead of
 //! the plain acquire script; what its re-entries mean is in [`crate::reentry`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_redis::server::{Attempt, Names, NodeError, Queueing, View};
@@ -56,12 +57,33 @@ impl RedlockBackend {
         };
         let queueing = &queueing;
         let answers = match entry {
+            // Decided once a quorum granted: the round takes as long as the quorum-th
+            // fastest node (a node that grants later holds the key for this lease too,
+            // renewed and released with it). A round that loses waits for every node: its
+            // waiting needs each node's view.
             None => {
-                c.on(&c.all(), limit, "acquire", |n| async move {
-                    n.acquire(names, token, ttl, queueing)
-                        .await
-                        .map(Answer::Attempt)
-                })
+                let granted = |answers: &[(usize, Result<Answer, NodeError>)]| {
+                    let taken = answers
+                        .iter()
+                        .filter(|(_, a)| matches!(a, Ok(Answer::Attempt(Attempt::Taken { .. }))));
+                    taken.count() >= quorum
+                };
+                let request = Arc::new((names.clone(), token.to_owned(), *queueing));
+                c.on_until(
+                    &c.all(),
+                    limit,
+                    "acquire",
+                    |n| {
+                        let request = request.clone();
+                        async move {
+                            let (names, token, queueing) = &*request;
+                            n.acquire(names, token, ttl, queueing)
+                                .await
+                                .map(Answer::Attempt)
+                        }
+                    },
+                    granted,
+                )
                 .await
             }
             Some(entry) => {
@@ -74,8 +96,12 @@ impl RedlockBackend {
         let mut views = vec![View::Down; c.nodes.len()];
         let mut taken = Vec::new();
         let mut reentered = Vec::new();
-        let mut unsure = Vec::new();
         let mut failures = Vec::new();
+        // A node whose answer was not read (the round was decided without it) may have
+        // granted: it is given back with the others if the round is lost after all.
+        let mut unsure: Vec<usize> = (0..c.nodes.len())
+            .filter(|i| answers.iter().all(|(j, _)| j != i))
+            .collect();
         for (i, answer) in answers {
             match answer {
                 Ok(Answer::Attempt(Attempt::Taken { fence })) => {

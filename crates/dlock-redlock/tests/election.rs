@@ -75,9 +75,7 @@ async fn a_proclaim_on_a_minority_is_put_back() {
         .campaign("old")
         .await
         .expect("campaign");
-    let token = harness.values(&key).await[0]
-        .clone()
-        .expect("held on node 0");
+    let token = harness.held_everywhere(&key).await;
     // The hold is gone from a majority, behind the client's back.
     for i in 0..3 {
         let _: i64 = harness
@@ -110,7 +108,7 @@ fn with_value(token: &str, value: &str) -> String {
     format!("{} {value}", &token[..32])
 }
 
-/// A leadership of `value` on `key` with `opts`, and its token (as node 0 holds it).
+/// A leadership of `value` on `key` with `opts`, and its token (once every node holds it).
 async fn lead(
     harness: &RedlockHarness,
     key: &str,
@@ -122,9 +120,7 @@ async fn lead(
         .campaign(value)
         .await
         .expect("campaign");
-    let token = harness.values(key).await[0]
-        .clone()
-        .expect("held on node 0");
+    let token = harness.held_everywhere(key).await;
     (leading, token)
 }
 

@@ -115,7 +115,7 @@ async fn with_two_of_five_nodes_at_dead_ports_locks_still_work() {
     let (a, b) = (harness.lock_at(&url).await, harness.lock_at(&url).await);
     let key = unique_key("two-dead");
     hand_off(&a, &b, &key).await;
-    assert!(harness.values(&key).await.iter().all(Option::is_none));
+    harness.assert_free_everywhere(&key).await;
     harness.forget_fence(&key).await;
 }
 
@@ -128,7 +128,7 @@ async fn with_two_of_five_nodes_stopped_locks_still_work() {
     let key = unique_key("two-stopped");
     hand_off(&a, &b, &key).await;
     stopped.start();
-    assert!(harness.values(&key).await.iter().all(Option::is_none));
+    harness.assert_free_everywhere(&key).await;
     harness.forget_fence(&key).await;
 }
 
@@ -193,9 +193,7 @@ async fn a_node_restarted_empty_gets_the_key_back_at_the_next_extension() {
         .await
         .expect("try_acquire")
         .expect("free");
-    let token = harness.values(&key).await[0]
-        .clone()
-        .expect("held on node 0");
+    let token = harness.held_everywhere(&key).await;
     Stopped::stop(&["redlock-3"]).start();
     let mut node = harness.admin(2).await.expect("admin of the restarted node");
     let restarted_empty: Option<String> = node.get(&names.key).await.expect("GET");
@@ -225,7 +223,7 @@ async fn a_node_restarted_empty_gets_the_key_back_at_the_next_extension() {
     );
     assert!(!lease.is_lost(), "{lease:?}");
     lease.release().await.expect("release");
-    assert!(harness.values(&key).await.iter().all(Option::is_none));
+    harness.assert_free_everywhere(&key).await;
     harness.forget_fence(&key).await;
 }
 
@@ -248,9 +246,7 @@ async fn a_node_whose_swap_answered_too_late_is_put_back_and_stays_held() {
         .campaign("old")
         .await
         .expect("campaign");
-    let token = harness.values(&key).await[0]
-        .clone()
-        .expect("held on node 0");
+    let token = harness.held_everywhere(&key).await;
     for i in 0..2 {
         let _: i64 = harness
             .admin(i)

@@ -107,3 +107,55 @@ async fn a_majority_partition_loses_the_lease_before_anyone_takes_it() {
     drop(lease);
     harness.forget_fence(&key).await;
 }
+
+/// Two of five nodes answering slowly (a round trip of 2 s, longer than the per-node
+/// timeout) slow neither an acquire nor a release: each is decided once a majority answered,
+/// and the lease holds the key. Before, each waited out the slow nodes' timeout (1.5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_minority_of_nodes_delays_neither_acquire_nor_release() {
+    let harness = RedlockHarness::from_env();
+    let (holder, proxies) = proxied(&harness).await;
+    let other = harness.lock().await;
+    let key = unique_key("slow-minority");
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    // Connected (and the scripts loaded) on every node before the delay.
+    must_take(&holder, &key, &opts)
+        .await
+        .release()
+        .await
+        .expect("release");
+    let slow = dlock_conformance::proxy::Delay {
+        base: Duration::from_secs(1),
+        jitter: Duration::ZERO,
+    };
+    proxies[1].delay(slow);
+    proxies[4].delay(slow);
+    let began = Instant::now();
+    let lease = must_take(&holder, &key, &opts).await;
+    let took = began.elapsed();
+    assert!(
+        took < Duration::from_millis(1000),
+        "the acquire waited for the slow nodes: {took:?}"
+    );
+    assert!(
+        other
+            .try_acquire(&key, &opts)
+            .await
+            .expect("try_acquire")
+            .is_none(),
+        "another client took a key held on a majority"
+    );
+    let began = Instant::now();
+    lease.release().await.expect("release");
+    let took = began.elapsed();
+    assert!(
+        took < Duration::from_millis(1000),
+        "the release waited for the slow nodes: {took:?}"
+    );
+    // The slow nodes still run both, in order: the key ends up free on every node.
+    harness.assert_free_everywhere(&key).await;
+    for proxy in &proxies {
+        proxy.heal();
+    }
+    harness.forget_fence(&key).await;
+}

@@ -85,6 +85,48 @@ impl RedlockHarness {
         values
     }
 
+    /// The value of `key`'s lock on every node once `settled` holds for them (polled for up
+    /// to 5 s; panics after that). An acquire or a release answers once a majority of
+    /// the nodes answered: the others run it a moment later.
+    pub async fn values_once(
+        &self,
+        key: &str,
+        what: &str,
+        settled: impl Fn(&[Option<String>]) -> bool,
+    ) -> Vec<Option<String>> {
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let values = self.values(key).await;
+            if settled(&values) {
+                return values;
+            }
+            assert!(
+                tokio::time::Instant::now() < until,
+                "{what}: never settled, the nodes hold {values:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Wait until no node holds `key` (see [`values_once`](Self::values_once)).
+    pub async fn assert_free_everywhere(&self, key: &str) {
+        self.values_once(key, "the key freed on every node", |v| {
+            v.iter().all(Option::is_none)
+        })
+        .await;
+    }
+
+    /// The token every node holds `key` with, once they all do (see
+    /// [`values_once`](Self::values_once)).
+    pub async fn held_everywhere(&self, key: &str) -> String {
+        let values = self
+            .values_once(key, "the key held on every node", |v| {
+                v[0].is_some() && v.iter().all(|x| *x == v[0])
+            })
+            .await;
+        values[0].clone().expect("held")
+    }
+
     /// Delete the fence counters of `key` on every node that is up.
     pub async fn forget_fence(&self, key: &str) {
         let names = Names::new(self.prefix(), key);
