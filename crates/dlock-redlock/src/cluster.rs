@@ -1,14 +1,18 @@
 //! The nodes, and how one operation runs on them: in parallel, each node's answer bounded
 //! by the per-node timeout, a node that fails or is late counted as a vote against.
 
+use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_core::raw::spawn_cleanup;
 use dlock_core::{LockError, Result};
 use dlock_redis::server::{Node, NodeError};
-use futures::StreamExt as _;
-use futures::future::join_all;
+use futures::future::{BoxFuture, Shared, join_all};
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt as _, StreamExt as _};
+use tokio::sync::oneshot;
 
 use crate::error::{Error, Failures};
 use crate::renew::Renewals;
@@ -73,28 +77,39 @@ impl Cluster {
     /// Run `op` on the nodes `which` as [`on`](Self::on) does, but answer as soon as
     /// `settled` says the answers so far decide the operation (a quorum granted, a quorum
     /// released): the operation then takes as long as its quorum-th fastest node, not its
-    /// slowest. The other nodes' requests still run to the end, in a task of their own,
-    /// their answers unread: a late node gets the request (the grant it may make is
-    /// renewed and released with the lease; a release frees the key there too).
+    /// slowest. The other nodes' requests still run to the end, their answers unread, in a
+    /// clean-up task ([`spawn_cleanup`]: `settle()` waits for it); the [`Late`] returned
+    /// lets a later request to one of those nodes wait for them, so that the node runs the
+    /// two in order (a release never overtakes the grant it gives back). Each node's
+    /// request here first waits for what `after` left running on that node, outside its
+    /// timeout: it is sent however long that took.
     pub(crate) async fn on_until<T, F, Fut>(
         &self,
         which: &[usize],
         limit: Duration,
         name: &'static str,
+        after: &Late,
         op: F,
         settled: impl Fn(&[(usize, Result<T, NodeError>)]) -> bool,
-    ) -> Vec<(usize, Result<T, NodeError>)>
+    ) -> (Vec<(usize, Result<T, NodeError>)>, Late)
     where
         T: Send + 'static,
         F: Fn(Node) -> Fut,
         Fut: Future<Output = Result<T, NodeError>> + Send + 'static,
     {
+        let mut ended = Vec::with_capacity(which.len());
         let mut calls: FuturesUnordered<_> = which
             .iter()
             .map(|&i| {
                 let node = self.nodes[i].clone();
                 let call = op(node.clone());
+                let after = after.clone();
+                // Dropped when the request ends (answered, failed, timed out or dropped).
+                let (end, ended_rx) = oneshot::channel::<()>();
+                ended.push((i, ended_rx));
                 async move {
+                    let _end = end;
+                    after.on(i).await;
                     let result = tokio::time::timeout(limit, call)
                         .await
                         .unwrap_or_else(|_| Err(node.timed_out(name, limit)));
@@ -106,13 +121,19 @@ impl Cluster {
         while let Some(answer) = calls.next().await {
             answers.push(answer);
             if settled(&answers) {
-                if !calls.is_empty() {
-                    tokio::spawn(async move { while calls.next().await.is_some() {} });
-                }
                 break;
             }
         }
-        answers
+        if calls.is_empty() {
+            return (answers, Late::default());
+        }
+        let late = ended
+            .into_iter()
+            .filter(|(i, _)| answers.iter().all(|(j, _)| j != i))
+            .map(|(i, ended)| (i, ended.map(drop).boxed().shared()))
+            .collect();
+        spawn_cleanup(async move { while calls.next().await.is_some() {} });
+        (answers, Late(Arc::new(late)))
     }
 
     pub(crate) fn no_quorum(&self, op: &'static str, failures: Vec<NodeError>) -> LockError {
@@ -135,6 +156,29 @@ impl Cluster {
             failures: Failures(failures),
         }
         .into()
+    }
+}
+
+/// The requests a decided operation left running on some nodes (see
+/// [`Cluster::on_until`]): a later request to one of those nodes first waits for them with
+/// [`on`](Self::on), so that the node runs the two in the order they were made. Each ends
+/// within its per-node timeout.
+#[derive(Clone, Default)]
+pub(crate) struct Late(Arc<Vec<(usize, Shared<BoxFuture<'static, ()>>)>>);
+
+impl fmt::Debug for Late {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nodes: Vec<usize> = self.0.iter().map(|(i, _)| *i).collect();
+        f.debug_tuple("Late").field(&nodes).finish()
+    }
+}
+
+impl Late {
+    /// Wait until the request left running on node `node`, if any, has ended.
+    pub(crate) async fn on(&self, node: usize) {
+        if let Some((_, ended)) = self.0.iter().find(|(i, _)| *i == node) {
+            ended.clone().await;
+        }
     }
 }
 

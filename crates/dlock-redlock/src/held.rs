@@ -11,7 +11,7 @@ use dlock_core::{LockError, LostReason, Result};
 use dlock_redis::server::{HeldKey, Names, NodeError};
 
 use crate::NAME;
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Late};
 use crate::election::{self, proclaim_on, proclaimed_token};
 
 /// The handle on a key this client holds on a majority of the nodes.
@@ -30,6 +30,9 @@ pub(crate) struct RedlockHeld {
     pub(crate) quorum: usize,
     /// A candidate's hold: the channel its proclaims and its release are announced on.
     pub(crate) leader_channel: Option<String>,
+    /// The grant's acquire requests still running on nodes its round was decided without:
+    /// the release waits for each on its node.
+    pub(crate) late: Late,
 }
 
 impl RedlockHeld {
@@ -103,11 +106,13 @@ impl Held for RedlockHeld {
                     .count()
                     >= c.quorum
         };
-        let answers = c
+        let (answers, _) = c
             .on_until(
                 &c.all(),
                 c.node_timeout(self.ttl),
                 "release",
+                // After this lease's acquires still running on some nodes.
+                &self.late,
                 |n| {
                     let (names, token) = (names.clone(), token.to_owned());
                     async move { n.release(&names, &token, true).await }

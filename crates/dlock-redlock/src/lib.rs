@@ -31,12 +31,15 @@
 //!    `max(counter + 1, floor, node clock - 1 s)`, where `floor` is this client's clock in
 //!    µs, proposed alike to every node. The round wins when at least `Q` nodes granted the
 //!    key and the validity `ttl - (now - t1) - (ttl/100 + 2 ms)` (saturating) is still
-//!    positive. It is decided as soon as `Q` nodes granted, without waiting for the
-//!    others (a slow node costs nothing then, not its per-node timeout): their requests
-//!    still run, in a task of their own, and a node that grants later holds the key for
-//!    this lease too (renewed and released with it; given back with the rest if the round
-//!    is lost after all). A round that does not reach `Q` grants waits for every node,
-//!    whose views its waiting needs; so does an owner's round (reentrant holds).
+//!    positive. It is decided as soon as `Q` nodes granted with the same fence (the
+//!    common case, below), without waiting for the others: a slow node then costs
+//!    nothing, not its per-node timeout. Their requests still run, in a background
+//!    clean-up task (`dlock_core::settle` waits for it), and a node that grants later
+//!    holds the key for this lease too, renewed and released with it; the release, or a
+//!    give-back, waits on each such node for the acquire still running there, so the node
+//!    runs the two in order. A round whose grants differ in fence, one that does not reach
+//!    `Q` grants (its waiting needs every node's view) and an owner's round (reentrant
+//!    holds) wait for every node.
 //! 2. **Fence write-back**: the fencing token is the highest token the granting nodes
 //!    issued; the nodes whose counter is behind it are raised to it (compare-and-set, only
 //!    where the key is ours) until `Q` nodes hold it. Only then is the lease reported, so
@@ -77,9 +80,11 @@
 //!    An election's leader renews on its own, one script per node that also re-sets the
 //!    fence counter's lifetime (see *Elections*).
 //! 6. **Release**: compare-and-delete on every node in parallel, leaving the node's queue
-//!    and calling its first live waiter; done once a majority released (the other nodes
-//!    run it a moment later, as in step 1; a leader's release waits for every node, whose
-//!    observers it tells); `NotHeld` if a majority answered "not ours".
+//!    and calling its first live waiter; done once a majority released (the other nodes'
+//!    requests go on in the background, as in step 1; a leader's release waits for every
+//!    node, whose observers it tells); `NotHeld` if a majority answered "not ours". A
+//!    process that exits right after a release without `dlock_core::settle` may leave the
+//!    key until its ttl on the nodes the release was decided without.
 //! 7. **Giving up**: a waiter whose deadline passes, whose acquire fails or whose future is
 //!    dropped leaves every node's queue in the background; if an acquire future is dropped
 //!    during a round, the key is given back on every node too.
@@ -157,11 +162,11 @@
 //! | `list` | 1 per `SCAN` page (1000 names) and 1 pipelined `TYPE`, on every node |
 //!
 //! Measured (lockbench `--backends redlock`, ttl 30 s, 5 × Redis 7.0.15 on loopback sharing
-//! 2 busy cores, alternating runs): an uncontended acquire + release took 328–438 µs (p50)
-//! against 244–319 µs for raw `SET NX PX` + `DEL` on every node, 1.34–1.37×; waiting for
-//! every node's answer, it took 623–647 µs, 1.70–1.92×. On five servers sharing two cores
-//! the last two answers come late; on separate machines a round costs its median node
-//! instead of its slowest.
+//! 2 busy cores, five runs alternating with the code that waited for every node): an
+//! uncontended acquire + release took 1.33–1.76× raw `SET NX PX` + `DEL` on every node
+//! (median 1.45×), against 1.65–2.23× (median 1.79×) waiting for every node's answer. On
+//! five servers sharing two cores the last two answers come late; on separate machines a
+//! round costs its median node instead of its slowest.
 //!
 //! # What Redlock does not promise
 //!

@@ -188,6 +188,7 @@ impl RedlockBackend {
                     fence,
                     sent_at,
                     reentered,
+                    late,
                 } => {
                     if let Some(w) = &mut waiter {
                         w.granted();
@@ -219,6 +220,7 @@ impl RedlockBackend {
                         ttl,
                         quorum,
                         leader_channel,
+                        late,
                     };
                     let grant = Grant::new(fence, Box::new(held), sent_at);
                     return Ok(Some(match found_busy {

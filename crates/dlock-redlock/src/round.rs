@@ -8,6 +8,7 @@ use std::time::Duration;
 use dlock_redis::server::{Attempt, Names, NodeError, Queueing, View};
 use tokio::time::Instant;
 
+use crate::cluster::Late;
 use crate::lock::{RedlockBackend, now_micros, validity};
 use crate::reentry::{self, Answer, Entry};
 
@@ -18,6 +19,8 @@ pub(crate) enum Round {
         sent_at: Instant,
         /// The owner's hold the round re-entered (its token), or `None` for a fresh grant.
         reentered: Option<String>,
+        /// The acquire requests still running on nodes the round was decided without.
+        late: Late,
     },
     Lost {
         views: Vec<View>,
@@ -56,35 +59,52 @@ impl RedlockBackend {
             ..queueing
         };
         let queueing = &queueing;
+        let mut late = Late::default();
         let answers = match entry {
-            // Decided once a quorum granted: the round takes as long as the quorum-th
-            // fastest node (a node that grants later holds the key for this lease too,
-            // renewed and released with it). A round that loses waits for every node: its
-            // waiting needs each node's view.
+            // Decided once a quorum granted with one fence (no write-back to make): the
+            // round takes as long as the quorum-th fastest node (a node that grants later
+            // holds the key for this lease too, renewed and released with it). Otherwise
+            // it waits for every node: a losing round's waiting needs each node's view, and
+            // a write-back is surer with every granting node to write to.
             None => {
                 let granted = |answers: &[(usize, Result<Answer, NodeError>)]| {
-                    let taken = answers
-                        .iter()
-                        .filter(|(_, a)| matches!(a, Ok(Answer::Attempt(Attempt::Taken { .. }))));
-                    taken.count() >= quorum
+                    let mut fences = answers.iter().filter_map(|(_, a)| match a {
+                        Ok(Answer::Attempt(Attempt::Taken { fence })) => Some(*fence),
+                        _ => None,
+                    });
+                    let Some(first) = fences.next() else {
+                        return false;
+                    };
+                    let mut taken = 1;
+                    for fence in fences {
+                        if fence != first {
+                            return false;
+                        }
+                        taken += 1;
+                    }
+                    taken >= quorum
                 };
                 let request = Arc::new((names.clone(), token.to_owned(), *queueing));
-                c.on_until(
-                    &c.all(),
-                    limit,
-                    "acquire",
-                    |n| {
-                        let request = request.clone();
-                        async move {
-                            let (names, token, queueing) = &*request;
-                            n.acquire(names, token, ttl, queueing)
-                                .await
-                                .map(Answer::Attempt)
-                        }
-                    },
-                    granted,
-                )
-                .await
+                let (answers, left) = c
+                    .on_until(
+                        &c.all(),
+                        limit,
+                        "acquire",
+                        &Late::default(),
+                        |n| {
+                            let request = request.clone();
+                            async move {
+                                let (names, token, queueing) = &*request;
+                                n.acquire(names, token, ttl, queueing)
+                                    .await
+                                    .map(Answer::Attempt)
+                            }
+                        },
+                        granted,
+                    )
+                    .await;
+                late = left;
+                answers
             }
             Some(entry) => {
                 c.on(&c.all(), limit, "acquire", |n| {
@@ -141,6 +161,7 @@ impl RedlockBackend {
                     fence,
                     sent_at,
                     reentered: Some(hold),
+                    late,
                 };
             }
         }
@@ -160,6 +181,7 @@ impl RedlockBackend {
                 fence,
                 sent_at,
                 reentered: None,
+                late,
             };
         }
         // Give back what we took, and what a node that did not answer may have granted.
@@ -168,6 +190,10 @@ impl RedlockBackend {
         match entry {
             None => {
                 let mine: Vec<usize> = taken_nodes().chain(unsure).collect();
+                // After the acquires still running there: a give-back must not overtake them.
+                for &i in &mine {
+                    late.on(i).await;
+                }
                 c.on(&mine, limit, "release", |n| {
                     n.release(names, token, announce)
                 })

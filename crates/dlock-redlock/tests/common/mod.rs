@@ -85,45 +85,31 @@ impl RedlockHarness {
         values
     }
 
-    /// The value of `key`'s lock on every node once `settled` holds for them (polled for up
-    /// to 5 s; panics after that). An acquire or a release answers once a majority of
-    /// the nodes answered: the others run it a moment later.
-    pub async fn values_once(
-        &self,
-        key: &str,
-        what: &str,
-        settled: impl Fn(&[Option<String>]) -> bool,
-    ) -> Vec<Option<String>> {
-        let until = tokio::time::Instant::now() + Duration::from_secs(5);
-        loop {
-            let values = self.values(key).await;
-            if settled(&values) {
-                return values;
-            }
-            assert!(
-                tokio::time::Instant::now() < until,
-                "{what}: never settled, the nodes hold {values:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+    /// The value of `key`'s lock on every node once the requests that acquires and
+    /// releases left running have ended: each is decided once a majority of the nodes
+    /// answered, and the others' requests go on in the background (`dlock_core::settle`
+    /// waits for them).
+    pub async fn settled_values(&self, key: &str) -> Vec<Option<String>> {
+        dlock_core::settle(Duration::from_secs(5)).await;
+        self.values(key).await
     }
 
-    /// Wait until no node holds `key` (see [`values_once`](Self::values_once)).
+    /// Assert that no node holds `key` once the background requests have ended.
     pub async fn assert_free_everywhere(&self, key: &str) {
-        self.values_once(key, "the key freed on every node", |v| {
-            v.iter().all(Option::is_none)
-        })
-        .await;
+        let values = self.settled_values(key).await;
+        assert!(
+            values.iter().all(Option::is_none),
+            "the key is left on a node: {values:?}"
+        );
     }
 
-    /// The token every node holds `key` with, once they all do (see
-    /// [`values_once`](Self::values_once)).
+    /// The token every node holds `key` with, once the background requests have ended.
     pub async fn held_everywhere(&self, key: &str) -> String {
-        let values = self
-            .values_once(key, "the key held on every node", |v| {
-                v[0].is_some() && v.iter().all(|x| *x == v[0])
-            })
-            .await;
+        let values = self.settled_values(key).await;
+        assert!(
+            values[0].is_some() && values.iter().all(|v| *v == values[0]),
+            "not held alike on every node: {values:?}"
+        );
         values[0].clone().expect("held")
     }
 
