@@ -13,9 +13,14 @@ use futures::future::{BoxFuture, Shared, join_all};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt as _, StreamExt as _};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::error::{Error, Failures};
 use crate::renew::Renewals;
+
+/// How long past its per-node timeout a request left running may still be waited for (its
+/// task may be a moment late to notice the timeout).
+const LATE_MARGIN: Duration = Duration::from_millis(50);
 
 /// The shortest per-node timeout, however short the ttl.
 const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -97,6 +102,11 @@ impl Cluster {
         F: Fn(Node) -> Fut,
         Fut: Future<Output = Result<T, NodeError>> + Send + 'static,
     {
+        // Each request's timeout starts after `after`, at the latest when that runs out.
+        let by = after
+            .by
+            .map_or_else(Instant::now, |by| by.max(Instant::now()) + LATE_MARGIN)
+            + limit;
         let mut ended = Vec::with_capacity(which.len());
         let mut calls: FuturesUnordered<_> = which
             .iter()
@@ -133,7 +143,11 @@ impl Cluster {
             .map(|(i, ended)| (i, ended.map(drop).boxed().shared()))
             .collect();
         spawn_cleanup(async move { while calls.next().await.is_some() {} });
-        (answers, Late(Arc::new(late)))
+        let late = Late {
+            requests: Arc::new(late),
+            by: Some(by),
+        };
+        (answers, late)
     }
 
     pub(crate) fn no_quorum(&self, op: &'static str, failures: Vec<NodeError>) -> LockError {
@@ -164,21 +178,34 @@ impl Cluster {
 /// [`on`](Self::on), so that the node runs the two in the order they were made. Each ends
 /// within its per-node timeout.
 #[derive(Clone, Default)]
-pub(crate) struct Late(Arc<Vec<(usize, Shared<BoxFuture<'static, ()>>)>>);
+pub(crate) struct Late {
+    requests: Arc<Vec<(usize, Shared<BoxFuture<'static, ()>>)>>,
+    /// When every one of them has run out its per-node timeout: waiting ends then at the
+    /// latest, even if nothing drives their task (another runtime, idle).
+    by: Option<Instant>,
+}
 
 impl fmt::Debug for Late {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let nodes: Vec<usize> = self.0.iter().map(|(i, _)| *i).collect();
+        let nodes: Vec<usize> = self.requests.iter().map(|(i, _)| *i).collect();
         f.debug_tuple("Late").field(&nodes).finish()
     }
 }
 
 impl Late {
-    /// Wait until the request left running on node `node`, if any, has ended.
+    /// Wait until the request left running on node `node`, if any, has ended (at most
+    /// until its per-node timeout has passed, and a little more).
     pub(crate) async fn on(&self, node: usize) {
-        if let Some((_, ended)) = self.0.iter().find(|(i, _)| *i == node) {
-            ended.clone().await;
+        if let (Some((_, ended)), Some(by)) =
+            (self.requests.iter().find(|(i, _)| *i == node), self.by)
+        {
+            let _ = tokio::time::timeout_at(by + LATE_MARGIN, ended.clone()).await;
         }
+    }
+
+    /// Whether no request was left running.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.requests.is_empty()
     }
 }
 

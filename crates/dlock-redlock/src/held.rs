@@ -95,16 +95,18 @@ impl Held for RedlockHeld {
     async fn release(&mut self) -> Result<()> {
         let c = &*self.cluster;
         let (names, token) = (&self.names, self.token.as_str());
-        // Decided once a majority released (a leader's release waits for every node: its
-        // observers are told by the nodes it left).
+        // A leader's release waits for every node: its observers are told by the nodes it
+        // left.
         let leader = self.leader_channel.is_some();
+        // Decided once as many nodes released as hold it: the majority, or a permit's
+        // quorum (fewer would leave the permit counted where a new one needs it).
         let settled = |answers: &[(usize, Result<bool, NodeError>)]| {
             !leader
                 && answers
                     .iter()
                     .filter(|(_, a)| matches!(a, Ok(true)))
                     .count()
-                    >= c.quorum
+                    >= self.quorum
         };
         let (answers, _) = c
             .on_until(

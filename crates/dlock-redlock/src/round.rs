@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_core::raw::spawn_cleanup;
 use dlock_redis::server::{Attempt, Names, NodeError, Queueing, View};
 use tokio::time::Instant;
 
-use crate::cluster::Late;
+use crate::cluster::{Cluster, Late};
 use crate::lock::{RedlockBackend, now_micros, validity};
 use crate::reentry::{self, Answer, Entry};
 
@@ -190,14 +191,30 @@ impl RedlockBackend {
         match entry {
             None => {
                 let mine: Vec<usize> = taken_nodes().chain(unsure).collect();
-                // After the acquires still running there: a give-back must not overtake them.
-                for &i in &mine {
-                    late.on(i).await;
+                if late.is_empty() {
+                    c.on(&mine, limit, "release", |n| {
+                        n.release(names, token, announce)
+                    })
+                    .await;
+                } else {
+                    // After the acquires still running there (a give-back must not overtake
+                    // them), in a clean-up task: it goes on if this round is dropped
+                    // meanwhile, when the acquire guard's own releases may come first.
+                    let give_back = give_back_after(
+                        self.cluster.clone(),
+                        mine,
+                        late,
+                        names.clone(),
+                        token.to_owned(),
+                        (limit, announce),
+                    );
+                    let (done, finished) = tokio::sync::oneshot::channel::<()>();
+                    spawn_cleanup(async move {
+                        give_back.await;
+                        drop(done);
+                    });
+                    let _ = finished.await;
                 }
-                c.on(&mine, limit, "release", |n| {
-                    n.release(names, token, announce)
-                })
-                .await;
             }
             Some(entry) => {
                 let mine: Vec<usize> = taken_nodes()
@@ -254,4 +271,23 @@ impl RedlockBackend {
             .count();
         (at_top + claimed >= quorum).then_some(top)
     }
+}
+
+/// Give the key back on the nodes `mine`, each after the acquire `late` left running there.
+async fn give_back_after(
+    cluster: Arc<Cluster>,
+    mine: Vec<usize>,
+    late: Late,
+    names: Names,
+    token: String,
+    (limit, announce): (Duration, bool),
+) {
+    for &i in &mine {
+        late.on(i).await;
+    }
+    cluster
+        .on(&mine, limit, "release", |n| {
+            n.release(&names, &token, announce)
+        })
+        .await;
 }

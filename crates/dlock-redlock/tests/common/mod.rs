@@ -90,7 +90,10 @@ impl RedlockHarness {
     /// answered, and the others' requests go on in the background (`dlock_core::settle`
     /// waits for them).
     pub async fn settled_values(&self, key: &str) -> Vec<Option<String>> {
-        dlock_core::settle(Duration::from_secs(5)).await;
+        assert!(
+            dlock_core::settle(Duration::from_secs(10)).await,
+            "background requests still running after 10 s"
+        );
         self.values(key).await
     }
 
