@@ -36,8 +36,9 @@
 //!    nothing, not its per-node timeout. Their requests still run, in a background
 //!    clean-up task (`dlock_core::settle` waits for it), and a node that grants later
 //!    holds the key for this lease too, renewed and released with it; the release, or a
-//!    give-back, waits on each such node for the acquire still running there, so the node
-//!    runs the two in order. A round whose grants differ in fence, one that does not reach
+//!    give-back, waits on each such node for the acquire still running there (at most
+//!    until its per-node timeout), so the node runs the two in order; a give-back runs in
+//!    a clean-up task, so it does even if the acquire is dropped meanwhile. A round whose grants differ in fence, one that does not reach
 //!    `Q` grants (its waiting needs every node's view) and an owner's round (reentrant
 //!    holds) wait for every node.
 //! 2. **Fence write-back**: the fencing token is the highest token the granting nodes
@@ -80,9 +81,11 @@
 //!    An election's leader renews on its own, one script per node that also re-sets the
 //!    fence counter's lifetime (see *Elections*).
 //! 6. **Release**: compare-and-delete on every node in parallel, leaving the node's queue
-//!    and calling its first live waiter; done once a majority released (the other nodes'
-//!    requests go on in the background, as in step 1; a leader's release waits for every
-//!    node, whose observers it tells); `NotHeld` if a majority answered "not ours". A
+//!    and calling its first live waiter; done once as many nodes released as the grant
+//!    needed, the majority or a permit's quorum (the other nodes' requests go on in the
+//!    background, after this lease's acquires still running there, as in step 1; a
+//!    leader's release waits for every node, whose observers it tells); `NotHeld` if a
+//!    majority answered "not ours". A
 //!    process that exits right after a release without `dlock_core::settle` may leave the
 //!    key until its ttl on the nodes the release was decided without.
 //! 7. **Giving up**: a waiter whose deadline passes, whose acquire fails or whose future is
