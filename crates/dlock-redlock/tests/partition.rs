@@ -21,6 +21,18 @@ async fn proxied(harness: &RedlockHarness) -> (dlock_redlock::RedlockLock, Vec<P
     )
 }
 
+/// `other` cannot take `key`: a majority of the nodes holds it for someone else.
+async fn assert_held_elsewhere(other: &impl DistributedLock, key: &str, opts: &LockOptions) {
+    assert!(
+        other
+            .try_acquire(key, opts)
+            .await
+            .expect("try_acquire")
+            .is_none(),
+        "another client took a key held on a majority"
+    );
+}
+
 /// Cut off from two of five nodes, a holder keeps its lease (renewals reach a majority),
 /// and nobody else can take the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -40,14 +52,7 @@ async fn a_minority_partition_keeps_the_lease() {
             !lease.is_lost(),
             "lost with a majority reachable: {lease:?}"
         );
-        assert!(
-            other
-                .try_acquire(&key, &opts)
-                .await
-                .expect("try_acquire")
-                .is_none(),
-            "another client took a key held on a majority"
-        );
+        assert_held_elsewhere(&other, &key, &opts).await;
         tokio::time::sleep(ttl / 4).await;
     }
     lease.release().await.expect("release through the majority");
@@ -137,14 +142,7 @@ async fn a_slow_minority_of_nodes_delays_neither_acquire_nor_release() {
         took < Duration::from_millis(1000),
         "the acquire waited for the slow nodes: {took:?}"
     );
-    assert!(
-        other
-            .try_acquire(&key, &opts)
-            .await
-            .expect("try_acquire")
-            .is_none(),
-        "another client took a key held on a majority"
-    );
+    assert_held_elsewhere(&other, &key, &opts).await;
     let began = Instant::now();
     lease.release().await.expect("release");
     let took = began.elapsed();
