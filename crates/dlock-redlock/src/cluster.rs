@@ -69,12 +69,7 @@ impl Cluster {
         let calls = which.iter().map(|&i| {
             let node = &self.nodes[i];
             let call = op(node);
-            async move {
-                let result = tokio::time::timeout(limit, call)
-                    .await
-                    .unwrap_or_else(|_| Err(node.timed_out(name, limit)));
-                (i, result)
-            }
+            async move { (i, bounded(node, limit, name, call).await) }
         });
         join_all(calls).await
     }
@@ -120,10 +115,7 @@ impl Cluster {
                 async move {
                     let _end = end;
                     after.on(i).await;
-                    let result = tokio::time::timeout(limit, call)
-                        .await
-                        .unwrap_or_else(|_| Err(node.timed_out(name, limit)));
-                    (i, result)
+                    (i, bounded(&node, limit, name, call).await)
                 }
             })
             .collect();
@@ -171,6 +163,19 @@ impl Cluster {
         }
         .into()
     }
+}
+
+/// `call` on `node`, its answer bounded by `limit`: a late answer is the node's timeout
+/// error (a vote against).
+async fn bounded<T>(
+    node: &Node,
+    limit: Duration,
+    name: &'static str,
+    call: impl Future<Output = Result<T, NodeError>>,
+) -> Result<T, NodeError> {
+    tokio::time::timeout(limit, call)
+        .await
+        .unwrap_or_else(|_| Err(node.timed_out(name, limit)))
 }
 
 /// The requests a decided operation left running on some nodes (see

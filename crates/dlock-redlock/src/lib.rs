@@ -38,9 +38,9 @@
 //!    holds the key for this lease too, renewed and released with it; the release, or a
 //!    give-back, waits on each such node for the acquire still running there (at most
 //!    until its per-node timeout), so the node runs the two in order; a give-back runs in
-//!    a clean-up task, so it does even if the acquire is dropped meanwhile. A round whose grants differ in fence, one that does not reach
-//!    `Q` grants (its waiting needs every node's view) and an owner's round (reentrant
-//!    holds) wait for every node.
+//!    a clean-up task, so it does even if the acquire is dropped meanwhile. A round whose
+//!    grants differ in fence, one that does not reach `Q` grants (its waiting needs every
+//!    node's view) and an owner's round (reentrant holds) wait for every node.
 //! 2. **Fence write-back**: the fencing token is the highest token the granting nodes
 //!    issued; the nodes whose counter is behind it are raised to it (compare-and-set, only
 //!    where the key is ours) until `Q` nodes hold it. Only then is the lease reported, so
@@ -85,9 +85,9 @@
 //!    needed, the majority or a permit's quorum (the other nodes' requests go on in the
 //!    background, after this lease's acquires still running there, as in step 1; a
 //!    leader's release waits for every node, whose observers it tells); `NotHeld` if a
-//!    majority answered "not ours". A
-//!    process that exits right after a release without `dlock_core::settle` may leave the
-//!    key until its ttl on the nodes the release was decided without.
+//!    majority answered "not ours". A process that exits right after a release without
+//!    `dlock_core::settle` may leave the key until its ttl on the nodes the release was
+//!    decided without.
 //! 7. **Giving up**: a waiter whose deadline passes, whose acquire fails or whose future is
 //!    dropped leaves every node's queue in the background; if an acquire future is dropped
 //!    during a round, the key is given back on every node too.

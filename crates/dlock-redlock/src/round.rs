@@ -191,29 +191,27 @@ impl RedlockBackend {
         match entry {
             None => {
                 let mine: Vec<usize> = taken_nodes().chain(unsure).collect();
-                if late.is_empty() {
-                    c.on(&mine, limit, "release", |n| {
-                        n.release(names, token, announce)
-                    })
-                    .await;
-                } else {
+                let in_task = !late.is_empty();
+                let give_back = give_back_after(
+                    self.cluster.clone(),
+                    mine,
+                    late,
+                    names.clone(),
+                    token.to_owned(),
+                    (limit, announce),
+                );
+                if in_task {
                     // After the acquires still running there (a give-back must not overtake
                     // them), in a clean-up task: it goes on if this round is dropped
                     // meanwhile, when the acquire guard's own releases may come first.
-                    let give_back = give_back_after(
-                        self.cluster.clone(),
-                        mine,
-                        late,
-                        names.clone(),
-                        token.to_owned(),
-                        (limit, announce),
-                    );
                     let (done, finished) = tokio::sync::oneshot::channel::<()>();
                     spawn_cleanup(async move {
                         give_back.await;
                         drop(done);
                     });
                     let _ = finished.await;
+                } else {
+                    give_back.await;
                 }
             }
             Some(entry) => {
