@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_core::raw::spawn_cleanup;
-use dlock_redis::server::{Attempt, Names, NodeError, Queueing, View};
+use dlock_redis::server::{Attempt, Names, NodeError, Queueing, View, is_permit_token};
 use tokio::time::Instant;
 
 use crate::cluster::{Cluster, Late};
@@ -186,8 +186,11 @@ impl RedlockBackend {
             };
         }
         // Give back what we took, and what a node that did not answer may have granted.
-        // Call the next waiter only if we had a quorum: then others may be waiting on us.
-        let announce = taken.len() >= quorum;
+        // Call the next waiter if we had a quorum (others may be waiting on us), and
+        // always for a permit: taking one left that node's queue, so the permit given back
+        // is the turn of a waiter there, whom nothing else would call (one waiter's turn
+        // is another's, where the key is one holder's, and waits for ours anyway).
+        let announce = taken.len() >= quorum || is_permit_token(token);
         match entry {
             None => {
                 let mine: Vec<usize> = taken_nodes().chain(unsure).collect();

@@ -1,7 +1,8 @@
 //! Permits with nodes cut off (proxies that black-hole traffic): a permit needs
 //! `floor(M N / (N + 1)) + 1` of the M = 5 nodes, so with one node cut a 2-permit key
 //! (4 needed) still works and never admits a third holder, and a 4-permit key (5 needed)
-//! refuses with a clear error rather than risk a fifth.
+//! refuses with a clear error rather than risk a fifth. A round that wins too few nodes
+//! gives its permits back and calls the waiter each one lets in.
 
 mod common;
 
@@ -10,8 +11,10 @@ use std::time::Duration;
 use common::{RedlockHarness, must_take, unique_key};
 use dlock_conformance::{Harness, History, Hold, Proxy};
 use dlock_core::{DistributedLock, ErrorKind, LockOptions, Wait};
+use dlock_redis::server::{Names, Node, View, Waiter, Wake, new_permit_token};
 use dlock_redlock::RedlockLock;
 use futures::future::join_all;
+use redis::AsyncCommands;
 use tokio::time::{Instant, sleep, timeout};
 
 /// `n` clients that reach every node through one proxy per node.
@@ -148,5 +151,89 @@ async fn four_permits_need_every_node_and_refuse_clearly_with_one_cut() {
     for lease in again {
         lease.release().await.expect("release");
     }
+    harness.forget_fence(&key).await;
+}
+
+/// Microseconds since the Unix epoch: the unit of queue tickets and entry expiries.
+fn now_micros() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    u64::try_from(since.expect("clock after 1970").as_micros()).expect("µs fit in u64")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_permit_round_calls_the_waiter_its_give_back_lets_in() {
+    let harness = RedlockHarness::from_env();
+    let key = unique_key("permits-give-back");
+    let names = Names::new(harness.prefix(), &key);
+    // One of two permits held everywhere; on nodes 3 and 4 a stranger's entry takes the
+    // other, so a round wins nodes 0-2 only (3 of the 4 two permits need) and loses.
+    let holder = must_take(&harness.lock().await, &key, &permits(2)).await;
+    let stranger = new_permit_token(2);
+    let far = now_micros() + 60_000_000;
+    for i in [3, 4] {
+        let mut admin = harness.admin(i).await.expect("admin connection");
+        let _: () = admin.zadd(&names.key, &stranger, far).await.expect("ZADD");
+    }
+    // A waiter queued on nodes 0-2 behind any real one (its ticket is an hour ahead): the
+    // free permit there is its turn, which the round takes and gives back.
+    let queued = new_permit_token(2);
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let mut admin = harness.admin(i).await.expect("admin connection");
+        let _: () = admin
+            .zadd(&names.queue, &queued, far + 3_600_000_000)
+            .await
+            .expect("ZADD");
+        let _: () = admin
+            .zadd(&names.waiters, &queued, far)
+            .await
+            .expect("ZADD");
+        for side in [&names.queue, &names.waiters] {
+            let _: () = admin.pexpire(side, 60_000).await.expect("PEXPIRE");
+        }
+        nodes.push(Node::new(&harness.config().nodes[i], "redlock").expect("node"));
+    }
+    let mut waiter = Waiter::new(nodes, names.clone(), queued, None, 3, None);
+    let subscribed = waiter.subscribe().await;
+    assert!(subscribed.failed.is_empty(), "{:?}", subscribed.failed);
+
+    // The round takes the permit on nodes 0-2 (its ticket is earlier), loses, and gives it
+    // back: each of those nodes must call the queued waiter, whose turn it is again. It
+    // would otherwise hear of it only at its next refresh, a second later.
+    let contender = harness.lock().await;
+    let contend = tokio::spawn({
+        let key = key.clone();
+        async move {
+            let wait = permits(2).wait(Wait::For(Duration::from_secs(2)));
+            contender.acquire(&key, &wait).await.map(|_| ())
+        }
+    });
+    let held = View::Held {
+        holder: String::new(),
+        expires: None,
+    };
+    let woken = waiter
+        .wait(
+            &[held.clone(), held.clone(), held],
+            Instant::now() + Duration::from_millis(900),
+        )
+        .await;
+    assert_eq!(
+        woken,
+        Wake::Called,
+        "the permit given back on nodes 0-2 did not call the waiter whose turn it is there"
+    );
+    assert!(
+        contend.await.expect("contender").is_err(),
+        "a third permit holder while two permits were taken on nodes 3 and 4"
+    );
+
+    drop(waiter);
+    holder.release().await.expect("release");
+    for i in [3, 4] {
+        let mut admin = harness.admin(i).await.expect("admin connection");
+        let _: () = admin.zrem(&names.key, &stranger).await.expect("ZREM");
+    }
+    harness.assert_free_everywhere(&key).await;
     harness.forget_fence(&key).await;
 }
