@@ -102,7 +102,10 @@ fn torture_unlocked(name: &str, case: &Case) {
         let injected = json["by_kind"][kind]["injected"].as_u64().unwrap_or(0);
         assert!(
             injected >= 1,
-            "{name}: no {kind} fault was injected: {json:#}"
+            "{name}: no {kind} fault was injected ({}): {json:#}",
+            json["not_injected"][kind]
+                .as_str()
+                .unwrap_or("the run offered it, and did not inject it")
         );
         assert!(
             json["by_kind"][kind]["recovery_ms_max"].is_number(),
