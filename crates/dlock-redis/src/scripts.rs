@@ -53,7 +53,7 @@ mod shared;
 pub(crate) use claim::CLAIM;
 pub(crate) use election::{EXTEND_LEADER, PROCLAIM};
 pub(crate) use inspect::INSPECT;
-pub(crate) use permits::ACQUIRE_PERMIT;
+pub(crate) use permits::{ACQUIRE_PERMIT, GIVE_BACK_PERMIT};
 pub(crate) use shared::ACQUIRE_SHARED;
 
 /// Take the lock if it is free and nobody waits before us, in one round trip; when it is
@@ -316,10 +316,11 @@ return statuses
 );
 
 /// The source of every script, for loading them when a connection opens.
-pub(crate) const SOURCES: [&str; 11] = [
+pub(crate) const SOURCES: [&str; 12] = [
     ACQUIRE_LUA,
     shared::ACQUIRE_SHARED_LUA,
     permits::ACQUIRE_PERMIT_LUA,
+    permits::GIVE_BACK_PERMIT_LUA,
     TOUCH_LUA,
     RELEASE_LUA,
     EXTEND_LUA,

@@ -52,10 +52,13 @@
 //!    before `t1 + ttl`, which is before the validity ends.
 //! 3. **Failed round**: give the key back (compare-and-delete) on every node that granted
 //!    it or did not answer, calling the next waiter there only if the round had `Q`
-//!    grants (others may wait on us), or for a permit: taking a permit left the node's
-//!    queue, so the permit given back is another waiter's turn, which nothing else would
-//!    announce (measured: such a waiter otherwise slept until its next refresh, about
-//!    1 s, in 3 or 4 of 1,900 semaphore waits at 32 clients).
+//!    grants (others may wait on us). A permit's give-back always calls the waiter whose
+//!    turn it makes (permits call their waiters one turn at a time, so a turn nobody
+//!    announces would wait for that waiter's refresh, about 1 s: measured in 3 or 4 of
+//!    1,900 semaphore waits at 32 clients before); a waiting round's permit also rejoins
+//!    that node's queue with its ticket in the same script (taking it had left the
+//!    queue), so the permit stays its own turn unless a waiter with an earlier ticket
+//!    joined meanwhile, and no waiter behind takes it while the round backs off.
 //!    If fewer than `Q` nodes answered at all, try once more, then
 //!    fail with [`LockError::Unavailable`](dlock_core::LockError::Unavailable) naming each
 //!    node's error.

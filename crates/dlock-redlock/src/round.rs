@@ -186,10 +186,11 @@ impl RedlockBackend {
             };
         }
         // Give back what we took, and what a node that did not answer may have granted.
-        // Call the next waiter if we had a quorum (others may be waiting on us), and
-        // always for a permit: taking one left that node's queue, so the permit given back
-        // is the turn of a waiter there, whom nothing else would call (one waiter's turn
-        // is another's, where the key is one holder's, and waits for ours anyway).
+        // Call the next waiter if we had a quorum: then others may be waiting on us. A
+        // permit always calls whoever's turn it gives (a waiting round's give-back rejoins
+        // the queue first, see `give_back_after`): permits call their waiters one turn at
+        // a time, as each comes, so a turn nobody announces is never announced; a lock's
+        // release recomputes its queue's head and calls it every time.
         let announce = taken.len() >= quorum || is_permit_token(token);
         match entry {
             None => {
@@ -201,7 +202,7 @@ impl RedlockBackend {
                     late,
                     names.clone(),
                     token.to_owned(),
-                    (limit, announce),
+                    (limit, announce, *queueing),
                 );
                 if in_task {
                     // After the acquires still running there (a give-back must not overtake
@@ -275,20 +276,28 @@ impl RedlockBackend {
 }
 
 /// Give the key back on the nodes `mine`, each after the acquire `late` left running there.
+/// A waiting round's permit rejoins the queue with its ticket as it goes back: taking it
+/// left the queue, and its place there is its turn (see the permit give-back script of
+/// `dlock-redis`), which a waiter behind must not take while this round backs off.
 async fn give_back_after(
     cluster: Arc<Cluster>,
     mine: Vec<usize>,
     late: Late,
     names: Names,
     token: String,
-    (limit, announce): (Duration, bool),
+    (limit, announce, queueing): (Duration, bool, Queueing),
 ) {
     for &i in &mine {
         late.on(i).await;
     }
+    let rejoin = queueing.wait && is_permit_token(&token);
+    let (names, token) = (&names, &token);
     cluster
-        .on(&mine, limit, "release", |n| {
-            n.release(&names, &token, announce)
+        .on(&mine, limit, "release", |n| async move {
+            match rejoin {
+                true => n.give_back_permit(names, token, queueing.ticket).await,
+                false => n.release(names, token, announce).await,
+            }
         })
         .await;
 }

@@ -1,8 +1,9 @@
 //! Permits with nodes cut off (proxies that black-hole traffic): a permit needs
 //! `floor(M N / (N + 1)) + 1` of the M = 5 nodes, so with one node cut a 2-permit key
 //! (4 needed) still works and never admits a third holder, and a 4-permit key (5 needed)
-//! refuses with a clear error rather than risk a fifth. A round that wins too few nodes
-//! gives its permits back and calls the waiter each one lets in.
+//! refuses with a clear error rather than risk a fifth. A waiting round that wins too few
+//! nodes gives its permits back and keeps its place in each node's queue, calling a waiter
+//! only when the permit is that waiter's turn.
 
 mod common;
 
@@ -154,86 +155,115 @@ async fn four_permits_need_every_node_and_refuse_clearly_with_one_cut() {
     harness.forget_fence(&key).await;
 }
 
-/// Microseconds since the Unix epoch: the unit of queue tickets and entry expiries.
+/// On node 0, a permit of two: one held by a long entry, the other by a giver that gives
+/// it back rejoining the queue with `giver_ticket`, behind or ahead of a waiter queued
+/// with ticket 200 and listening for calls. How the waiter's wait for a call ended (900 ms
+/// at most, before its first refresh).
+async fn given_back_on_one_node(giver_ticket: u64) -> (RedlockHarness, Names, Wake) {
+    let harness = RedlockHarness::from_env();
+    let key = unique_key("permits-give-back");
+    let names = Names::new(harness.prefix(), &key);
+    let node = Node::new(&harness.config().nodes[0], "redlock").expect("node");
+    let (held, giver, waiter) = (
+        new_permit_token(2),
+        new_permit_token(2),
+        new_permit_token(2),
+    );
+    let far = now_micros() + 60_000_000;
+    let mut admin = harness.admin(0).await.expect("admin connection");
+    let _: () = admin.zadd(&names.key, &held, far).await.expect("ZADD");
+    let _: () = admin.zadd(&names.key, &giver, far).await.expect("ZADD");
+    let _: () = admin.zadd(&names.queue, &waiter, 200).await.expect("ZADD");
+    let _: () = admin
+        .zadd(&names.waiters, &waiter, far)
+        .await
+        .expect("ZADD");
+    for side in [&names.key, &names.queue, &names.waiters] {
+        let _: () = admin.pexpire(side, 60_000).await.expect("PEXPIRE");
+    }
+    let mut listener = Waiter::new(
+        vec![node.clone()],
+        names.clone(),
+        waiter,
+        Some(200),
+        1,
+        None,
+    );
+    let subscribed = listener.subscribe().await;
+    assert!(subscribed.failed.is_empty(), "{:?}", subscribed.failed);
+    listener.start_attempt();
+    let given = node
+        .give_back_permit(&names, &giver, Some(giver_ticket))
+        .await
+        .expect("give back");
+    assert!(given, "the giver's permit was not given back");
+    let held_view = View::Held {
+        holder: String::new(),
+        expires: None,
+    };
+    let woken = listener
+        .wait(&[held_view], Instant::now() + Duration::from_millis(900))
+        .await;
+    // What the node keeps: the other permit, and the giver queued.
+    let members: Vec<String> = admin.zrange(&names.key, 0, -1).await.expect("ZRANGE");
+    assert_eq!(
+        members,
+        std::slice::from_ref(&held),
+        "the key's permit holders"
+    );
+    let rank: Option<usize> = admin.zrank(&names.queue, &giver).await.expect("ZRANK");
+    assert!(rank.is_some(), "the giver did not rejoin the queue");
+    drop(listener);
+    let _: () = admin.zrem(&names.key, &held).await.expect("ZREM");
+    node.release(&names, &giver, false)
+        .await
+        .expect("leave the queue");
+    (harness, names, woken)
+}
+
+/// Nothing of the key is left on node 0 once the background requests have ended.
+async fn assert_nothing_left(harness: &RedlockHarness, names: &Names) {
+    assert!(
+        dlock_core::settle(Duration::from_secs(10)).await,
+        "background requests still running after 10 s"
+    );
+    let mut admin = harness.admin(0).await.expect("admin connection");
+    for left in [&names.key, &names.queue, &names.waiters] {
+        let exists: bool = admin.exists(left).await.expect("EXISTS");
+        assert!(!exists, "{left} is left on the node");
+    }
+    let _: () = admin.del(&names.fence).await.expect("DEL");
+}
+
+/// Microseconds since the Unix epoch: the unit of entry expiries.
 fn now_micros() -> u64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
     u64::try_from(since.expect("clock after 1970").as_micros()).expect("µs fit in u64")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_permit_round_calls_the_waiter_its_give_back_lets_in() {
-    let harness = RedlockHarness::from_env();
-    let key = unique_key("permits-give-back");
-    let names = Names::new(harness.prefix(), &key);
-    // One of two permits held everywhere; on nodes 3 and 4 a stranger's entry takes the
-    // other, so a round wins nodes 0-2 only (3 of the 4 two permits need) and loses.
-    let holder = must_take(&harness.lock().await, &key, &permits(2)).await;
-    let stranger = new_permit_token(2);
-    let far = now_micros() + 60_000_000;
-    for i in [3, 4] {
-        let mut admin = harness.admin(i).await.expect("admin connection");
-        let _: () = admin.zadd(&names.key, &stranger, far).await.expect("ZADD");
-    }
-    // A waiter queued on nodes 0-2 behind any real one (its ticket is an hour ahead): the
-    // free permit there is its turn, which the round takes and gives back.
-    let queued = new_permit_token(2);
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        let mut admin = harness.admin(i).await.expect("admin connection");
-        let _: () = admin
-            .zadd(&names.queue, &queued, far + 3_600_000_000)
-            .await
-            .expect("ZADD");
-        let _: () = admin
-            .zadd(&names.waiters, &queued, far)
-            .await
-            .expect("ZADD");
-        for side in [&names.queue, &names.waiters] {
-            let _: () = admin.pexpire(side, 60_000).await.expect("PEXPIRE");
-        }
-        nodes.push(Node::new(&harness.config().nodes[i], "redlock").expect("node"));
-    }
-    let mut waiter = Waiter::new(nodes, names.clone(), queued, None, 3, None);
-    let subscribed = waiter.subscribe().await;
-    assert!(subscribed.failed.is_empty(), "{:?}", subscribed.failed);
+async fn a_permit_given_back_by_a_waiter_stays_its_turn() {
+    // The giver's ticket (100) is before the queued waiter's (200): back in the queue
+    // first, the free permit is its own turn, and the waiter behind is not called.
+    let (harness, names, woken) = given_back_on_one_node(100).await;
+    assert_eq!(
+        woken,
+        Wake::Deadline,
+        "a waiter behind the giver was called for the giver's own turn"
+    );
+    assert_nothing_left(&harness, &names).await;
+}
 
-    // The round takes the permit on nodes 0-2 (its ticket is earlier), loses, and gives it
-    // back: each of those nodes must call the queued waiter, whose turn it is again. It
-    // would otherwise hear of it only at its next refresh, a second later.
-    let contender = harness.lock().await;
-    let contend = tokio::spawn({
-        let key = key.clone();
-        async move {
-            let wait = permits(2).wait(Wait::For(Duration::from_secs(2)));
-            contender.acquire(&key, &wait).await.map(|_| ())
-        }
-    });
-    let held = View::Held {
-        holder: String::new(),
-        expires: None,
-    };
-    let woken = waiter
-        .wait(
-            &[held.clone(), held.clone(), held],
-            Instant::now() + Duration::from_millis(900),
-        )
-        .await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_given_back_behind_an_earlier_waiter_calls_it() {
+    // The giver's ticket (300) is after the queued waiter's (200): the free permit is that
+    // waiter's turn, and only the give-back can tell it (it would sleep until its refresh,
+    // a second later).
+    let (harness, names, woken) = given_back_on_one_node(300).await;
     assert_eq!(
         woken,
         Wake::Called,
-        "the permit given back on nodes 0-2 did not call the waiter whose turn it is there"
+        "the waiter whose turn the permit given back is was not called"
     );
-    assert!(
-        contend.await.expect("contender").is_err(),
-        "a third permit holder while two permits were taken on nodes 3 and 4"
-    );
-
-    drop(waiter);
-    holder.release().await.expect("release");
-    for i in [3, 4] {
-        let mut admin = harness.admin(i).await.expect("admin connection");
-        let _: () = admin.zrem(&names.key, &stranger).await.expect("ZREM");
-    }
-    harness.assert_free_everywhere(&key).await;
-    harness.forget_fence(&key).await;
+    assert_nothing_left(&harness, &names).await;
 }

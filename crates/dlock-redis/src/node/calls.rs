@@ -247,6 +247,28 @@ impl Node {
         self.flag("release", &call).await
     }
 
+    /// Give back the permit `token` took, and rejoin the key's queue of waiters with
+    /// `ticket` (`None`: the server's clock), calling the waiter whose turn the permit is
+    /// if that is not us: what a waiting Redlock round that lost does where it took one.
+    /// `false`: the permit was not ours (we are queued all the same).
+    ///
+    /// # Errors
+    /// The server could not be reached, timed out, or refused the script.
+    pub async fn give_back_permit(
+        &self,
+        names: &Names,
+        token: &str,
+        queue_ticket: Option<u64>,
+    ) -> Result<bool, Error> {
+        let mut call = scripts::GIVE_BACK_PERMIT.prepare_invoke();
+        queue_keys(&mut call, names)
+            .arg(token)
+            .arg(&names.channel)
+            .arg(ticket(queue_ticket))
+            .arg(scripts::millis(scripts::WAITER_LEASE));
+        self.flag("give back", &call).await
+    }
+
     /// Replace our token `held` by `new` (the same random bits, another value) if the key
     /// still holds it, keeping its ttl, and wake the election's observers. `false`: the key
     /// is not ours (nothing changed).

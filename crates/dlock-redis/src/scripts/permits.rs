@@ -84,3 +84,45 @@ local soonest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {math.ceil((tonumber(soonest[2]) - now) / 1000), soonest[1], is_first}
 "
 );
+
+/// Give back a permit a waiting acquire took, and take its place in the key's queue again:
+/// what a Redlock round that won too few nodes does on each node it took. Taking the
+/// permit left the queue; rejoining with the same ticket gives every waiter back the turn
+/// it had before the take, so the permit freed is the caller's own turn again and nobody
+/// is called, unless a waiter with an earlier ticket joined meanwhile (the caller is then
+/// not among the first `limit - held`, and the permit is the turn of the waiter at that
+/// boundary, which is called) or expired entries were dropped (every waiter whose turn it
+/// is now is called, as the release does).
+///
+/// `KEYS` as [`ACQUIRE_PERMIT`]. `ARGV`: token, channel, queue ticket (empty: the server
+/// clock in µs), waiter lease ms. Returns 1 when the permit was the caller's and is given
+/// back, 0 when it held none (the caller is queued either way).
+pub(crate) static GIVE_BACK_PERMIT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(GIVE_BACK_PERMIT_LUA));
+pub(crate) const GIVE_BACK_PERMIT_LUA: &str = concat!(
+    base_lua!(),
+    waiters_lua!(),
+    r"
+local token = ARGV[1]
+local now = now_us()
+local released, expired = 0, 0
+if redis.pcall('ZREM', KEYS[1], token) == 1 then
+  released = 1
+  expired = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  reader_ttl(KEYS[1], now)
+end
+local before, first
+if redis.call('EXISTS', KEYS[3]) == 1 then before, first = prune(now) end
+local ticket = ARGV[3]
+if ticket == '' then ticket = string.format('%.0f', now) end
+enqueue(token, ticket, now, tonumber(ARGV[4]))
+local held, more = count_members(now)
+if expired + more > 0 or first ~= before then
+  call_permits(held, token, ARGV[2], false)
+elseif released == 1 and held
+  and held + redis.call('ZRANK', KEYS[3], token) >= permit_limit(token) then
+  call_permits(held, token, ARGV[2], true)
+end
+return released
+"
+);
