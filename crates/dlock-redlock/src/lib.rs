@@ -38,7 +38,8 @@
 //!    holds the key for this lease too, renewed and released with it; the release, or a
 //!    give-back, waits on each such node for the acquire still running there (at most
 //!    until its per-node timeout), so the node runs the two in order; a give-back runs in
-//!    a clean-up task, so it does even if the acquire is dropped meanwhile. A round whose
+//!    a clean-up task, so it does even if the acquire is dropped meanwhile (a permit's
+//!    then leaves the queue instead of rejoining it, step 3). A round whose
 //!    grants differ in fence, one that does not reach `Q` grants (its waiting needs every
 //!    node's view) and an owner's round (reentrant holds) wait for every node.
 //! 2. **Fence write-back**: the fencing token is the highest token the granting nodes

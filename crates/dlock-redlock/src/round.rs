@@ -195,27 +195,22 @@ impl RedlockBackend {
         match entry {
             None => {
                 let mine: Vec<usize> = taken_nodes().chain(unsure).collect();
-                let in_task = !late.is_empty();
-                let give_back = give_back_after(
-                    self.cluster.clone(),
-                    mine,
-                    late,
-                    names.clone(),
-                    token.to_owned(),
-                    (limit, announce, *queueing),
-                );
-                if in_task {
+                let cluster = self.cluster.clone();
+                let (names, token, queueing) = (names.clone(), token.to_owned(), *queueing);
+                let how = (limit, announce, queueing);
+                if late.is_empty() {
+                    give_back_after(cluster, mine, late, names, token, how, || true).await;
+                } else {
                     // After the acquires still running there (a give-back must not overtake
                     // them), in a clean-up task: it goes on if this round is dropped
-                    // meanwhile, when the acquire guard's own releases may come first.
+                    // meanwhile, when the acquire guard's own releases may come first (and
+                    // its permit then does not rejoin the queues the waiter has left).
                     let (done, finished) = tokio::sync::oneshot::channel::<()>();
                     spawn_cleanup(async move {
-                        give_back.await;
-                        drop(done);
+                        let waiting = || !done.is_closed();
+                        give_back_after(cluster, mine, late, names, token, how, waiting).await;
                     });
                     let _ = finished.await;
-                } else {
-                    give_back.await;
                 }
             }
             Some(entry) => {
@@ -276,9 +271,10 @@ impl RedlockBackend {
 }
 
 /// Give the key back on the nodes `mine`, each after the acquire `late` left running there.
-/// A waiting round's permit rejoins the queue with its ticket as it goes back: taking it
-/// left the queue, and its place there is its turn (see the permit give-back script of
-/// `dlock-redis`), which a waiter behind must not take while this round backs off.
+/// A waiting round's permit rejoins the queue with its ticket as it goes back, while the
+/// round still `waiting()`: taking it left the queue, and its place there is its turn (see
+/// the permit give-back script of `dlock-redis`), which a waiter behind must not take while
+/// this round backs off.
 async fn give_back_after(
     cluster: Arc<Cluster>,
     mine: Vec<usize>,
@@ -286,11 +282,12 @@ async fn give_back_after(
     names: Names,
     token: String,
     (limit, announce, queueing): (Duration, bool, Queueing),
+    waiting: impl Fn() -> bool,
 ) {
     for &i in &mine {
         late.on(i).await;
     }
-    let rejoin = queueing.wait && is_permit_token(&token);
+    let rejoin = queueing.wait && is_permit_token(&token) && waiting();
     let (names, token) = (&names, &token);
     cluster
         .on(&mine, limit, "release", |n| async move {

@@ -91,7 +91,9 @@ end
 /// Lua shared by the scripts that read the queue: `KEYS[1]` is the lock, `KEYS[2]` the
 /// fence counter, `KEYS[3]` the queue (score: the enqueue ticket), `KEYS[4]` the waiters'
 /// expiries (score: µs of the server clock). `prune` drops the expired waiters and answers
-/// the first one before and after; `enqueue` adds or refreshes a waiter; `holders` answers
+/// the first one before and after, with `false` for before when any was dropped (one
+/// behind the first changes the turns of those behind it as well, so the callers' "the
+/// head moved" checks call again); `enqueue` adds or refreshes a waiter; `holders` answers
 /// who holds the key (`none`, `readers`, `writer`), dropping expired readers first;
 /// `clear_ahead` whether no writer waits before the caller (a writer: whether it is first;
 /// a caller not in the queue: whether nobody waits); `call_turns` calls every waiter that
@@ -129,7 +131,7 @@ local function prune(now)
   if #dead == 0 then return before, before end
   redis.call('ZREM', KEYS[3], unpack(dead))
   redis.call('ZREM', KEYS[4], unpack(dead))
-  return before, head()
+  return false, head()
 end
 local function enqueue(token, ticket, now, lease_ms)
   redis.call('ZADD', KEYS[3], 'NX', ticket, token)
