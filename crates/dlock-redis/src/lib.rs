@@ -60,7 +60,7 @@
 //! 2. **Wait** (only when the deadline allows): subscribe to the key's call channel and
 //!    wait for the server's confirmation, *then* try again, so a call between the failed
 //!    try and the subscription is seen by the re-try. Then sleep until the server calls
-//!    this waiter by its token (a release, a waiter giving up, an expired first waiter
+//!    this waiter by its token (a release, a waiter giving up, an expired waiter
 //!    dropped: the script publishes the token of the first live waiter, so one release
 //!    wakes one waiter, and the others ignore a message that is not theirs), and try again.
 //!    The first waiter also wakes when the holder's PTTL runs out (a crashed holder calls

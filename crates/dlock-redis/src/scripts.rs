@@ -184,7 +184,8 @@ return 0
 /// Delete the lock if it is ours, leave the queue if we are in it, and (unless told not
 /// to) call the next waiter: the message on the channel is the token of the first live
 /// waiter, sent when the key is free and we released it, were first in line, or an
-/// expired first waiter was dropped.
+/// expired waiter was dropped (anywhere in the queue: one behind the first can hold up
+/// readers or permit waiters behind it).
 ///
 /// `KEYS`: lock, fence (unused), queue, waiter expiries. `ARGV`: token, channel, `1` to
 /// announce, and (optional) `1` for a leader's hold: a release then publishes

@@ -3,7 +3,7 @@
 //!
 //! A waiting acquire joins the key's queue on each server (its attempts do, see the
 //! acquire script) and listens on the key's channel. When the key frees (a release, a
-//! waiter giving up, an expired first waiter dropped), the server publishes the token of
+//! waiter giving up, an expired waiter dropped), the server publishes the token of
 //! the first live waiter: that waiter wakes, the others hear a message that is not theirs
 //! and sleep on. Every [`TOUCH_EVERY`] the waiter refreshes its entry, which also tells it
 //! whether the key is free and its turn (a release nobody announced: another library's

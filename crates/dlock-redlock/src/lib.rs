@@ -68,7 +68,7 @@
 //!    the token), so every node orders the waiters alike. It subscribes to the key's call
 //!    channel on every node (confirmed), then runs another round, so no call in between is
 //!    missed. It sleeps until a majority of nodes called it by its token (a release, a
-//!    waiter giving up or an expired first waiter: each node calls its first live waiter;
+//!    waiter giving up or an expired waiter dropped: each node calls its first live waiter;
 //!    the calls of five nodes wake the waiter once), or, where it is first, until the
 //!    holder's ttls run out, and runs a round. Every second it refreshes its entry on every
 //!    node, which also tells it where the key is free and its turn (a release nobody

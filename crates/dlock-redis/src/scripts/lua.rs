@@ -99,7 +99,8 @@ end
 /// a caller not in the queue: whether nobody waits); `call_turns` calls every waiter that
 /// may take the key now (the first one, and when it is a reader the run of readers behind
 /// it; with readers holding, only that run; when the first waiter wants a permit, every
-/// permit waiter whose turn it is); `grant_fence` issues the next fencing token.
+/// permit waiter whose turn it is), the caller excepted; `call_next` runs it when `prune`
+/// moved the head or dropped anyone; `grant_fence` issues the next fencing token.
 /// `count_members` answers how many members hold the key (`nil` when a writer does) and
 /// how many expired entries it dropped first; `call_permits` calls the permit waiters
 /// whose turn it is with `held` members holding: the waiter at rank `i` (from 0) with
@@ -192,7 +193,7 @@ local function call_turns(now, caller, channel)
   end
 end
 local function call_next(before, after, caller, channel, now)
-  if after and after ~= before and after ~= caller then call_turns(now, caller, channel) end
+  if after and after ~= before then call_turns(now, caller, channel) end
 end
 "
     };

@@ -43,6 +43,8 @@ if kind ~= 'writer' and (not first or (queued and clear_ahead(token))) then
     redis.call('ZREM', KEYS[3], token)
     redis.call('ZREM', KEYS[4], token)
   end
+  -- Entries dropped ahead of readers behind us: their turn came with ours.
+  call_next(before, first, token, ARGV[7], now)
   return grant_fence(now)
 end
 call_next(before, first, token, ARGV[7], now)
