@@ -36,6 +36,8 @@ local function join()
   queued = true
 end
 if first and ARGV[4] == '1' then join() end
+-- Whether we take the key or not: entries dropped ahead of other waiters gave them a turn.
+call_next(before, first, token, ARGV[7], now)
 if kind ~= 'writer' and (not first or (queued and clear_ahead(token))) then
   redis.call('ZADD', KEYS[1], string.format('%.0f', now + tonumber(ARGV[2]) * 1000), token)
   reader_ttl(KEYS[1], now)
@@ -43,11 +45,8 @@ if kind ~= 'writer' and (not first or (queued and clear_ahead(token))) then
     redis.call('ZREM', KEYS[3], token)
     redis.call('ZREM', KEYS[4], token)
   end
-  -- Entries dropped ahead of readers behind us: their turn came with ours.
-  call_next(before, first, token, ARGV[7], now)
   return grant_fence(now)
 end
-call_next(before, first, token, ARGV[7], now)
 if ARGV[4] == '1' and not queued then join() end
 local is_first = 0
 if queued and clear_ahead(token) then is_first = 1 end
