@@ -25,9 +25,10 @@ use sqlx::postgres::PgRow;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until, timeout};
 
-use crate::backend::{Inner, run_raw};
+use crate::backend::Inner;
 use crate::error::Error;
 use crate::pool::Lent;
+use crate::pool::run_raw;
 use crate::session::PgSession;
 use crate::sql::{Advisory, millis};
 
@@ -344,7 +345,7 @@ impl Attempt {
     /// a hand-off ([`Grant::after_wait`]).
     fn granted(&self, lent: Lent, lock: Advisory, token: u64, sent_at: Instant) -> Answer {
         let id = lock.id;
-        let session = PgSession::holding(self.inner.clone(), lent, lock.clone());
+        let session = PgSession::holding(self.inner.clone(), lent, lock.clone(), self.idle_ms);
         let carriers = &self.inner.carriers;
         let granted = Granted {
             key: &self.key,

@@ -16,10 +16,10 @@ use dlock_core::{
     Capabilities, Expiry, Fencing, Inspection, KeyStatus, Leader, LockError, LockOptions,
     LockStats, Mode, Observe, Reentry, Result, WaiterView, Wakeup,
 };
+use futures::TryFutureExt;
 use futures::stream::BoxStream;
-use futures::{TryFutureExt, TryStreamExt};
+use sqlx::Row;
 use sqlx::postgres::PgRow;
-use sqlx::{Either, Executor, Row};
 use tokio::sync::oneshot;
 use tokio::time::timeout;
 
@@ -28,7 +28,7 @@ use crate::acquire::{Attempt, First};
 use crate::config::PostgresConfig;
 use crate::error::Error;
 use crate::permits::PermitWaits;
-use crate::pool::{Lent, Pool};
+use crate::pool::{Lent, Pool, run_raw};
 use crate::session::PgSession;
 use crate::sql::{Param, Sql, Statement};
 use dlock_core::raw::carrier::Carriers;
@@ -50,6 +50,19 @@ const MAX_CACHED_IDS: usize = 100_000;
 #[derive(Clone)]
 pub struct PostgresBackend {
     inner: Arc<Inner>,
+    /// Shared by the clones: when the last one goes, so do the idle holder connections.
+    _open: Arc<Open>,
+}
+
+/// The user's handle on a client's connections. `Inner` outlives it while holder
+/// connections run (they point back to it), so the handle, not `Inner`, says when the
+/// client is gone.
+struct Open(Arc<Inner>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.carriers.close_idle();
+    }
 }
 
 pub(crate) struct Inner {
@@ -125,7 +138,7 @@ impl PostgresBackend {
             config,
             ids: Mutex::new(HashMap::new()),
             wakeups: AtomicU64::new(0),
-            carriers: Carriers::new(NAME).open_while_busy(BUSY_CARRIERS),
+            carriers: Carriers::new(NAME).open_while_busy(BUSY_CARRIERS).linger(),
             permit_waits: PermitWaits::new(sql.permit_channel()),
             leader_waits: PermitWaits::new(sql.leader_channel()),
             elections: AtomicBool::new(false),
@@ -139,8 +152,10 @@ impl PostgresBackend {
         inner.elections.store(elections, Ordering::Relaxed);
         let reentry = inner.prepare_owners().await;
         inner.reentry.store(reentry, Ordering::Relaxed);
+        let inner = Arc::new(inner);
         Ok(Self {
-            inner: Arc::new(inner),
+            _open: Arc::new(Open(inner.clone())),
+            inner,
         })
     }
 
@@ -311,25 +326,6 @@ impl PostgresBackend {
             ))
         })
     }
-}
-
-/// Run `sql` (one or more statements, the simple query protocol) on `lent`: the rows.
-pub(crate) async fn run_raw(
-    lent: &mut Lent,
-    sql: &str,
-    op: &'static str,
-) -> Result<Vec<PgRow>, Error> {
-    lent.raw()
-        .fetch_many(sql)
-        .try_filter_map(|item| async move {
-            Ok(match item {
-                Either::Left(_) => None,
-                Either::Right(row) => Some(row),
-            })
-        })
-        .try_collect()
-        .await
-        .map_err(Error::sql(op))
 }
 
 impl Inner {

@@ -64,7 +64,14 @@
 //! with `dlock-mysql`'s named mode). Auto-renewed holds of one ttl share them; a hold
 //! without auto-renew gets one of its own, which nobody pings, so the server ends it ttl
 //! after its last statement. A holder connection runs only short statements, one at a
-//! time, releases first; a connection with nothing held goes back to the pool. Each lock
+//! time, releases first. A shared one that holds nothing waits a tenth of its ttl (at most
+//! 1 s) for another take, its idle timeout kept, one per ttl in a client (others go back
+//! at once, and those that hold nothing close when the client is dropped): a client that
+//! takes and releases plain holds back to back keeps one session and sets its timeouts
+//! once. When no take comes, one
+//! statement puts the timeouts back (`idle_session_timeout` 0, keepalive idle 5 s) and the
+//! connection goes back to the pool; a connection of its own (a hold without auto-renew)
+//! goes back at once, reset by its release. Each lock
 //! connection was set up once with `synchronous_commit = on`,
 //! `client_connection_check_interval = 1s` and server-side TCP keepalives (5 s idle, 1 s
 //! interval, 3 probes). Every statement that sets a holder's `idle_session_timeout` raises
@@ -79,12 +86,14 @@
 //!    again if another client inserted it first).
 //! 2. On a holder connection of the hold's group (opened from the pool when there is none,
 //!    or when every one has a take in flight and the group has fewer than 8; a pooled
-//!    connection is not pinged: this statement proves it, and goes once more on a new
-//!    connection if it had died while idle), one statement: `pg_try_advisory_lock(namespace,
+//!    connection, or one that waited for a take holding nothing, is not pinged: this
+//!    statement proves it, and goes once more on a new connection if it had died while
+//!    idle), one statement: `pg_try_advisory_lock(namespace,
 //!    id)` (`pg_try_advisory_lock_shared` for a shared hold; see *Shared holds* for a
 //!    connection that already reads the key); if granted, in the same statement,
 //!    `nextval('dlock_keys_fence')` (the fencing token) and
-//!    `set_config('idle_session_timeout', ttl)` (with `tcp_keepalives_idle`). NULL: busy.
+//!    `set_config('idle_session_timeout', ttl)` (with `tcp_keepalives_idle`), left out
+//!    when the connection's last hold already set them to that ttl. NULL: busy.
 //!    This statement and a plain hold's release are prepared statements (the key's id and
 //!    the timeouts are parameters), which each connection parses and plans once and keeps:
 //!    sent as text, the server parsed and planned both anew on every cycle, about half its
@@ -189,9 +198,9 @@
 //! ttl after its last request.
 //!
 //! **Release**: on the holding connection, ahead of any queued take or ping, one
-//! statement: `pg_advisory_unlock(namespace, id)` (`_shared` for a shared hold; and the
-//! idle timeout back to 0 when it was the connection's last lock, which then goes back to
-//! the pool); the lock goes to the next waiter in the server's queue (to every reader
+//! statement: `pg_advisory_unlock(namespace, id)` (`_shared` for a shared hold; when it
+//! was the connection's last lock and the connection goes back to the pool at once rather
+//! than wait for another take, the idle timeout back to 0 too); the lock goes to the next waiter in the server's queue (to every reader
 //! queued together at its head). `false` (the session did not hold it) is
 //! [`NotHeld`](dlock_core::LockError::NotHeld).
 //!
@@ -209,7 +218,7 @@
 //! | operation | round trips | measured p50 (loopback, PostgreSQL 15) |
 //! |---|---|---|
 //! | `try_acquire`, key free (id cached) | 1 | 0.12 ms |
-//! | uncontended `acquire` + `release` of one key (lockbench) | 2 | 0.074–0.083 ms (raw cycle 0.041–0.044 ms: 1.8–1.9×) |
+//! | uncontended `acquire` + `release` of one key (lockbench) | 2 | 0.248–0.256 ms (raw cycle 0.246–0.256 ms: 1.00–1.01×) |
 //! | `try_acquire`, key held | 1 | 0.11 ms |
 //! | shared `try_acquire`, key free or read (id cached) | 1 | 0.09 ms ¹ |
 //! | shared `try_acquire` on a holder connection that already reads the key | 1 (with a read of `pg_locks`) | 0.32 ms ¹ |
@@ -245,8 +254,10 @@
 //! `cargo run --release -p dlock-postgres --example postgres_latency` on a shared 2-core machine; the
 //! lockbench row from `lockbench --backends postgres` (two runs). What the cycle pays beyond
 //! the raw pair: the hand-offs to and from the holder connection's task (a task per
-//! holder connection, which retires when it holds nothing), and `nextval`, which WAL-logs
-//! 32 values ahead, so one acquire in 32 also commits with a WAL flush.
+//! holder connection, which waits a tenth of the ttl, at most 1 s, for the next take once
+//! it holds nothing, so back-to-back cycles share one task and set the session's timeouts once),
+//! and `nextval`, which WAL-logs 32 values ahead, so one acquire in 32 also commits with a
+//! WAL flush.
 //! ¹ From a later, quieter run, where `SELECT 1` took 0.021 ms and an exclusive
 //! `try_acquire` of a free key 0.074 ms; the re-entry's `pg_locks` read grows with the
 //! number of locks on the whole server.

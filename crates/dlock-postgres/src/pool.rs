@@ -10,8 +10,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::TryStreamExt;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgRow};
-use sqlx::{ConnectOptions, Executor, Row};
+use sqlx::{ConnectOptions, Either, Executor, Row};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, timeout};
 
@@ -199,4 +200,23 @@ impl Lent {
             });
         }
     }
+}
+
+/// Run `sql` (one or more statements, the simple query protocol) on `lent`: the rows.
+pub(crate) async fn run_raw(
+    lent: &mut Lent,
+    sql: &str,
+    op: &'static str,
+) -> Result<Vec<PgRow>, Error> {
+    lent.raw()
+        .fetch_many(sql)
+        .try_filter_map(|item| async move {
+            Ok(match item {
+                Either::Left(_) => None,
+                Either::Right(row) => Some(row),
+            })
+        })
+        .try_collect()
+        .await
+        .map_err(Error::sql(op))
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_core::Mode;
-use dlock_core::raw::carrier::{Failure, Session};
+use dlock_core::raw::carrier::{Afterwards, Failure, Session};
 use sqlx::{Connection, Row};
 use tokio::time::timeout;
 
@@ -26,9 +26,14 @@ pub(crate) struct PgSession {
     /// The permit slots of each lock id this session holds, one per permit hold: a new
     /// permit of the key must take another slot (the server would grant one of these again).
     slots: HashMap<i32, Vec<i32>>,
-    /// Taken idle from the pool and not used since: it may have died while idle (a server
-    /// restart), which its first statement finds out.
+    /// Holds nothing and idle since: taken from the pool, or left open by its carrier for
+    /// more takes. It may have died meanwhile (a server restart), which its next statement
+    /// finds out, and then reconnects: losing it lost no hold.
     unproven: bool,
+    /// The idle timeout (ms) this session's last hold statement set, as the server has it;
+    /// `None`: the defaults (a connection from the pool, or unknown). A take on a session
+    /// already at the hold's timeout skips setting it again.
+    idle_set: Option<u64>,
 }
 
 impl PgSession {
@@ -41,13 +46,16 @@ impl PgSession {
             lent,
             shared: HashMap::new(),
             slots: HashMap::new(),
+            idle_set: None,
         }
     }
 
-    /// A session that was granted `lock` after a wait.
-    pub(crate) fn holding(inner: Arc<Inner>, lent: Lent, lock: Advisory) -> Self {
+    /// A session that was granted `lock` after a wait, whose statement set the idle
+    /// timeout `idle_ms`.
+    pub(crate) fn holding(inner: Arc<Inner>, lent: Lent, lock: Advisory, idle_ms: u64) -> Self {
         let mut session = Self::new(inner, lent);
         session.unproven = false;
+        session.idle_set = Some(idle_ms);
         session.count(&lock, true);
         session
     }
@@ -78,6 +86,13 @@ impl PgSession {
                 let held = self.slots.get(&lock.id).map_or(&[][..], Vec::as_slice);
                 Statement::Simple(sql.try_permit(lock.id, limit, held, millis(idle)))
             }
+            Mode::Shared | Mode::Exclusive
+                if self.idle_set == Some(millis(idle))
+                    && lock.value.is_none()
+                    && lock.owner.is_none() =>
+            {
+                sql.try_take_kept(lock)
+            }
             Mode::Shared | Mode::Exclusive => sql.try_take(lock, millis(idle)),
         }
     }
@@ -85,7 +100,12 @@ impl PgSession {
     /// The statement that gives `lock` back, and for a permit the slot it frees (the
     /// highest this session holds of the key: all of them are alike, and keeping the low
     /// ones held makes smaller limits count them). `None` when the session holds no slot.
-    fn unlock_sql(&self, lock: &Advisory, last: bool) -> Option<(Statement, Option<i32>)> {
+    fn unlock_sql(
+        &self,
+        lock: &Advisory,
+        afterwards: Afterwards,
+    ) -> Option<(Statement, Option<i32>)> {
+        let last = afterwards == Afterwards::Retiring;
         let sql = &self.inner.sql;
         if let Mode::Permits(_) = lock.mode {
             let slot = *self.slots.get(&lock.id)?.iter().max()?;
@@ -164,11 +184,17 @@ impl Session for PgSession {
             tracing::debug!(error = %e, "an idle lock connection was dead; reconnecting");
             rows = match self.lent.reconnect().await {
                 Ok(()) => {
+                    // A new session: nothing held, the defaults.
+                    self.idle_set = None;
+                    self.shared.clear();
+                    self.slots.clear();
+                    let sql = self.try_sql(lock, idle);
                     self.inner
                         .run_statement(&mut self.lent, &sql, "acquire")
                         .await
                 }
-                Err(e) => Err(e),
+                // No connection left to carry anything: the session is gone.
+                Err(e) => return Err(Failure::Session(e.into())),
             };
         }
         let rows = match rows {
@@ -180,6 +206,8 @@ impl Session for PgSession {
         };
         let token = crate::acquire::token(&rows).map_err(Failure::Request)?;
         if token.is_some() {
+            // Every granted take sets the hold's timeouts (the kept take: they were already).
+            self.idle_set = Some(millis(idle));
             self.count(lock, true);
             if let Mode::Permits(_) = lock.mode {
                 let slot = crate::acquire::slot(&rows).map_err(Failure::Request)?;
@@ -189,11 +217,14 @@ impl Session for PgSession {
         Ok(token)
     }
 
-    async fn unlock(&mut self, lock: &Advisory, last: bool) -> Result<bool, Failure> {
-        let Some((sql, slot)) = self.unlock_sql(lock, last) else {
+    async fn unlock(&mut self, lock: &Advisory, afterwards: Afterwards) -> Result<bool, Failure> {
+        let Some((sql, slot)) = self.unlock_sql(lock, afterwards) else {
             return Ok(false);
         };
         let rows = self.run(&sql, "release").await?;
+        if afterwards == Afterwards::Retiring {
+            self.idle_set = None;
+        }
         self.count(lock, false);
         if let Some(slot) = slot {
             self.forget_slot(lock.id, slot);
@@ -207,7 +238,9 @@ impl Session for PgSession {
     async fn keep(&mut self, idle: Option<Duration>) -> Result<(), Failure> {
         if let Some(idle) = idle {
             let keep = Statement::Simple(Sql::keep(millis(idle)));
-            return self.run(&keep, "extend").await.map(drop);
+            self.run(&keep, "extend").await?;
+            self.idle_set = Some(millis(idle));
+            return Ok(());
         }
         match timeout(self.inner.config.response_timeout, self.lent.raw().ping()).await {
             Ok(Ok(())) => Ok(()),
@@ -220,6 +253,18 @@ impl Session for PgSession {
             )),
             Err(_) => Err(Failure::Session(self.inner.no_answer("extend").into())),
         }
+    }
+
+    fn lingering(&mut self) {
+        self.unproven = true;
+    }
+
+    async fn rest(&mut self) -> Result<(), Failure> {
+        if self.idle_set.is_some() {
+            self.run(&Sql::rest(), "release").await?;
+            self.idle_set = None;
+        }
+        Ok(())
     }
 
     fn id(&self) -> u64 {

@@ -1,6 +1,7 @@
 //! PostgreSQL specific behaviour, beyond the shared suite: key ids (never shared, stable,
 //! usable by hand from SQL), deadlines and dropped waits that leave no waiter behind, a
-//! terminated holder, fencing tokens across sessions, and the idle session timeout.
+//! terminated holder, fencing tokens across sessions, the idle session timeout, and holder
+//! connections reused by back-to-back holds.
 
 mod common;
 
@@ -264,15 +265,116 @@ async fn the_holders_session_has_the_ttl_as_idle_timeout() {
         lease.release().await.unwrap_err().kind(),
         ErrorKind::NotHeld
     );
-    // A released key's connection goes back to the pool without the timeout.
+    // A released key's connection goes back to the pool without the timeout, once it
+    // waited a tenth of the ttl for another take.
     let lease = take(&*a, &key, &opts(Duration::from_millis(700))).await;
+    let pid = h.sessions_on(&key, true).await.unwrap()[0];
     lease.release().await.unwrap();
+    rested(&h, pid).await;
     let reused = take(&*a, &unique("after"), &opts(Duration::from_secs(10))).await;
     sleep(Duration::from_millis(1200)).await;
     reused
         .release()
         .await
         .expect("the pooled connection kept no 700 ms timeout");
+}
+
+/// The last statement session `pid` ran, as the server shows it.
+async fn last_statement(h: &PostgresHarness, pid: i32) -> String {
+    let mut admin = h.admin().await.unwrap();
+    sqlx::query_scalar("SELECT query FROM pg_stat_activity WHERE pid = $1")
+        .bind(pid)
+        .fetch_optional(&mut admin)
+        .await
+        .unwrap()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_right_after_a_release_reuses_the_session_without_setting_its_timeouts_again() {
+    let h = harness();
+    let a = client(&h).await;
+    let key = unique("linger");
+    // The holder connection waits a tenth of the ttl (at most 1 s) for another take.
+    let o = opts(Duration::from_secs(30));
+    take(&*a, &key, &o).await.release().await.unwrap();
+    // A stalled machine may let the carrier retire between two steps: a few tries.
+    let mut seen = Vec::new();
+    let pid = loop {
+        let lease = take(&*a, &key, &o).await;
+        let pid = h.sessions_on(&key, true).await.unwrap()[0];
+        let take_statement = last_statement(&h, pid).await;
+        lease.release().await.unwrap();
+        let release_statement = last_statement(&h, pid).await;
+        if !take_statement.contains("set_config") && !release_statement.contains("set_config") {
+            break pid;
+        }
+        seen.push((take_statement, release_statement));
+        assert!(seen.len() < 5, "every take set the timeouts: {seen:#?}");
+    };
+    // No take came: the session goes back to its defaults, then to the pool.
+    rested(&h, pid).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_one_idle_holder_connection_per_ttl_waits_for_takes() {
+    let h = harness();
+    let (a, b) = (client(&h).await, client(&h).await);
+    let o = opts(Duration::from_secs(30));
+    // A stalled machine may end the first connection's wait between two steps: a few tries.
+    let mut seen = Vec::new();
+    loop {
+        // a's holder connection, holding nothing now, waits for another take.
+        take(&*a, &unique("first"), &o)
+            .await
+            .release()
+            .await
+            .unwrap();
+        // a waits for a key b holds: its wait's connection becomes a second holder
+        // connection of the same ttl.
+        let key = unique("second");
+        let held = take(&*b, &key, &o).await;
+        let wait = {
+            let (a, key) = (a.clone(), key.clone());
+            let o = o.wait(Wait::For(Duration::from_secs(20)));
+            tokio::spawn(async move { a.acquire(&key, &o).await })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while h.sessions_on(&key, false).await.unwrap().is_empty() {
+            assert!(Instant::now() < deadline, "a never waited for {key}");
+            sleep(Duration::from_millis(20)).await;
+        }
+        held.release().await.unwrap();
+        let lease = wait.await.unwrap().expect("granted after b's release");
+        let pid = h.sessions_on(&key, true).await.unwrap()[0];
+        lease.release().await.unwrap();
+        // The first one still waits: this one goes back to the pool at once, reset.
+        let statement = last_statement(&h, pid).await;
+        if statement.contains("'idle_session_timeout', '0'") {
+            break;
+        }
+        seen.push(statement);
+        assert!(
+            seen.len() < 5,
+            "every second connection stayed set: {seen:#?}"
+        );
+    }
+}
+
+/// Wait until session `pid`'s last statement put its timeouts back to the defaults.
+async fn rested(h: &PostgresHarness, pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let statement = last_statement(h, pid).await;
+        if statement.contains("'idle_session_timeout', '0'") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the idle holder connection kept its timeout: {statement}"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -334,8 +334,9 @@ async fn a_kept_hold_outlives_its_first_leases_ttl_while_another_client_renews()
 /// own grant's notification or re-checking, once re-entered it: an entry nobody held kept
 /// the key past the last release, and the owner's next acquire shared the old token; or
 /// the stopped wait gave back the hold whose re-entry it handed out.) Made certain here:
-/// the owner row is held locked while the waiter is granted, so that its batch and its
-/// re-entry loop both wait for the row.
+/// the owner row, naming the waiting session, is written before the grant and held locked
+/// while the waiter is granted: its batch waits for the row, and its re-entry loop sees the
+/// row all along (a re-entry of it would wait for the row too, then count it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_owners_granted_wait_never_reenters_its_own_hold() {
     let h = harness();
@@ -375,32 +376,41 @@ async fn own_wait_round(
     let id = h.id_of(&key).await.unwrap().expect("the key's id");
     let owners = format!("{}_owner", h.config().table);
     let ns = h.config().namespace;
-    // A row for the waiting session, as its grant writes it, then locked.
+    // A row for the waiting session, as its grant writes it, then locked. A client that
+    // connects meanwhile (another test's) sweeps the rows of sessions that hold nothing,
+    // as the waiting one does not yet: written again until the lock covers it.
     let mut admin = h.admin().await.unwrap();
-    sqlx::query(&format!(
-        "INSERT INTO {owners} (ns, id, owner, pid, started, token, holds, expires) \
-         VALUES ($1, $2, 'job-1', $3, pg_postmaster_start_time(), 1, 1, NULL) \
-         ON CONFLICT (ns, id) DO UPDATE SET owner = 'job-1', pid = $3, holds = 1, \
-           started = pg_postmaster_start_time()"
-    ))
-    .bind(ns)
-    .bind(id)
-    .bind(pid)
-    .execute(&mut admin)
-    .await
-    .unwrap();
-    sqlx::query("BEGIN").execute(&mut admin).await.unwrap();
-    sqlx::query(&format!(
-        "SELECT 1 FROM {owners} WHERE ns = $1 AND id = $2 FOR UPDATE"
-    ))
-    .bind(ns)
-    .bind(id)
-    .execute(&mut admin)
-    .await
-    .unwrap();
+    loop {
+        sqlx::query(&format!(
+            "INSERT INTO {owners} (ns, id, owner, pid, started, token, holds, expires) \
+             VALUES ($1, $2, 'job-1', $3, pg_postmaster_start_time(), 1, 1, NULL) \
+             ON CONFLICT (ns, id) DO UPDATE SET owner = 'job-1', pid = $3, holds = 1, \
+               started = pg_postmaster_start_time()"
+        ))
+        .bind(ns)
+        .bind(id)
+        .bind(pid)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        sqlx::query("BEGIN").execute(&mut admin).await.unwrap();
+        let locked = sqlx::query(&format!(
+            "SELECT 1 FROM {owners} WHERE ns = $1 AND id = $2 AND pid = $3 FOR UPDATE"
+        ))
+        .bind(ns)
+        .bind(id)
+        .bind(pid)
+        .fetch_optional(&mut admin)
+        .await
+        .unwrap();
+        if locked.is_some() {
+            break;
+        }
+        sqlx::query("ROLLBACK").execute(&mut admin).await.unwrap();
+    }
     other.release().await.unwrap();
     // Granted, the waiter's batch waits for the row; its re-entry loop re-checks (every
-    // second) meanwhile.
+    // second) meanwhile, and passes over the row of its own session.
     sleep(Duration::from_millis(2500)).await;
     assert!(!waiter.is_finished());
     sqlx::query("COMMIT").execute(&mut admin).await.unwrap();

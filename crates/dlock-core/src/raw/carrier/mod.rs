@@ -24,7 +24,12 @@
 //!   ends the carrier; the holds it carried, and only those, see `lost()` fire, and their
 //!   extends and releases answer `NotHeld`.
 //! - A carrier that holds nothing and has nothing queued gives its session back
-//!   ([`Session::retire`]) and ends.
+//!   ([`Session::retire`]) and ends; with [`Carriers::linger`], one shared carrier per
+//!   group first waits a moment for more takes, its idle timeout kept, and resets it
+//!   ([`Session::rest`]) only then: a client that takes and releases keys back to back
+//!   reuses one carrier, and need not set its session's timeouts on every take and
+//!   release. A lingering carrier holds nothing, so a take that finds its session dead
+//!   may reconnect ([`Session::lingering`]) instead of ending it.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -46,6 +51,9 @@ use task::Task;
 mod held;
 mod task;
 
+/// The longest a [`linger`](Carriers::linger) carrier holding nothing waits for a take.
+pub const LINGER_CAP: Duration = Duration::from_secs(1);
+
 /// Why a session request failed.
 #[derive(Debug)]
 pub enum Failure {
@@ -54,6 +62,19 @@ pub enum Failure {
     Session(LockError),
     /// This request failed; the session and its locks are fine.
     Request(LockError),
+}
+
+/// What a session holds after an [`unlock`](Session::unlock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Afterwards {
+    /// Other locks still.
+    Holding,
+    /// Nothing, and it stays open a moment for more takes with its idle timeout as it is
+    /// (a [`Carriers::linger`] carrier): [`Session::rest`] resets the timeout before it
+    /// retires.
+    Lingering,
+    /// Nothing, and it retires next: reset its idle timeout so it can be pooled.
+    Retiring,
 }
 
 /// One server session that can hold many locks, driven by one carrier task.
@@ -70,9 +91,20 @@ pub trait Session: Send + 'static {
     async fn try_lock(&mut self, lock: &Self::Lock, idle: Duration)
     -> Result<Option<u64>, Failure>;
 
-    /// Give `lock` back: `false` when the session did not hold it. With `last`, the session
-    /// holds nothing afterwards: reset its idle timeout so it can be pooled.
-    async fn unlock(&mut self, lock: &Self::Lock, last: bool) -> Result<bool, Failure>;
+    /// Give `lock` back: `false` when the session did not hold it. `afterwards` says what
+    /// the session holds then, and whether it retires at once.
+    async fn unlock(&mut self, lock: &Self::Lock, afterwards: Afterwards) -> Result<bool, Failure>;
+
+    /// The session holds nothing and waits for more takes ([`Carriers::linger`]). It may
+    /// die meanwhile (a server restart, an administrator): that loses no hold, so its next
+    /// take may reconnect instead of failing.
+    fn lingering(&mut self);
+
+    /// The session, holding nothing, stayed open for more takes
+    /// ([`Afterwards::Lingering`]) and none came: reset its idle timeout so it can be
+    /// pooled. [`retire`](Self::retire) follows when this succeeds; on an error the
+    /// session is dropped instead (it holds nothing).
+    async fn rest(&mut self) -> Result<(), Failure>;
 
     /// Prove the session is alive, restarting its idle clock; with `Some(idle)`, set the
     /// idle timeout to that first.
@@ -119,6 +151,9 @@ struct Carrier<L> {
     in_flight: AtomicUsize,
     /// Set (once) to why the session ended.
     dead: watch::Sender<Option<String>>,
+    /// Holds nothing and waits for a take ([`Carriers::linger`]); at most one carrier of a
+    /// group at a time, changed under the registry's lock.
+    lingering: AtomicBool,
     /// When the last successful keep was sent: a renewal that began before it is done.
     kept: watch::Sender<Option<Instant>>,
     /// A renewal is waiting for the next keep; set by the first one, cleared when the keep
@@ -158,6 +193,11 @@ pub struct Carriers<S: Session> {
     /// A take that finds every carrier of its group busy opens another while the group has
     /// fewer than this many (see [`open_while_busy`](Self::open_while_busy)).
     busy_limit: usize,
+    /// Shared carriers that hold nothing wait a moment for more takes (see
+    /// [`linger`](Self::linger)).
+    linger: bool,
+    /// Set by [`close_idle`](Self::close_idle): no carrier lingers from then on.
+    closing: watch::Sender<bool>,
 }
 
 impl<S: Session> fmt::Debug for Carriers<S> {
@@ -177,6 +217,8 @@ impl<S: Session> Carriers<S> {
             groups: Arc::default(),
             opening: tokio::sync::Mutex::new(()),
             busy_limit: 1,
+            linger: false,
+            closing: watch::Sender::new(false),
         }
     }
 
@@ -184,11 +226,37 @@ impl<S: Session> Carriers<S> {
     /// another, until the group has `limit` carriers; past it takes queue on the least busy
     /// one. The default, 1, queues every take of a group on one session. More lets
     /// concurrent takes run in parallel, at the cost of up to `limit` connections per group
-    /// (a carrier retires as soon as it holds nothing).
+    /// (a carrier retires as soon as it holds nothing, or with [`linger`](Self::linger) a
+    /// moment later).
     #[must_use]
     pub fn open_while_busy(mut self, limit: usize) -> Self {
         self.busy_limit = limit.max(1);
         self
+    }
+
+    /// Let a shared carrier that holds nothing wait a moment for more takes before it gives
+    /// its session back: a tenth of its ttl, at most [`LINGER_CAP`], from its last request;
+    /// one carrier per group at a time (the others retire at once, as without this), so a
+    /// client keeps at most one idle connection per ttl out of its pool.
+    /// A client that takes and releases keys back to back then keeps one session, whose
+    /// idle timeout is set once (the session's [`unlock`](Session::unlock) is told
+    /// [`Afterwards::Lingering`], and [`rest`](Session::rest) resets the timeout when no take
+    /// came), instead of a carrier opened, its timeout set and reset, and closed per hold.
+    /// The session's idle timeout is its ttl, so it cannot end the session meanwhile unless
+    /// the client stalls for nine tenths of it; the session must then reconnect at its next
+    /// take (it holds nothing). Off by default.
+    #[must_use]
+    pub fn linger(mut self) -> Self {
+        self.linger = true;
+        self
+    }
+
+    /// The client is gone: every carrier that lingers gives its session up now (closing
+    /// it: it holds nothing), and none lingers from then on, so a dropped client leaves no
+    /// connection open behind it for the linger. Carriers that hold anything go on until
+    /// their holds are released or lost.
+    pub fn close_idle(&self) {
+        self.closing.send_replace(true);
     }
 
     /// How many shared carriers are running.
@@ -356,6 +424,7 @@ impl<S: Session> Carriers<S> {
             gives,
             in_flight: AtomicUsize::new(0),
             dead: watch::Sender::new(None),
+            lingering: AtomicBool::new(false),
             kept: watch::Sender::new(None),
             keep_wanted: AtomicBool::new(false),
             keep_asked: Notify::new(),
@@ -363,6 +432,9 @@ impl<S: Session> Carriers<S> {
         });
         let task = Task {
             backend: self.backend,
+            linger: (shared && self.linger).then(|| (group.idle / 10).min(LINGER_CAP)),
+            rest_at: None,
+            closing: self.closing.subscribe(),
             session: Some(session),
             carrier: carrier.clone(),
             registry: shared.then(|| (self.groups.clone(), group)),

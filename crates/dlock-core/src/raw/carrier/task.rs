@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until};
 
-use super::{Carrier, Failure, Give, Group, Registry, Request, Session, guard};
+use super::{Afterwards, Carrier, Failure, Give, Group, Registry, Request, Session, guard};
 use crate::{LockError, LostReason};
 
 /// One carrier task: the session and what it holds.
@@ -28,6 +28,13 @@ pub(super) struct Task<S: Session> {
     /// When the last request the server is known to have answered was sent: its idle
     /// clock cannot have started earlier.
     pub(super) alive_as_of: Instant,
+    /// How long a shared carrier holding nothing waits for a take before it rests and
+    /// retires (`None`: it retires at once; see [`Carriers::linger`](super::Carriers::linger)).
+    pub(super) linger: Option<Duration>,
+    /// When this carrier, holding nothing, rests and retires unless a take comes first.
+    pub(super) rest_at: Option<Instant>,
+    /// `true` once the client is gone ([`Carriers::close_idle`](super::Carriers::close_idle)).
+    pub(super) closing: watch::Receiver<bool>,
 }
 
 impl<S: Session> Task<S> {
@@ -36,6 +43,7 @@ impl<S: Session> Task<S> {
         mut requests: mpsc::UnboundedReceiver<Request<S::Lock>>,
         mut gives: mpsc::UnboundedReceiver<Give<S::Lock>>,
     ) {
+        let mut closing = self.closing.clone();
         loop {
             let keep_due = match (self.keep_due, self.renewal_due()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
@@ -54,17 +62,66 @@ impl<S: Session> Task<S> {
                     Ok(())
                 }
                 Some(request) = requests.recv() => self.request(request).await,
+                () = sleep_until_some(self.rest_at), if self.rest_at.is_some() => {
+                    if self.unregister() {
+                        return self.rest().await;
+                    }
+                    // A take was routed here meanwhile: it is on its way.
+                    self.rest_at = None;
+                    Ok(())
+                }
+                () = client_gone(&mut closing), if self.rest_at.is_some() => {
+                    if self.unregister() {
+                        // Holding nothing, for a client that is gone: close it.
+                        self.session = None;
+                        return;
+                    }
+                    // A take was routed here just before: serve it (waiting for it here,
+                    // not looping on the closed client).
+                    match requests.recv().await {
+                        Some(request) => self.request(request).await,
+                        None => return,
+                    }
+                }
                 else => return,
             };
             if let Err(reason) = outcome {
                 self.die(reason, &mut requests, &mut gives);
                 return;
             }
-            if self.held == 0 && self.keep_due.is_none() && self.unregister() {
+            if self.held > 0 || self.keep_due.is_some() {
+                self.rest_at = None;
+                if self.held > 0 {
+                    // Not idle (an unlock that failed leaves its hold counted): another
+                    // carrier of the group may linger.
+                    self.carrier.lingering.store(false, Ordering::SeqCst);
+                }
+            } else if let Some(linger) = self.linger
+                && self.carrier.lingering.load(Ordering::SeqCst)
+            {
+                // From the last event: no request is older (the server's idle clock
+                // restarted with it).
+                self.rest_at = Some(Instant::now() + linger);
+                self.session().lingering();
+            } else if self.unregister() {
                 if let Some(session) = self.session.take() {
                     session.retire();
                 }
                 return;
+            }
+        }
+    }
+
+    /// A lingering carrier that no take came to: reset the session's idle timeout and give
+    /// it back; on an error drop it (it holds nothing).
+    async fn rest(&mut self) {
+        let Some(mut session) = self.session.take() else {
+            return;
+        };
+        match session.rest().await {
+            Ok(()) => session.retire(),
+            Err(Failure::Session(e) | Failure::Request(e)) => {
+                tracing::debug!(backend = self.backend, session = self.carrier.id, error = %e, "an idle holder connection could not be reset; closed");
             }
         }
     }
@@ -76,9 +133,15 @@ impl<S: Session> Task<S> {
     }
 
     async fn give(&mut self, give: Give<S::Lock>) -> Result<(), String> {
-        let last = self.held <= 1;
+        let afterwards = if self.held > 1 {
+            Afterwards::Holding
+        } else if self.claim_linger() {
+            Afterwards::Lingering
+        } else {
+            Afterwards::Retiring
+        };
         let sent_at = Instant::now();
-        let outcome = self.session().unlock(&give.lock, last).await;
+        let outcome = self.session().unlock(&give.lock, afterwards).await;
         let (answer, result) = match outcome {
             Ok(held) => {
                 self.alive_as_of = self.alive_as_of.max(sent_at);
@@ -111,7 +174,11 @@ impl<S: Session> Task<S> {
                     Ok(token) => {
                         // Answered, so the server's idle clock restarted after this.
                         self.alive_as_of = self.alive_as_of.max(sent_at);
-                        self.held += usize::from(token.is_some());
+                        if token.is_some() {
+                            self.held += 1;
+                            // Another carrier of the group may linger now.
+                            self.carrier.lingering.store(false, Ordering::SeqCst);
+                        }
                         (Ok(token), Ok(()))
                     }
                     Err(Failure::Request(e)) => (Err(e), Ok(())),
@@ -145,8 +212,10 @@ impl<S: Session> Task<S> {
         self.carrier.keep_wanted.store(false, Ordering::SeqCst);
         let asked = guard(&self.carrier.wanted_idle).take();
         // A shared session keeps the largest idle timeout asked of it; a hold of its own
-        // follows its ttl.
+        // follows its ttl. A session that holds nothing (the hold asking was released
+        // meanwhile) keeps its timeout as it is: it is reset, or left, with its last hold.
         let wanted = asked
+            .filter(|_| self.held > 0)
             .map(|ttl| {
                 if self.registry.is_some() {
                     ttl.max(self.idle)
@@ -196,6 +265,26 @@ impl<S: Session> Task<S> {
         )
     }
 
+    /// Whether this carrier, about to hold nothing, may wait for more takes: it lingers
+    /// already, or no other carrier of its group does.
+    fn claim_linger(&self) -> bool {
+        let (Some(_), Some((registry, group))) = (self.linger, &self.registry) else {
+            return false;
+        };
+        if *self.closing.borrow() {
+            return false;
+        }
+        let groups = guard(registry);
+        let others = groups.get(group).into_iter().flatten();
+        let taken = others
+            .filter(|c| !Arc::ptr_eq(c, &self.carrier))
+            .any(|c| c.lingering.load(Ordering::SeqCst));
+        if !taken {
+            self.carrier.lingering.store(true, Ordering::SeqCst);
+        }
+        !taken
+    }
+
     /// Leave the registry if nothing more can be routed here. A carrier of its own hold
     /// always may.
     fn unregister(&self) -> bool {
@@ -223,7 +312,11 @@ impl<S: Session> Task<S> {
         requests: &mut mpsc::UnboundedReceiver<Request<S::Lock>>,
         gives: &mut mpsc::UnboundedReceiver<Give<S::Lock>>,
     ) {
-        tracing::warn!(backend = self.backend, session = self.carrier.id, held = self.held, %reason, "holder connection lost");
+        if self.held > 0 {
+            tracing::warn!(backend = self.backend, session = self.carrier.id, held = self.held, %reason, "holder connection lost");
+        } else {
+            tracing::debug!(backend = self.backend, session = self.carrier.id, %reason, "idle holder connection lost");
+        }
         self.session = None;
         self.carrier.dead.send_replace(Some(reason.clone()));
         if let Some((registry, group)) = &self.registry
@@ -241,6 +334,12 @@ impl<S: Session> Task<S> {
             }
         }
     }
+}
+
+/// Resolves once [`Carriers::close_idle`](super::Carriers::close_idle) was called (or the
+/// carriers were dropped).
+async fn client_gone(closing: &mut watch::Receiver<bool>) {
+    let _ = closing.wait_for(|closing| *closing).await;
 }
 
 async fn sleep_until_some(at: Option<Instant>) {
