@@ -7,7 +7,8 @@
 //! statement right after it) and never commits it: the
 //! release is a `ROLLBACK`, and a session that ends rolls back too. A `READ UNCOMMITTED`
 //! read sees exactly the holds of the transactions open now. Waiters are the sessions
-//! whose running statement is a dlock wait on the key (`information_schema.PROCESSLIST`).
+//! whose running statement is a dlock wait on the key (`information_schema.PROCESSLIST`),
+//! but those that hold it.
 //!
 //! Named mode: `IS_USED_LOCK(name)` is the holding connection, the fence row it wrote at
 //! the grant gives the token and the time, and the waiters are the sessions running a
@@ -253,8 +254,10 @@ impl Sql {
         let mut status = KeyStatus::new(key, true);
         // Each row of the first query has seven columns, of the second three.
         let (holds, others): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.len() == 7);
+        let mut holding = Vec::with_capacity(holds.len());
         for row in holds {
             let conn: u64 = row.try_get(0).map_err(Error::sql("inspect"))?;
+            holding.push(conn);
             let mode: String = row.try_get(1).map_err(Error::sql("inspect"))?;
             let permits: u32 = row.try_get(2).map_err(Error::sql("inspect"))?;
             let mut holder = HolderStatus::new(match mode.as_str() {
@@ -273,7 +276,12 @@ impl Sql {
             status.holders.push(holder);
         }
         let waiters = status.waiters.get_or_insert_with(Vec::new);
-        for run in running(&others)? {
+        // A granted wait's session still shows its statement for a moment after the answer
+        // (the server clears it after sending it), when its record already shows the hold.
+        for run in running(&others)?
+            .into_iter()
+            .filter(|run| !holding.contains(&run.id))
+        {
             let Some(mode) = run.info.split(';').find_map(|s| self.row_wait(name, s)) else {
                 continue;
             };
@@ -294,8 +302,10 @@ impl Sql {
     ) -> Result<KeyStatus, Error> {
         let mut status = KeyStatus::new(key, true);
         let (holds, others): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.len() == 7);
+        let mut holding = Vec::with_capacity(holds.len());
         for row in holds {
             let id: u64 = row.try_get(0).map_err(Error::sql("inspect"))?;
+            holding.push(id);
             let user: Option<String> = row.try_get(1).map_err(Error::sql("inspect"))?;
             let host: Option<String> = row.try_get(2).map_err(Error::sql("inspect"))?;
             let mut holder = HolderStatus::new(Mode::Exclusive);
@@ -310,7 +320,11 @@ impl Sql {
         }
         let call = format!("SELECT GET_LOCK({}, ", literal(lock));
         let waiters = status.waiters.get_or_insert_with(Vec::new);
-        for run in running(&others)? {
+        // As in row mode: the holder's `GET_LOCK` may show for a moment after its grant.
+        for run in running(&others)?
+            .into_iter()
+            .filter(|run| !holding.contains(&run.id))
+        {
             let waits = run.info.split(';').any(|s| {
                 // A wait round of at least a second; `GET_LOCK(name, 0)` is a try.
                 s.trim()

@@ -357,7 +357,9 @@
 //!   key's row (`… WHERE name = X'…' FOR UPDATE` / `LOCK IN SHARE MODE` / `FOR SHARE`,
 //!   followed by ` RETURNING token` where the wait records the hold, or a
 //!   slot of it), with their mode (a permit waiter as `Permits(0)`) and `who` =
-//!   `connection <id> (<host:port>)`. Listed, not queued: a permit waiter waits on one
+//!   `connection <id> (<host:port>)`; a session that holds the key is left out (a granted
+//!   wait's statement stays in the process list a moment after its answer, while its
+//!   record already shows the hold). Listed, not queued: a permit waiter waits on one
 //!   slot at a time, and MySQL 8 does not grant in queue order. A waiter between two wait
 //!   rounds (every 60 s; every 1 s for permits) is missing for a moment.
 //! - `list(prefix)`: the same dirty read, `SELECT DISTINCT held_key FROM {table}_held`
@@ -375,8 +377,9 @@
 //! token and the grant time; a moment after a grant they may still be the previous
 //! holder's, and are then left out); then the waiters: process-list sessions running
 //! `SELECT GET_LOCK(X'…', n)` with the key's lock name and `n > 0` (the text names the lock,
-//! as every statement is sent as text). Listed, not queued: the metadata-lock queue
-//! promises no order. `list(prefix)`: the `{table}_fence` rows in the prefix's range whose
+//! as every statement is sent as text), but the holding connection (its granted
+//! `GET_LOCK` may still show a moment after its answer). Listed, not queued: the
+//! metadata-lock queue promises no order. `list(prefix)`: the `{table}_fence` rows in the prefix's range whose
 //! lock name `IS_USED_LOCK` finds held, turned back into keys; **a key whose escaped name
 //! was shortened (over 255 bytes) cannot be turned back and is not listed**. Privileges: none
 //! for `IS_USED_LOCK`; `SELECT` on `{table}_fence`; `PROCESS` as above. The scan reads

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_core::raw::carrier::{Failure, Granted, Session};
+use dlock_core::raw::carrier::{Afterwards, Failure, Granted, Session};
 use dlock_core::raw::{Deadline, Grant};
 use dlock_core::{LockOptions, Owner, Result};
 use sha2::{Digest, Sha256};
@@ -150,6 +150,9 @@ impl Inner {
     }
 }
 
+/// A session that holds nothing back to the server's idle timeout.
+const REST: &str = "SET SESSION wait_timeout = DEFAULT";
+
 #[async_trait]
 impl Session for NamedSession {
     type Lock = NamedLock;
@@ -177,7 +180,7 @@ impl Session for NamedSession {
         }
     }
 
-    async fn unlock(&mut self, lock: &NamedLock, last: bool) -> Result<bool, Failure> {
+    async fn unlock(&mut self, lock: &NamedLock, afterwards: Afterwards) -> Result<bool, Failure> {
         let mut sql = String::new();
         if lock.value.is_some() {
             // The value row goes while the lock is still this session's.
@@ -185,8 +188,8 @@ impl Session for NamedSession {
             sql.push(';');
         }
         let _ = write!(sql, "SELECT RELEASE_LOCK({})", literal(&lock.name));
-        if last {
-            sql.push_str(";SET SESSION wait_timeout = DEFAULT");
+        if afterwards == Afterwards::Retiring {
+            let _ = write!(sql, ";{REST}");
         }
         let batch = self.batch(&sql, "release").await?;
         Ok(first_int(&batch) == Some(1))
@@ -208,6 +211,13 @@ impl Session for NamedSession {
             )),
             Err(_) => Err(Failure::Session(self.inner.no_answer("extend").into())),
         }
+    }
+
+    /// Never called: named-lock carriers do not linger.
+    fn lingering(&mut self) {}
+
+    async fn rest(&mut self) -> Result<(), Failure> {
+        self.batch(REST, "release").await.map(drop)
     }
 
     fn id(&self) -> u64 {

@@ -262,7 +262,8 @@ fn upper_bound(prefix: &str) -> Option<String> {
     None
 }
 
-fn literal(name: &str) -> String {
+/// The SQL literal of a row name, as the backend writes it (`X'…'`).
+pub fn literal(name: &str) -> String {
     format!("X'{}'", hex(name))
 }
 
