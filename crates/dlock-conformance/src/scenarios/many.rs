@@ -29,7 +29,7 @@ const LONGEST_HOLD: Duration = Duration::from_secs(12);
 /// leases, not about short ttls (other scenarios time those): with the harness's 2 s, a
 /// loaded 2-core machine that stalls the client or a server for a second can let a lease
 /// expire while every renewal is correct.
-const LEAST_TTL: Duration = Duration::from_secs(6);
+pub const LEAST_TTL: Duration = Duration::from_secs(6);
 
 /// Every `count / SAMPLE`-th key, so the probes cover the whole range.
 fn sample(count: usize) -> impl Iterator<Item = usize> {
