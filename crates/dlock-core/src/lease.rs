@@ -131,7 +131,14 @@ impl Lease {
             watchdog: std::sync::Mutex::new(Watchdog::Stopped),
         });
         let renews = opts.auto_renew && !grant.kept_alive;
-        let start_at = grant.sent_at + opts.ttl / 5;
+        // A hold the backend keeps alive expires by nothing of its own: its `sent_at` (e.g.
+        // the shared lease's last keep-alive) may be long past, and counting from it would
+        // start its watchdog, which only listens for the loss, with the grant.
+        let start_at = if grant.kept_alive {
+            Instant::now()
+        } else {
+            grant.sent_at
+        } + opts.ttl / 5;
         let run = |lost| {
             Watchdog::Running(
                 tokio::spawn(watchdog::run(state.clone(), renews, lost)).abort_handle(),
