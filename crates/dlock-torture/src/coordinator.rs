@@ -193,7 +193,7 @@ pub(crate) async fn run(cfg: Config) -> Result<Report, String> {
         next_process: 0,
         recorder: recorder.clone(),
         problems: Arc::default(),
-        exe: std::env::current_exe().map_err(|e| format!("own executable: {e}"))?,
+        exe: own_executable()?,
         shim: shim
             .clone()
             .filter(|_| selected.contains(&FaultKind::ClientClock)),
@@ -399,4 +399,15 @@ impl Drop for RunDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// This binary, for the workers: on Linux `/proc/self/exe`, which a forked child executes
+/// as the running binary even after a rebuild replaced the file at its path (the path that
+/// `current_exe` reads then ends in " (deleted)", and spawning from it fails).
+fn own_executable() -> Result<std::path::PathBuf, String> {
+    let proc_self = std::path::Path::new("/proc/self/exe");
+    if proc_self.exists() {
+        return Ok(proc_self.to_path_buf());
+    }
+    std::env::current_exe().map_err(|e| format!("own executable: {e}"))
 }
