@@ -51,11 +51,13 @@ pub(crate) struct PendingWatchdogs {
 struct Inner {
     due: BTreeMap<Entry, Weak<LeaseState>>,
     next_id: u64,
-    /// When the starter wakes next; `None` while it waits for a first lease.
+    /// When the starter wakes next; `None` while it waits for a lease (none queued, and the
+    /// last one queued was due by the time it looked).
     wakes_at: Option<Instant>,
-    /// The latest start instant any lease was queued with: a starter with nothing queued
-    /// sleeps until it, so that the next lease, due later, need not wake it.
-    latest: Option<Instant>,
+    /// The start instant of the lease queued last: a starter with nothing queued sleeps
+    /// until it, so that the next lease, due a little later, need not wake it. (The last,
+    /// not the latest ever: one long-ttl lease must not make every shorter one wake it.)
+    last_queued: Option<Instant>,
     /// How many times the starter looked at the queue.
     #[cfg(test)]
     rounds: usize,
@@ -83,7 +85,7 @@ impl PendingWatchdogs {
         let entry = (at, inner.next_id);
         inner.next_id += 1;
         inner.due.insert(entry, Arc::downgrade(state));
-        inner.latest = Some(inner.latest.map_or(at, |latest| latest.max(at)));
+        inner.last_queued = Some(at);
         // Most leases fall due after the one the starter sleeps for: no wake-up for them.
         let earlier = inner.wakes_at.is_none_or(|wakes| at < wakes);
         drop(inner);
@@ -99,7 +101,7 @@ impl PendingWatchdogs {
     }
 
     /// Start the watchdogs due by now; when to look again: when the next one is due or,
-    /// with none queued, at the latest instant one was queued for (a client that takes
+    /// with none queued, when the one queued last was due (a client that takes
     /// and releases keys back to back queues each lease for a little later than the one
     /// before, and released it before it was due: waking the starter for each would cost
     /// a task wake-up, often on the other worker thread, per cycle); `None` after that.
@@ -118,7 +120,7 @@ impl PendingWatchdogs {
                 .keys()
                 .next()
                 .map(|(at, _)| *at)
-                .or(inner.latest.filter(|latest| *latest > now));
+                .or(inner.last_queued.filter(|last| *last > now));
             inner.wakes_at = next;
             (ready, next)
         };
@@ -251,6 +253,22 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(renewals.load(Ordering::SeqCst) >= 1);
         lease.release().await.expect("release");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_long_ttl_hold_does_not_make_shorter_ones_wake_the_starter_each() {
+        let queue = Arc::new(PendingWatchdogs::default());
+        let (long, _) = lease(&queue, Duration::from_secs(3600)).await;
+        long.release().await.expect("release");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let before = queue.rounds();
+        for _ in 0..200 {
+            let (short, _) = lease(&queue, Duration::from_secs(3)).await;
+            short.release().await.expect("release");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let rounds = queue.rounds() - before;
+        assert!(rounds <= 3, "{rounds} rounds");
     }
 
     #[tokio::test(start_paused = true)]
