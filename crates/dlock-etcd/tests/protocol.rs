@@ -106,6 +106,34 @@ async fn lost_fires_at_once_when_our_key_is_deleted() {
     harness.assert_clean(&key).await;
 }
 
+/// A deletion in the hold's first moments, before its watch starts (a tenth of a second
+/// into the hold), is still seen: the watch starts from the revision the hold was won at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_when_our_key_is_deleted_before_its_watch_starts() {
+    use dlock_conformance::Harness as _;
+    let harness = EtcdHarness::from_env();
+    let key = fresh_key("k");
+    let a = harness.lock().await;
+    let lease = a
+        .try_acquire(&key, &LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .expect("try_acquire")
+        .expect("free");
+    let broken = Instant::now();
+    harness.break_lease(&key).await.expect("break the lease");
+    let reason = timeout(Duration::from_secs(5), lease.lost())
+        .await
+        .expect("lost() fires well before the next renewal");
+    assert_eq!(reason, LostReason::NotHeld);
+    assert!(
+        broken.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        broken.elapsed()
+    );
+    let _ = lease.release().await;
+    harness.assert_clean(&key).await;
+}
+
 /// etcd cannot change a lease's ttl, so extending with another ttl attaches our key to a new
 /// lease of that ttl: the key (its fencing token, and the value naming the holder) stays,
 /// the old lease is revoked once its linger (one ttl) ends.
