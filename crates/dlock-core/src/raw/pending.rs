@@ -238,14 +238,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn back_to_back_holds_do_not_wake_the_starter_each() {
         let queue = Arc::new(PendingWatchdogs::default());
-        for _ in 0..200 {
-            let (lease, _) = lease(&queue, Duration::from_secs(3)).await;
-            lease.release().await.expect("release");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
         // 200 holds in 0.2 s, each queued for 0.6 s after its grant: the starter looked
         // when the first came and sleeps past the last.
-        assert!(queue.rounds() <= 3, "{} rounds", queue.rounds());
+        let rounds = back_to_back(&queue, 200, Duration::from_secs(3)).await;
+        assert!(rounds <= 3, "{rounds} rounds");
         // A lease due earlier than that (a shorter ttl) still wakes it, and starts on time.
         let (lease, renewals) = lease(&queue, Duration::from_millis(100)).await;
         tokio::time::sleep(Duration::from_millis(60)).await;
@@ -258,17 +254,21 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn one_long_ttl_hold_does_not_make_shorter_ones_wake_the_starter_each() {
         let queue = Arc::new(PendingWatchdogs::default());
-        let (long, _) = lease(&queue, Duration::from_secs(3600)).await;
-        long.release().await.expect("release");
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        back_to_back(&queue, 1, Duration::from_secs(3600)).await;
+        let rounds = back_to_back(&queue, 200, Duration::from_secs(3)).await;
+        assert!(rounds <= 3, "{rounds} rounds");
+    }
+
+    /// Take and release `count` leases of `ttl`, 1 ms apart: how many times the starter
+    /// looked at the queue meanwhile.
+    async fn back_to_back(queue: &Arc<PendingWatchdogs>, count: usize, ttl: Duration) -> usize {
         let before = queue.rounds();
-        for _ in 0..200 {
-            let (short, _) = lease(&queue, Duration::from_secs(3)).await;
-            short.release().await.expect("release");
+        for _ in 0..count {
+            let (held, _) = lease(queue, ttl).await;
+            held.release().await.expect("release");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let rounds = queue.rounds() - before;
-        assert!(rounds <= 3, "{rounds} rounds");
+        queue.rounds() - before
     }
 
     #[tokio::test(start_paused = true)]
