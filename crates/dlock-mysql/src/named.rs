@@ -227,6 +227,14 @@ impl Session for NamedSession {
     fn retire(self) {
         self.lent.give_back();
     }
+
+    // Named mode sends no requests of its own on a holder connection.
+    type Call = std::convert::Infallible;
+    type Answer = ();
+
+    async fn call(&mut self, _: &NamedLock, call: Self::Call) -> Result<(), Failure> {
+        match call {}
+    }
 }
 
 /// A lock connection for a new holder connection: an idle one that still answers, or a

@@ -274,4 +274,17 @@ impl Session for PgSession {
     fn retire(self) {
         self.lent.give_back();
     }
+
+    /// A statement about a lock this session holds (a reentrant hold's count change), and
+    /// its operation's name for errors.
+    type Call = (Statement, &'static str);
+    type Answer = Vec<sqlx::postgres::PgRow>;
+
+    async fn call(
+        &mut self,
+        _: &Advisory,
+        (statement, op): Self::Call,
+    ) -> Result<Self::Answer, Failure> {
+        self.run(&statement, op).await
+    }
 }

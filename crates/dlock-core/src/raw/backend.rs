@@ -245,4 +245,11 @@ pub trait Held: Send + Sync + fmt::Debug {
             what: "proclaiming a value on this hold",
         })
     }
+
+    /// This handle as [`Any`](std::any::Any), for a backend that needs its concrete type
+    /// back (the carriers' [`Caller::of`](crate::raw::carrier::Caller::of)). `None` by
+    /// default.
+    fn as_any(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
+        None
+    }
 }

@@ -9,22 +9,22 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{Carrier, Give, guard};
+use super::{Carrier, Give, Order, Session, guard};
 use crate::raw::Held;
 use crate::{LockError, LostReason, Result};
 
 /// A hold on a carrier.
-pub(super) struct Carried<L: Clone> {
+pub(super) struct Carried<S: Session> {
     pub(super) backend: &'static str,
     pub(super) key: String,
-    pub(super) lock: L,
-    pub(super) carrier: Arc<Carrier<L>>,
+    pub(super) lock: S::Lock,
+    pub(super) carrier: Arc<Carrier<S>>,
     /// The ttl of the hold's last renewal.
     pub(super) ttl: Duration,
     pub(super) released: bool,
 }
 
-impl<L: Clone + fmt::Debug> fmt::Debug for Carried<L> {
+impl<S: Session> fmt::Debug for Carried<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Carried")
             .field("key", &self.key)
@@ -34,30 +34,96 @@ impl<L: Clone + fmt::Debug> fmt::Debug for Carried<L> {
     }
 }
 
-impl<L: Clone> Carried<L> {
+impl<S: Session> Carried<S> {
     fn not_held(&self) -> LockError {
-        let reason = self
-            .carrier
-            .dead
-            .borrow()
-            .clone()
-            .unwrap_or_else(|| "the holder connection's task ended".to_owned());
-        LockError::not_held(self.backend, &self.key, LostReason::SessionEnded(reason))
+        not_held(self.backend, &self.key, &self.carrier)
     }
 
     /// Name the key in an error the carrier made without it.
     fn with_key(&self, e: LockError) -> LockError {
-        match e {
-            LockError::NotHeld { reason, .. } => {
-                LockError::not_held(self.backend, &self.key, reason)
-            }
-            e => e,
+        with_key(self.backend, &self.key, e)
+    }
+}
+
+fn not_held<S: Session>(backend: &'static str, key: &str, carrier: &Carrier<S>) -> LockError {
+    let reason = carrier
+        .dead
+        .borrow()
+        .clone()
+        .unwrap_or_else(|| "the holder connection's task ended".to_owned());
+    LockError::not_held(backend, key, LostReason::SessionEnded(reason))
+}
+
+fn with_key(backend: &'static str, key: &str, e: LockError) -> LockError {
+    match e {
+        LockError::NotHeld { reason, .. } => LockError::not_held(backend, key, reason),
+        e => e,
+    }
+}
+
+/// Sends a backend's own requests ([`Session::call`]) to the carrier of one hold, to run on
+/// the session that holds its lock: a request there needs no other proof that the session
+/// still holds what it took.
+pub struct Caller<S: Session> {
+    backend: &'static str,
+    key: String,
+    lock: S::Lock,
+    carrier: Arc<Carrier<S>>,
+}
+
+impl<S: Session> fmt::Debug for Caller<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Caller")
+            .field("key", &self.key)
+            .field("lock", &self.lock)
+            .field("session", &self.carrier.id)
+            .finish()
+    }
+}
+
+impl<S: Session> Caller<S> {
+    /// The caller of `held`, when it is a hold these carriers granted (the
+    /// [`Grant::held`](crate::raw::Grant::held) of [`Carriers::try_take`](super::Carriers::try_take)
+    /// or [`Carriers::adopt`](super::Carriers::adopt)); `None` for any other handle.
+    pub fn of(held: &dyn Held) -> Option<Self> {
+        let carried = held.as_any()?.downcast_ref::<Carried<S>>()?;
+        Some(Self {
+            backend: carried.backend,
+            key: carried.key.clone(),
+            lock: carried.lock.clone(),
+            carrier: carried.carrier.clone(),
+        })
+    }
+
+    /// Run `call` on the session that holds the lock, ahead of the carrier's queued takes.
+    /// The session may have given the lock back meanwhile (the hold was released): the
+    /// call's request must check what it relies on.
+    ///
+    /// # Errors
+    /// [`NotHeld`](LockError::NotHeld) when the call did not run, or may have run but its
+    /// answer was lost: the session is gone (its locks with it, and its holds told lost
+    /// before this answers), it holds nothing any more, or its carrier retired. The call's
+    /// own error otherwise (it failed on the server; the session lives on).
+    pub async fn call(&self, call: S::Call) -> Result<S::Answer> {
+        let (reply, answer) = oneshot::channel();
+        let order = Order::Call {
+            lock: self.lock.clone(),
+            call,
+            reply,
+        };
+        if self.carrier.orders.send(order).is_err() {
+            return Err(not_held(self.backend, &self.key, &self.carrier));
+        }
+        match answer.await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err(with_key(self.backend, &self.key, e)),
+            Err(_) => Err(not_held(self.backend, &self.key, &self.carrier)),
         }
     }
 }
 
 #[async_trait]
-impl<L: Clone + Send + Sync + fmt::Debug + 'static> Held for Carried<L> {
+impl<S: Session> Held for Carried<S> {
     async fn extend(&mut self, ttl: Duration) -> Result<()> {
         let began = Instant::now();
         let carrier = &self.carrier;
@@ -83,6 +149,10 @@ impl<L: Clone + Send + Sync + fmt::Debug + 'static> Held for Carried<L> {
         }
     }
 
+    fn as_any(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
+        Some(self)
+    }
+
     async fn release(&mut self) -> Result<()> {
         self.released = true;
         let (reply, answer) = oneshot::channel();
@@ -90,7 +160,7 @@ impl<L: Clone + Send + Sync + fmt::Debug + 'static> Held for Carried<L> {
             lock: self.lock.clone(),
             reply: Some(reply),
         };
-        if self.carrier.gives.send(give).is_err() {
+        if self.carrier.orders.send(Order::Give(give)).is_err() {
             return Err(self.not_held());
         }
         match answer.await {
@@ -106,15 +176,15 @@ impl<L: Clone + Send + Sync + fmt::Debug + 'static> Held for Carried<L> {
     }
 }
 
-impl<L: Clone> Drop for Carried<L> {
+impl<S: Session> Drop for Carried<S> {
     fn drop(&mut self) {
         if !self.released {
             // Not released (the core releases on drop; this is the last resort): the
             // carrier unlocks it, or its closing session frees it.
-            let _ = self.carrier.gives.send(Give {
+            let _ = self.carrier.orders.send(Order::Give(Give {
                 lock: self.lock.clone(),
                 reply: None,
-            });
+            }));
         }
     }
 }

@@ -20,6 +20,9 @@
 //!   1 s) share one.
 //! - **Release** ([`Session::unlock`]) goes ahead of every queued take and keep; a carrier
 //!   only ever runs short requests, so a release never waits behind a lock wait.
+//! - **Calls** ([`Caller`]): a backend's own request about a hold ([`Session::call`], e.g.
+//!   PostgreSQL's count change of a reentrant hold) runs on the session that holds it,
+//!   ahead of queued takes as a release, while the session holds anything.
 //! - **Loss**: any failure of the session (a lost connection, a request that timed out)
 //!   ends the carrier; the holds it carried, and only those, see `lost()` fire, and their
 //!   extends and releases answer `NotHeld`.
@@ -45,6 +48,7 @@ use tokio::time::Instant;
 use crate::raw::Grant;
 use crate::{LockError, LostReason, Result};
 
+pub use held::Caller;
 use held::Carried;
 use task::Task;
 
@@ -115,6 +119,19 @@ pub trait Session: Send + 'static {
 
     /// The session holds nothing and has its default idle timeout: pool it.
     fn retire(self);
+
+    /// A backend's own request about a hold on this session ([`Caller::call`]); a backend
+    /// that sends none uses [`std::convert::Infallible`].
+    type Call: Send + 'static;
+    /// What a [`Call`](Self::Call) answers.
+    type Answer: Send + 'static;
+
+    /// Run `call`, a request about the hold of `lock`. The carrier sends it only while the
+    /// session holds some lock, between its other requests and ahead of queued takes (as a
+    /// release); but the hold it is about may have been given back already, so the request
+    /// must check on the server what it relies on. Errors as the other requests: a
+    /// [`Failure::Session`] ends the carrier and every hold it carries.
+    async fn call(&mut self, lock: &Self::Lock, call: Self::Call) -> Result<Self::Answer, Failure>;
 }
 
 /// Which carriers a hold may share: auto-renewed holds of one ttl share; a hold that must
@@ -136,16 +153,26 @@ struct Give<L> {
     reply: Option<oneshot::Sender<Result<bool>>>,
 }
 
+/// What goes to a carrier ahead of its takes: a release, or a [`Caller::call`].
+enum Order<S: Session> {
+    Give(Give<S::Lock>),
+    Call {
+        lock: S::Lock,
+        call: S::Call,
+        reply: oneshot::Sender<Result<S::Answer>>,
+    },
+}
+
 /// The handle on one carrier task.
-struct Carrier<L> {
+struct Carrier<S: Session> {
     id: u64,
     /// The ttl of the group: the holds' ttl when taken.
     ttl: Duration,
     /// Carries auto-renewed holds: the task keeps the session alive on its own schedule
     /// and the holds are granted kept alive.
     shared: bool,
-    requests: mpsc::UnboundedSender<Request<L>>,
-    gives: mpsc::UnboundedSender<Give<L>>,
+    requests: mpsc::UnboundedSender<Request<S::Lock>>,
+    orders: mpsc::UnboundedSender<Order<S>>,
     /// Requests sent and not answered yet; only changed under the registry's lock when
     /// routing, so a carrier that sees 0 there knows nothing more is coming.
     in_flight: AtomicUsize,
@@ -164,7 +191,7 @@ struct Carrier<L> {
     wanted_idle: Mutex<Option<Duration>>,
 }
 
-type Registry<L> = Mutex<HashMap<Group, Vec<Arc<Carrier<L>>>>>;
+type Registry<S> = Mutex<HashMap<Group, Vec<Arc<Carrier<S>>>>>;
 
 /// A lock a session was granted after a wait, for [`Carriers::adopt`].
 #[derive(Debug)]
@@ -186,7 +213,7 @@ pub struct Granted<'a, L> {
 /// The carriers of one client.
 pub struct Carriers<S: Session> {
     backend: &'static str,
-    groups: Arc<Registry<S::Lock>>,
+    groups: Arc<Registry<S>>,
     /// Held while a shared carrier is being opened, so that a burst of first takes opens
     /// one connection, not one each.
     opening: tokio::sync::Mutex<()>,
@@ -331,7 +358,7 @@ impl<S: Session> Carriers<S> {
         &self,
         key: &str,
         lock: S::Lock,
-        carrier: Arc<Carrier<S::Lock>>,
+        carrier: Arc<Carrier<S>>,
     ) -> Result<Option<Grant>> {
         match self.send_take(key, lock, carrier).await {
             Some(answer) => answer,
@@ -349,7 +376,7 @@ impl<S: Session> Carriers<S> {
         &self,
         key: &str,
         lock: S::Lock,
-        carrier: Arc<Carrier<S::Lock>>,
+        carrier: Arc<Carrier<S>>,
     ) -> Option<Result<Option<Grant>>> {
         let sent_at = Instant::now();
         let (reply, answer) = oneshot::channel();
@@ -391,7 +418,7 @@ impl<S: Session> Carriers<S> {
 
     /// The group's least busy carrier, counted as having one more request in flight; `None`
     /// when there is none, or when it is busy and the group may open another.
-    fn route(&self, group: Group) -> Option<Arc<Carrier<S::Lock>>> {
+    fn route(&self, group: Group) -> Option<Arc<Carrier<S>>> {
         let groups = guard(&self.groups);
         let carriers = groups.get(&group)?;
         let carrier = carriers
@@ -413,15 +440,15 @@ impl<S: Session> Carriers<S> {
         shared: bool,
         held: usize,
         sent_at: Instant,
-    ) -> Arc<Carrier<S::Lock>> {
+    ) -> Arc<Carrier<S>> {
         let (requests, requests_rx) = mpsc::unbounded_channel();
-        let (gives, gives_rx) = mpsc::unbounded_channel();
+        let (orders, orders_rx) = mpsc::unbounded_channel();
         let carrier = Arc::new(Carrier {
             id: session.id(),
             ttl: group.idle,
             shared,
             requests,
-            gives,
+            orders,
             in_flight: AtomicUsize::new(0),
             dead: watch::Sender::new(None),
             lingering: AtomicBool::new(false),
@@ -449,7 +476,7 @@ impl<S: Session> Carriers<S> {
                 Duration::ZERO
             },
         };
-        tokio::spawn(task.run(requests_rx, gives_rx));
+        tokio::spawn(task.run(requests_rx, orders_rx));
         carrier
     }
 
@@ -457,7 +484,7 @@ impl<S: Session> Carriers<S> {
         &self,
         key: &str,
         lock: S::Lock,
-        carrier: Arc<Carrier<S::Lock>>,
+        carrier: Arc<Carrier<S>>,
         token: u64,
         sent_at: Instant,
     ) -> Grant {

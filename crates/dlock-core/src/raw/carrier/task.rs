@@ -4,19 +4,19 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until};
 
-use super::{Afterwards, Carrier, Failure, Give, Group, Registry, Request, Session, guard};
+use super::{Afterwards, Carrier, Failure, Give, Group, Order, Registry, Request, Session, guard};
 use crate::{LockError, LostReason};
 
 /// One carrier task: the session and what it holds.
 pub(super) struct Task<S: Session> {
     pub(super) backend: &'static str,
     pub(super) session: Option<S>,
-    pub(super) carrier: Arc<Carrier<S::Lock>>,
+    pub(super) carrier: Arc<Carrier<S>>,
     /// Where the carrier is registered, when it is shared.
-    pub(super) registry: Option<(Arc<Registry<S::Lock>>, Group)>,
+    pub(super) registry: Option<(Arc<Registry<S>>, Group)>,
     /// The session's idle timeout.
     pub(super) idle: Duration,
     /// Locks the session holds.
@@ -41,7 +41,7 @@ impl<S: Session> Task<S> {
     pub(super) async fn run(
         mut self,
         mut requests: mpsc::UnboundedReceiver<Request<S::Lock>>,
-        mut gives: mpsc::UnboundedReceiver<Give<S::Lock>>,
+        mut orders: mpsc::UnboundedReceiver<Order<S>>,
     ) {
         let mut closing = self.closing.clone();
         loop {
@@ -52,7 +52,10 @@ impl<S: Session> Task<S> {
             let carrier = self.carrier.clone();
             let outcome = tokio::select! {
                 biased;
-                Some(give) = gives.recv() => self.give(give).await,
+                Some(order) = orders.recv() => match order {
+                    Order::Give(give) => self.give(give).await,
+                    Order::Call { lock, call, reply } => self.call(&lock, call, reply).await,
+                },
                 // Due renewals go before queued takes, so a burst of acquires never
                 // starves the holds already taken.
                 () = sleep_until_some(keep_due), if keep_due.is_some() => self.keep().await,
@@ -86,7 +89,7 @@ impl<S: Session> Task<S> {
                 else => return,
             };
             if let Err(reason) = outcome {
-                self.die(reason, &mut requests, &mut gives);
+                self.die(reason, &mut requests, &mut orders);
                 return;
             }
             if self.held > 0 || self.keep_due.is_some() {
@@ -142,24 +145,57 @@ impl<S: Session> Task<S> {
         };
         let sent_at = Instant::now();
         let outcome = self.session().unlock(&give.lock, afterwards).await;
-        let (answer, result) = match outcome {
-            Ok(held) => {
+        let (answer, result) = self.answered(outcome, sent_at);
+        if let Ok(true) = answer {
+            self.held = self.held.saturating_sub(1);
+        }
+        if let Some(reply) = give.reply {
+            let _ = reply.send(answer);
+        }
+        result
+    }
+
+    /// What a give's or a call's caller is told, and whether the session lives on. A failed
+    /// session is marked dead before its caller hears of it, so that the caller finds its
+    /// holds lost from then on.
+    fn answered<T>(
+        &mut self,
+        outcome: Result<T, Failure>,
+        sent_at: Instant,
+    ) -> (crate::Result<T>, Result<(), String>) {
+        match outcome {
+            Ok(answer) => {
+                // Answered, so the server's idle clock restarted after this.
                 self.alive_as_of = self.alive_as_of.max(sent_at);
-                if held {
-                    self.held = self.held.saturating_sub(1);
-                }
-                (Ok(held), Ok(()))
+                (Ok(answer), Ok(()))
             }
             Err(Failure::Request(e)) => (Err(e), Ok(())),
             // The session, and with it the lock, is gone.
             Err(Failure::Session(e)) => {
                 let reason = e.to_string();
+                self.carrier.dead.send_replace(Some(reason.clone()));
                 (Err(self.not_held(&reason)), Err(reason))
             }
-        };
-        if let Some(reply) = give.reply {
-            let _ = reply.send(answer);
         }
+    }
+
+    /// A backend's request on the session (see [`Caller`](super::Caller)), only while it
+    /// holds a lock: a session that holds nothing (lingering for takes, or its lock given
+    /// back) has nothing to be asked about.
+    async fn call(
+        &mut self,
+        lock: &S::Lock,
+        call: S::Call,
+        reply: oneshot::Sender<crate::Result<S::Answer>>,
+    ) -> Result<(), String> {
+        if self.held == 0 {
+            let _ = reply.send(Err(self.not_held("the holder connection holds nothing")));
+            return Ok(());
+        }
+        let sent_at = Instant::now();
+        let outcome = self.session().call(lock, call).await;
+        let (answer, result) = self.answered(outcome, sent_at);
+        let _ = reply.send(answer);
         result
     }
 
@@ -310,7 +346,7 @@ impl<S: Session> Task<S> {
         &mut self,
         reason: String,
         requests: &mut mpsc::UnboundedReceiver<Request<S::Lock>>,
-        gives: &mut mpsc::UnboundedReceiver<Give<S::Lock>>,
+        orders: &mut mpsc::UnboundedReceiver<Order<S>>,
     ) {
         if self.held > 0 {
             tracing::warn!(backend = self.backend, session = self.carrier.id, held = self.held, %reason, "holder connection lost");
@@ -325,12 +361,20 @@ impl<S: Session> Task<S> {
             list.retain(|c| !Arc::ptr_eq(c, &self.carrier));
         }
         requests.close();
-        gives.close();
+        orders.close();
         // A take's caller retries elsewhere when its reply is dropped.
         while requests.try_recv().is_ok() {}
-        while let Ok(give) = gives.try_recv() {
-            if let Some(reply) = give.reply {
-                let _ = reply.send(Err(self.not_held(&reason)));
+        while let Ok(order) = orders.try_recv() {
+            match order {
+                Order::Give(Give {
+                    reply: Some(reply), ..
+                }) => {
+                    let _ = reply.send(Err(self.not_held(&reason)));
+                }
+                Order::Give(_) => {}
+                Order::Call { reply, .. } => {
+                    let _ = reply.send(Err(self.not_held(&reason)));
+                }
             }
         }
     }
