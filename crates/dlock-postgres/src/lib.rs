@@ -244,8 +244,8 @@
 //! | `proclaim` called → an observer sees it ⁴ | update + notify → listener → 1 read | 5.9 ms |
 //! | `list`, one key held ³ | 1 (reads `pg_locks`) | 0.82 ms |
 //! | owner `try_acquire`, key free ⁵ | 1 (the try with the row's upsert and `pg_notify`) | 0.63 ms |
-//! | owner re-entry, in the client that holds the lock / in another client ⁶ | 1 / 2 (side connection; reads `pg_locks`) | 0.99 / 1.5 ms |
-//! | owner `release`, the count stays above zero ⁶ | 1 (side connection; reads `pg_locks`) | 0.85 ms |
+//! | owner re-entry, in the client that holds the lock / in another client ⁶ | 1 (holder connection) / 2 (side connection; reads `pg_locks`) | 0.34 / 1.37 ms |
+//! | owner `release`, the count stays above zero, in the first client / in another ⁶ | 1 (holder connection) / 1 (side connection; reads `pg_locks`) | 0.32 / 0.81 ms |
 //! | owner's last `release`, in the first client ⁵ | 2 (the count, then the unlock with the row) | 1.8 ms |
 //! | owner's last `release` in another client → a waiter holds ⁵ | count + notify → listener → the first client's check → unlock → grant | 2.4 ms |
 //!
@@ -273,11 +273,12 @@
 //! ⁵ `postgres_latency` beside other builds (`SELECT 1` 0.037 ms, an exclusive
 //! `try_acquire` of a free key 0.079 ms, `inspect` 2.3 ms): each count change reads
 //! `pg_locks` (the hold still live) and commits with a WAL flush. See *Reentrant holds*.
-//! ⁶ `postgres_latency` in a later run (`SELECT 1` 0.13 ms, an exclusive `try_acquire` of
-//! a free key 0.21 ms), once count changes had stopped waiting for the WAL flush (before,
-//! in the run of ⁵: re-entry 1.3 / 1.7 ms, count down 1.3–1.4 ms); what is left is mostly
-//! the `pg_locks` read, which copies the server's whole lock table (about 1 ms with the
-//! test servers' 128,000 lock slots: `max_locks_per_transaction` 256 ×
+//! ⁶ `postgres_latency` in a later run (`SELECT 1` 0.018 ms, an exclusive `try_acquire` of
+//! a free key 0.098 ms), once the first client's count changes ran on its holder
+//! connection; the code before, run just before it (`SELECT 1` 0.086 ms, `try_acquire`
+//! 0.12 ms): re-entry 0.88 / 1.35 ms, count down 0.77 / 0.76 ms. What is left in another
+//! client is mostly the `pg_locks` read, which copies the server's whole lock table (about
+//! 1 ms with the test servers' 128,000 lock slots: `max_locks_per_transaction` 256 ×
 //! `max_connections` 500). See *Reentrant holds*.
 //!
 //! # Many keys

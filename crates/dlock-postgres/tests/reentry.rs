@@ -54,6 +54,35 @@ async fn first_session_is_declared_and_the_row_goes_with_the_hold() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_clients_count_changes_run_on_its_holder_connection() {
+    // There the session that holds the lock proves the hold live; a side connection would
+    // read `pg_locks`, a copy of the server's whole lock table, for each. A long ttl keeps
+    // the holder connection's pings out of its last statement.
+    let h = harness();
+    let a = client(&h).await;
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-holder");
+    let opts = owned("job-1").ttl(Duration::from_secs(60));
+    let first = take(&*a, &key, &opts).await;
+    let [pid] = h.sessions_on(&key, true).await.unwrap()[..] else {
+        panic!("one holder session");
+    };
+    let again = take(&*a, &key, &opts).await;
+    assert_eq!(again.fencing_token(), first.fencing_token());
+    let last = h.last_statement(pid).await.unwrap();
+    assert!(last.contains("holds = o.holds + 1"), "{last}");
+    again.release().await.unwrap();
+    let last = h.last_statement(pid).await.unwrap();
+    assert!(last.contains("holds = o.holds - 1"), "{last}");
+    assert_eq!(
+        rows(&h, &key).await,
+        [format!("{key} (owner row: job-1, count 1)")]
+    );
+    first.release().await.unwrap();
+    assert!(rows(&h, &key).await.is_empty());
+    h.assert_no_session_on(&key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_holders_row_is_ignored_replaced_and_swept() {
     let h = harness();
     let (a, b) = (client(&h).await, client(&h).await);

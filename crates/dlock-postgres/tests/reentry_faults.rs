@@ -68,6 +68,17 @@ async fn rows_become(h: &PostgresHarness, key: &str, want: &[String]) {
     }
 }
 
+/// The last lease of `key` was released: the key is freed at once, or when an earlier
+/// re-entry's ttl runs out if its timed-out count change committed after all.
+async fn freed_after_a_timed_out_count(h: &PostgresHarness, key: &str) {
+    let next = client(h)
+        .await
+        .acquire(key, &plain().wait(Wait::For(Duration::from_secs(10))))
+        .await
+        .expect("the key is freed");
+    next.release().await.unwrap();
+}
+
 /// An acquire that stops waiting for its re-entry (here its deadline passes while the
 /// re-entry's `UPDATE` waits for the row) leaves no entry counted: the re-entry runs to
 /// its end in a task of its own and gives back the entry nobody took. (Dropped mid-
@@ -175,14 +186,47 @@ async fn a_count_change_that_timed_out_is_not_sent_again() {
     );
     sqlx::query("COMMIT").execute(&mut admin).await.unwrap();
     first.release().await.unwrap();
-    // The key is freed: at once, or when the re-entry's ttl runs out if the timed-out
-    // change committed after all.
-    let next = client(&h)
-        .await
-        .acquire(&key, &plain().wait(Wait::For(Duration::from_secs(10))))
-        .await
-        .expect("the key is freed");
-    next.release().await.unwrap();
+    freed_after_a_timed_out_count(&h, &key).await;
+}
+
+/// A count change in the first client runs on its holder connection without waiting for
+/// the owner row (here another transaction holds it past the response timeout): it goes
+/// to a side connection instead, and the holder connection, with every hold it carries,
+/// lives on. Waiting there, a count change that timed out would end it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_owner_row_never_ends_the_holder_connection() {
+    let h = harness();
+    let app = format!("dlock-busy-row-{}", std::process::id());
+    let a = client_named(&h, &app, "response_timeout=2s").await;
+    let key = dlock_conformance::testkit::unique_key("pg-reentry-busy-row");
+    let first = take(&*a, &key, &owned("job-1")).await;
+    let [holder] = h.sessions_on(&key, true).await.unwrap()[..] else {
+        panic!("one holder session");
+    };
+    let mut admin = h.admin().await.unwrap();
+    lock_owner_row(&h, &mut admin, &key).await;
+    let answer = a.try_acquire(&key, &owned("job-1")).await;
+    // The side connection waited for the row until its response timeout.
+    assert!(
+        matches!(&answer, Err(e) if e.kind() == ErrorKind::Unavailable),
+        "answered: {answer:?}"
+    );
+    sqlx::query("COMMIT").execute(&mut admin).await.unwrap();
+    assert!(
+        h.session_exists(holder).await.unwrap(),
+        "the holder connection ended"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), first.lost())
+            .await
+            .is_err(),
+        "the first lease was lost"
+    );
+    let again = take(&*a, &key, &owned("job-1")).await;
+    assert_eq!(again.fencing_token(), first.fencing_token());
+    again.release().await.unwrap();
+    first.release().await.unwrap();
+    freed_after_a_timed_out_count(&h, &key).await;
 }
 
 /// Side connections whose sessions the server ended while they were idle (an

@@ -4,8 +4,9 @@
 //!
 //! In the first client the hold is an [`Anchor`]: the advisory lock on a holder connection
 //! (an ordinary carried hold, whose release also deletes the row), shared by the client's
-//! leases of the hold ([`Local`]). Another client's lease of the hold is a [`Remote`]: a row
-//! update per renewal and release, on a side connection. When the first client's own leases
+//! leases of the hold ([`Local`]), whose count changes run on that holder connection (its
+//! session proves the hold live; see [`On::Holder`]). Another client's lease of the hold is
+//! a [`Remote`]: a row update per renewal and release, on a side connection. When the first client's own leases
 //! are all released while the count is above zero, a task keeps the anchor until the count
 //! reaches zero (the release that brings it there notifies the owner channel) or the other
 //! clients' leases expire (re-checked every [`RECHECK`]), then gives it back.
@@ -20,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_core::raw::carrier::Caller;
 use dlock_core::raw::{Grant, Held};
 use dlock_core::{LockError, LostReason, Owner, Result};
 use futures::FutureExt;
@@ -30,6 +32,8 @@ use tokio::time::{Instant, sleep};
 use crate::NAME;
 use crate::backend::Inner;
 use crate::error::Error;
+use crate::session::PgSession;
+use sql::On;
 
 mod remote;
 mod sql;
@@ -69,6 +73,18 @@ impl Anchors {
     }
 }
 
+/// What a count change sent to the holder connection came to.
+enum OnHolder {
+    /// Done: the statement's rows.
+    Rows(Vec<sqlx::postgres::PgRow>),
+    /// Nothing changed there (the hold is not that session's any more, its row was busy, or
+    /// the statement failed): a side connection, which reads `pg_locks`, sends it.
+    AskSide,
+    /// The session is gone, with the lock, and maybe after the statement counted: sending
+    /// it again could count it twice.
+    Gone,
+}
+
 /// A reentrant hold in the client that took it first: its lock and its leases here.
 pub(crate) struct Anchor {
     key: String,
@@ -77,6 +93,10 @@ pub(crate) struct Anchor {
     token: u64,
     /// The carried hold of the lock; `None` once given back.
     held: tokio::sync::Mutex<Option<Box<dyn Held>>>,
+    /// Runs this client's count changes on the holder connection, which proves the hold
+    /// live without the side connection's `pg_locks` read (`None`: a hold the carriers did
+    /// not grant, which cannot happen; the side connection then serves).
+    caller: Option<Caller<PgSession>>,
     /// The holder connection's end.
     lost: Shared<BoxFuture<'static, LostReason>>,
     kept_alive: bool,
@@ -99,6 +119,25 @@ impl Anchor {
 
     fn not_held(&self) -> LockError {
         LockError::not_held(NAME, &self.key, LostReason::NotHeld)
+    }
+
+    /// Run a count change of this hold on its holder connection, whose session proves the
+    /// hold live (see [`On::Holder`]).
+    async fn on_holder(&self, sql: crate::sql::Statement, op: &'static str) -> OnHolder {
+        let Some(caller) = &self.caller else {
+            return OnHolder::AskSide;
+        };
+        match caller.call((sql, op)).await {
+            Ok(rows) if !rows.is_empty() => OnHolder::Rows(rows),
+            // Not this session's hold any more: nothing changed.
+            Ok(_) => OnHolder::AskSide,
+            Err(LockError::NotHeld { .. }) => OnHolder::Gone,
+            // Failed on the server (its row busy, say), so rolled back; the session lives on.
+            Err(e) => {
+                tracing::debug!(key = %self.key, error = %e, "a count change failed on the holder connection; asking a side connection");
+                OnHolder::AskSide
+            }
+        }
     }
 
     /// Whether the holder connection's loss was already told (the server may still show
@@ -266,11 +305,13 @@ impl Inner {
             .lost
             .unwrap_or_else(|| std::future::pending().boxed())
             .shared();
+        let caller = Caller::of(grant.held.as_ref());
         let anchor = Arc::new(Anchor {
             key: key.to_owned(),
             id,
             owner,
             token: grant.fencing_token,
+            caller,
             held: tokio::sync::Mutex::new(Some(grant.held)),
             lost,
             kept_alive: grant.kept_alive,
@@ -291,7 +332,8 @@ impl Inner {
     }
 
     /// Re-enter `owner`'s hold of `key` (lock `id`), if it has a live one, in any client:
-    /// one statement on a side connection. `None`: the owner holds nothing. `waiting`: the
+    /// one statement, on the holder connection when this client holds the lock, else (or
+    /// when that one changed nothing) on a side connection. `None`: the owner holds nothing. `waiting`: the
     /// session of this acquire's own wait, whose hold (a grant racing this re-entry) is
     /// never re-entered: it is this acquire's.
     ///
@@ -333,26 +375,38 @@ impl Inner {
         waiting: Option<i32>,
     ) -> Result<Option<Grant>> {
         let sent_at = Instant::now();
-        if let Some(anchor) = self.anchors.get(id)
-            && anchor.owner == owner
-            && anchor.is_lost()
-        {
+        let ours = self.anchors.get(id).filter(|a| a.owner == owner);
+        let on_holder = match &ours {
             // This client's hold of the owner was told lost: no more leases of it, though
             // the server may still show it for a moment (a plain acquire would find the
             // key busy, as this one does, and wait for it).
-            return Ok(None);
-        }
-        let sql = self.sql.reenter(id, ttl, waiting, &owner);
-        let rows = self.side_statement("acquire", &sql).await?;
+            Some(anchor) if anchor.is_lost() => return Ok(None),
+            Some(anchor) => {
+                let on = On::Holder {
+                    token: anchor.token,
+                };
+                let sql = self.sql.reenter(id, ttl, waiting, &owner, on);
+                match anchor.on_holder(sql, "acquire").await {
+                    // Lost under the statement, which may have counted: not re-entered.
+                    OnHolder::Gone => return Ok(None),
+                    answer => answer,
+                }
+            }
+            None => OnHolder::AskSide,
+        };
+        let rows = match on_holder {
+            OnHolder::Rows(rows) => rows,
+            _ => {
+                let sql = self.sql.reenter(id, ttl, waiting, &owner, On::Side);
+                self.side_statement("acquire", &sql).await?
+            }
+        };
         let Some(row) = rows.first() else {
             return Ok(None);
         };
         let token: i64 = row.try_get(0).map_err(Error::sql("acquire"))?;
         let token = u64::try_from(token).unwrap_or(0);
-        if let Some(anchor) = self.anchors.get(id)
-            && anchor.token == token
-            && anchor.owner == owner
-        {
+        if let Some(anchor) = ours.filter(|a| a.token == token) {
             {
                 let mut state = anchor.state();
                 state.local += 1;
@@ -423,14 +477,24 @@ impl fmt::Debug for Local {
     }
 }
 
-/// Release one lease of `anchor`'s hold in its own client: the count down by one (a side
-/// connection), and at zero the lock given back (its holder connection).
+/// Release one lease of `anchor`'s hold in its own client: the count down by one (on the
+/// holder connection, or when that one changed nothing a side connection), and at zero the
+/// lock given back (its holder connection).
 async fn release_local(inner: Arc<Inner>, anchor: Arc<Anchor>) -> Result<()> {
-    let sql = inner
-        .sql
-        .release_owned(anchor.id, anchor.token, false, &anchor.owner);
+    let (id, token, owner) = (anchor.id, anchor.token, &anchor.owner);
+    let on = On::Holder { token };
+    let sql = inner.sql.release_owned(id, token, false, owner, on);
     // The count left, if the release went through; the lease leaves the anchor either way.
-    let left = match inner.side_statement("release", &sql).await {
+    let counted = match anchor.on_holder(sql, "release").await {
+        OnHolder::Rows(rows) => Ok(rows),
+        // Lost under the statement, which may have counted.
+        OnHolder::Gone => Ok(Vec::new()),
+        OnHolder::AskSide => {
+            let sql = inner.sql.release_owned(id, token, false, owner, On::Side);
+            inner.side_statement("release", &sql).await
+        }
+    };
+    let left = match counted {
         Ok(rows) => match rows.first() {
             Some(row) => row
                 .try_get::<i32, _>(0)

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use dlock_core::raw::Held;
 use dlock_core::{LockError, LostReason, Owner, Result};
 
+use super::sql::On;
 use crate::NAME;
 use crate::backend::Inner;
 
@@ -41,7 +42,7 @@ async fn release_remote(
     owner: Owner,
     token: u64,
 ) -> Result<()> {
-    let sql = inner.sql.release_owned(id, token, true, &owner);
+    let sql = inner.sql.release_owned(id, token, true, &owner, On::Side);
     let rows = inner.side_statement("release", &sql).await?;
     if rows.is_empty() {
         return Err(LockError::not_held(NAME, &key, LostReason::NotHeld));

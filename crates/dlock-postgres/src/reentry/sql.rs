@@ -5,13 +5,29 @@
 //!
 //! A row is trusted only while `pg_locks` shows its session holding the key's lock
 //! exclusively (and it was written in this run of the server): a row left by a session that
-//! ended (a crash) is ignored, and overwritten by the key's next owner hold.
+//! ended (a crash) is ignored, and overwritten by the key's next owner hold. The first
+//! client's own count changes run on its holder connection instead, where the session
+//! itself proves it (see [`On::Holder`]).
 
 use std::time::Duration;
 
 use dlock_core::Owner;
 
 use crate::sql::{Param, Sql, Statement, millis, text_literal};
+
+/// Where a count statement runs, and so what proves the row's hold is live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum On {
+    /// A side connection: `pg_locks` must show the row's session holding the key's lock,
+    /// a read that copies the server's whole lock table.
+    Side,
+    /// The session that holds the key's lock for hold `token` (its holder connection,
+    /// through the carrier): the row must be this session's, of that hold. The session
+    /// holds the lock while that row exists with a count above zero: the row is written
+    /// with the lock, and the lock given back with the row deleted, or once the count is
+    /// zero (or the session ended).
+    Holder { token: u64 },
+}
 
 /// The parameters of a prepared statement being written: `$1` is the owner, and each
 /// [`push`](Self::push) is the next `$n`.
@@ -67,6 +83,31 @@ impl Sql {
             ns = self.namespace,
             owners = self.owners,
         )
+    }
+
+    /// Row `o` (of key `id`, an expression) is of a live hold, as `on` can check it: a `WITH`
+    /// entry to put first (empty for a side connection) and the condition. On the holder
+    /// connection the entry locks the row first without waiting (`r`), so that a count
+    /// change there never waits on another client's statement: a wait past the response
+    /// timeout would end the holder connection and every hold it carries. Busy, it fails
+    /// (changing nothing), and a side connection sends the change.
+    fn live(&self, on: On, id: &str, params: &mut Params) -> (String, String) {
+        match on {
+            On::Side => (String::new(), self.owner_holds()),
+            On::Holder { token } => (
+                format!(
+                    "r AS (SELECT 1 FROM {owners} WHERE ns = {ns} AND id = {id} \
+                       FOR UPDATE NOWAIT)",
+                    owners = self.owners,
+                    ns = self.namespace,
+                ),
+                format!(
+                    "EXISTS (SELECT 1 FROM r) AND o.token = {token} \
+                     AND o.started = pg_postmaster_start_time() AND o.pid = pg_backend_pid()",
+                    token = params.push(Param::BigInt(i64::try_from(token).unwrap_or(i64::MAX))),
+                ),
+            ),
+        }
     }
 
     /// Row `o`'s session holds the key's lock exclusively, in this run of the server.
@@ -171,13 +212,15 @@ impl Sql {
     /// `$1` = owner: re-enter its hold of key `id`, if it has a live one (not held by
     /// session `not_pid`: an owner's own wait): the count up by one, and the other clients'
     /// lease kept for `ttl` more (never less than before). One row: the hold's token; none
-    /// when the owner holds nothing. Prepared: the text is one of two for every key.
+    /// when the owner holds nothing (on the holder connection: when it does not hold that
+    /// hold). Prepared: the text is one of a few for every key.
     pub(crate) fn reenter(
         &self,
         id: i32,
         ttl: Duration,
         not_pid: Option<i32>,
         owner: &Owner,
+        on: On,
     ) -> Statement {
         let mut params = Params::new(owner);
         let id = params.push(Param::Int(id));
@@ -187,15 +230,19 @@ impl Sql {
         let not_pid = not_pid.map_or_else(String::new, |pid| {
             format!(" AND o.pid <> {}", params.push(Param::Int(pid)))
         });
+        let (first, held) = self.live(on, &id, &mut params);
+        let with = match first.as_str() {
+            "" => String::new(),
+            first => format!("WITH {first} "),
+        };
         params.statement(format!(
-            "UPDATE {owners} o SET holds = o.holds + 1, \
+            "{with}UPDATE {owners} o SET holds = o.holds + 1, \
                expires = greatest(o.expires, now() + {ms}::float8 * interval '1 millisecond') \
              WHERE o.ns = {ns} AND o.id = {id} AND o.owner = $1 AND o.holds > 0{not_pid} \
                AND {held} AND {unflushed} \
              RETURNING o.token",
             owners = self.owners,
             ns = self.namespace,
-            held = self.owner_holds(),
             unflushed = Self::unflushed(),
         ))
     }
@@ -210,6 +257,7 @@ impl Sql {
         token: u64,
         notify: bool,
         owner: &Owner,
+        on: On,
     ) -> Statement {
         let mut params = Params::new(owner);
         let id = params.push(Param::Int(id));
@@ -222,15 +270,19 @@ impl Sql {
         } else {
             String::new()
         };
+        let (first, held) = self.live(on, &id, &mut params);
+        let first = match first.as_str() {
+            "" => String::new(),
+            first => format!("{first}, "),
+        };
         params.statement(format!(
-            "WITH u AS (UPDATE {owners} o SET holds = o.holds - 1 \
+            "WITH {first}u AS (UPDATE {owners} o SET holds = o.holds - 1 \
                WHERE o.ns = {ns} AND o.id = {id} AND o.token = {token} AND o.owner = $1 \
                  AND o.holds > 0 AND {held} AND {unflushed} \
                RETURNING o.holds) \
              SELECT u.holds{tell} FROM u",
             owners = self.owners,
             ns = self.namespace,
-            held = self.owner_holds(),
             unflushed = Self::unflushed(),
         ))
     }
@@ -326,26 +378,61 @@ mod tests {
                 .contains("DELETE FROM dlock_keys_owner")
         );
         let job = Owner::new("job-7");
-        let reenter = sql.reenter(7, Duration::from_secs(2), None, &job).inlined();
+        let reenter = sql
+            .reenter(7, Duration::from_secs(2), None, &job, On::Side)
+            .inlined();
         assert!(
             reenter.contains("o.owner = 'job-7'") && reenter.contains("2000::float8 * interval")
         );
         assert!(!reenter.contains("o.pid <>"));
         assert!(
-            sql.reenter(7, Duration::from_secs(2), Some(41), &job)
+            sql.reenter(7, Duration::from_secs(2), Some(41), &job, On::Side)
                 .inlined()
                 .contains("AND o.pid <> 41")
         );
         assert!(
-            sql.release_owned(7, 42, true, &job)
+            sql.release_owned(7, 42, true, &job, On::Side)
                 .inlined()
                 .contains("pg_notify('dlock_owners_9', 7::text)")
         );
         assert!(
-            !sql.release_owned(7, 42, false, &job)
+            !sql.release_owned(7, 42, false, &job, On::Side)
                 .inlined()
                 .contains("pg_notify")
         );
+    }
+
+    #[test]
+    fn a_count_change_on_the_holder_connection_checks_its_own_session_not_pg_locks() {
+        let sql = Sql::new("dlock_keys", 9);
+        let job = Owner::new("job");
+        let ttl = Duration::from_secs(2);
+        let reenter = sql
+            .reenter(7, ttl, Some(41), &job, On::Holder { token: 42 })
+            .inlined();
+        let release = sql
+            .release_owned(7, 42, false, &job, On::Holder { token: 42 })
+            .inlined();
+        for statement in [&reenter, &release] {
+            assert!(!statement.contains("pg_locks"), "{statement}");
+            assert!(
+                statement.contains("o.pid = pg_backend_pid()")
+                    && statement.contains("o.started = pg_postmaster_start_time()"),
+                "{statement}"
+            );
+        }
+        // Only the hold the session has, never the owner's own wait; the row locked first,
+        // without waiting.
+        assert!(reenter.contains("o.token = 42") && reenter.contains("o.pid <> 41"));
+        for statement in [&reenter, &release] {
+            assert!(statement.contains("FOR UPDATE NOWAIT"), "{statement}");
+        }
+        for statement in [
+            sql.reenter(7, ttl, None, &job, On::Side).inlined(),
+            sql.release_owned(7, 42, false, &job, On::Side).inlined(),
+        ] {
+            assert!(statement.contains("pg_locks"), "{statement}");
+        }
     }
 
     #[test]
@@ -354,8 +441,12 @@ mod tests {
         let ttl = Duration::from_secs(2);
         let job = Owner::new("job");
         for statement in [
-            sql.reenter(7, ttl, None, &job).inlined(),
-            sql.release_owned(7, 42, true, &job).inlined(),
+            sql.reenter(7, ttl, None, &job, On::Side).inlined(),
+            sql.reenter(7, ttl, None, &job, On::Holder { token: 42 })
+                .inlined(),
+            sql.release_owned(7, 42, true, &job, On::Side).inlined(),
+            sql.release_owned(7, 42, false, &job, On::Holder { token: 42 })
+                .inlined(),
             sql.extend_owned(7, 42, ttl),
             sql.owned_over(7, 42),
         ] {

@@ -151,6 +151,16 @@ impl PostgresHarness {
         Ok(row.try_get::<i64, _>(0)? > 0)
     }
 
+    /// The last statement backend `pid` ran (or runs), as `pg_stat_activity` shows it.
+    pub async fn last_statement(&self, pid: i32) -> Result<String, BoxError> {
+        let mut admin = self.admin().await?;
+        let row = sqlx::query("SELECT coalesce(query, '') FROM pg_stat_activity WHERE pid = $1")
+            .bind(pid)
+            .fetch_one(&mut admin)
+            .await?;
+        Ok(row.try_get::<String, _>(0)?)
+    }
+
     /// `pg_terminate_backend(pid)` and wait until the session is gone (its locks freed).
     pub async fn kill_session(&self, pid: i32) -> Result<(), BoxError> {
         let mut admin = self.admin().await?;
