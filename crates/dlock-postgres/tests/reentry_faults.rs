@@ -229,6 +229,63 @@ async fn a_busy_owner_row_never_ends_the_holder_connection() {
     freed_after_a_timed_out_count(&h, &key).await;
 }
 
+/// A holder connection stuck in a statement (here an owner's first take, whose row insert
+/// waits for another transaction's uncommitted row of the key) tells the other holds it
+/// carries lost before the server's idle timeout could end its session and hand their
+/// keys on, not at the response timeout: the carrier keeps them alive alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_connection_stuck_in_a_statement_tells_its_holds_lost_within_their_ttl() {
+    let h = harness();
+    let app = format!("dlock-stuck-{}", std::process::id());
+    let a = client_named(&h, &app, "response_timeout=20s").await;
+    let (held_key, stuck_key) = (
+        dlock_conformance::testkit::unique_key("pg-stuck-held"),
+        dlock_conformance::testkit::unique_key("pg-stuck-owned"),
+    );
+    // The stuck key's row exists (its id), and nobody holds it.
+    take(&*a, &stuck_key, &plain())
+        .await
+        .release()
+        .await
+        .unwrap();
+    let id = h.id_of(&stuck_key).await.unwrap().expect("the key's id");
+    let held = take(&*a, &held_key, &plain()).await;
+    let mut admin = h.admin().await.unwrap();
+    sqlx::query("BEGIN").execute(&mut admin).await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {}_owner (ns, id, owner, pid, started, token, holds) \
+         VALUES ($1, $2, 'someone', 0, now(), 0, 1)",
+        h.config().table
+    ))
+    .bind(h.config().namespace)
+    .bind(id)
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let stuck = {
+        let (a, key) = (a.clone(), stuck_key.clone());
+        tokio::spawn(async move { a.try_acquire(&key, &owned("job-1")).await })
+    };
+    let began = Instant::now();
+    let lost = tokio::time::timeout(Duration::from_secs(6), held.lost()).await;
+    assert!(
+        lost.is_ok(),
+        "the hold on the stuck holder connection was not told lost within 6 s (ttl 3 s)"
+    );
+    assert!(began.elapsed() < Duration::from_secs(6));
+    sqlx::query("ROLLBACK").execute(&mut admin).await.unwrap();
+    let _ = stuck.await.unwrap();
+    // Its key is free (the session was closed), and so is the other.
+    for key in [&held_key, &stuck_key] {
+        let next = client(&h)
+            .await
+            .acquire(key, &plain().wait(Wait::For(Duration::from_secs(10))))
+            .await
+            .expect("the key is free");
+        next.release().await.unwrap();
+    }
+}
+
 /// Side connections whose sessions the server ended while they were idle (an
 /// administrator's terminate, as a server's idle session timeout would) are replaced for
 /// count changes too: the server's message says the statement never ran.

@@ -144,7 +144,9 @@ impl<S: Session> Task<S> {
             Afterwards::Retiring
         };
         let sent_at = Instant::now();
-        let outcome = self.session().unlock(&give.lock, afterwards).await;
+        let (until, backend) = (self.safe_until(), self.backend);
+        let unlock = self.session().unlock(&give.lock, afterwards);
+        let outcome = within(until, backend, "release", unlock).await;
         let (answer, result) = self.answered(outcome, sent_at);
         if let Ok(true) = answer {
             self.held = self.held.saturating_sub(1);
@@ -193,7 +195,8 @@ impl<S: Session> Task<S> {
             return Ok(());
         }
         let sent_at = Instant::now();
-        let outcome = self.session().call(lock, call).await;
+        let (until, backend) = (self.safe_until(), self.backend);
+        let outcome = within(until, backend, "call", self.session().call(lock, call)).await;
         let (answer, result) = self.answered(outcome, sent_at);
         let _ = reply.send(answer);
         result
@@ -205,7 +208,9 @@ impl<S: Session> Task<S> {
             {
                 let idle = self.idle;
                 let sent_at = Instant::now();
-                let outcome = self.session().try_lock(&lock, idle).await;
+                let (until, backend) = (self.safe_until(), self.backend);
+                let take = self.session().try_lock(&lock, idle);
+                let outcome = within(until, backend, "acquire", take).await;
                 let (answer, result) = match outcome {
                     Ok(token) => {
                         // Answered, so the server's idle clock restarted after this.
@@ -235,6 +240,20 @@ impl<S: Session> Task<S> {
         }
     }
 
+    /// The instant by which a shared carrier that holds anything must hear from its session:
+    /// the holds are kept alive by this task alone, so an answer later than the server's
+    /// idle timeout, less the watchdog's margin, is a loss. Every request is bounded by it,
+    /// not only the keeps: one that hangs (a connection cut off) would otherwise keep the
+    /// task from noticing while the server ends the session and hands its locks on.
+    fn safe_until(&self) -> Option<Instant> {
+        (self.carrier.shared && self.held > 0).then(|| {
+            self.alive_as_of
+                + self
+                    .idle
+                    .saturating_sub(crate::raw::watchdog::safety_margin(self.idle))
+        })
+    }
+
     /// When a shared carrier that holds anything keeps its session alive next: a third of
     /// the idle timeout after the last answered request was sent.
     fn renewal_due(&self) -> Option<Instant> {
@@ -262,24 +281,8 @@ impl<S: Session> Task<S> {
             .filter(|idle| *idle != self.idle);
         let sent_at = Instant::now();
         self.last_keep = Some(sent_at);
-        // The holds are kept alive by this task alone: an answer later than the server's
-        // idle timeout, less the watchdog's margin, is a loss.
-        let safe_until = self.alive_as_of
-            + self
-                .idle
-                .saturating_sub(crate::raw::watchdog::safety_margin(self.idle));
-        let answer = match self.carrier.shared && self.held > 0 {
-            true => tokio::time::timeout_at(safe_until, self.session().keep(wanted))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Failure::Session(LockError::unavailable(
-                        self.backend,
-                        "keep",
-                        "the holder connection did not answer a ping before its idle timeout could end it",
-                    )))
-                }),
-            false => self.session().keep(wanted).await,
-        };
+        let (until, backend) = (self.safe_until(), self.backend);
+        let answer = within(until, backend, "keep", self.session().keep(wanted)).await;
         match answer {
             Ok(()) => {
                 self.alive_as_of = sent_at;
@@ -378,6 +381,28 @@ impl<S: Session> Task<S> {
             }
         }
     }
+}
+
+/// `request`, bounded by `until` (see [`Task::safe_until`]): an answer too late fails the
+/// session.
+async fn within<T>(
+    until: Option<Instant>,
+    backend: &'static str,
+    op: &'static str,
+    request: impl Future<Output = Result<T, Failure>>,
+) -> Result<T, Failure> {
+    let Some(until) = until else {
+        return request.await;
+    };
+    tokio::time::timeout_at(until, request)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Failure::Session(LockError::unavailable(
+                backend,
+                op,
+                "the holder connection did not answer before its idle timeout could end it",
+            )))
+        })
 }
 
 /// Resolves once [`Carriers::close_idle`](super::Carriers::close_idle) was called (or the
