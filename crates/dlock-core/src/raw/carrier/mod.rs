@@ -12,8 +12,9 @@
 //!   carrier of the group ([`Carriers::adopt`]).
 //! - **Keep**: a shared carrier that holds anything sends one [`Session::keep`] a third of
 //!   the ttl after the last one was sent, whatever number of holds it carries, and gives the
-//!   session up (firing `lost()` on its holds) if none is answered by a safety margin
-//!   before the server's idle timeout could end the session; its holds are granted
+//!   session up (firing `lost()` on its holds) if it, or any request it runs meanwhile (a
+//!   take, a release, a call stuck behind a cut-off connection), is not answered by a
+//!   safety margin before the server's idle timeout could end the session; its holds are granted
 //!   [kept alive](crate::raw::Grant::kept_alive), so the watchdog keeps no timer for them.
 //!   A manual extend (and each renewal of a hold on a carrier of its own) asks for one keep
 //!   sent after it started; requests within a short gap (a thirtieth of the ttl, at most
