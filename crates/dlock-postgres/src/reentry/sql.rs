@@ -88,9 +88,10 @@ impl Sql {
     /// Row `o` (of key `id`, an expression) is of a live hold, as `on` can check it: a `WITH`
     /// entry to put first (empty for a side connection) and the condition. On the holder
     /// connection the entry locks the row first without waiting (`r`), so that a count
-    /// change there never waits on another client's statement: a wait past the response
-    /// timeout would end the holder connection and every hold it carries. Busy, it fails
-    /// (changing nothing), and a side connection sends the change.
+    /// change there never waits on another client's statement: a wait past the carrier's
+    /// bound (the session's idle timeout, less a margin) would end the holder connection and
+    /// every hold it carries. Busy, it fails (changing nothing), and a side connection sends
+    /// the change.
     fn live(&self, on: On, id: &str, params: &mut Params) -> (String, String) {
         match on {
             On::Side => (String::new(), self.owner_holds()),

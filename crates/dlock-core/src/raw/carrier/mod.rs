@@ -85,7 +85,9 @@ pub enum Afterwards {
 /// One server session that can hold many locks, driven by one carrier task.
 ///
 /// Each method is bounded by the backend's response timeout: a request that does not
-/// answer in time is a [`Failure::Session`].
+/// answer in time is a [`Failure::Session`]. A carrier that holds anything may also stop
+/// waiting for a request part-way (the server's idle timeout could end the session before
+/// an answer comes): the session is then dropped, never used again.
 #[async_trait]
 pub trait Session: Send + 'static {
     /// What names a lock on the server.

@@ -171,7 +171,11 @@ impl<S: Session> Task<S> {
                 self.alive_as_of = self.alive_as_of.max(sent_at);
                 (Ok(answer), Ok(()))
             }
-            Err(Failure::Request(e)) => (Err(e), Ok(())),
+            // The server answered (with an error): as alive as an answer proves.
+            Err(Failure::Request(e)) => {
+                self.alive_as_of = self.alive_as_of.max(sent_at);
+                (Err(e), Ok(()))
+            }
             // The session, and with it the lock, is gone.
             Err(Failure::Session(e)) => {
                 let reason = e.to_string();
@@ -222,7 +226,10 @@ impl<S: Session> Task<S> {
                         }
                         (Ok(token), Ok(()))
                     }
-                    Err(Failure::Request(e)) => (Err(e), Ok(())),
+                    Err(Failure::Request(e)) => {
+                        self.alive_as_of = self.alive_as_of.max(sent_at);
+                        (Err(e), Ok(()))
+                    }
                     Err(Failure::Session(e)) => {
                         let reason = e.to_string();
                         (Err(e), Err(reason))
