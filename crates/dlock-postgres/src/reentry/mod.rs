@@ -6,10 +6,11 @@
 //! (an ordinary carried hold, whose release also deletes the row), shared by the client's
 //! leases of the hold ([`Local`]), whose count changes run on that holder connection (its
 //! session proves the hold live; see [`On::Holder`]). Another client's lease of the hold is
-//! a [`Remote`]: a row update per renewal and release, on a side connection. When the first client's own leases
-//! are all released while the count is above zero, a task keeps the anchor until the count
-//! reaches zero (the release that brings it there notifies the owner channel) or the other
-//! clients' leases expire (re-checked every [`RECHECK`]), then gives it back.
+//! a [`Remote`]: a row update per renewal and release, on a side connection. When the first
+//! client's own leases are all released while the count is above zero, a task keeps the
+//! anchor until the count reaches zero (the release that brings it there notifies the
+//! owner channel) or the other clients' leases expire (re-checked every [`RECHECK`]), then
+//! gives it back.
 //!
 //! A session takes an advisory lock it already holds again (the locks stack): while this
 //! client has an anchor of a key, no hold of the key is tried on a holder connection
@@ -333,8 +334,8 @@ impl Inner {
 
     /// Re-enter `owner`'s hold of `key` (lock `id`), if it has a live one, in any client:
     /// one statement, on the holder connection when this client holds the lock, else (or
-    /// when that one changed nothing) on a side connection. `None`: the owner holds nothing. `waiting`: the
-    /// session of this acquire's own wait, whose hold (a grant racing this re-entry) is
+    /// when that one changed nothing) on a side connection. `None`: the owner holds nothing.
+    /// `waiting`: the session of this acquire's own wait, whose hold (a grant racing this re-entry) is
     /// never re-entered: it is this acquire's.
     ///
     /// The statement and the lease run in a task of their own: a caller that stops waiting
