@@ -19,6 +19,7 @@ use std::time::Duration;
 use dlock_core::raw::{Deadline, Grant};
 use dlock_core::{LockError, LockOptions, Mode, Owner, Result};
 use futures::Future;
+use sqlx::{Execute, MySql};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until, timeout};
 
@@ -29,7 +30,7 @@ use crate::grant::locked_token;
 use crate::held::MysqlHeld;
 use crate::permits;
 use crate::pool::Lent;
-use crate::sql::{self, End, LOCK_WAIT_ROUND, Tokens};
+use crate::sql::{self, End, Holder, LOCK_WAIT_ROUND, Tokens};
 
 /// How long a killed statement gets to answer before the next, stronger kill.
 const KILL_GRACE: Duration = Duration::from_secs(1);
@@ -290,25 +291,25 @@ impl Attempt {
     /// create it, or the slots, first if missing).
     pub(crate) async fn try_take(&mut self, lent: &mut Lent, create: bool) -> Step {
         let set = self.idle_to_set(lent);
-        let sql = match self.mode {
-            Mode::Permits(limit) => self.permit_try_sql(lent, limit, set, create),
-            Mode::Exclusive | Mode::Shared => {
-                let holder = self.holder();
-                let sql = &self.inner.sql;
-                sql.try_take(&self.name, self.mode, set, create, holder)
+        let batch = loop {
+            match self.send_try(lent, set, create).await {
+                // The server is at its limit of prepared statements: the same statement as
+                // a text batch, on this connection from now on.
+                Guarded::Done(batch)
+                    if batch.error.as_ref().is_some_and(Error::is_prepare_refused) =>
+                {
+                    tracing::debug!(id = lent.id(), "the server refused to prepare; text");
+                    lent.stop_preparing();
+                }
+                Guarded::Done(batch) => break batch,
+                // The insert waited behind a holder (it raced the row's creation and
+                // locking): stopped, it leaves no transaction behind, and the key is busy.
+                Guarded::Stopped {
+                    why: Why::Silent,
+                    late: Some(late),
+                } if late.error.as_ref().is_some_and(Error::is_interrupted) => return Step::Busy,
+                Guarded::Stopped { why, late } => return Step::Stopped { why, late },
             }
-        };
-        self.sent_at = Instant::now();
-        let silent = self.sent_at + self.inner.config.response_timeout;
-        let batch = match self.guarded(lent, &sql, None, silent, set).await {
-            Guarded::Done(batch) => batch,
-            // The insert waited behind a holder (it raced the row's creation and locking):
-            // stopped, it leaves no transaction behind, and the key is busy.
-            Guarded::Stopped {
-                why: Why::Silent,
-                late: Some(late),
-            } if late.error.as_ref().is_some_and(Error::is_interrupted) => return Step::Busy,
-            Guarded::Stopped { why, late } => return Step::Stopped { why, late },
         };
         if let Mode::Permits(limit) = self.mode {
             return permits::tried(batch, limit, create, lent.reused);
@@ -323,6 +324,33 @@ impl Attempt {
             Some(e) if e.is_connection_lost() && lent.reused && batch.done == 0 => Step::Replace,
             Some(e) => Step::Failed(e),
         }
+    }
+
+    /// Send step 1's statement: the prepared take where lock connections run with
+    /// `autocommit` off and the session needs nothing set first (see
+    /// `Sql::with_prepared_take`), else the text batch.
+    async fn send_try(&mut self, lent: &mut Lent, set: Option<u32>, create: bool) -> Guarded {
+        self.sent_at = Instant::now();
+        let silent = self.sent_at + self.inner.config.response_timeout;
+        let inner = self.inner.clone();
+        let prepared = inner.sql.prepared_take(self.mode);
+        if let Some(take) = prepared.filter(|_| set.is_none() && !create && lent.prepares()) {
+            let Holder { key, who } = self.holder();
+            let query = sqlx::query(take)
+                .bind(key.as_bytes().to_vec())
+                .bind(who.as_bytes().to_vec())
+                .bind(self.name.as_bytes().to_vec());
+            return self.guarded(lent, query, None, silent, set).await;
+        }
+        let sql = match self.mode {
+            Mode::Permits(limit) => self.permit_try_sql(lent, limit, set, create),
+            Mode::Exclusive | Mode::Shared => {
+                let holder = self.holder();
+                let sql = &inner.sql;
+                sql.try_take(&self.name, self.mode, set, create, holder)
+            }
+        };
+        self.guarded(lent, sql.as_str(), None, silent, set).await
     }
 
     /// Step 2: wait for the row, woken by the server's grant, until the deadline.
@@ -347,7 +375,10 @@ impl Attempt {
             let silent = self.sent_at
                 + Duration::from_secs(LOCK_WAIT_ROUND.into())
                 + self.inner.config.response_timeout;
-            let batch = match self.guarded(lent, &sql, deadline, silent, set).await {
+            let batch = match self
+                .guarded(lent, sql.as_str(), deadline, silent, set)
+                .await
+            {
                 Guarded::Done(batch) => batch,
                 Guarded::Stopped { why, late } => return Step::Stopped { why, late },
             };
@@ -377,14 +408,17 @@ impl Attempt {
     /// Run `sql` on `lent` until it answers, the deadline passes, the server stays silent
     /// until `silent`, or the caller goes away; in the last three cases stop it on the
     /// server before returning. `set`: the idle timeout `sql` sets first, if any.
-    pub(crate) async fn guarded(
+    pub(crate) async fn guarded<'q, E>(
         &mut self,
         lent: &mut Lent,
-        sql: &str,
+        sql: E,
         deadline: Option<Instant>,
         silent: Instant,
         set: Option<u32>,
-    ) -> Guarded {
+    ) -> Guarded
+    where
+        E: Execute<'q, MySql> + 'q,
+    {
         let id = lent.id();
         let inner = &self.inner;
         let reply = &mut self.reply;

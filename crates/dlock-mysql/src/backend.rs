@@ -16,7 +16,7 @@ use dlock_core::{
 };
 use futures::StreamExt;
 use sqlx::mysql::MySqlRow;
-use sqlx::{Either, Executor, Row};
+use sqlx::{Either, Execute, Executor, MySql, Row};
 use tokio::sync::oneshot;
 use tokio::time::timeout;
 
@@ -89,20 +89,27 @@ impl MysqlBackend {
                  ssl-mode=verify_identity and ssl-ca to verify it)"
             );
         }
-        let mut inner = Inner {
-            locks: Pool::new(
+        let (connect_timeout, max_connections) = (config.connect_timeout, config.max_connections);
+        let locks = |autocommit| {
+            let (options, addr) = (options.clone(), addr.clone());
+            Pool::new(
                 "lock",
-                options.clone(),
-                addr.clone(),
-                config.connect_timeout,
-                config.max_connections,
-            ),
-            side: Pool::new(
-                "side",
                 options,
                 addr,
-                config.connect_timeout,
+                connect_timeout,
+                max_connections,
+                autocommit,
+            )
+        };
+        let mut inner = Inner {
+            locks: locks(true),
+            side: Pool::new(
+                "side",
+                options.clone(),
+                addr.clone(),
+                connect_timeout,
                 SIDE_CONNECTIONS,
+                true,
             ),
             sql: Sql::new(&config.table, Tokens::Counter, Server::MySql),
             config,
@@ -111,7 +118,14 @@ impl MysqlBackend {
             keepers: Keepers::default(),
         };
         let (tokens, server, returning) = inner.prepare_tables().await?;
-        inner.sql = Sql::new(&inner.config.table, tokens, server).with_returning(returning);
+        let mut sql = Sql::new(&inner.config.table, tokens, server).with_returning(returning);
+        if inner.config.mode == LockMode::Row {
+            sql = sql.with_prepared_take();
+        }
+        // No lock connection was opened yet (the tables are prepared on side connections):
+        // they all start with the autocommit their statements expect.
+        inner.locks = locks(!sql.autocommit_off());
+        inner.sql = sql;
         Ok(Self {
             inner: Arc::new(inner),
         })
@@ -312,8 +326,11 @@ impl Batch {
 
 /// Run `sql` (one or more statements) on `lent`, recording progress in `out` as it goes, so
 /// a caller that stops waiting still knows which statements completed.
-pub(crate) async fn run_into(lent: &mut Lent, sql: &str, op: &'static str, out: &mut Batch) {
-    // A text query: several statements in one round trip.
+pub(crate) async fn run_into<'q, E>(lent: &mut Lent, sql: E, op: &'static str, out: &mut Batch)
+where
+    E: Execute<'q, MySql> + 'q,
+{
+    // A text query (several statements in one round trip), or a prepared statement.
     let mut results = lent.raw().fetch_many(sql);
     while let Some(item) = results.next().await {
         match item {

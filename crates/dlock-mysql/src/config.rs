@@ -304,8 +304,9 @@ impl MysqlConfig {
             .port(self.port)
             .username(&self.user)
             .database(&self.database)
-            // The lock statements are text batches; nothing to cache.
-            .statement_cache_capacity(0);
+            // Text batches, but for the prepared first try of a hold (two forms, see
+            // `Sql::with_prepared_take`): each connection keeps those prepared.
+            .statement_cache_capacity(2);
         if let Some(password) = &self.password {
             opts = opts.password(password.expose());
         }

@@ -16,6 +16,8 @@ const ER_QUERY_INTERRUPTED: u16 = 1317;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 /// An insert found the key taken (another client created the row just before).
 const ER_DUP_ENTRY: u16 = 1062;
+/// The server holds `max_prepared_stmt_count` prepared statements already (all sessions).
+const ER_MAX_PREPARED_STMT_COUNT_REACHED: u16 = 1461;
 /// Server errors that mean the session is gone: shutdown in progress (1053), MariaDB's
 /// "connection was killed" (1927), MySQL 8's "session was killed" (3169) and idle
 /// disconnect (4031).
@@ -107,6 +109,12 @@ impl Error {
     /// Another client created the row between our check and our insert.
     pub(crate) fn is_duplicate(&self) -> bool {
         self.db_code() == Some(ER_DUP_ENTRY)
+    }
+
+    /// The server refused to prepare one more statement (its `max_prepared_stmt_count`,
+    /// shared by every session, is reached); nothing ran.
+    pub(crate) fn is_prepare_refused(&self) -> bool {
+        self.db_code() == Some(ER_MAX_PREPARED_STMT_COUNT_REACHED)
     }
 
     /// The connection is unusable: closed, reset, killed, or silent. Whatever its session

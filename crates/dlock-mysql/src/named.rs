@@ -391,7 +391,7 @@ impl NamedAttempt {
             let mut batch = Batch::default();
             let id = lent.id();
             let why = {
-                let run = run_into(&mut lent, &sql, "acquire", &mut batch);
+                let run = run_into(&mut lent, sql.as_str(), "acquire", &mut batch);
                 tokio::pin!(run);
                 let why = tokio::select! {
                     biased;

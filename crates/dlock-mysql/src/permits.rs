@@ -203,7 +203,10 @@ impl Attempt {
                 + Duration::from_secs(PERMIT_WAIT_ROUND.into())
                 + self.inner.config.response_timeout;
             lent.set_lock_wait(None);
-            let batch = match self.guarded(lent, &sql, deadline, silent, set).await {
+            let batch = match self
+                .guarded(lent, sql.as_str(), deadline, silent, set)
+                .await
+            {
                 Guarded::Done(batch) => batch,
                 Guarded::Stopped { why, late } => return Step::Stopped { why, late },
             };

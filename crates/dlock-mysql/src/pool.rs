@@ -35,6 +35,8 @@ pub(crate) struct Conn {
     /// The session's `innodb_lock_wait_timeout` (seconds); `None`: unknown (a batch that
     /// changed it stopped part-way).
     lock_wait: Option<u32>,
+    /// The server refused to prepare a statement on it: it sends text batches only.
+    text_only: bool,
 }
 
 impl Conn {
@@ -58,6 +60,8 @@ pub(crate) struct Pool {
     addr: String,
     connect_timeout: Duration,
     limit: u32,
+    /// Sessions run with `autocommit` on (the default) or off (see `Sql::with_prepared_take`).
+    autocommit: bool,
     permits: Arc<Semaphore>,
     idle: Mutex<Vec<Idle>>,
 }
@@ -80,6 +84,7 @@ impl Pool {
         addr: String,
         connect_timeout: Duration,
         limit: u32,
+        autocommit: bool,
     ) -> Arc<Self> {
         Arc::new(Self {
             name,
@@ -87,6 +92,7 @@ impl Pool {
             addr,
             connect_timeout,
             limit,
+            autocommit,
             permits: Arc::new(Semaphore::new(limit as usize)),
             idle: Mutex::new(Vec::new()),
         })
@@ -131,7 +137,7 @@ impl Pool {
     async fn connect(&self) -> Result<Conn, Error> {
         let mut raw = self.options.connect().await.map_err(Error::connect)?;
         let rows: Vec<MySqlRow> = raw
-            .fetch_all(Sql::session_setup().as_str())
+            .fetch_all(Sql::session_setup(self.autocommit).as_str())
             .await
             .map_err(Error::sql("connect"))?;
         let row = rows.first().ok_or_else(|| Error::Sql {
@@ -147,6 +153,7 @@ impl Pool {
             server_idle: Duration::from_secs(server_idle),
             lease_idle: None,
             lock_wait: Some(LOCK_WAIT_ROUND),
+            text_only: false,
         })
     }
 
@@ -216,6 +223,18 @@ impl Lent {
     pub(crate) fn set_lock_wait(&mut self, seconds: Option<u32>) {
         if let Some(conn) = self.conn.as_mut() {
             conn.lock_wait = seconds;
+        }
+    }
+
+    /// Whether the connection may prepare statements (the server has not refused one).
+    pub(crate) fn prepares(&self) -> bool {
+        self.conn.as_ref().is_some_and(|c| !c.text_only)
+    }
+
+    /// The server refused to prepare a statement on this connection: send text from now on.
+    pub(crate) fn stop_preparing(&mut self) {
+        if let Some(conn) = self.conn.as_mut() {
+            conn.text_only = true;
         }
     }
 

@@ -122,3 +122,36 @@ fn each_server_gets_its_own_spelling_of_the_shared_row_lock() {
     );
     assert_eq!(Server::of_version("8.0.36"), Server::MySql);
 }
+
+#[test]
+fn only_a_server_that_records_in_the_lock_gets_the_prepared_take() {
+    let mariadb = Sql::new("t", Tokens::Sequence, Server::MariaDb).with_prepared_take();
+    assert!(mariadb.autocommit_off());
+    for (mode, lock) in [(X, "FOR UPDATE NOWAIT"), (S, "LOCK IN SHARE MODE NOWAIT")] {
+        let take = mariadb.prepared_take(mode).expect("prepared");
+        // One statement that starts the transaction itself, with the three values bound.
+        assert!(take.starts_with("INSERT INTO `t_held`"), "{take}");
+        assert!(!take.contains(';') && !take.contains("X'"), "{take}");
+        assert_eq!(take.matches('?').count(), 3, "{take}");
+        assert!(take.ends_with(&format!("WHERE name = ? {lock} RETURNING token")));
+        // The text form is the same statement with the values filled in.
+        let text = mariadb.try_take("k", mode, None, false, HOLDER);
+        assert_eq!(
+            text.strip_prefix("BEGIN;").unwrap(),
+            take.replacen('?', &literal("k"), 1)
+                .replacen('?', &literal("w@h:1"), 1)
+                .replacen('?', &literal("k"), 1)
+        );
+    }
+    assert_eq!(mariadb.prepared_take(Mode::Permits(2)), None);
+    let plain = Sql::new("t", Tokens::Sequence, Server::MariaDb);
+    assert!(!plain.autocommit_off() && plain.prepared_take(X).is_none());
+    let old = Sql::new("t", Tokens::Sequence, Server::MariaDb)
+        .with_returning(false)
+        .with_prepared_take();
+    assert!(!old.autocommit_off() && old.prepared_take(X).is_none());
+    let mysql = Sql::new("t", Tokens::Counter, Server::MySql).with_prepared_take();
+    assert!(!mysql.autocommit_off());
+    assert!(Sql::session_setup(false).contains("SET SESSION autocommit = 0;"));
+    assert!(!Sql::session_setup(true).contains("autocommit"));
+}
