@@ -84,11 +84,17 @@ pub(crate) enum Step {
     Granted(u64),
     /// The key's row does not exist yet (first use, or an operator deleted it): create it.
     Missing,
-    /// Another session holds the row; the transaction holds nothing.
+    /// Another session holds the row; the transaction holds nothing (after a create that
+    /// was stopped, at most its duplicate check's shared lock on the row), and is ended by
+    /// whatever the connection runs next: a wait's `BEGIN`, or a `ROLLBACK`.
     Busy,
     /// Start over: roll back (holding nothing) and try again, creating the row.
     Restart,
-    /// The idle connection taken from the pool was dead (nothing ran): take a new one.
+    /// The idle connection taken from the pool was dead: take a new one. Nothing ran,
+    /// except that a prepared take may have run just before the connection was lost; its
+    /// session, closed with the connection, then holds the key until the server notices
+    /// (at once when the client closed it; at the session's idle timeout when the network
+    /// is gone), which the new connection's try sees as busy. No second holder either way.
     Replace,
     /// A statement was stopped on the server; see [`Inner::settle`].
     Stopped { why: Why, late: Option<Batch> },
@@ -302,8 +308,9 @@ impl Attempt {
                     lent.stop_preparing();
                 }
                 Guarded::Done(batch) => break batch,
-                // The insert waited behind a holder (it raced the row's creation and
-                // locking): stopped, it leaves no transaction behind, and the key is busy.
+                // The create's insert waited behind a holder (it raced the row's creation
+                // and locking): stopped, the key is busy (the transaction it may leave,
+                // with autocommit off, is ended next, see `Step::Busy`).
                 Guarded::Stopped {
                     why: Why::Silent,
                     late: Some(late),

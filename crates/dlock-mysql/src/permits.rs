@@ -53,8 +53,9 @@ fn slot_numbers(limit: u32) -> String {
 }
 
 impl Sql {
-    /// Create the missing slots `0..limit` of `name` (autocommit): a consistent read
-    /// and plain inserts, as for a key's row.
+    /// Create the missing slots `0..limit` of `name` (in autocommit, or committed by the
+    /// `BEGIN` that follows where lock connections run with it off): a consistent read and
+    /// plain inserts, as for a key's row.
     fn create_slots(&self, name: &str, limit: u32) -> String {
         format!(
             "INSERT INTO `{s}` (name, slot) SELECT {n}, k.slot FROM {k} \

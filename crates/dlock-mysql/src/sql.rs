@@ -3,7 +3,8 @@
 //! Statements go as text batches (several statements, one round trip), so names are sent as
 //! binary literals `X'…'` and table names are validated identifiers: nothing a key contains
 //! can change a statement. A batch stops at its first failing statement, which tells the
-//! caller where it failed.
+//! caller where it failed. The one prepared statement, the usual first try of a hold on
+//! MariaDB ([`Sql::prepared_take`]), takes its names as parameters instead.
 
 use std::fmt::Write as _;
 use std::time::Duration;

@@ -232,14 +232,22 @@ async fn a_dropped_test_server_is_stopped_and_removed() {
 /// A server at its limit of prepared statements (`max_prepared_stmt_count`, shared by every
 /// session) still grants and releases keys: the first try of a hold, a prepared statement,
 /// goes as a text batch instead. The limit is set on this binary's private server (the
-/// only one its tests may reconfigure) and put back after; other tests of this binary that
-/// connect meanwhile send text too.
+/// only one its tests may reconfigure), by a user of its own with `SUPER`, and put back
+/// after, even when the test fails; other tests of this binary that connect meanwhile send
+/// text too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_refuses_to_prepare_still_grants_keys() {
+    use futures::FutureExt;
     use sqlx::{Connection, Executor, Row};
     let server = TlsMariadb::shared();
     let url = server.verified_url();
-    let mut admin = sqlx::MySqlConnection::connect(&url)
+    let ca = server.file("ca.pem");
+    let admin_url = server.url(
+        "dlock_admin",
+        "127.0.0.1",
+        &format!("ssl-mode=verify_identity&ssl-ca={ca}"),
+    );
+    let mut admin = sqlx::MySqlConnection::connect(&admin_url)
         .await
         .expect("an admin connection to the private server");
     let limit: u64 = admin
@@ -251,23 +259,30 @@ async fn a_server_that_refuses_to_prepare_still_grants_keys() {
         .execute("SET GLOBAL max_prepared_stmt_count = 0")
         .await
         .expect("refuse every prepare");
-    let (a, b) = (connect(&url).await, connect(&url).await);
-    let key = unique("unprepared");
-    // A ttl of 10 s or more: a connection keeps it between holds, so each client's second
-    // try is the prepared one (its first sets the session's idle timeout in a text batch).
-    let opts = LockOptions::new().ttl(Duration::from_secs(30));
-    for (client, other) in [(&a, &b), (&b, &a), (&a, &b)] {
-        let lease = client
-            .try_acquire(&key, &opts)
-            .await
-            .expect("try_acquire while the server refuses to prepare")
-            .expect("the key is free");
-        let excluded = other.try_acquire(&key, &opts).await.expect("try_acquire");
-        assert!(excluded.is_none(), "a second client is excluded");
-        lease.release().await.expect("release");
-    }
+    let locks = async {
+        let (a, b) = (connect(&url).await, connect(&url).await);
+        let key = unique("unprepared");
+        // A ttl of 10 s or more: a connection keeps it between holds, so each client's
+        // second try is the prepared one (its first sets the session's idle timeout in a
+        // text batch).
+        let opts = LockOptions::new().ttl(Duration::from_secs(30));
+        for (client, other) in [(&a, &b), (&b, &a), (&a, &b)] {
+            let lease = client
+                .try_acquire(&key, &opts)
+                .await
+                .expect("try_acquire while the server refuses to prepare")
+                .expect("the key is free");
+            let excluded = other.try_acquire(&key, &opts).await.expect("try_acquire");
+            assert!(excluded.is_none(), "a second client is excluded");
+            lease.release().await.expect("release");
+        }
+    };
+    let outcome = std::panic::AssertUnwindSafe(locks).catch_unwind().await;
     admin
         .execute(format!("SET GLOBAL max_prepared_stmt_count = {limit}").as_str())
         .await
         .expect("put the limit back");
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
 }

@@ -1,7 +1,8 @@
 //! A private MariaDB server with TLS, for the tests that need one (the shared servers run
 //! no TLS): a test CA made with openssl, a server certificate that names `127.0.0.1` and
-//! nothing else, and users that `REQUIRE SSL` (`dlock`) and `REQUIRE X509` (`dlock_x509`,
-//! a client certificate signed by the test CA).
+//! nothing else, and users that `REQUIRE SSL` (`dlock`, and `dlock_admin`, which may change
+//! the server's global settings) and `REQUIRE X509` (`dlock_x509`, a client certificate
+//! signed by the test CA).
 //!
 //! The server runs under a small `sh` supervisor whose stdin is a pipe from the test
 //! process: when the pipe closes (the [`TlsMariadb`] is dropped, or the test process ends in
@@ -257,7 +258,9 @@ CREATE DATABASE dlock;
 CREATE USER 'dlock'@'127.0.0.1' IDENTIFIED BY '{PASSWORD}' REQUIRE SSL;
 GRANT ALL PRIVILEGES ON dlock.* TO 'dlock'@'127.0.0.1';
 GRANT PROCESS, CONNECTION ADMIN ON *.* TO 'dlock'@'127.0.0.1';
-GRANT SUPER ON *.* TO 'dlock'@'127.0.0.1';
+CREATE USER 'dlock_admin'@'127.0.0.1' IDENTIFIED BY '{PASSWORD}' REQUIRE SSL;
+GRANT SUPER ON *.* TO 'dlock_admin'@'127.0.0.1';
+GRANT SELECT ON dlock.* TO 'dlock_admin'@'127.0.0.1';
 CREATE USER 'dlock_x509'@'127.0.0.1' IDENTIFIED BY '{PASSWORD}' REQUIRE X509;
 GRANT ALL PRIVILEGES ON dlock.* TO 'dlock_x509'@'127.0.0.1';
 ";
