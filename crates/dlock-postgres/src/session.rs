@@ -287,4 +287,8 @@ impl Session for PgSession {
     ) -> Result<Self::Answer, Failure> {
         self.run(&statement, op).await
     }
+
+    fn call_op((_, op): &Self::Call) -> &'static str {
+        op
+    }
 }

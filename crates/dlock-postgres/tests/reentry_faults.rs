@@ -372,3 +372,89 @@ async fn a_holders_session_killed_unnoticed_is_never_reentered() {
     other.release().await.unwrap();
     drop(first);
 }
+
+/// The first client's hold of `key` (two entries with `reentered`), on a client behind a
+/// proxy; then the network cut while `count_change` (a re-entry, or the release of an
+/// entry) runs on the holder connection. The change gets no answer: the carrier gives the
+/// session up before the server's idle timeout could end it, so the hold is told lost
+/// before anyone else can take the key (another client waits for it on a direct
+/// connection), and the change answers within its bound. Returns the change's answer.
+async fn cut_under_a_count_change<T, F>(
+    reentered: bool,
+    count_change: impl FnOnce(Arc<dyn DistributedLock>, String, Option<dlock_core::Lease>) -> F,
+) -> T
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let h = harness();
+    let (a, cut) = h
+        .partitioned_client()
+        .await
+        .expect("a client behind a proxy");
+    let key = dlock_conformance::testkit::unique_key("pg-cut-count");
+    let first = take(&*a, &key, &owned("job-cut")).await;
+    let second = match reentered {
+        true => Some(take(&*a, &key, &owned("job-cut")).await),
+        false => None,
+    };
+    let mut lost = first.lost_signal();
+    let lost = tokio::spawn(async move {
+        lost.lost().await;
+        Instant::now()
+    });
+    cut.cut();
+    let change = tokio::spawn(count_change(a.clone(), key.clone(), second));
+    let b = client(&h).await;
+    let granted = tokio::spawn(async move {
+        let lease = b
+            .acquire(&key, &plain().wait(Wait::For(Duration::from_secs(20))))
+            .await
+            .expect("another client takes the key once the cut session ends");
+        let at = Instant::now();
+        lease.release().await.unwrap();
+        at
+    });
+    let answer = tokio::time::timeout(Duration::from_secs(8), change)
+        .await
+        .expect("the count change answers within 8 s (ttl 3 s)")
+        .unwrap();
+    let lost_at = tokio::time::timeout(Duration::from_secs(8), lost)
+        .await
+        .expect("the hold is told lost within 8 s (ttl 3 s)")
+        .unwrap();
+    let granted_at = granted.await.unwrap();
+    assert!(
+        lost_at <= granted_at,
+        "the hold was told lost {:?} after another client took the key",
+        lost_at - granted_at
+    );
+    cut.heal();
+    answer
+}
+
+/// A re-entry whose count change is cut off on the holder connection is not granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reentry_cut_off_on_the_holder_connection_is_lost_before_the_key_is_free() {
+    let answer = cut_under_a_count_change(false, |a, key, _| async move {
+        a.try_acquire(&key, &owned("job-cut"))
+            .await
+            .map(|l| l.is_some())
+    })
+    .await;
+    assert!(
+        !matches!(answer, Ok(true)),
+        "re-entered a hold whose session was cut off"
+    );
+}
+
+/// The release of an entry cut off on the holder connection answers that the hold is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_cut_off_on_the_holder_connection_is_lost_before_the_key_is_free() {
+    let answer = cut_under_a_count_change(true, |_, _, second| async move {
+        second.expect("the second entry").release().await
+    })
+    .await;
+    let err = answer.expect_err("released an entry whose session was cut off");
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+}

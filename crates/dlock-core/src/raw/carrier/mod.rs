@@ -135,6 +135,12 @@ pub trait Session: Send + 'static {
     /// must check on the server what it relies on. Errors as the other requests: a
     /// [`Failure::Session`] ends the carrier and every hold it carries.
     async fn call(&mut self, lock: &Self::Lock, call: Self::Call) -> Result<Self::Answer, Failure>;
+
+    /// The operation `call` is part of, as errors name it (a call the session did not
+    /// answer in time fails with it); by default `call`.
+    fn call_op(_call: &Self::Call) -> &'static str {
+        "call"
+    }
 }
 
 /// Which carriers a hold may share: auto-renewed holds of one ttl share; a hold that must

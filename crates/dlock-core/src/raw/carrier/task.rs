@@ -199,8 +199,8 @@ impl<S: Session> Task<S> {
             return Ok(());
         }
         let sent_at = Instant::now();
-        let (until, backend) = (self.safe_until(), self.backend);
-        let outcome = within(until, backend, "call", self.session().call(lock, call)).await;
+        let (until, backend, op) = (self.safe_until(), self.backend, S::call_op(&call));
+        let outcome = within(until, backend, op, self.session().call(lock, call)).await;
         let (answer, result) = self.answered(outcome, sent_at);
         let _ = reply.send(answer);
         result
