@@ -1,6 +1,7 @@
 //! Reentrant holds on PostgreSQL when something goes wrong between a count change and its
 //! answer: a re-entry given up mid-statement, a count change that timed out, an idle side
-//! connection the server ended, a hold's session killed before its client noticed. The
+//! connection the server ended, a hold's session killed before its client noticed, a
+//! holder connection stuck in a statement or cut off by the network. The
 //! count stays what the leases handed out say, and the key is never re-entered past its
 //! holder's end.
 
