@@ -405,10 +405,10 @@ impl Sql {
     /// from one statement, answered by the token (no row: the key's row is missing).
     /// Otherwise `SELECT` [`Self::locked_value`] `FROM {table} WHERE name = … <lock>`.
     fn lock_and_record(&self, name: &str, mode: Mode, nowait: bool, holder: Holder<'_>) -> String {
-        let (t, n) = (&self.table, literal(name));
-        let (v, lock) = (self.locked_value(), self.lock_clause(mode, nowait));
+        let n = literal(name);
         if !self.records_in_lock() {
-            return format!("SELECT {v} FROM `{t}` WHERE name = {n} {lock}");
+            let (v, lock) = (self.locked_value(), self.lock_clause(mode, nowait));
+            return format!("SELECT {v} FROM `{}` WHERE name = {n} {lock}", self.table);
         }
         self.lock_and_record_with(mode, nowait)
             .replacen('?', &literal(holder.key), 1)
