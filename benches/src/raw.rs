@@ -9,9 +9,14 @@
 //! | redis-cluster | `PING` (a cluster connection) | as redis, through the cluster connection (to the key's master) |
 //! | redlock | `PING` to every node in parallel | `SET NX PX` on every node in parallel, then `DEL` on every node |
 //! | zookeeper | `exists /` | `create` ephemeral node + `delete` |
-//! | etcd | `get key` (linearizable read) | `put key` + `delete key` |
+//! | etcd | `get key` (linearizable read) | `put key` if absent (a transaction comparing its create revision to 0), on a lease granted once, + `delete key` |
 //! | mysql | `SELECT 1` | `BEGIN` / `SELECT … FOR UPDATE` / `COMMIT` on a row of a temporary table |
 //! | postgres | `SELECT 1` | `pg_advisory_lock` + `pg_advisory_unlock` on one connection |
+//!
+//! Each cycle is the least lock its server offers: a write that fails when another client
+//! holds the key (or a lock call that waits), and an unconditional give-back. etcd's put
+//! always succeeds, so its cycle puts only if the key is absent, as `SET NX` does on
+//! Redis; the lease plays the part of Redis's `PX` and, like it, costs no request per cycle.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +61,8 @@ pub(crate) enum RawConn {
     Etcd {
         client: Box<etcd_client::Client>,
         key: String,
+        /// Granted at connect and revoked at close: the keys' expiry.
+        lease: i64,
     },
     #[cfg(feature = "mysql")]
     Mysql {
@@ -85,7 +92,7 @@ pub(crate) fn describe(kind: Kind) -> (Option<&'static str>, &'static str) {
         Kind::RedisCluster => (Some("PING (cluster)"), "SET NX PX + DEL (cluster client)"),
         Kind::Redlock => (Some("PING ×N nodes"), "SET NX PX ×N + DEL ×N"),
         Kind::Zookeeper => (Some("exists /"), "create ephemeral + delete"),
-        Kind::Etcd => (Some("get"), "put + delete"),
+        Kind::Etcd => (Some("get"), "put if absent + delete"),
         Kind::Mysql => (Some("SELECT 1"), "BEGIN; SELECT … FOR UPDATE; COMMIT"),
         Kind::Postgres => (Some("SELECT 1"), "pg_advisory_lock + pg_advisory_unlock"),
     }
@@ -355,10 +362,16 @@ impl RawConn {
                 })
             }
             #[cfg(feature = "etcd")]
-            Kind::Etcd => Ok(RawConn::Etcd {
-                client: Box::new(etcd_connect(&parts, timeout).await?),
-                key: format!("lockbench/{key}"),
-            }),
+            Kind::Etcd => {
+                let mut client = Box::new(etcd_connect(&parts, timeout).await?);
+                // Longer than any run's measurement with this connection.
+                let lease = client.lease_grant(600, None).await.map_err(err)?.id();
+                Ok(RawConn::Etcd {
+                    client,
+                    key: format!("lockbench/{key}"),
+                    lease,
+                })
+            }
             #[cfg(feature = "mysql")]
             Kind::Mysql => {
                 use sqlx::Executor as _;
@@ -413,7 +426,7 @@ impl RawConn {
                 Ok(())
             }
             #[cfg(feature = "etcd")]
-            RawConn::Etcd { client, key } => {
+            RawConn::Etcd { client, key, .. } => {
                 client.get(key.as_str(), None).await.map_err(err)?;
                 Ok(())
             }
@@ -472,11 +485,19 @@ impl RawConn {
                 client.delete(path, None).await.map_err(err)
             }
             #[cfg(feature = "etcd")]
-            RawConn::Etcd { client, key } => {
-                client
-                    .put(key.as_str(), "lockbench", None)
-                    .await
-                    .map_err(err)?;
+            RawConn::Etcd { client, key, lease } => {
+                use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+                let put = TxnOp::put(
+                    key.as_str(),
+                    "lockbench",
+                    Some(PutOptions::new().with_lease(*lease)),
+                );
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                    .and_then([put]);
+                if !client.txn(txn).await.map_err(err)?.succeeded() {
+                    return Err(format!("{key:?} was not absent"));
+                }
                 let deleted = client.delete(key.as_str(), None).await.map_err(err)?;
                 if deleted.deleted() != 1 {
                     return Err(format!("delete {key:?} removed {} keys", deleted.deleted()));
@@ -542,8 +563,13 @@ impl RawConn {
                 let _ = client.delete(&path, None).await;
             }
             #[cfg(feature = "etcd")]
-            RawConn::Etcd { mut client, key } => {
+            RawConn::Etcd {
+                mut client,
+                key,
+                lease,
+            } => {
                 let _ = client.delete(key.as_str(), None).await;
+                let _ = client.lease_revoke(lease).await;
             }
             #[cfg(feature = "mysql")]
             RawConn::Mysql { conn, .. } => {
