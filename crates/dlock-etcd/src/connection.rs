@@ -23,7 +23,9 @@ use crate::shared::SharedLeases;
 /// The client and what every request needs: its timeout, and the counters.
 #[derive(Clone)]
 pub(crate) struct Conn {
-    pub(crate) client: Client,
+    /// Shared, not cloned, by the clones of `Conn` (one per hold): a `Client` is a handle
+    /// per gRPC service, each a clone of the channel.
+    pub(crate) client: Arc<Client>,
     /// How many endpoints the client balances over.
     pub(crate) endpoints: usize,
     pub(crate) timeout: Duration,

@@ -2,17 +2,20 @@
 //! ([`Conn::watch_held`]), so a hold costs one message to watch (no round trip, no stream
 //! of its own) and nothing per renewal. A deletion fires that hold's lost signal. The
 //! watch starts [`WATCH_AFTER`] into the hold, from the revision the hold was won at, so
-//! a short hold costs no watch at all and a deletion meanwhile is still seen.
+//! a short hold costs no watch at all and a deletion meanwhile is still seen. The holds
+//! whose watch is not due yet wait in one queue, which one task of the client starts
+//! ([`Due`]): a hold costs no task or timer of its own.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use etcd_client::{
     Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponse,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::time::Instant;
 
 use crate::NAME;
 use crate::connection::Conn;
@@ -25,6 +28,11 @@ use crate::connection::Conn;
 /// catches a watch from the past up every 100 ms anyway).
 const WATCH_AFTER: Duration = Duration::from_millis(100);
 
+/// How much earlier than due the starter may start a watch, so that under a steady stream
+/// of holds it wakes at most once per this much time, not once per hold (a hold shorter
+/// than `WATCH_AFTER - START_EARLY` still costs no watch).
+const START_EARLY: Duration = Duration::from_millis(10);
+
 /// How long to wait before opening the stream again after it broke.
 const REOPEN_AFTER: Duration = Duration::from_millis(200);
 
@@ -33,6 +41,97 @@ const REOPEN_AFTER: Duration = Duration::from_millis(200);
 pub(crate) struct HeldKeys {
     commands: OnceLock<mpsc::UnboundedSender<Command>>,
     next_id: AtomicI64,
+    due: Arc<Due>,
+}
+
+/// The holds whose watch is not sent yet, oldest first. Every hold waits the same
+/// [`WATCH_AFTER`], so the order they were made in is the order they fall due; one task
+/// (started with the first hold, ended with the client) sends them, and is woken by a hold
+/// only when the queue was empty.
+#[derive(Debug, Default)]
+struct Due {
+    queue: Mutex<VecDeque<Queued>>,
+    wake: Arc<Notify>,
+    started: OnceLock<()>,
+}
+
+/// A hold's watch in [`Due`]: when it falls due, the watch, and the hold's phase.
+type Queued = (Instant, Watched, Arc<Mutex<Phase>>);
+
+impl Due {
+    /// Queue `watched`, due at `at`.
+    fn push(
+        self: &Arc<Self>,
+        at: Instant,
+        watched: Watched,
+        phase: Arc<Mutex<Phase>>,
+        commands: &mpsc::UnboundedSender<Command>,
+    ) {
+        self.started.get_or_init(|| {
+            tokio::spawn(start_when_due(
+                Arc::downgrade(self),
+                self.wake.clone(),
+                commands.downgrade(),
+            ));
+        });
+        let mut queue = lock(&self.queue);
+        let was_empty = queue.is_empty();
+        queue.push_back((at, watched, phase));
+        drop(queue);
+        if was_empty {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Send every watch due by now (or within [`START_EARLY`]) whose hold still holds;
+    /// answer when the next one falls due, `None` when none waits.
+    fn send_due(&self, commands: &mpsc::WeakUnboundedSender<Command>) -> Option<Instant> {
+        let horizon = Instant::now() + START_EARLY;
+        let mut queue = lock(&self.queue);
+        while let Some((at, ..)) = queue.front() {
+            if *at > horizon {
+                return Some(*at - START_EARLY);
+            }
+            let (_, watched, phase) = queue.pop_front().expect("a front");
+            let mut phase = lock(&phase);
+            if *phase == Phase::Pending {
+                if let Some(tx) = commands.upgrade() {
+                    let _ = tx.send(Command::Watch(watched));
+                }
+                *phase = Phase::Started;
+            }
+        }
+        None
+    }
+}
+
+impl Drop for Due {
+    fn drop(&mut self) {
+        // Lets the starter see the client gone.
+        self.wake.notify_one();
+    }
+}
+
+/// The starter: sends the watches of [`Due`] as they fall due, until the client is gone.
+async fn start_when_due(
+    due: Weak<Due>,
+    wake: Arc<Notify>,
+    commands: mpsc::WeakUnboundedSender<Command>,
+) {
+    loop {
+        let next = match due.upgrade() {
+            Some(due) => due.send_due(&commands),
+            None => return,
+        };
+        match next {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => wake.notified().await,
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[derive(Debug)]
@@ -75,7 +174,7 @@ enum Phase {
 
 impl Drop for HeldWatch {
     fn drop(&mut self) {
-        let mut phase = self.phase.lock().unwrap_or_else(|e| e.into_inner());
+        let mut phase = lock(&self.phase);
         if *phase == Phase::Started {
             let _ = self.commands.send(Command::Cancel(self.id));
         }
@@ -111,18 +210,12 @@ impl Conn {
             deleted,
         };
         let phase = Arc::new(Mutex::new(Phase::Pending));
-        let start = {
-            let (commands, phase) = (commands.clone(), phase.clone());
-            async move {
-                tokio::time::sleep(WATCH_AFTER).await;
-                let mut phase = phase.lock().unwrap_or_else(|e| e.into_inner());
-                if *phase == Phase::Pending {
-                    let _ = commands.send(Command::Watch(watched));
-                    *phase = Phase::Started;
-                }
-            }
-        };
-        tokio::spawn(start);
+        keys.due.push(
+            Instant::now() + WATCH_AFTER,
+            watched,
+            phase.clone(),
+            &commands,
+        );
         (
             HeldWatch {
                 id,
@@ -144,7 +237,7 @@ fn options(w: &Watched) -> WatchOptions {
 /// The stream's task: the requests go out from here; a reader task forwards the responses.
 /// It ends when every sender (the client and its holds) is gone.
 async fn run(
-    client: Client,
+    client: Arc<Client>,
     timeout: Duration,
     me: mpsc::WeakUnboundedSender<Command>,
     mut commands: mpsc::UnboundedReceiver<Command>,

@@ -162,8 +162,10 @@
 //! 699–928 (p50 21–27 ms, p99 87–108 ms).
 //!
 //! **Hold.** The client watches every held key on one watch stream (one watch per key,
-//! created with one message, no round trip, 100 ms into the hold and from the revision it
-//! was won at, so a shorter hold costs no watch and no deletion is missed): a deletion of
+//! created with one message, no round trip, 90 to 100 ms into the hold and from the
+//! revision it was won at, so a hold shorter than 90 ms costs no watch and no deletion is
+//! missed; one task of the client starts the watches as they fall due, so a hold costs no
+//! task or timer of its own): a deletion of
 //! `my` (an operator, a broken lease) fires that hold's `lost()` at once (within 100 ms
 //! plus etcd's 100 ms catch-up of a watch started in the past). A hold on the shared lease is granted
 //! [kept alive](dlock_core::raw::Grant::kept_alive): the watchdog keeps no timer and sends

@@ -65,7 +65,7 @@ impl EtcdBackend {
                 .await
                 .map_err(|e| Error::etcd("connect", e).at_connect())?;
             let conn = Conn {
-                client,
+                client: Arc::new(client),
                 endpoints: endpoints.len(),
                 timeout: config.request_timeout(),
                 shared: Arc::default(),

@@ -87,6 +87,40 @@ async fn lost_fires_when_our_key_is_deleted_before_its_watch_starts() {
     lost_fires_when_deleted(Duration::ZERO).await;
 }
 
+/// The client's queue of watches not yet due: a hold made right after many short ones
+/// (released before their watch was due, so never watched) still gets its watch, and so
+/// does one made after the queue ran empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_for_a_hold_queued_behind_short_ones() {
+    use dlock_conformance::Harness as _;
+    let harness = EtcdHarness::from_env();
+    let a = harness.lock().await;
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    for round in 0..2 {
+        for i in 0..50 {
+            let short = fresh_key(&format!("short{round}-{i}"));
+            let lease = a.try_acquire(&short, &opts).await.expect("try_acquire");
+            lease.expect("free").release().await.expect("release");
+        }
+        let key = fresh_key(&format!("k{round}"));
+        let lease = a
+            .try_acquire(&key, &opts)
+            .await
+            .expect("try_acquire")
+            .expect("free");
+        // Past the watch's start, so the deletion is seen by the watch itself.
+        sleep(Duration::from_millis(300)).await;
+        harness.break_lease(&key).await.expect("break the lease");
+        let reason = timeout(Duration::from_secs(2), lease.lost())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: lost() did not fire within 2 s"));
+        assert_eq!(reason, LostReason::NotHeld);
+        drop(lease);
+        // The queue runs empty before the next round's holds.
+        sleep(Duration::from_millis(300)).await;
+    }
+}
+
 /// Hold a key (ttl 30 s) for `into_hold`, delete it behind our back: `lost()` fires within
 /// 2 s, and the release answers that the lease is gone.
 async fn lost_fires_when_deleted(into_hold: Duration) {
