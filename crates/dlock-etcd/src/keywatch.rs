@@ -59,10 +59,10 @@ struct Due {
 type Queued = (Instant, Watched, Arc<Mutex<Phase>>);
 
 impl Due {
-    /// Queue `watched`, due at `at`.
+    /// Queue `watched`, due [`WATCH_AFTER`] from now (taken under the queue's lock, so the
+    /// queue stays in due order).
     fn push(
         self: &Arc<Self>,
-        at: Instant,
         watched: Watched,
         phase: Arc<Mutex<Phase>>,
         commands: &mpsc::UnboundedSender<Command>,
@@ -76,21 +76,22 @@ impl Due {
         });
         let mut queue = lock(&self.queue);
         let was_empty = queue.is_empty();
-        queue.push_back((at, watched, phase));
+        queue.push_back((Instant::now() + WATCH_AFTER, watched, phase));
         drop(queue);
         if was_empty {
             self.wake.notify_one();
         }
     }
 
-    /// Send every watch due by now (or within [`START_EARLY`]) whose hold still holds;
-    /// answer when the next one falls due, `None` when none waits.
+    /// Send every watch due by now or within [`START_EARLY`] whose hold still holds;
+    /// answer when the next one falls due (at least `START_EARLY` away), `None` when none
+    /// waits.
     fn send_due(&self, commands: &mpsc::WeakUnboundedSender<Command>) -> Option<Instant> {
         let horizon = Instant::now() + START_EARLY;
         let mut queue = lock(&self.queue);
         while let Some((at, ..)) = queue.front() {
             if *at > horizon {
-                return Some(*at - START_EARLY);
+                return Some(*at);
             }
             let (_, watched, phase) = queue.pop_front().expect("a front");
             let mut phase = lock(&phase);
@@ -210,12 +211,7 @@ impl Conn {
             deleted,
         };
         let phase = Arc::new(Mutex::new(Phase::Pending));
-        keys.due.push(
-            Instant::now() + WATCH_AFTER,
-            watched,
-            phase.clone(),
-            &commands,
-        );
+        keys.due.push(watched, phase.clone(), &commands);
         (
             HeldWatch {
                 id,
@@ -391,5 +387,83 @@ async fn handle(
         if let Some(sender) = stream {
             let _ = sender.cancel(id).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued(
+        due: &Arc<Due>,
+        id: i64,
+        commands: &mpsc::UnboundedSender<Command>,
+    ) -> Arc<Mutex<Phase>> {
+        let (deleted, _) = oneshot::channel();
+        let watched = Watched {
+            id,
+            key: format!("k{id}"),
+            rev: 1,
+            from: 2,
+            deleted,
+        };
+        let phase = Arc::new(Mutex::new(Phase::Pending));
+        due.push(watched, phase.clone(), commands);
+        phase
+    }
+
+    fn sent(rx: &mut mpsc::UnboundedReceiver<Command>) -> Vec<i64> {
+        let mut ids = Vec::new();
+        while let Ok(command) = rx.try_recv() {
+            match command {
+                Command::Watch(w) => ids.push(w.id),
+                other => panic!("only watches are sent: {other:?}"),
+            }
+        }
+        ids
+    }
+
+    /// Let the starter run at the current (paused) instant.
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn watches_start_when_due_in_batches_and_never_for_a_dropped_hold() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let due = Arc::new(Due::default());
+        queued(&due, 1, &tx);
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let dropped = queued(&due, 2, &tx);
+        *dropped.lock().unwrap() = Phase::Dropped;
+        queued(&due, 3, &tx);
+        tokio::time::advance(Duration::from_millis(50)).await;
+        queued(&due, 4, &tx);
+        settle().await;
+        assert!(sent(&mut rx).is_empty(), "nothing is due yet");
+        tokio::time::advance(Duration::from_millis(40)).await;
+        settle().await;
+        assert!(sent(&mut rx).is_empty(), "none before the first is due");
+        tokio::time::advance(Duration::from_millis(5)).await; // 100 ms: the first is due
+        settle().await;
+        assert_eq!(
+            sent(&mut rx),
+            [1, 3],
+            "with the first, those due within 10 ms"
+        );
+        assert_eq!(*dropped.lock().unwrap(), Phase::Dropped);
+        tokio::time::advance(Duration::from_millis(54)).await;
+        settle().await;
+        assert!(sent(&mut rx).is_empty(), "the last is due at 155 ms");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        settle().await;
+        assert_eq!(sent(&mut rx), [4]);
+        // The queue ran empty: a new hold wakes the starter again.
+        queued(&due, 5, &tx);
+        tokio::time::advance(WATCH_AFTER).await;
+        settle().await;
+        assert_eq!(sent(&mut rx), [5]);
     }
 }
