@@ -52,7 +52,6 @@ pub(crate) struct HeldKeys {
 struct Due {
     queue: Mutex<VecDeque<Queued>>,
     wake: Arc<Notify>,
-    started: OnceLock<()>,
 }
 
 /// A hold's watch in [`Due`]: when it falls due, the watch, and the hold's phase.
@@ -61,19 +60,7 @@ type Queued = (Instant, Watched, Arc<Mutex<Phase>>);
 impl Due {
     /// Queue `watched`, due [`WATCH_AFTER`] from now (taken under the queue's lock, so the
     /// queue stays in due order).
-    fn push(
-        self: &Arc<Self>,
-        watched: Watched,
-        phase: Arc<Mutex<Phase>>,
-        commands: &mpsc::UnboundedSender<Command>,
-    ) {
-        self.started.get_or_init(|| {
-            tokio::spawn(start_when_due(
-                Arc::downgrade(self),
-                self.wake.clone(),
-                commands.downgrade(),
-            ));
-        });
+    fn push(&self, watched: Watched, phase: Arc<Mutex<Phase>>) {
         let mut queue = lock(&self.queue);
         let was_empty = queue.is_empty();
         queue.push_back((Instant::now() + WATCH_AFTER, watched, phase));
@@ -114,6 +101,7 @@ impl Drop for Due {
 }
 
 /// The starter: sends the watches of [`Due`] as they fall due, until the client is gone.
+/// Started with the watch stream's task, by the client's first hold.
 async fn start_when_due(
     due: Weak<Due>,
     wake: Arc<Notify>,
@@ -198,6 +186,12 @@ impl Conn {
             .get_or_init(|| {
                 let (tx, rx) = mpsc::unbounded_channel();
                 tokio::spawn(run(self.client.clone(), self.timeout, tx.downgrade(), rx));
+                let due = &keys.due;
+                tokio::spawn(start_when_due(
+                    Arc::downgrade(due),
+                    due.wake.clone(),
+                    tx.downgrade(),
+                ));
                 tx
             })
             .clone();
@@ -211,7 +205,7 @@ impl Conn {
             deleted,
         };
         let phase = Arc::new(Mutex::new(Phase::Pending));
-        keys.due.push(watched, phase.clone(), &commands);
+        keys.due.push(watched, phase.clone());
         (
             HeldWatch {
                 id,
@@ -394,11 +388,7 @@ async fn handle(
 mod tests {
     use super::*;
 
-    fn queued(
-        due: &Arc<Due>,
-        id: i64,
-        commands: &mpsc::UnboundedSender<Command>,
-    ) -> Arc<Mutex<Phase>> {
+    fn queued(due: &Due, id: i64) -> Arc<Mutex<Phase>> {
         let (deleted, _) = oneshot::channel();
         let watched = Watched {
             id,
@@ -408,7 +398,7 @@ mod tests {
             deleted,
         };
         let phase = Arc::new(Mutex::new(Phase::Pending));
-        due.push(watched, phase.clone(), commands);
+        due.push(watched, phase.clone());
         phase
     }
 
@@ -434,13 +424,18 @@ mod tests {
     async fn watches_start_when_due_in_batches_and_never_for_a_dropped_hold() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let due = Arc::new(Due::default());
-        queued(&due, 1, &tx);
+        tokio::spawn(start_when_due(
+            Arc::downgrade(&due),
+            due.wake.clone(),
+            tx.downgrade(),
+        ));
+        queued(&due, 1);
         tokio::time::advance(Duration::from_millis(5)).await;
-        let dropped = queued(&due, 2, &tx);
+        let dropped = queued(&due, 2);
         *dropped.lock().unwrap() = Phase::Dropped;
-        queued(&due, 3, &tx);
+        queued(&due, 3);
         tokio::time::advance(Duration::from_millis(50)).await;
-        queued(&due, 4, &tx);
+        queued(&due, 4);
         settle().await;
         assert!(sent(&mut rx).is_empty(), "nothing is due yet");
         tokio::time::advance(Duration::from_millis(40)).await;
@@ -461,7 +456,7 @@ mod tests {
         settle().await;
         assert_eq!(sent(&mut rx), [4]);
         // The queue ran empty: a new hold wakes the starter again.
-        queued(&due, 5, &tx);
+        queued(&due, 5);
         tokio::time::advance(WATCH_AFTER).await;
         settle().await;
         assert_eq!(sent(&mut rx), [5]);
