@@ -30,7 +30,7 @@ use crate::grant::locked_token;
 use crate::held::MysqlHeld;
 use crate::permits;
 use crate::pool::Lent;
-use crate::sql::{self, End, Holder, LOCK_WAIT_ROUND, Tokens};
+use crate::sql::{self, End, Holder, LOCK_WAIT_ROUND, Sql, Tokens};
 
 /// How long a killed statement gets to answer before the next, stronger kill.
 const KILL_GRACE: Duration = Duration::from_secs(1);
@@ -319,7 +319,7 @@ impl Attempt {
             }
         };
         if let Mode::Permits(limit) = self.mode {
-            return permits::tried(batch, limit, create, lent.reused);
+            return permits::tried(batch, lent, limit, set.is_some(), create);
         }
         match batch.error {
             None if batch.granted() => locked_token(&batch),
@@ -460,8 +460,15 @@ impl Attempt {
 
     /// Roll back a transaction that holds nothing, keeping the connection.
     async fn rollback(&self, lent: &mut Lent) -> Result<()> {
-        let batch = self.inner.run(lent, "ROLLBACK", "acquire").await;
-        batch.error.map_or(Ok(()), |e| Err(e.into()))
+        let sql = Sql::release_creation_lock("ROLLBACK", lent.creation_lock());
+        let batch = self.inner.run(lent, &sql, "acquire").await;
+        match batch.error {
+            None => {
+                lent.set_creation_lock(None);
+                Ok(())
+            }
+            Some(e) => Err(e.into()),
+        }
     }
 
     /// The row is ours. With a token drawn by the locking statement, the lease is ready:

@@ -202,6 +202,7 @@ impl Inner {
             sql.push(';');
             sql.push_str(&Sql::lock_wait(LOCK_WAIT_ROUND));
         }
+        let sql = Sql::release_creation_lock(&sql, lent.creation_lock());
         let batch = self.run(&mut lent, &sql, op).await;
         tracing::debug!(id = lent.id(), ?end, done = batch.done, error = ?batch.error, "finish");
         match batch.error {
@@ -210,6 +211,7 @@ impl Inner {
                     lent.set_lease_idle(None);
                 }
                 lent.set_lock_wait(Some(LOCK_WAIT_ROUND));
+                lent.set_creation_lock(None);
                 lent.give_back();
                 Finished::Ended
             }

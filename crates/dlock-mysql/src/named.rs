@@ -39,12 +39,18 @@ const PREFIX: &str = "dlock:";
 /// n² / 2²³³ for n keys. Named locks are server-wide: the table in the digest keeps two
 /// tables' keys apart.
 pub(crate) fn lock_name(table: &str, row_name: &str) -> String {
+    digest_name(PREFIX, table, row_name)
+}
+
+/// `prefix`, then hex digits of the SHA-256 of `table`, a NUL byte and `row_name`, up to
+/// [`MAX_LOCK_NAME`] characters: a `GET_LOCK` name for one key of one table.
+pub(crate) fn digest_name(prefix: &str, table: &str, row_name: &str) -> String {
     let mut hash = Sha256::new();
     hash.update(table.as_bytes());
     hash.update([0]);
     hash.update(row_name.as_bytes());
     let mut out = String::with_capacity(MAX_LOCK_NAME);
-    out.push_str(PREFIX);
+    out.push_str(prefix);
     for b in hash.finalize() {
         if out.len() + 2 > MAX_LOCK_NAME {
             break;

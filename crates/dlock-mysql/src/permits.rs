@@ -19,8 +19,18 @@ use tokio::time::Instant;
 use crate::acquire::{Attempt, Guarded, Step};
 use crate::backend::Batch;
 use crate::error::Error;
+use crate::named::digest_name;
 use crate::pool::Lent;
 use crate::sql::{Sql, literal, set_idle};
+
+/// The prefix of a key's [creation lock](Sql::creation_lock): unlike named mode's
+/// `dlock:`, so the two never share a name.
+const CREATION_PREFIX: &str = "dlock-slots:";
+
+/// Statements of a creating [`Sql::permit_try`] up to and including the creation lock's
+/// release, after the idle timeout's `SET`: `ROLLBACK`, `GET_LOCK`, the lock wait, the
+/// insert, `BEGIN`, `RELEASE_LOCK`.
+const CREATED_AFTER: usize = 6;
 
 /// How long a permit waiter waits on one slot row before it looks at every slot again,
 /// in seconds (the shortest lock wait MySQL 8 accepts): the bound on how long a permit
@@ -67,19 +77,33 @@ impl Sql {
         )
     }
 
+    /// The `GET_LOCK` name that makes the clients creating `name`'s slots take turns.
+    pub(crate) fn creation_lock(&self, name: &str) -> String {
+        digest_name(CREATION_PREFIX, &self.slots, name)
+    }
+
     /// Take a permit of `name` without waiting. Statements: set the idle timeout; with
-    /// `create`, end the transaction a miss left open, shorten the lock wait and create the
-    /// missing slots; begin; count the slots below `limit` (a consistent read); lock the
-    /// lowest free slot below `limit`, skipping locked ones, selecting
-    /// [`Self::locked_value`]; `record` the hold if one was locked. Two rows: the count and
-    /// the grant; one: the count, which tells busy from missing slots.
+    /// `create`, end the transaction a miss left open, take the key's
+    /// [creation lock](Self::creation_lock), shorten the lock wait, create the missing
+    /// slots, and (after the `BEGIN` that commits them) release the creation lock; begin;
+    /// count the slots below `limit` (a consistent read); lock the lowest free slot below
+    /// `limit`, skipping locked ones, selecting [`Self::locked_value`]; `record` the hold if
+    /// one was locked. Two rows: the count and the grant; one: the count, which tells busy
+    /// from missing slots.
     ///
     /// The count comes first: `SKIP LOCKED` also skips slots another client's insert has
     /// not committed yet, so a count taken after it could include slots the locking read
     /// skipped only because they were not yet committed, and answer "every slot held"
     /// while none was. Counted first, every counted slot was committed before the locking
-    /// read began, so it skipped them because they were locked (by holders; for an instant
-    /// also by a racing creator's duplicate-key check, which takes a shared lock).
+    /// read began, so it skipped them because they were locked by holders.
+    ///
+    /// Only by holders because creators take turns: a creator's insert (a consistent read
+    /// at `READ COMMITTED`) then sees every slot an earlier creator made and inserts only
+    /// missing ones, so it locks no existing slot. Two creators at once would collide: the
+    /// second's duplicate-key check takes a shared lock on the first's new slot and keeps
+    /// it, after the error, until its transaction ends, a round trip later; `SKIP LOCKED`
+    /// skips that slot meanwhile, so a try that found every other slot held answered
+    /// "busy" with a permit free (seen in CI: 6 of 8 racing clients got one).
     pub(crate) fn permit_try(
         &self,
         name: &str,
@@ -88,21 +112,25 @@ impl Sql {
         create: bool,
         record: &str,
     ) -> String {
-        let create = if create {
-            format!(
-                "ROLLBACK;{};{};",
-                // The insert's duplicate-key check waits for a slot another client
-                // created and locked a moment ago, which only says the slot exists now:
-                // MySQL 8's shortest wait. (MariaDB's 0 would fail the NEXTVAL below
-                // while another transaction has drawn one: error 1180.)
-                Sql::lock_wait(PERMIT_WAIT_ROUND),
-                self.create_slots(name, limit)
+        let (create, created) = if create {
+            let turn = literal(&self.creation_lock(name));
+            (
+                format!(
+                    "ROLLBACK;DO GET_LOCK({turn}, {PERMIT_WAIT_ROUND});{};{};",
+                    // A duplicate-key check waits only for a writer that skipped the
+                    // creation lock (one whose turn timed out, an operator). MySQL 8's
+                    // shortest wait; MariaDB's 0 would fail the NEXTVAL below while
+                    // another transaction has drawn one: error 1180.
+                    Sql::lock_wait(PERMIT_WAIT_ROUND),
+                    self.create_slots(name, limit)
+                ),
+                format!("DO RELEASE_LOCK({turn});"),
             )
         } else {
-            String::new()
+            (String::new(), String::new())
         };
         format!(
-            "{set}{create}BEGIN;\
+            "{set}{create}BEGIN;{created}\
              SELECT CAST(COUNT(*) AS UNSIGNED) FROM `{s}` WHERE name = {n} AND slot < {limit};\
              SELECT {v} FROM `{s}` WHERE name = {n} AND slot < {limit} \
                ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED;{record}",
@@ -134,8 +162,12 @@ impl Sql {
     }
 }
 
-/// Where a [`Sql::permit_try`] batch left the acquire.
-pub(crate) fn tried(batch: Batch, limit: u32, create: bool, reused: bool) -> Step {
+/// Where a [`Sql::permit_try`] batch left the acquire (and `lent`'s creation lock).
+pub(crate) fn tried(batch: Batch, lent: &mut Lent, limit: u32, set: bool, create: bool) -> Step {
+    if create && batch.done >= usize::from(set) + CREATED_AFTER {
+        lent.set_creation_lock(None);
+    }
+    let reused = lent.reused;
     let done = batch.done;
     match batch.error {
         None => match batch.rows.as_slice() {
@@ -177,6 +209,9 @@ impl Attempt {
     ) -> String {
         if create {
             lent.set_lock_wait(None);
+            // Until the batch is seen to release it, the session may hold the creation
+            // lock: whoever ends the transaction releases it too.
+            lent.set_creation_lock(Some(self.inner.sql.creation_lock(&self.name)));
         }
         let record = self.record_holder();
         self.inner
@@ -249,6 +284,19 @@ mod tests {
     }
 
     #[test]
+    fn creation_locks_are_per_key_and_table_and_never_a_named_mode_lock() {
+        let sql = Sql::new("t", Tokens::Sequence, Server::MariaDb);
+        let a = sql.creation_lock("a");
+        assert!(a.starts_with(CREATION_PREFIX) && a.len() == 64, "{a}");
+        assert_ne!(a, sql.creation_lock("A"));
+        assert_ne!(
+            a,
+            Sql::new("u", Tokens::Sequence, Server::MariaDb).creation_lock("a")
+        );
+        assert_ne!(a, crate::named::lock_name("t_slots", "a"));
+    }
+
+    #[test]
     fn waiters_spread_over_the_slots_and_move_on_each_round() {
         assert_eq!(wait_slot(7, 0, 3), 1);
         assert_eq!(wait_slot(7, 1, 3), 2);
@@ -266,10 +314,17 @@ mod tests {
         // The count precedes the locking read (which skips uncommitted slots too).
         assert!(try_once.find("COUNT(*)") < try_once.find("SKIP LOCKED"));
         let create = mariadb.permit_try("k", 3, Some(5), true, "");
-        assert!(create.starts_with(
-            "SET SESSION wait_timeout = 5;ROLLBACK;SET SESSION innodb_lock_wait_timeout = 1;"
-        ));
-        assert!(create.contains("INSERT INTO `t_slots`"));
+        let turn = literal(&mariadb.creation_lock("k"));
+        assert!(create.starts_with(&format!(
+            "SET SESSION wait_timeout = 5;ROLLBACK;DO GET_LOCK({turn}, 1);\
+             SET SESSION innodb_lock_wait_timeout = 1;INSERT INTO `t_slots`"
+        )));
+        // Released once the `BEGIN` has committed the slots, before the count; the
+        // statements through the release are the set and `CREATED_AFTER`.
+        let release = format!("BEGIN;DO RELEASE_LOCK({turn});");
+        let through = create.find(&release).expect("released after BEGIN") + release.len();
+        assert!(create[through..].starts_with("SELECT CAST(COUNT(*)"));
+        assert_eq!(create[..through].matches(';').count(), 1 + CREATED_AFTER);
         let wait = mariadb.permit_wait("k", 2, None, Some(1));
         assert!(wait.starts_with("SET SESSION innodb_lock_wait_timeout = 1;BEGIN;"));
         assert!(wait.ends_with("slot = 2 FOR UPDATE"));

@@ -37,6 +37,9 @@ pub(crate) struct Conn {
     lock_wait: Option<u32>,
     /// The server refused to prepare a statement on it: it sends text batches only.
     text_only: bool,
+    /// The permit creation lock (`GET_LOCK`) the session may hold: a creating batch that
+    /// stopped before its release leaves it to whoever ends the transaction.
+    creation_lock: Option<String>,
 }
 
 impl Conn {
@@ -154,6 +157,7 @@ impl Pool {
             lease_idle: None,
             lock_wait: Some(LOCK_WAIT_ROUND),
             text_only: false,
+            creation_lock: None,
         })
     }
 
@@ -223,6 +227,18 @@ impl Lent {
     pub(crate) fn set_lock_wait(&mut self, seconds: Option<u32>) {
         if let Some(conn) = self.conn.as_mut() {
             conn.lock_wait = seconds;
+        }
+    }
+
+    /// The permit creation lock the session may hold (see `Sql::permit_try`).
+    pub(crate) fn creation_lock(&self) -> Option<&str> {
+        self.conn.as_ref().and_then(|c| c.creation_lock.as_deref())
+    }
+
+    /// Record that the session may hold creation lock `name` (`None`: it holds none).
+    pub(crate) fn set_creation_lock(&mut self, name: Option<String>) {
+        if let Some(conn) = self.conn.as_mut() {
+            conn.creation_lock = name;
         }
     }
 

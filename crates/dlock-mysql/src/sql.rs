@@ -476,6 +476,15 @@ impl Sql {
         format!("{}{restore}", end.sql())
     }
 
+    /// `sql`, then the release of the permit creation lock the session may hold (a
+    /// creating batch stopped before its own release; see [`Sql::permit_try`]).
+    pub(crate) fn release_creation_lock(sql: &str, creation_lock: Option<&str>) -> String {
+        match creation_lock {
+            Some(name) => format!("{sql};DO RELEASE_LOCK({})", literal(name)),
+            None => sql.to_owned(),
+        }
+    }
+
     /// Give up a transaction that holds nothing, and restore the idle timeout.
     pub(crate) const fn rollback() -> &'static str {
         "ROLLBACK;SET SESSION wait_timeout = DEFAULT"

@@ -1,7 +1,7 @@
 //! Permits on MySQL / MariaDB, beyond the shared suite: a key's permits are slot rows of
 //! `{table}_slots`, created on first use and kept, and a permit is a slot's row lock (so a
 //! plain SQL session locking a slot takes a permit); clients racing to create a key's
-//! slots all get in at once; and the documented rule for disagreeing limits (each counts
+//! slots all get in at once, taking turns to create them; and the documented rule for disagreeing limits (each counts
 //! the holders of the slots below its own limit).
 
 mod common;
@@ -52,6 +52,17 @@ fn name_literal(key: &str) -> String {
         .map(|b| format!("{b:02X}"))
         .collect();
     format!("X'{hex}'")
+}
+
+/// The key's creation lock, computed on the server as the crate docs state it: `dlock-slots:`
+/// and the first 52 hex digits of the SHA-256 of the slots table's name, a NUL byte and the
+/// key's row name.
+fn creation_lock(h: &MysqlHarness, key: &str) -> String {
+    format!(
+        "CONCAT('dlock-slots:', LEFT(SHA2(CONCAT('{}', 0x00, {}), 256), 52))",
+        h.config().slots_table(),
+        name_literal(key)
+    )
 }
 
 /// The key's slot numbers in the slots table, and delete them (the test's clean-up).
@@ -140,6 +151,92 @@ async fn clients_racing_to_create_a_keys_slots_all_get_a_permit_at_once() {
         lease.release().await.expect("release");
     }
     assert_eq!(slots_then_delete(&h, &key).await.len(), N as usize);
+}
+
+/// Clients creating a key's slots take turns (`GET_LOCK` of the key's creation lock), so
+/// that no creator's duplicate-key check locks a slot another one just made; a turn held
+/// for more than a second (a stuck creator) is passed over, and a creator gives its turn
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creators_of_a_keys_slots_take_turns_and_pass_over_a_stuck_one() {
+    let h = MysqlHarness::from_env();
+    let c = client(&h).await;
+    let (stuck, key) = (unique("stuck-turn"), unique("turn"));
+    let mut sql = h.admin().await.expect("admin connection");
+    let is_free = |key: &str| format!("SELECT IS_FREE_LOCK({})", creation_lock(&h, key));
+    let held: i64 = sql
+        .fetch_one(format!("SELECT GET_LOCK({}, 0)", creation_lock(&h, &stuck)).as_str())
+        .await
+        .expect("take the turn")
+        .get(0);
+    assert_eq!(held, 1);
+
+    let asked = Instant::now();
+    let lease = take(&*c, &stuck, 2).await;
+    assert!(
+        asked.elapsed() >= Duration::from_millis(900),
+        "the creator waited for the turn a plain session held, {:?}",
+        asked.elapsed()
+    );
+    lease.release().await.expect("release");
+    let free: i64 = sql
+        .fetch_one(is_free(&stuck).as_str())
+        .await
+        .expect("is free")
+        .get(0);
+    assert_eq!(
+        free, 0,
+        "the session still has the turn the creator passed over"
+    );
+
+    take(&*c, &key, 2).await.release().await.expect("release");
+    let free: i64 = sql
+        .fetch_one(is_free(&key).as_str())
+        .await
+        .expect("is free")
+        .get(0);
+    assert_eq!(free, 1, "the creator gave its turn back");
+    assert_eq!(slots_then_delete(&h, &stuck).await, [0, 1]);
+    assert_eq!(slots_then_delete(&h, &key).await, [0, 1]);
+}
+
+/// A creator whose insert fails with the turn held (it met a slot a plain SQL session
+/// inserted without taking a turn, and waited out its lock wait) starts over, and gives
+/// the turn back as it does: it is never left to the connection's next user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creator_whose_insert_fails_gives_its_turn_back() {
+    let h = MysqlHarness::from_env();
+    let c = client(&h).await;
+    let key = unique("failed-turn");
+    let mut sql = h.admin().await.expect("admin connection");
+    sql.execute("BEGIN").await.expect("begin");
+    let insert = format!(
+        "INSERT INTO `{}` (name, slot) VALUES ({}, 0)",
+        h.config().slots_table(),
+        name_literal(&key)
+    );
+    sql.execute(insert.as_str()).await.expect("insert slot 0");
+    let creator = {
+        let (c, key) = (c.clone(), key.clone());
+        tokio::spawn(async move { take(&*c, &key, 2).await })
+    };
+    // Longer than the creator's lock wait: its insert fails at least once.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    sql.execute("COMMIT").await.expect("commit");
+    creator
+        .await
+        .expect("the creator")
+        .release()
+        .await
+        .expect("release");
+    let is_free = format!("SELECT IS_FREE_LOCK({})", creation_lock(&h, &key));
+    let free: i64 = sql
+        .fetch_one(is_free.as_str())
+        .await
+        .expect("is free")
+        .get(0);
+    assert_eq!(free, 1, "the creator gave its turn back");
+    assert_eq!(slots_then_delete(&h, &key).await, [0, 1]);
 }
 
 /// The rule the crate docs state for disagreeing limits: an acquire of `Permits(n)` is
