@@ -85,8 +85,9 @@ pub(crate) enum Step {
     /// The key's row does not exist yet (first use, or an operator deleted it): create it.
     Missing,
     /// Another session holds the row; the transaction holds nothing (after a create that
-    /// was stopped, at most its duplicate check's shared lock on the row), and is ended by
-    /// whatever the connection runs next: a wait's `BEGIN`, or a `ROLLBACK`.
+    /// was stopped, at most its duplicate check's shared lock on the row, and a permit
+    /// creator's turn), and is ended by whatever the connection runs next: a wait's
+    /// `BEGIN` (after a `ROLLBACK` that gives a turn back), or a `ROLLBACK`.
     Busy,
     /// Start over: roll back (holding nothing) and try again, creating the row.
     Restart,
@@ -243,6 +244,11 @@ impl Attempt {
             let step = match step {
                 Step::Busy if self.deadline.may_wait() => {
                     self.waited = true;
+                    // A creating try stopped before giving its turn back (the key busy):
+                    // give it back now, or creators would pass over it while we wait.
+                    if lent.creation_lock().is_some() {
+                        self.rollback(&mut lent).await?;
+                    }
                     self.wait_take(&mut lent).await
                 }
                 step => step,
@@ -338,7 +344,10 @@ impl Attempt {
     /// `Sql::with_prepared_take`), else the text batch.
     async fn send_try(&mut self, lent: &mut Lent, set: Option<u32>, create: bool) -> Guarded {
         self.sent_at = Instant::now();
-        let silent = self.sent_at + self.inner.config.response_timeout;
+        let mut silent = self.sent_at + self.inner.config.response_timeout;
+        if create && matches!(self.mode, Mode::Permits(_)) {
+            silent += permits::CREATE_WAITS;
+        }
         let inner = self.inner.clone();
         let prepared = inner.sql.prepared_take(self.mode);
         if let Some(take) = prepared.filter(|_| set.is_none() && !create && lent.prepares()) {

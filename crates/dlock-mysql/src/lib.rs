@@ -209,7 +209,7 @@
 //!    whose creating insert has not committed yet: counted after it, slots another client
 //!    was creating at that moment would count as held, and a try among clients racing to
 //!    create a key's slots would answer busy with every slot free. No row and fewer
-//!    slots: one batch `ROLLBACK; DO GET_LOCK(<the key's creation lock>, 1); SET SESSION
+//!    slots: one batch `ROLLBACK; DO GET_LOCK(<the key's creation lock>, 2); SET SESSION
 //!    innodb_lock_wait_timeout = 1; INSERT … SELECT` the missing slot numbers `WHERE NOT
 //!    EXISTS` (autocommit, a consistent read, no gap locks), `BEGIN; DO RELEASE_LOCK(…)`,
 //!    then step 1's statements. The creation lock, `dlock-slots:` and the first 52 hex
@@ -217,10 +217,12 @@
 //!    creators take turns, so an insert only ever adds slots nobody has made: two at once
 //!    would collide, and the second's duplicate-key check keeps a shared lock on the
 //!    first's new slot until its transaction ends, which `SKIP LOCKED` skips, so a try
-//!    that found every other slot held would answer busy with a permit free. A turn not
-//!    given within 1 s (a stuck creator) is passed over; an insert that fails anyway (a
-//!    writer that took no turn) starts over, and the batch that ends its transaction
-//!    gives the turn back.
+//!    that found every other slot held would answer busy with a permit free. A turn lasts
+//!    one insert (whose lock wait is 1 s) and a commit; one not given within 2 s (a
+//!    stalled server) is passed over. An insert that fails anyway (a writer that took no
+//!    turn) starts over. A batch stopped before its release leaves the turn to the
+//!    `ROLLBACK` that ends its transaction (the roll-back before a retry or a wait, or the
+//!    connection's return to the pool).
 //! 2. Busy: `try_acquire`, or an acquire whose deadline passed, answers "held".
 //!    Otherwise wait in rounds: one batch `(SET SESSION innodb_lock_wait_timeout = 1;)
 //!    BEGIN; SELECT token … WHERE name = … AND slot = s FOR UPDATE`, for slot `s` = (the

@@ -27,6 +27,16 @@ use crate::sql::{Sql, literal, set_idle};
 /// `dlock:`, so the two never share a name.
 const CREATION_PREFIX: &str = "dlock-slots:";
 
+/// How long a creator waits for its turn to create a key's slots, in seconds: longer than
+/// a turn lasts (one insert, whose lock wait is [`PERMIT_WAIT_ROUND`], and a commit), so
+/// only a creator whose turn went to a stalled server goes ahead without one.
+pub(crate) const TURN_WAIT: u32 = 2;
+
+/// What a creating [`Sql::permit_try`] may wait on the server beyond a plain try: its turn
+/// and its insert's lock wait.
+pub(crate) const CREATE_WAITS: Duration =
+    Duration::from_secs(TURN_WAIT as u64 + PERMIT_WAIT_ROUND as u64);
+
 /// Statements of a creating [`Sql::permit_try`] up to and including the creation lock's
 /// release, after the idle timeout's `SET`: `ROLLBACK`, `GET_LOCK`, the lock wait, the
 /// insert, `BEGIN`, `RELEASE_LOCK`.
@@ -116,7 +126,7 @@ impl Sql {
             let turn = literal(&self.creation_lock(name));
             (
                 format!(
-                    "ROLLBACK;DO GET_LOCK({turn}, {PERMIT_WAIT_ROUND});{};{};",
+                    "ROLLBACK;DO GET_LOCK({turn}, {TURN_WAIT});{};{};",
                     // A duplicate-key check waits only for a writer that skipped the
                     // creation lock (one whose turn timed out, an operator). MySQL 8's
                     // shortest wait; MariaDB's 0 would fail the NEXTVAL below while
@@ -210,7 +220,8 @@ impl Attempt {
         if create {
             lent.set_lock_wait(None);
             // Until the batch is seen to release it, the session may hold the creation
-            // lock: whoever ends the transaction releases it too.
+            // lock: the roll-back that ends the transaction (before a retry or a wait, or
+            // the connection's return to the pool) releases it too.
             lent.set_creation_lock(Some(self.inner.sql.creation_lock(&self.name)));
         }
         let record = self.record_holder();
@@ -316,7 +327,7 @@ mod tests {
         let create = mariadb.permit_try("k", 3, Some(5), true, "");
         let turn = literal(&mariadb.creation_lock("k"));
         assert!(create.starts_with(&format!(
-            "SET SESSION wait_timeout = 5;ROLLBACK;DO GET_LOCK({turn}, 1);\
+            "SET SESSION wait_timeout = 5;ROLLBACK;DO GET_LOCK({turn}, 2);\
              SET SESSION innodb_lock_wait_timeout = 1;INSERT INTO `t_slots`"
         )));
         // Released once the `BEGIN` has committed the slots, before the count; the

@@ -38,7 +38,8 @@ pub(crate) struct Conn {
     /// The server refused to prepare a statement on it: it sends text batches only.
     text_only: bool,
     /// The permit creation lock (`GET_LOCK`) the session may hold: a creating batch that
-    /// stopped before its release leaves it to whoever ends the transaction.
+    /// stopped before its release leaves it to the roll-back that ends the transaction
+    /// (before a retry or a wait, or the connection's return to the pool).
     creation_lock: Option<String>,
 }
 
