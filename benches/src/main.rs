@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p lockbench -- [--backends all|memory,redis,…] [--clients 1,8,32]
-//!     [--duration 2s] [--warmup 500ms] [--hold 0ms] [--out target/lockbench]
+//!     [--duration 2s] [--warmup 500ms] [--hold 0ms] [--rounds 3] [--out target/lockbench]
 //!     [--compare BASELINE.json]
 //! cargo run --release -p lockbench -- --hold-many 10000 [--hold-for 30s] [--ttl 30s] …
 //! ```
@@ -63,6 +63,11 @@ struct Args {
     /// How long each measurement runs before it starts counting.
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     warmup: Duration,
+    /// How many times each ratio's two measurements (the raw cycle, then the uncontended or
+    /// spread run it is the unit of) are made back to back; the round with the median ratio
+    /// is kept, and every round's ratio is reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// How long each holder keeps the lock before releasing it.
     #[arg(long, default_value = "0ms", value_parser = humantime::parse_duration)]
     hold: Duration,
@@ -94,6 +99,9 @@ struct Args {
 enum Step {
     Raw(RawOp, usize),
     Lock(Workload, usize),
+    /// The raw cycle of this many clients, then the lock workload it is the unit of,
+    /// `--rounds` times (see [`paired`]).
+    Pair(Workload, usize),
     /// The key-set workload with this many clients (1: the uncontended set).
     Sets(usize),
     /// The election workload with this many candidates (and one observer).
@@ -106,6 +114,9 @@ impl Step {
         match self {
             Step::Raw(RawOp::Ping, n) => format!("raw ping ×{n}"),
             Step::Raw(RawOp::Cycle, n) => format!("raw cycle ×{n}"),
+            Step::Pair(workload, n) => {
+                format!("raw cycle ×{n} + {}", Step::Lock(workload, n).label())
+            }
             Step::Lock(Workload::Uncontended, _) => "uncontended".into(),
             Step::Lock(Workload::Contended, n) => format!("contended ×{n}"),
             Step::Lock(Workload::Spread, n) => format!("spread ×{n}"),
@@ -120,11 +131,11 @@ impl Step {
 }
 
 /// The measurements for one backend, in order: the raw cycle of one client first (the
-/// uncontended and contended ratios' unit); the raw cycle of N clients right before the
-/// spread and read-mostly runs of N, whose ratios it is the unit of (measured at the start,
-/// it was some tens of seconds older than them, and a shared machine's load drifts);
-/// then the key sets, one client first (the uncontended set, set against `uncontended`);
-/// the elections last.
+/// uncontended and contended ratios' unit), paired with the uncontended run; the raw cycle
+/// of N clients paired with the spread run of N, right before the read-mostly run of N,
+/// whose ratios it is the unit of too (measured at the start, it was some tens of seconds
+/// older than them, and a shared machine's load drifts); then the key sets, one client
+/// first (the uncontended set, set against `uncontended`); the elections last.
 fn steps(kind: Kind, clients: &[usize]) -> Vec<Step> {
     let mut multi: Vec<usize> = clients.iter().copied().filter(|&n| n >= 2).collect();
     multi.sort_unstable();
@@ -136,13 +147,11 @@ fn steps(kind: Kind, clients: &[usize]) -> Vec<Step> {
     if kind != Kind::Memory {
         out.push(Step::Raw(RawOp::Ping, 1));
     }
-    out.push(Step::Raw(RawOp::Cycle, 1));
-    out.push(Step::Lock(Workload::Uncontended, 1));
+    out.push(Step::Pair(Workload::Uncontended, 1));
     out.push(Step::Lock(Workload::Reentrant, 1));
     out.extend(multi.iter().map(|&n| Step::Lock(Workload::Contended, n)));
     for &n in &multi {
-        out.push(Step::Raw(RawOp::Cycle, n));
-        out.push(Step::Lock(Workload::Spread, n));
+        out.push(Step::Pair(Workload::Spread, n));
         out.push(Step::Lock(Workload::ReadMostly, n));
     }
     out.extend(multi.iter().map(|&n| Step::Lock(Workload::Semaphore, n)));
@@ -239,7 +248,8 @@ async fn measure(
                 Err(e) => r.failed(e, None),
             }
         }
-        Step::Lock(workload, n) => {
+        // A pair's lock run alone (`paired` makes the pairs).
+        Step::Lock(workload, n) | Step::Pair(workload, n) => {
             let scenario = match workload {
                 Workload::Uncontended => Scenario::Uncontended,
                 Workload::Contended => Scenario::Contended,
@@ -276,6 +286,66 @@ async fn measure(
     }
 }
 
+/// `step` measured, or reported `unsupported` where the backend's capabilities say it lacks
+/// the feature (not a failure: the backend says so itself, and the table names it).
+async fn measure_or_skip(
+    kind: Kind,
+    url: &str,
+    step: Step,
+    plan: &Plan,
+    hold_for: Duration,
+    capabilities: dlock::Capabilities,
+) -> ScenarioResult {
+    match step {
+        Step::Lock(Workload::ReadMostly, n) if !capabilities.shared => {
+            ScenarioResult::new(Scenario::ReadMostly, n).unsupported()
+        }
+        Step::Lock(Workload::Semaphore, n) if !capabilities.permits => {
+            let mut r = ScenarioResult::new(Scenario::Semaphore, n).unsupported();
+            r.permits = Workload::Semaphore.permits(n);
+            r
+        }
+        Step::Lock(Workload::Reentrant, n) if !capabilities.reentrant.is_supported() => {
+            ScenarioResult::new(Scenario::Reentrant, n).unsupported()
+        }
+        Step::Elections(n) if capabilities.election == dlock::Observe::Unsupported => {
+            ScenarioResult::new(Scenario::Elections, n).unsupported()
+        }
+        _ => measure(kind, url, step, plan, hold_for).await,
+    }
+}
+
+/// A ratio's two measurements, `rounds` times back to back: the raw cycle of `n` clients,
+/// then `workload` (uncontended or spread), whose ratio to raw is their quotient. Keeps the
+/// round with the median ratio (the lower middle one of an even count), with every round's
+/// ratio on its lock result: a moment of load on the shared machine moves one round, not
+/// the figure. A failed measurement ends the rounds, and its round is the one kept.
+async fn paired(
+    kind: Kind,
+    url: &str,
+    (workload, n): (Workload, usize),
+    plan: &Plan,
+    hold_for: Duration,
+    rounds: usize,
+) -> Vec<ScenarioResult> {
+    let mut done = Vec::new();
+    for _ in 0..rounds {
+        let raw = measure(kind, url, Step::Raw(RawOp::Cycle, n), plan, hold_for).await;
+        let lock = measure(kind, url, Step::Lock(workload, n), plan, hold_for).await;
+        match report::round_ratio(&raw, &lock) {
+            Some(ratio) => done.push((raw, lock, ratio)),
+            None => return vec![raw, lock],
+        }
+    }
+    let ratios: Vec<f64> = done.iter().map(|(_, _, ratio)| *ratio).collect();
+    let Some(kept) = report::median_index(&ratios) else {
+        return Vec::new();
+    };
+    let (raw, mut lock, _) = done.swap_remove(kept);
+    lock.round_ratios = Some(ratios.iter().map(|r| (r * 100.0).round() / 100.0).collect());
+    vec![raw, lock]
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
@@ -296,6 +366,10 @@ async fn main() -> ExitCode {
     }
     if args.duration.is_zero() {
         eprintln!("lockbench: --duration must be more than zero");
+        return ExitCode::from(2);
+    }
+    if args.rounds == 0 {
+        eprintln!("lockbench: --rounds must be at least 1");
         return ExitCode::from(2);
     }
     let baseline = match args.compare.as_deref().map(compare::load).transpose() {
@@ -405,34 +479,27 @@ async fn main() -> ExitCode {
         };
         for step in steps {
             bar.set_message(format!("{kind} {}", step.label()));
-            let result = match step {
-                Step::Lock(Workload::ReadMostly, n) if !capabilities.shared => {
-                    ScenarioResult::new(Scenario::ReadMostly, n).unsupported()
+            let results = match step {
+                Step::Pair(workload, n) => {
+                    let pair = (workload, n);
+                    paired(*kind, url, pair, &plan, args.hold_for, args.rounds).await
                 }
-                Step::Lock(Workload::Semaphore, n) if !capabilities.permits => {
-                    let mut r = ScenarioResult::new(Scenario::Semaphore, n).unsupported();
-                    r.permits = Workload::Semaphore.permits(n);
-                    r
-                }
-                Step::Lock(Workload::Reentrant, n) if !capabilities.reentrant.is_supported() => {
-                    ScenarioResult::new(Scenario::Reentrant, n).unsupported()
-                }
-                // Not a failure: the backend says so itself, and the table names it.
-                Step::Elections(n) if capabilities.election == dlock::Observe::Unsupported => {
-                    ScenarioResult::new(Scenario::Elections, n).unsupported()
-                }
-                _ => measure(*kind, url, step, &plan, args.hold_for).await,
+                _ => vec![
+                    measure_or_skip(*kind, url, step, &plan, args.hold_for, capabilities).await,
+                ],
             };
-            if let Some(error) = &result.error {
-                bar.suspend(|| eprintln!("lockbench: {kind} {} FAILED: {error}", step.label()));
-                failures.push(Failure {
-                    backend: *kind,
-                    scenario: result.scenario,
-                    clients: result.clients,
-                    error: error.clone(),
-                });
+            for result in results {
+                if let Some(error) = &result.error {
+                    bar.suspend(|| eprintln!("lockbench: {kind} {} FAILED: {error}", step.label()));
+                    failures.push(Failure {
+                        backend: *kind,
+                        scenario: result.scenario,
+                        clients: result.clients,
+                        error: error.clone(),
+                    });
+                }
+                report.results.push(result);
             }
-            report.results.push(result);
             bar.inc(1);
         }
         report.compute_ratios();
@@ -453,6 +520,7 @@ async fn main() -> ExitCode {
             prefix: plan.prefix.clone(),
             hold_many: args.hold_many,
             hold_for_ms: args.hold_many.map(|_| args.hold_for.as_millis() as u64),
+            rounds: args.rounds,
         },
         backends: backends_out,
         skipped,
@@ -534,16 +602,13 @@ mod tests {
             labels,
             [
                 "raw ping ×1",
-                "raw cycle ×1",
-                "uncontended",
+                "raw cycle ×1 + uncontended",
                 "reentrant",
                 "contended ×8",
                 "contended ×32",
-                "raw cycle ×8",
-                "spread ×8",
+                "raw cycle ×8 + spread ×8",
                 "read-mostly ×8",
-                "raw cycle ×32",
-                "spread ×32",
+                "raw cycle ×32 + spread ×32",
                 "read-mostly ×32",
                 "semaphore ×8",
                 "semaphore ×32",
@@ -561,12 +626,10 @@ mod tests {
         assert_eq!(
             memory,
             [
-                "raw cycle ×1",
-                "uncontended",
+                "raw cycle ×1 + uncontended",
                 "reentrant",
                 "contended ×2",
-                "raw cycle ×2",
-                "spread ×2",
+                "raw cycle ×2 + spread ×2",
                 "read-mostly ×2",
                 "semaphore ×2",
                 "sets ×1",

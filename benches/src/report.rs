@@ -64,6 +64,8 @@ pub(crate) struct Config {
     pub(crate) hold_many: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) hold_for_ms: Option<u64>,
+    /// `--rounds`: the pairs measured for each uncontended and spread ratio.
+    pub(crate) rounds: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -211,6 +213,10 @@ pub(crate) struct ScenarioResult {
     /// How many times the server's raw operations this costs (see the README).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) ratio_to_raw: Option<f64>,
+    /// Uncontended and spread: the ratio of each round (a raw cycle, then this run), in
+    /// order; the round kept is the median one, whose ratio is `ratio_to_raw`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) round_ratios: Option<Vec<f64>>,
     /// Holds the conformance history checker saw; present for lock scenarios.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) holds_checked: Option<usize>,
@@ -270,6 +276,7 @@ impl ScenarioResult {
             jain: None,
             wakeups_per_acquire: None,
             ratio_to_raw: None,
+            round_ratios: None,
             holds_checked: None,
             overlaps: None,
             permits: None,
@@ -406,6 +413,31 @@ impl BackendReport {
             .map(|x| (x * 100.0).round() / 100.0);
         }
     }
+}
+
+/// The ratio to raw of one round (a raw cycle, then a lock run): `lock`'s p50 over `raw`'s
+/// for the uncontended run, `raw`'s rate over `lock`'s for spread (as
+/// [`BackendReport::compute_ratios`] computes them). `None` when either failed or has no
+/// figure.
+pub(crate) fn round_ratio(raw: &ScenarioResult, lock: &ScenarioResult) -> Option<f64> {
+    if !raw.ok() || !lock.ok() {
+        return None;
+    }
+    match lock.scenario {
+        Scenario::Spread => (lock.per_sec > 0.0).then(|| raw.per_sec / lock.per_sec),
+        _ => match (lock.p50_us, raw.p50_us) {
+            (Some(lock), Some(raw)) if raw > 0.0 => Some(lock / raw),
+            _ => None,
+        },
+    }
+}
+
+/// The index of the median of `ratios` (the lower middle one of an even count), `None`
+/// when there are none.
+pub(crate) fn median_index(ratios: &[f64]) -> Option<usize> {
+    let mut order: Vec<usize> = (0..ratios.len()).collect();
+    order.sort_by(|&a, &b| ratios[a].total_cmp(&ratios[b]));
+    order.get(ratios.len().saturating_sub(1) / 2).copied()
 }
 
 /// `1.2 µs`, `340 µs`, `12.3 ms`.

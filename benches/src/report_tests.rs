@@ -16,6 +16,33 @@ fn formatting() {
 }
 
 #[test]
+fn a_round_is_kept_by_its_median_ratio_computed_as_the_report_computes_it() {
+    assert_eq!(median_index(&[]), None);
+    assert_eq!(median_index(&[1.4]), Some(0));
+    assert_eq!(median_index(&[2.58, 1.95, 2.1]), Some(2));
+    assert_eq!(median_index(&[1.3, 1.2]), Some(1), "the lower middle one");
+    assert_eq!(median_index(&[1.3, 1.2, 1.25, 1.1]), Some(1));
+
+    let mut raw = ScenarioResult::new(Scenario::Raw, 8);
+    raw.op = Some("cycle");
+    raw.p50_us = Some(50.0);
+    raw.per_sec = 30_000.0;
+    let mut spread = ScenarioResult::new(Scenario::Spread, 8);
+    spread.p50_us = Some(400.0);
+    spread.per_sec = 20_000.0;
+    assert_eq!(
+        round_ratio(&raw, &spread),
+        Some(1.5),
+        "rates, raw over lock"
+    );
+    let mut unc = ScenarioResult::new(Scenario::Uncontended, 1);
+    unc.p50_us = Some(60.0);
+    assert_eq!(round_ratio(&raw, &unc), Some(1.2), "p50s, lock over raw");
+    let failed = ScenarioResult::new(Scenario::Spread, 8).failed("down".into(), None);
+    assert_eq!(round_ratio(&raw, &failed), None);
+}
+
+#[test]
 fn ratios_come_from_raw_results_of_the_same_run() {
     let raw = |clients, p50, per_sec| {
         let mut r = ScenarioResult::new(Scenario::Raw, clients);
@@ -100,6 +127,7 @@ fn the_election_table_names_what_each_backend_declares() {
             prefix: String::new(),
             hold_many: None,
             hold_for_ms: None,
+            rounds: 1,
         },
         backends: vec![
             backend(

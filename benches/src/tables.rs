@@ -22,9 +22,9 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "| backend | raw ping p50 | raw cycle | raw cycle p50 | cycles/s | p50 | p99 | × raw |"
+            "| backend | raw ping p50 | raw cycle | raw cycle p50 | cycles/s | p50 | p99 | × raw | rounds |"
         );
-        let _ = writeln!(s, "|---|---:|---|---:|---:|---:|---:|---:|");
+        let _ = writeln!(s, "|---|---:|---|---:|---:|---:|---:|---:|---|");
         for b in &self.backends {
             let ping = b
                 .find(Scenario::Raw, 1, Some("ping"))
@@ -35,14 +35,15 @@ impl Report {
             };
             let cells = if r.ok() {
                 format!(
-                    "{} | {} | {} | {}",
+                    "{} | {} | {} | {} | {}",
                     fmt_rate(r.per_sec),
                     fmt_us(r.p50_us),
                     fmt_us(r.p99_us),
-                    fmt_ratio(r.ratio_to_raw)
+                    fmt_ratio(r.ratio_to_raw),
+                    fmt_rounds(r.round_ratios.as_deref())
                 )
             } else {
-                format!("{} | | |", failed_cell(r))
+                format!("{} | | | |", failed_cell(r))
             };
             let _ = writeln!(
                 s,
@@ -89,9 +90,9 @@ impl Report {
         let _ = writeln!(s, "\n### Spread: N clients, N keys\n");
         let _ = writeln!(
             s,
-            "| backend | N | cycles/s | raw cycles/s | × raw | p50 | p99 |"
+            "| backend | N | cycles/s | raw cycles/s | × raw | p50 | p99 | rounds |"
         );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---|");
         for b in &self.backends {
             for r in b.results.iter().filter(|r| r.scenario == Scenario::Spread) {
                 let raw = b
@@ -99,14 +100,15 @@ impl Report {
                     .map_or("—".into(), |raw| fmt_rate(raw.per_sec));
                 let cells = if r.ok() {
                     format!(
-                        "{} | {raw} | {} | {} | {}",
+                        "{} | {raw} | {} | {} | {} | {}",
                         fmt_rate(r.per_sec),
                         fmt_ratio(r.ratio_to_raw),
                         fmt_us(r.p50_us),
-                        fmt_us(r.p99_us)
+                        fmt_us(r.p99_us),
+                        fmt_rounds(r.round_ratios.as_deref())
                     )
                 } else {
-                    format!("{} | {raw} | | |", failed_cell(r))
+                    format!("{} | {raw} | | | |", failed_cell(r))
                 };
                 let _ = writeln!(s, "| {} | {} | {cells} |", b.backend, r.clients);
             }
@@ -346,5 +348,17 @@ impl Report {
                 );
             }
         }
+    }
+}
+
+/// Each round's ratio, in the order measured (`1.21, 1.33, 1.25`), or `—`.
+fn fmt_rounds(ratios: Option<&[f64]>) -> String {
+    match ratios {
+        Some(ratios) if !ratios.is_empty() => ratios
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        _ => "—".into(),
     }
 }

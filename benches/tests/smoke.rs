@@ -47,6 +47,7 @@ fn lockbench(backends: &str) -> Run {
     let run = Command::new(env!("CARGO_BIN_EXE_lockbench"))
         .args(["--backends", backends])
         .args(["--clients", "4", "--duration", "800ms", "--warmup", "100ms"])
+        .args(["--rounds", "2"])
         .arg("--out")
         .arg(out.path())
         .output()
@@ -265,6 +266,17 @@ fn check(b: &Value, stdout: &str) {
                     || r["scenario"] == "elections"
                     || r["ratio_to_raw"].as_f64().is_some_and(|x| x > 0.0),
                 "{what}: no ratio to raw"
+            );
+        }
+        // Run with `--rounds 2`: two rounds each, the one kept among them.
+        if r["scenario"] == "uncontended" || r["scenario"] == "spread" {
+            let rounds = r["round_ratios"].as_array().map(Vec::len);
+            assert_eq!(rounds, Some(2), "{what}: the rounds' ratios");
+            assert!(
+                r["round_ratios"]
+                    .as_array()
+                    .is_some_and(|rs| rs.iter().any(|x| x.as_f64() == r["ratio_to_raw"].as_f64())),
+                "{what}: the ratio kept is not a round's"
             );
         }
         if r["scenario"] == "sets" {
