@@ -110,6 +110,14 @@ enum Step {
 }
 
 impl Step {
+    /// How many measurements the step makes: a pair two a round, the others one.
+    fn measurements(self, rounds: usize) -> usize {
+        match self {
+            Step::Pair(..) => 2 * rounds,
+            _ => 1,
+        }
+    }
+
     fn label(self) -> String {
         match self {
             Step::Raw(RawOp::Ping, n) => format!("raw ping ×{n}"),
@@ -135,7 +143,9 @@ impl Step {
 /// of N clients paired with the spread run of N, right before the read-mostly run of N,
 /// whose ratios it is the unit of too (measured at the start, it was some tens of seconds
 /// older than them, and a shared machine's load drifts); then the key sets, one client
-/// first (the uncontended set, set against `uncontended`); the elections last.
+/// first (the uncontended set, set against `uncontended`); the elections last. With
+/// rounds, the raw cycle kept is the median round's, so the unit of what follows a pair
+/// may be up to `2 × (rounds − 1)` measurements older than it (a round is two).
 fn steps(kind: Kind, clients: &[usize]) -> Vec<Step> {
     let mut multi: Vec<usize> = clients.iter().copied().filter(|&n| n >= 2).collect();
     multi.sort_unstable();
@@ -317,9 +327,10 @@ async fn measure_or_skip(
 
 /// A ratio's two measurements, `rounds` times back to back: the raw cycle of `n` clients,
 /// then `workload` (uncontended or spread), whose ratio to raw is their quotient. Keeps the
-/// round with the median ratio (the lower middle one of an even count), with every round's
-/// ratio on its lock result: a moment of load on the shared machine moves one round, not
-/// the figure. A failed measurement ends the rounds, and its round is the one kept.
+/// round with the median ratio (of an even count the upper middle one, never the more
+/// flattering), with every round's ratio on its lock result: a moment of load on the
+/// shared machine that moves one round of three does not move the figure. A failed
+/// measurement ends the rounds, and its round is the one kept.
 async fn paired(
     kind: Kind,
     url: &str,
@@ -444,7 +455,11 @@ async fn main() -> ExitCode {
             None => (*kind, steps(*kind, &args.clients)),
         })
         .collect();
-    let total: usize = plans.iter().map(|(_, s)| s.len()).sum();
+    // Counted in measurements, so that the bar and its estimate follow the time.
+    let total: usize = plans
+        .iter()
+        .flat_map(|(_, s)| s.iter().map(|step| step.measurements(args.rounds)))
+        .sum();
     let bar = ProgressBar::new(total as u64).with_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg} (eta {eta})")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -463,7 +478,12 @@ async fn main() -> ExitCode {
                     detail: e,
                     start_command: kind.start_command(),
                 });
-                bar.inc(steps.len() as u64);
+                bar.inc(
+                    steps
+                        .iter()
+                        .map(|s| s.measurements(args.rounds) as u64)
+                        .sum(),
+                );
                 continue;
             }
         };
@@ -500,7 +520,7 @@ async fn main() -> ExitCode {
                 }
                 report.results.push(result);
             }
-            bar.inc(1);
+            bar.inc(step.measurements(args.rounds) as u64);
         }
         report.compute_ratios();
         backends_out.push(report);

@@ -432,12 +432,12 @@ pub(crate) fn round_ratio(raw: &ScenarioResult, lock: &ScenarioResult) -> Option
     }
 }
 
-/// The index of the median of `ratios` (the lower middle one of an even count), `None`
-/// when there are none.
+/// The index of the median of `ratios` (of an even count the upper middle one: a ratio
+/// is a cost, so the pick never flatters), `None` when there are none.
 pub(crate) fn median_index(ratios: &[f64]) -> Option<usize> {
     let mut order: Vec<usize> = (0..ratios.len()).collect();
     order.sort_by(|&a, &b| ratios[a].total_cmp(&ratios[b]));
-    order.get(ratios.len().saturating_sub(1) / 2).copied()
+    order.get(ratios.len() / 2).copied()
 }
 
 /// `1.2 µs`, `340 µs`, `12.3 ms`.

@@ -20,8 +20,8 @@ fn a_round_is_kept_by_its_median_ratio_computed_as_the_report_computes_it() {
     assert_eq!(median_index(&[]), None);
     assert_eq!(median_index(&[1.4]), Some(0));
     assert_eq!(median_index(&[2.58, 1.95, 2.1]), Some(2));
-    assert_eq!(median_index(&[1.3, 1.2]), Some(1), "the lower middle one");
-    assert_eq!(median_index(&[1.3, 1.2, 1.25, 1.1]), Some(1));
+    assert_eq!(median_index(&[1.3, 1.2]), Some(0), "the upper middle one");
+    assert_eq!(median_index(&[1.3, 1.2, 1.25, 1.1]), Some(2));
 
     let mut raw = ScenarioResult::new(Scenario::Raw, 8);
     raw.op = Some("cycle");
