@@ -11,17 +11,15 @@
 //! (`KILL QUERY`, then `KILL` for the whole session if that is not enough), undoes a grant
 //! that raced the kill, and only then returns the connection to the pool.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use dlock_core::raw::{Deadline, Grant};
 use dlock_core::{LockError, LockOptions, Mode, Owner, Result};
-use futures::Future;
 use sqlx::{Execute, MySql};
 use tokio::sync::oneshot;
-use tokio::time::{Instant, sleep_until, timeout};
+use tokio::time::{Instant, sleep_until};
 
 use crate::NAME;
 use crate::backend::{Batch, Inner, run_into};
@@ -31,9 +29,8 @@ use crate::held::MysqlHeld;
 use crate::permits;
 use crate::pool::Lent;
 use crate::sql::{self, End, Holder, LOCK_WAIT_ROUND, Sql, Tokens};
+use crate::stop::sleep_until_some;
 
-/// How long a killed statement gets to answer before the next, stronger kill.
-const KILL_GRACE: Duration = Duration::from_secs(1);
 /// How often an acquire may start over (its row missing, or InnoDB picked it as a deadlock
 /// victim) before it gives up as a server problem.
 const MAX_RESTARTS: u32 = 100;
@@ -506,54 +503,6 @@ impl Attempt {
                 .await
                 .map(Some),
             None => Ok(Some(grant)),
-        }
-    }
-}
-
-pub(crate) async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-impl Inner {
-    /// Stop the statement running on connection `id` so that it can never take the lock
-    /// later, and wait (briefly) for `run` to see it end. `KILL QUERY` first, which keeps
-    /// the session; then `KILL`, which ends it. Returns whether `run` finished.
-    pub(crate) async fn interrupt<F>(&self, id: u64, mut run: Pin<&mut F>) -> bool
-    where
-        F: Future<Output = ()>,
-    {
-        let grace = KILL_GRACE.min(self.config.response_timeout);
-        match self.side("kill", &format!("KILL QUERY {id}")).await {
-            Ok(_) => {
-                if timeout(grace, run.as_mut()).await.is_ok() {
-                    return true;
-                }
-            }
-            Err(e) => tracing::warn!(id, error = %e, "KILL QUERY failed"),
-        }
-        tracing::warn!(id, "the waiting statement did not stop; ending its session");
-        if let Err(e) = self.side("kill", &format!("KILL {id}")).await {
-            tracing::warn!(id, error = %e, "KILL failed; closing the connection instead");
-            return false;
-        }
-        timeout(grace, run.as_mut()).await.is_ok()
-    }
-
-    /// The connection of a stopped statement: roll back, since the transaction may hold the
-    /// row even when the statement reports the kill (InnoDB grants the row to the waiting
-    /// transaction, then the statement sees the kill; statement rollback keeps the lock);
-    /// then return the connection. A connection that was lost, or whose
-    /// statement never answered, is closed: the server rolls its session back.
-    async fn settle(self: &Arc<Self>, lent: Lent, late: Option<Batch>) {
-        match late {
-            Some(Batch { error: Some(e), .. }) if e.is_connection_lost() => {}
-            Some(_) => {
-                let _ = self.finish(lent, End::Rollback).await;
-            }
-            None => {}
         }
     }
 }

@@ -433,6 +433,7 @@ mod permits;
 mod pool;
 mod reentry;
 mod sql;
+mod stop;
 mod tls;
 
 use dlock_core::Result;

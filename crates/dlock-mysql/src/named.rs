@@ -20,13 +20,14 @@ use sqlx::{Connection, Row};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until, timeout};
 
-use crate::acquire::{Reply, Why, sleep_until_some};
+use crate::acquire::{Reply, Why};
 use crate::backend::{Batch, Inner, run_into};
 use crate::election::NamedLeadership;
 use crate::error::Error;
 use crate::pool::Lent;
 use crate::reentry::OWNER_ROUND;
 use crate::sql::{self, LOCK_WAIT_ROUND, Sql, literal};
+use crate::stop::sleep_until_some;
 
 /// Longest `GET_LOCK` name MySQL 8 accepts.
 const MAX_LOCK_NAME: usize = 64;
