@@ -399,36 +399,42 @@ impl BackendReport {
                 | Scenario::Sets
                 | Scenario::Elections => None,
                 Scenario::Uncontended | Scenario::Contended | Scenario::Reentrant => {
-                    match (r.p50_us, raw_p50) {
-                        (Some(lock), Some(raw)) if raw > 0.0 => Some(lock / raw),
-                        _ => None,
-                    }
+                    latency_ratio(r.p50_us, raw_p50)
                 }
                 Scenario::Spread | Scenario::ReadMostly => raw_rates
                     .iter()
                     .find(|(n, _)| *n == r.clients)
-                    .filter(|_| r.per_sec > 0.0)
-                    .map(|(_, raw)| raw / r.per_sec),
+                    .and_then(|&(_, raw)| rate_ratio(raw, r.per_sec)),
             }
             .map(|x| (x * 100.0).round() / 100.0);
         }
     }
 }
 
-/// The ratio to raw of one round (a raw cycle, then a lock run): `lock`'s p50 over `raw`'s
-/// for the uncontended run, `raw`'s rate over `lock`'s for spread (as
-/// [`BackendReport::compute_ratios`] computes them). `None` when either failed or has no
-/// figure.
+/// A latency ratio to raw: the lock's p50 over the raw cycle's. `None` without both.
+fn latency_ratio(lock_p50: Option<f64>, raw_p50: Option<f64>) -> Option<f64> {
+    match (lock_p50, raw_p50) {
+        (Some(lock), Some(raw)) if raw > 0.0 => Some(lock / raw),
+        _ => None,
+    }
+}
+
+/// A throughput ratio to raw: the raw cycle's rate over the lock's. `None` when the lock
+/// made no cycle.
+fn rate_ratio(raw_per_sec: f64, lock_per_sec: f64) -> Option<f64> {
+    (lock_per_sec > 0.0).then(|| raw_per_sec / lock_per_sec)
+}
+
+/// The ratio to raw of one round (a raw cycle, then a lock run), by the formula
+/// [`BackendReport::compute_ratios`] uses for the lock run's scenario: a rate ratio for
+/// spread, a latency ratio otherwise. `None` when either failed or has no figure.
 pub(crate) fn round_ratio(raw: &ScenarioResult, lock: &ScenarioResult) -> Option<f64> {
     if !raw.ok() || !lock.ok() {
         return None;
     }
     match lock.scenario {
-        Scenario::Spread => (lock.per_sec > 0.0).then(|| raw.per_sec / lock.per_sec),
-        _ => match (lock.p50_us, raw.p50_us) {
-            (Some(lock), Some(raw)) if raw > 0.0 => Some(lock / raw),
-            _ => None,
-        },
+        Scenario::Spread => rate_ratio(raw.per_sec, lock.per_sec),
+        _ => latency_ratio(lock.p50_us, raw.p50_us),
     }
 }
 
