@@ -253,6 +253,7 @@ async fn measure(
                 Ok(m) => {
                     r.count = m.ops;
                     r.per_sec = m.per_sec;
+                    r.client_cpu_us = report::per_op_us(m.cpu, m.ops);
                     r.latency(&m.latency)
                 }
                 Err(e) => r.failed(e, None),
@@ -279,6 +280,7 @@ async fn measure(
                     .waits(&m.wait);
                     r.count = m.count;
                     r.per_sec = m.per_sec;
+                    r.client_cpu_us = report::per_op_us(m.cpu, m.count);
                     r.holds_checked = Some(m.holds_checked);
                     r.overlaps = Some(0);
                     if workload == Workload::Semaphore {

@@ -210,6 +210,11 @@ pub(crate) struct ScenarioResult {
     pub(crate) jain: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) wakeups_per_acquire: Option<f64>,
+    /// Raw and single-key lock scenarios: this process's CPU time over the measured
+    /// window (user + system, every thread) per operation or acquisition, in µs: the
+    /// client's side of the cost, lockbench's own bookkeeping included.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) client_cpu_us: Option<f64>,
     /// How many times the server's raw operations this costs (see the README).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) ratio_to_raw: Option<f64>,
@@ -275,6 +280,7 @@ impl ScenarioResult {
             per_client: None,
             jain: None,
             wakeups_per_acquire: None,
+            client_cpu_us: None,
             ratio_to_raw: None,
             round_ratios: None,
             holds_checked: None,
@@ -436,6 +442,12 @@ pub(crate) fn round_ratio(raw: &ScenarioResult, lock: &ScenarioResult) -> Option
         Scenario::Spread => rate_ratio(raw.per_sec, lock.per_sec),
         _ => latency_ratio(lock.p50_us, raw.p50_us),
     }
+}
+
+/// `cpu` spread over `ops` operations, in µs (one decimal); `None` without either.
+pub(crate) fn per_op_us(cpu: Option<Duration>, ops: u64) -> Option<f64> {
+    let cpu = cpu?;
+    (ops > 0).then(|| (cpu.as_secs_f64() * 1e6 / ops as f64 * 10.0).round() / 10.0)
 }
 
 /// The index of the median of `ratios` (of an even count the upper middle one: a ratio

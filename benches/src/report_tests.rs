@@ -162,3 +162,65 @@ fn the_election_table_names_what_each_backend_declares() {
         "{md}"
     );
 }
+
+#[test]
+fn uncontended_and_spread_rows_show_the_clients_cpu_per_cycle_and_keep_their_columns() {
+    let raw = |clients, cpu| {
+        let mut r = ScenarioResult::new(Scenario::Raw, clients);
+        r.op = Some("cycle");
+        r.p50_us = Some(100.0);
+        r.per_sec = 10_000.0;
+        r.client_cpu_us = Some(cpu);
+        r
+    };
+    let mut unc = ScenarioResult::new(Scenario::Uncontended, 1);
+    unc.p50_us = Some(130.0);
+    unc.per_sec = 7_000.0;
+    unc.client_cpu_us = Some(35.4);
+    let failed = ScenarioResult::new(Scenario::Spread, 8).failed("down".into(), None);
+    let mut report = Report {
+        lockbench: "test",
+        started_unix: 0,
+        machine: Machine::detect(),
+        config: Config {
+            duration_ms: 1000,
+            warmup_ms: 0,
+            hold_ms: 0,
+            ttl_ms: 30_000,
+            clients: vec![1, 8],
+            prefix: String::new(),
+            hold_many: None,
+            hold_for_ms: None,
+            rounds: 1,
+        },
+        backends: vec![BackendReport {
+            backend: Kind::Postgres,
+            url: String::new(),
+            server: String::new(),
+            capabilities: Capabilities::default().into(),
+            raw_ping: None,
+            raw_cycle: "raw",
+            results: vec![raw(1, 20.2), raw(8, 14.0), unc, failed],
+        }],
+        skipped: vec![],
+        failures: vec![],
+    };
+    report.backends[0].compute_ratios();
+    let md = report.markdown();
+    assert!(md.contains("| 1.30× | 20 → 35 µs |"), "{md}");
+    for title in ["### Uncontended", "### Spread"] {
+        let table: Vec<&str> = md
+            .split(title)
+            .nth(1)
+            .expect("the table")
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .collect();
+        let cells = |line: &str| line.matches('|').count();
+        assert!(table.len() >= 3, "{title}: {table:?}");
+        for row in &table[1..] {
+            assert_eq!(cells(row), cells(table[0]), "{title}: {row}");
+        }
+    }
+}

@@ -17,6 +17,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::backends::{self, Kind};
 use crate::raw::RawConn;
+use crate::server_load::cpu_time;
 use crate::stats::Histogram;
 
 /// What every measurement shares.
@@ -65,6 +66,16 @@ impl Window {
     }
 }
 
+/// This process's CPU time (user + system, every thread) over `window`, read when the
+/// window opens and when it closes: the client's side of a measurement's cost, lockbench's
+/// own bookkeeping of each operation included. `None` when `getrusage` fails.
+pub(crate) async fn cpu_over(window: Window) -> Option<Duration> {
+    sleep_until(window.start).await;
+    let start = cpu_time();
+    sleep_until(window.stop).await;
+    Some(cpu_time()?.saturating_sub(start?))
+}
+
 /// Which raw operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RawOp {
@@ -78,6 +89,8 @@ pub(crate) struct RawMeasure {
     pub(crate) ops: u64,
     pub(crate) per_sec: f64,
     pub(crate) latency: Histogram,
+    /// This process's CPU time over the window ([`cpu_over`]).
+    pub(crate) cpu: Option<Duration>,
 }
 
 /// `clients` raw clients, each on its own connection and key, repeating `op`.
@@ -134,14 +147,17 @@ pub(crate) async fn raw(
             })
         })
         .collect();
-    let joined = tokio::time::timeout(plan.limit(clients), join_all(tasks))
-        .await
-        .map_err(|_| {
-            format!(
-                "the raw clients did not finish within {:?}",
-                plan.limit(clients)
-            )
-        })?;
+    let (cpu, joined) = tokio::time::timeout(
+        plan.limit(clients),
+        futures::future::join(cpu_over(window), join_all(tasks)),
+    )
+    .await
+    .map_err(|_| {
+        format!(
+            "the raw clients did not finish within {:?}",
+            plan.limit(clients)
+        )
+    })?;
     let mut latency = Histogram::default();
     for r in joined {
         latency.merge(&r.map_err(|e| format!("raw task panicked: {e}"))??);
@@ -150,6 +166,7 @@ pub(crate) async fn raw(
         ops: latency.count(),
         per_sec: latency.count() as f64 / plan.duration.as_secs_f64(),
         latency,
+        cpu,
     })
 }
 
@@ -215,6 +232,8 @@ pub(crate) struct LockMeasure {
     pub(crate) holds_checked: usize,
     /// The most holds of the key at once, over the whole run (one key only).
     pub(crate) most_at_once: usize,
+    /// This process's CPU time over the window ([`cpu_over`]).
+    pub(crate) cpu: Option<Duration>,
 }
 
 /// A lock measurement that could not produce numbers.
@@ -350,10 +369,15 @@ async fn lock_with(
         sum().saturating_sub(before)
     };
     let limit = plan.limit(clients);
-    let (wakeups, joined) =
-        tokio::time::timeout(limit, futures::future::join(wakeups, join_all(tasks)))
-            .await
-            .map_err(|_| format!("the clients did not finish within {limit:?}"))?;
+    let ((wakeups, cpu), joined) = tokio::time::timeout(
+        limit,
+        futures::future::join(
+            futures::future::join(wakeups, cpu_over(window)),
+            join_all(tasks),
+        ),
+    )
+    .await
+    .map_err(|_| format!("the clients did not finish within {limit:?}"))?;
 
     let history = History::new();
     let mut measure = LockMeasure {
@@ -366,6 +390,7 @@ async fn lock_with(
         wakeups,
         holds_checked: 0,
         most_at_once: 0,
+        cpu,
     };
     let mut errors = Vec::new();
     let mut all_holds = Vec::new();

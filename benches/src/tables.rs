@@ -22,28 +22,30 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "| backend | raw ping p50 | raw cycle | raw cycle p50 | cycles/s | p50 | p99 | × raw | rounds |"
+            "| backend | raw ping p50 | raw cycle | raw cycle p50 | cycles/s | p50 | p99 | × raw | client CPU/cycle, raw → lock | rounds |"
         );
-        let _ = writeln!(s, "|---|---:|---|---:|---:|---:|---:|---:|---|");
+        let _ = writeln!(s, "|---|---:|---|---:|---:|---:|---:|---:|---:|---|");
         for b in &self.backends {
             let ping = b
                 .find(Scenario::Raw, 1, Some("ping"))
                 .and_then(|r| r.p50_us);
-            let raw = b.raw_cycle(1).and_then(|r| r.p50_us);
+            let raw_cycle = b.raw_cycle(1);
+            let raw = raw_cycle.and_then(|r| r.p50_us);
             let Some(r) = b.find(Scenario::Uncontended, 1, None) else {
                 continue;
             };
             let cells = if r.ok() {
                 format!(
-                    "{} | {} | {} | {} | {}",
+                    "{} | {} | {} | {} | {} | {}",
                     fmt_rate(r.per_sec),
                     fmt_us(r.p50_us),
                     fmt_us(r.p99_us),
                     fmt_ratio(r.ratio_to_raw),
+                    fmt_cpu(raw_cycle.and_then(|r| r.client_cpu_us), r.client_cpu_us),
                     fmt_rounds(r.round_ratios.as_deref())
                 )
             } else {
-                format!("{} | | | |", failed_cell(r))
+                format!("{} | | | | |", failed_cell(r))
             };
             let _ = writeln!(
                 s,
@@ -90,25 +92,25 @@ impl Report {
         let _ = writeln!(s, "\n### Spread: N clients, N keys\n");
         let _ = writeln!(
             s,
-            "| backend | N | cycles/s | raw cycles/s | × raw | p50 | p99 | rounds |"
+            "| backend | N | cycles/s | raw cycles/s | × raw | p50 | p99 | client CPU/cycle, raw → lock | rounds |"
         );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---|");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---|");
         for b in &self.backends {
             for r in b.results.iter().filter(|r| r.scenario == Scenario::Spread) {
-                let raw = b
-                    .raw_cycle(r.clients)
-                    .map_or("—".into(), |raw| fmt_rate(raw.per_sec));
+                let raw_cycle = b.raw_cycle(r.clients);
+                let raw = raw_cycle.map_or("—".into(), |raw| fmt_rate(raw.per_sec));
                 let cells = if r.ok() {
                     format!(
-                        "{} | {raw} | {} | {} | {} | {}",
+                        "{} | {raw} | {} | {} | {} | {} | {}",
                         fmt_rate(r.per_sec),
                         fmt_ratio(r.ratio_to_raw),
                         fmt_us(r.p50_us),
                         fmt_us(r.p99_us),
+                        fmt_cpu(raw_cycle.and_then(|r| r.client_cpu_us), r.client_cpu_us),
                         fmt_rounds(r.round_ratios.as_deref())
                     )
                 } else {
-                    format!("{} | {raw} | | | |", failed_cell(r))
+                    format!("{} | {raw} | | | | |", failed_cell(r))
                 };
                 let _ = writeln!(s, "| {} | {} | {cells} |", b.backend, r.clients);
             }
@@ -352,6 +354,12 @@ impl Report {
 }
 
 /// Each round's ratio, in the order measured (`1.21, 1.33, 1.25`), or `—`.
+/// `14 → 35 µs`: the raw cycle's client CPU per cycle, then the lock's.
+fn fmt_cpu(raw: Option<f64>, lock: Option<f64>) -> String {
+    let one = |us: Option<f64>| us.map_or("—".into(), |us| format!("{us:.0}"));
+    format!("{} → {} µs", one(raw), one(lock))
+}
+
 fn fmt_rounds(ratios: Option<&[f64]>) -> String {
     match ratios {
         Some(ratios) if !ratios.is_empty() => ratios

@@ -279,6 +279,13 @@ fn check(b: &Value, stdout: &str) {
                 "{what}: the ratio kept is not a round's"
             );
         }
+        // Raw cycles and the lock runs report the client's CPU per cycle.
+        if r["op"] == "cycle" || r["scenario"] == "uncontended" || r["scenario"] == "spread" {
+            assert!(
+                r["client_cpu_us"].as_f64().is_some_and(|x| x > 0.0),
+                "{what}: no client CPU per cycle"
+            );
+        }
         if r["scenario"] == "sets" {
             assert!(
                 r["wait_p50_us"].as_f64().is_some() && r["wait_p99_us"].as_f64().is_some(),
