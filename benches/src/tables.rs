@@ -356,7 +356,11 @@ impl Report {
 /// Each round's ratio, in the order measured (`1.21, 1.33, 1.25`), or `—`.
 /// `14 → 35 µs`: the raw cycle's client CPU per cycle, then the lock's.
 fn fmt_cpu(raw: Option<f64>, lock: Option<f64>) -> String {
-    let one = |us: Option<f64>| us.map_or("—".into(), |us| format!("{us:.0}"));
+    let one = |us: Option<f64>| match us {
+        Some(us) if us < 10.0 => format!("{us:.1}"),
+        Some(us) => format!("{us:.0}"),
+        None => "—".into(),
+    };
     format!("{} → {} µs", one(raw), one(lock))
 }
 
