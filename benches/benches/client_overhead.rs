@@ -1,6 +1,7 @@
 //! What dlock's client side costs on top of the server: key encoding, lease bookkeeping
-//! (the lease, its watchdog task and the lost signal), and the process-local gate, measured
-//! against the in-memory backend so no network is involved.
+//! (the lease, its watchdog task and the lost signal), the process-local gate, measured
+//! against the in-memory backend so no network is involved, and the SQL backends' holder
+//! connection task (a carrier) around a session that answers at once.
 //!
 //! `cargo bench -p lockbench --bench client_overhead` (a few seconds per group).
 
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use dlock_core::raw::carrier::{Afterwards, Carriers, Failure, Session};
 use dlock_core::raw::key;
 use dlock_core::{DistributedLock, LockOptions, Wait};
 
@@ -124,6 +126,99 @@ fn local_gate(c: &mut Criterion) {
     group.finish();
 }
 
+/// A session that answers every request at once: what a carrier adds around a backend's
+/// requests, with no server behind them.
+#[derive(Default)]
+struct Answering {
+    next: u64,
+}
+
+#[async_trait::async_trait]
+impl Session for Answering {
+    type Lock = u32;
+    type Call = std::convert::Infallible;
+    type Answer = ();
+
+    async fn try_lock(&mut self, _: &u32, _: Duration) -> Result<Option<u64>, Failure> {
+        self.next += 1;
+        Ok(Some(self.next))
+    }
+    async fn unlock(&mut self, _: &u32, _: Afterwards) -> Result<bool, Failure> {
+        Ok(true)
+    }
+    fn lingering(&mut self) {}
+    async fn rest(&mut self) -> Result<(), Failure> {
+        Ok(())
+    }
+    async fn keep(&mut self, _: Option<Duration>) -> Result<(), Failure> {
+        Ok(())
+    }
+    fn id(&self) -> u64 {
+        1
+    }
+    fn retire(self) {}
+    async fn call(&mut self, _: &u32, call: Self::Call) -> Result<(), Failure> {
+        match call {}
+    }
+}
+
+/// One take and release through a client's carriers (as PostgreSQL's: up to 8 per group, a
+/// lingering one kept between holds), against the same two requests made on the session
+/// directly: the carrier's own cost per cycle, the message to its task and the answer back
+/// included. Both loops run in a task of the runtime, as a caller's would.
+fn carrier(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("carrier");
+    let ttl = Duration::from_secs(30);
+    group.bench_function("session_direct", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async move {
+                tokio::spawn(async move {
+                    let mut session = Answering::default();
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let token = session.try_lock(&1, ttl).await.expect("take");
+                        std::hint::black_box(token);
+                        let given = session.unlock(&1, Afterwards::Lingering).await;
+                        std::hint::black_box(given.expect("give"));
+                    }
+                    start.elapsed()
+                })
+                .await
+                .expect("task")
+            })
+        })
+    });
+    let carriers = Arc::new(
+        Carriers::<Answering>::new("bench")
+            .open_while_busy(8)
+            .linger(),
+    );
+    group.bench_function("try_take+release", |b| {
+        b.iter_custom(|iters| {
+            let carriers = carriers.clone();
+            rt.block_on(async move {
+                tokio::spawn(async move {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let open = || async { Ok(Answering::default()) };
+                        let mut grant = carriers
+                            .try_take("bench/carrier", 1, ttl, true, open)
+                            .await
+                            .expect("take")
+                            .expect("the key is free");
+                        grant.held.release().await.expect("release");
+                    }
+                    start.elapsed()
+                })
+                .await
+                .expect("task")
+            })
+        })
+    });
+    group.finish();
+}
+
 fn quick() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_millis(300))
@@ -134,6 +229,6 @@ fn quick() -> Criterion {
 criterion_group! {
     name = benches;
     config = quick();
-    targets = key_encoding, lease_bookkeeping, local_gate
+    targets = key_encoding, lease_bookkeeping, local_gate, carrier
 }
 criterion_main!(benches);

@@ -210,9 +210,10 @@ pub(crate) struct ScenarioResult {
     pub(crate) jain: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) wakeups_per_acquire: Option<f64>,
-    /// Raw and single-key lock scenarios: this process's CPU time over the measured
-    /// window (user + system, every thread) per operation or acquisition, in µs: the
-    /// client's side of the cost, lockbench's own bookkeeping included.
+    /// Raw results and the lock workloads of `run::lock` (spread's N keys included): this
+    /// process's CPU time over the measured window (user + system, every thread) per
+    /// operation or acquisition, in µs to 0.01: the client's side of the cost,
+    /// lockbench's own bookkeeping included.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) client_cpu_us: Option<f64>,
     /// How many times the server's raw operations this costs (see the README).
@@ -444,10 +445,11 @@ pub(crate) fn round_ratio(raw: &ScenarioResult, lock: &ScenarioResult) -> Option
     }
 }
 
-/// `cpu` spread over `ops` operations, in µs (one decimal); `None` without either.
+/// `cpu` spread over `ops` operations, in µs to 0.01 (an in-memory raw cycle costs about
+/// 0.1 µs); `None` without either.
 pub(crate) fn per_op_us(cpu: Option<Duration>, ops: u64) -> Option<f64> {
     let cpu = cpu?;
-    (ops > 0).then(|| (cpu.as_secs_f64() * 1e6 / ops as f64 * 10.0).round() / 10.0)
+    (ops > 0).then(|| (cpu.as_secs_f64() * 1e6 / ops as f64 * 100.0).round() / 100.0)
 }
 
 /// The index of the median of `ratios` (of an even count the upper middle one: a ratio

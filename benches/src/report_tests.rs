@@ -224,3 +224,12 @@ fn uncontended_and_spread_rows_show_the_clients_cpu_per_cycle_and_keep_their_col
         }
     }
 }
+
+#[test]
+fn client_cpu_is_spread_over_the_operations_counted() {
+    let second = Some(Duration::from_secs(1));
+    assert_eq!(per_op_us(second, 10_000), Some(100.0));
+    assert_eq!(per_op_us(second, 14_000_000), Some(0.07), "to 0.01 µs");
+    assert_eq!(per_op_us(second, 0), None);
+    assert_eq!(per_op_us(None, 10), None);
+}

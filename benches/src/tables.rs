@@ -353,7 +353,6 @@ impl Report {
     }
 }
 
-/// Each round's ratio, in the order measured (`1.21, 1.33, 1.25`), or `—`.
 /// `14 → 35 µs`: the raw cycle's client CPU per cycle, then the lock's.
 fn fmt_cpu(raw: Option<f64>, lock: Option<f64>) -> String {
     let one = |us: Option<f64>| match us {
@@ -364,6 +363,7 @@ fn fmt_cpu(raw: Option<f64>, lock: Option<f64>) -> String {
     format!("{} → {} µs", one(raw), one(lock))
 }
 
+/// Each round's ratio, in the order measured (`1.21, 1.33, 1.25`), or `—`.
 fn fmt_rounds(ratios: Option<&[f64]>) -> String {
     match ratios {
         Some(ratios) if !ratios.is_empty() => ratios
