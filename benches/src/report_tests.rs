@@ -114,22 +114,9 @@ fn the_election_table_names_what_each_backend_declares() {
     lag.record(Duration::from_micros(40));
     let ok = ok.observed(&lag, 30).fairness(vec![5; 8]);
     assert_eq!(ok.observed_share, Some(0.75));
-    let report = Report {
-        lockbench: "test",
-        started_unix: 0,
-        machine: Machine::detect(),
-        config: Config {
-            duration_ms: 1000,
-            warmup_ms: 0,
-            hold_ms: 0,
-            ttl_ms: 30_000,
-            clients: vec![8],
-            prefix: String::new(),
-            hold_many: None,
-            hold_for_ms: None,
-            rounds: 1,
-        },
-        backends: vec![
+    let report = report_of(
+        vec![8],
+        vec![
             backend(
                 Kind::Mysql,
                 dlock::Observe::Polled {
@@ -143,9 +130,7 @@ fn the_election_table_names_what_each_backend_declares() {
                 ScenarioResult::new(Scenario::Elections, 8).unsupported(),
             ),
         ],
-        skipped: vec![],
-        failures: vec![],
-    };
+    );
     let md = report.markdown();
     assert!(
         md.contains(
@@ -178,22 +163,9 @@ fn uncontended_and_spread_rows_show_the_clients_cpu_per_cycle_and_keep_their_col
     unc.per_sec = 7_000.0;
     unc.client_cpu_us = Some(35.4);
     let failed = ScenarioResult::new(Scenario::Spread, 8).failed("down".into(), None);
-    let mut report = Report {
-        lockbench: "test",
-        started_unix: 0,
-        machine: Machine::detect(),
-        config: Config {
-            duration_ms: 1000,
-            warmup_ms: 0,
-            hold_ms: 0,
-            ttl_ms: 30_000,
-            clients: vec![1, 8],
-            prefix: String::new(),
-            hold_many: None,
-            hold_for_ms: None,
-            rounds: 1,
-        },
-        backends: vec![BackendReport {
+    let mut report = report_of(
+        vec![1, 8],
+        vec![BackendReport {
             backend: Kind::Postgres,
             url: String::new(),
             server: String::new(),
@@ -202,9 +174,7 @@ fn uncontended_and_spread_rows_show_the_clients_cpu_per_cycle_and_keep_their_col
             raw_cycle: "raw",
             results: vec![raw(1, 20.2), raw(8, 14.0), unc, failed],
         }],
-        skipped: vec![],
-        failures: vec![],
-    };
+    );
     report.backends[0].compute_ratios();
     let md = report.markdown();
     assert!(md.contains("| 1.30× | 20 → 35 µs |"), "{md}");
@@ -232,4 +202,27 @@ fn client_cpu_is_spread_over_the_operations_counted() {
     assert_eq!(per_op_us(second, 14_000_000), Some(0.07), "to 0.01 µs");
     assert_eq!(per_op_us(second, 0), None);
     assert_eq!(per_op_us(None, 10), None);
+}
+
+/// A report of `backends` measured with `clients`, one round of 1 s each.
+fn report_of(clients: Vec<usize>, backends: Vec<BackendReport>) -> Report {
+    Report {
+        lockbench: "test",
+        started_unix: 0,
+        machine: Machine::detect(),
+        config: Config {
+            duration_ms: 1000,
+            warmup_ms: 0,
+            hold_ms: 0,
+            ttl_ms: 30_000,
+            clients,
+            prefix: String::new(),
+            hold_many: None,
+            hold_for_ms: None,
+            rounds: 1,
+        },
+        backends,
+        skipped: vec![],
+        failures: vec![],
+    }
 }
